@@ -1,0 +1,634 @@
+"""The one typed config of a spikelab study, loaded from ``params.yaml`` plus a profile overlay.
+
+Every field is declared once, here, with its meaning in the docstring under it. Variants are
+named strings (``Literal``) checked at load time; cross-field invariants are checked in one place
+(``Config.validate``). Any problem raises :class:`ConfigError` naming the dotted key, before any
+work starts.
+
+Pure Python + PyYAML: importable on a bare GPU box next to ``model/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+Block = Literal["pre_ln", "post_ln"]
+Norm = Literal["layernorm", "rmsnorm"]
+Mlp = Literal["gelu", "swiglu"]
+Precision = Literal["fp32", "bf16", "fp16"]
+Parametrization = Literal["sp", "mup"]
+ScheduleKind = Literal["cosine", "linear", "constant"]
+DataSource = Literal["stdlib_docs", "text", "jsonl", "hf"]
+Device = Literal["auto", "cpu", "cuda"]
+Emulation = Literal["auto", "on", "off"]
+SpikeKind = Literal["lr", "grad", "data"]
+RecoveryPolicy = Literal["continue", "skip_batch", "rollback", "lower_lr", "swap_data"]
+
+PROFILES_DIR = "profiles"
+"""Profile overlays live in ``<project>/profiles/<name>.yaml`` next to ``params.yaml``."""
+
+
+class UserError(ValueError):
+    """A mistake the user can fix; the CLI prints it without a traceback and exits with code 2."""
+
+
+class ConfigError(UserError):
+    """A bad key or value in params.yaml or a profile overlay; the message names the dotted key."""
+
+
+class InputError(UserError):
+    """A missing, empty or malformed input file; the message names the file (and key)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: DataSource = "stdlib_docs"
+    """Where documents come from. ``stdlib_docs``: docstrings and help topics of the running
+    Python's standard library (offline everywhere, PSF licence). ``text``: ``path`` is a UTF-8
+    file or a folder of ``*.txt`` files (one document per file; a single file is split on blank
+    lines). ``jsonl``: ``path`` is a JSON-lines file, text under ``jsonl_field``. ``hf``: a Hugging
+    Face dataset (needs network and the ``hf`` extra)."""
+    path: str = ""
+    """File or folder for ``text``/``jsonl``; relative paths are relative to the project."""
+    jsonl_field: str = "text"
+    """Field holding the document text in each JSON line."""
+    hf_dataset: str = ""
+    """Hugging Face dataset name for ``source: hf``, e.g. ``wikitext``."""
+    hf_config: str = ""
+    """Optional Hugging Face dataset config name, e.g. ``wikitext-2-raw-v1``."""
+    hf_split: str = "train"
+    """Hugging Face split to stream."""
+    max_docs: int = 0
+    """Keep at most this many source documents (0 = all)."""
+    val_fraction: float = 0.05
+    """Fraction of filtered documents held out for validation (split by document)."""
+    seed: int = 1234
+    """Seed of the deterministic document split."""
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    invalid_utf8: bool = True
+    """Drop documents whose bytes are not valid UTF-8."""
+    nonprintable: bool = True
+    """Drop documents with too many binary / non-printable characters."""
+    max_nonprintable_ratio: float = 0.05
+    """Largest tolerated share of non-printable characters."""
+    length: bool = True
+    """Drop length outliers."""
+    min_chars: int = 64
+    """Shorter documents are dropped."""
+    max_chars: int = 200_000
+    """Longer documents are dropped."""
+    char_run: bool = True
+    """Drop documents containing a long run of one repeated character."""
+    max_char_run: int = 200
+    """Longest tolerated run of a single repeated character."""
+    repeated_ngram: bool = True
+    """Drop documents with a short token pattern repeated many times in a row (OLMo-core rule)."""
+    ngram_max_period: int = 13
+    """Longest repeating period (in whitespace tokens) that is checked."""
+    ngram_min_repeats: int = 32
+    """Consecutive repeats of one period that mark a document as degenerate."""
+    dedup: bool = True
+    """Drop exact and near-duplicate documents (MinHash LSH)."""
+    dedup_threshold: float = 0.8
+    """Estimated Jaccard similarity of word shingles above which a document is a near duplicate."""
+    dedup_num_perm: int = 128
+    """MinHash permutations."""
+    dedup_shingle: int = 5
+    """Word shingle size for near-duplicate detection."""
+    perplexity: bool = True
+    """Drop perplexity outliers scored by a small model trained on the corpus itself."""
+    perplexity_zscore: float = 3.0
+    """Drop documents whose per-character log-perplexity is this many robust z-scores above the median."""
+    poison_generated: int = 64
+    """Generated garbage documents (binary bytes, space runs, rare-token runs) added to the poison pool."""
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    vocab_size: int = 4096
+    """Byte-level BPE vocabulary size (including special tokens)."""
+    min_frequency: int = 2
+    """Minimum pair frequency for a BPE merge."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layer: int = 4
+    """Transformer blocks."""
+    n_head: int = 4
+    """Attention heads; must divide ``d_model``."""
+    d_model: int = 128
+    """Residual stream width (the μP width)."""
+    seq_len: int = 128
+    """Context length in tokens."""
+    block: Block = "pre_ln"
+    """``pre_ln``: x + f(norm(x)) (GPT-2). ``post_ln``: norm(x + f(x)) (original Transformer)."""
+    norm: Norm = "rmsnorm"
+    """Normalisation layer."""
+    mlp: Mlp = "swiglu"
+    """``gelu``: 4d hidden, GELU. ``swiglu``: gated SiLU with a hidden width of ~8d/3 (same params)."""
+    qk_norm: bool = False
+    """Normalise queries and keys per head before the dot product (Wortsman et al. 2023)."""
+    z_loss: float = 0.0
+    """Coefficient of the PaLM z-loss, coef · log²Z, added to the training loss (PaLM: 1e-4)."""
+    tie_embeddings: bool = False
+    """Share the token embedding with the readout (not allowed with μP, whose readout scales differently)."""
+    bias: bool = False
+    """Biases in linear layers and LayerNorm."""
+    dropout: float = 0.0
+    """Dropout probability on attention and residual branches."""
+    init_std: float = 0.02
+    """Std of weight init at ``mup.base_width`` (SP uses it at every width)."""
+
+
+@dataclass(frozen=True)
+class MupConfig:
+    parametrization: Parametrization = "sp"
+    """``sp``: standard parametrization. ``mup``: maximal-update parametrization (Yang & Hu 2021)."""
+    base_width: int = 128
+    """Width at which μP and SP coincide; width multiplier m = d_model / base_width."""
+    input_alpha: float = 1.0
+    """Multiplier on the embedding output."""
+    output_alpha: float = 1.0
+    """Multiplier on the logits; μP divides it by m."""
+    zero_init_readout: bool = True
+    """μP only: initialise the readout (unembedding) to zero."""
+    zero_init_query: bool = True
+    """μP only: initialise the query projection to zero."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 3e-3
+    """Peak learning rate (for μP: the LR at ``base_width``; hidden matrices get lr / m)."""
+    beta1: float = 0.9
+    """Adam β₁."""
+    beta2: float = 0.95
+    """Adam β₂ (0.95 is the stable choice at scale; 0.999 is predicted to be more spike-prone)."""
+    eps: float = 1e-8
+    """Adam ε."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay on hidden matrices (μP: scaled with the LR so lr·wd is width-invariant)."""
+    decay_norms_and_biases: bool = False
+    """Also decay norm gains and biases."""
+    decay_embeddings: bool = False
+    """Also decay the token embedding (and an untied readout)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 = off). The pre-clip norm is always logged."""
+    implementation: Literal["auto", "fused", "foreach", "loop"] = "auto"
+    """AdamW kernel: ``auto`` picks fused on CUDA, foreach elsewhere."""
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    kind: ScheduleKind = "cosine"
+    """Shape after warmup: cosine or linear decay to ``min_lr_ratio``·lr, or constant."""
+    warmup_steps: int = 20
+    """Linear warmup from 0 to the peak LR; must not exceed ``train.steps``."""
+    min_lr_ratio: float = 0.1
+    """Final LR as a fraction of the peak."""
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    mode: Precision = "fp32"
+    """Compute precision of matrix products. Master weights and optimizer state are always fp32."""
+    emulate: Emulation = "auto"
+    """Emulate low-precision tensor-core semantics (bf16/fp16 rounding around fp32 matmuls) instead
+    of real autocast. ``auto``: emulate where the device has no fast low-precision path (CPU)."""
+    loss_scaling: bool = True
+    """fp16 only: dynamic loss scaling; off reproduces unscaled fp16 for the ablation."""
+    init_scale: float = 65536.0
+    """fp16 only: initial loss scale."""
+    growth_interval: int = 2000
+    """fp16 only: steps without overflow before the loss scale doubles."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 300
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Sequences per micro-batch."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+    seed: int = 0
+    """Seed of init, data order and dropout."""
+    device: Device = "auto"
+    """``auto``: cuda when available, else cpu."""
+    compile: bool = False
+    """Wrap the model in ``torch.compile``."""
+    log_every: int = 10
+    """Steps between telemetry reductions (no host sync in between)."""
+    layer_stats_every: int = 50
+    """Steps between per-layer gradient norms and activation statistics."""
+    eval_every: int = 100
+    """Steps between validation losses (0 = only at the end)."""
+    eval_batches: int = 8
+    """Validation batches per evaluation."""
+    num_workers: int = 0
+    """DataLoader worker processes."""
+    pin_memory: bool = False
+    """Pin host memory for faster host-to-device copies."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = 100
+    """Save every this many steps (0 = off)."""
+    every_minutes: float = 0.0
+    """Also save when this many wall-clock minutes passed since the last save (0 = off)."""
+    keep_last: int = 2
+    """Rolling checkpoints kept; milestones are never deleted."""
+    milestones: list[int] = field(default_factory=list)
+    """Steps whose checkpoints are pinned (e.g. the ones spike injection starts from)."""
+
+
+@dataclass(frozen=True)
+class SpikeConfig:
+    kind: SpikeKind = "lr"
+    """How the spike is injected: ``lr`` multiplies the LR, ``grad`` scales gradients, ``data``
+    feeds batches from the poison pool."""
+    at_step: int = 200
+    """Step at which injection starts (resumed from the checkpoint at or before it)."""
+    magnitude: float = 30.0
+    """LR / gradient multiplier for ``lr`` and ``grad``."""
+    duration: int = 3
+    """Steps the injection lasts."""
+    detect_window: int = 64
+    """Trailing window of losses for the z-score detector."""
+    detect_zscore: float = 6.0
+    """A loss this many standard deviations above the trailing mean is a spike."""
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    policies: list[RecoveryPolicy] = field(
+        default_factory=lambda: ["continue", "skip_batch", "rollback", "lower_lr"])
+    """Policies compared after a detected spike (seed playbook A-E)."""
+    skip_batches: int = 10
+    """``skip_batch``: batches skipped after the spike."""
+    rollback_steps: int = 50
+    """``rollback``: restart from the checkpoint at least this many steps before the spike."""
+    lr_factor: float = 0.5
+    """``lower_lr``: multiply the LR by this after rolling back."""
+    eval_steps: int = 100
+    """Steps after the spike over which recovery is scored."""
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    parametrizations: list[Parametrization] = field(default_factory=lambda: ["sp", "mup"])
+    """Parametrizations whose LR optimum is compared across widths."""
+    widths: list[int] = field(default_factory=lambda: [64, 128, 256])
+    """Proxy widths (d_model) for the LR search."""
+    log2_lr_min: float = -12.0
+    """Smallest LR searched, as log2."""
+    log2_lr_max: float = -3.0
+    """Largest LR searched, as log2."""
+    trials_per_width: int = 8
+    """Optuna trials per (parametrization, width)."""
+    steps: int = 100
+    """Training steps per trial."""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    """Seeds per trial (the objective is their mean final loss)."""
+
+
+@dataclass(frozen=True)
+class AblationConfig:
+    blocks: list[Block] = field(default_factory=lambda: ["pre_ln", "post_ln"])
+    """Block placements compared."""
+    precisions: list[Precision] = field(default_factory=lambda: ["fp32", "bf16", "fp16"])
+    """Precisions compared."""
+    beta2s: list[float] = field(default_factory=lambda: [0.95, 0.999])
+    """Adam β₂ values compared."""
+    seeds: list[int] = field(default_factory=lambda: [0, 1])
+    """Seeds per arm."""
+    steps: int = 200
+    """Training steps per arm."""
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    experiment: str = "spikelab"
+    """MLflow experiment (one per study)."""
+    async_logging: bool = True
+    """Log metrics to MLflow from a background thread so the training loop never waits on it."""
+
+
+# --------------------------------------------------------------------------------------------
+# The whole config
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    profile: str = "default"
+    """Name of the overlay in ``profiles/`` applied over params.yaml (``default`` = none)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    filter: FilterConfig = field(default_factory=FilterConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    mup: MupConfig = field(default_factory=MupConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    spike: SpikeConfig = field(default_factory=SpikeConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    ablation: AblationConfig = field(default_factory=AblationConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def validate(self) -> Config:
+        """Value constraints and cross-field invariants; raises ConfigError naming the key."""
+        _check_values(self)
+        return self
+
+    def to_flat_dict(self) -> dict[str, Any]:
+        """``{"optim.lr": 0.003, ...}``: the resolved config as MLflow params."""
+        return _flatten(dataclasses.asdict(self))
+
+    def replace(self, **dotted: Any) -> Config:
+        """A copy with dotted keys overridden and re-validated: ``cfg.replace(**{"optim.lr": 1e-3})``."""
+        return from_dict(_deep_merge(dataclasses.asdict(self), _unflatten(dotted)), "override")
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{key}: must be > 0, got {value!r}")
+
+
+def _non_negative(key: str, value: float) -> None:
+    if not value >= 0:
+        raise ConfigError(f"{key}: must be >= 0, got {value!r}")
+
+
+def _in_open_unit(key: str, value: float) -> None:
+    if not 0 < value < 1:
+        raise ConfigError(f"{key}: must be in (0, 1), got {value!r}")
+
+
+def _check_values(c: Config) -> None:
+    m, t = c.model, c.train
+    for key in ("n_layer", "n_head", "d_model", "seq_len"):
+        _positive(f"model.{key}", getattr(m, key))
+    if m.d_model % m.n_head:
+        raise ConfigError(f"model.d_model: {m.d_model} is not divisible by model.n_head={m.n_head}")
+    if (m.d_model // m.n_head) % 2:
+        raise ConfigError(f"model.n_head: head dim d_model/n_head={m.d_model // m.n_head} must be even")
+    _non_negative("model.z_loss", m.z_loss)
+    if not 0 <= m.dropout < 1:
+        raise ConfigError(f"model.dropout: must be in [0, 1), got {m.dropout!r}")
+    _positive("model.init_std", m.init_std)
+    _positive("mup.base_width", c.mup.base_width)
+    if c.mup.parametrization == "mup" and m.tie_embeddings:
+        raise ConfigError("model.tie_embeddings: must be false with mup.parametrization=mup "
+                          "(μP scales the readout apart from the embedding)")
+    _positive("optim.lr", c.optim.lr)
+    _in_open_unit("optim.beta1", c.optim.beta1)
+    _in_open_unit("optim.beta2", c.optim.beta2)
+    _positive("optim.eps", c.optim.eps)
+    _non_negative("optim.weight_decay", c.optim.weight_decay)
+    _non_negative("optim.grad_clip", c.optim.grad_clip)
+    _positive("train.steps", t.steps)
+    _positive("train.batch_size", t.batch_size)
+    _positive("train.grad_accum", t.grad_accum)
+    _positive("train.log_every", t.log_every)
+    _positive("train.layer_stats_every", t.layer_stats_every)
+    _non_negative("train.eval_every", t.eval_every)
+    _positive("train.eval_batches", t.eval_batches)
+    _non_negative("train.num_workers", t.num_workers)
+    _non_negative("schedule.warmup_steps", c.schedule.warmup_steps)
+    if c.schedule.warmup_steps > t.steps:
+        raise ConfigError(f"schedule.warmup_steps: {c.schedule.warmup_steps} exceeds "
+                          f"train.steps={t.steps}")
+    if not 0 <= c.schedule.min_lr_ratio <= 1:
+        raise ConfigError(f"schedule.min_lr_ratio: must be in [0, 1], got {c.schedule.min_lr_ratio!r}")
+    _positive("precision.init_scale", c.precision.init_scale)
+    _positive("precision.growth_interval", c.precision.growth_interval)
+    _non_negative("checkpoint.every_steps", c.checkpoint.every_steps)
+    _non_negative("checkpoint.every_minutes", c.checkpoint.every_minutes)
+    _positive("checkpoint.keep_last", c.checkpoint.keep_last)
+    for s in c.checkpoint.milestones:
+        if not 0 < s <= t.steps:
+            raise ConfigError(f"checkpoint.milestones: step {s} is outside 1..train.steps={t.steps}")
+    _positive("tokenizer.vocab_size", c.tokenizer.vocab_size)
+    if c.tokenizer.vocab_size < 257:
+        raise ConfigError(f"tokenizer.vocab_size: must be >= 257 (256 bytes + end-of-text), "
+                          f"got {c.tokenizer.vocab_size}")
+    _in_open_unit("data.val_fraction", c.data.val_fraction)
+    _non_negative("data.max_docs", c.data.max_docs)
+    if c.data.source in ("text", "jsonl") and not c.data.path:
+        raise ConfigError(f"data.path: required when data.source={c.data.source!r}")
+    if c.data.source == "hf" and not c.data.hf_dataset:
+        raise ConfigError("data.hf_dataset: required when data.source='hf'")
+    f = c.filter
+    if not 0 <= f.max_nonprintable_ratio <= 1:
+        raise ConfigError(f"filter.max_nonprintable_ratio: must be in [0, 1], got {f.max_nonprintable_ratio!r}")
+    _non_negative("filter.min_chars", f.min_chars)
+    if f.max_chars <= f.min_chars:
+        raise ConfigError(f"filter.max_chars: {f.max_chars} must exceed filter.min_chars={f.min_chars}")
+    _positive("filter.max_char_run", f.max_char_run)
+    _positive("filter.ngram_max_period", f.ngram_max_period)
+    _positive("filter.ngram_min_repeats", f.ngram_min_repeats)
+    _in_open_unit("filter.dedup_threshold", f.dedup_threshold)
+    _positive("filter.dedup_num_perm", f.dedup_num_perm)
+    _positive("filter.dedup_shingle", f.dedup_shingle)
+    _positive("filter.perplexity_zscore", f.perplexity_zscore)
+    _non_negative("filter.poison_generated", f.poison_generated)
+    _positive("spike.magnitude", c.spike.magnitude)
+    _positive("spike.duration", c.spike.duration)
+    _positive("spike.detect_window", c.spike.detect_window)
+    _positive("spike.detect_zscore", c.spike.detect_zscore)
+    if not 0 < c.spike.at_step < t.steps:
+        raise ConfigError(f"spike.at_step: {c.spike.at_step} is outside 1..train.steps-1={t.steps - 1}")
+    _in_open_unit("recovery.lr_factor", c.recovery.lr_factor)
+    _non_negative("recovery.skip_batches", c.recovery.skip_batches)
+    _non_negative("recovery.rollback_steps", c.recovery.rollback_steps)
+    _positive("recovery.eval_steps", c.recovery.eval_steps)
+    if c.search.log2_lr_min >= c.search.log2_lr_max:
+        raise ConfigError(f"search.log2_lr_min: {c.search.log2_lr_min} must be below "
+                          f"search.log2_lr_max={c.search.log2_lr_max}")
+    for w in c.search.widths:
+        if w <= 0 or w % m.n_head:
+            raise ConfigError(f"search.widths: width {w} is not a positive multiple of model.n_head={m.n_head}")
+    _positive("search.trials_per_width", c.search.trials_per_width)
+    _positive("search.steps", c.search.steps)
+    for b2 in c.ablation.beta2s:
+        _in_open_unit("ablation.beta2s", b2)
+    _positive("ablation.steps", c.ablation.steps)
+    for key in ("search.widths", "search.seeds", "search.parametrizations", "ablation.blocks",
+                "ablation.precisions", "ablation.beta2s", "ablation.seeds", "recovery.policies"):
+        section, name = key.split(".")
+        if not getattr(getattr(c, section), name):
+            raise ConfigError(f"{key}: must not be empty")
+
+
+# --------------------------------------------------------------------------------------------
+# Loading: YAML -> typed, checked dataclasses
+# --------------------------------------------------------------------------------------------
+
+
+def load_config(params: str | Path = "params.yaml", profile: str | None = None) -> Config:
+    """Load ``params.yaml``, apply the profile overlay, type-check and validate.
+
+    ``profile`` overrides the ``profile`` key of the file. The overlay is
+    ``<dir of params>/profiles/<profile>.yaml``; ``default`` means no overlay.
+    """
+    params = Path(params)
+    raw = _read_yaml(params)
+    name = profile or raw.get("profile", "default")
+    if not isinstance(name, str):
+        raise ConfigError(f"profile: must be a string, got {name!r} ({params})")
+    if name != "default":
+        overlay_path = params.parent / PROFILES_DIR / f"{name}.yaml"
+        if not overlay_path.is_file():
+            known = sorted(p.stem for p in (params.parent / PROFILES_DIR).glob("*.yaml"))
+            raise ConfigError(f"profile: unknown profile {name!r}; allowed: "
+                              f"{', '.join(['default', *known])} (no file {overlay_path})")
+        overlay = _read_yaml(overlay_path)
+        _typecheck(Config, overlay, "", str(overlay_path), partial=True)
+        raw = _deep_merge(raw, overlay)
+    raw["profile"] = name
+    return from_dict(raw, str(params))
+
+
+def from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
+    """Build and validate a Config from a nested dict; missing keys take their defaults."""
+    _typecheck(Config, raw, "", source, partial=True)
+    return _build(Config, raw).validate()
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    return data
+
+
+def _typecheck(cls: type, raw: Any, prefix: str, source: str, partial: bool) -> None:
+    """Reject unknown keys and values of the wrong type, naming the dotted key."""
+    where = prefix.rstrip(".") or "<top level>"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a mapping, got {type(raw).__name__} ({source})")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if key not in hints:
+            raise ConfigError(f"{dotted}: unknown key ({source}); allowed: {', '.join(names)}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            _typecheck(hint, value, f"{dotted}.", source, partial)
+        else:
+            _check_type(dotted, hint, value, source)
+
+
+def _check_type(key: str, hint: Any, value: Any, source: str) -> None:
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, args))} ({source})")
+    elif origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: must be a list, got {value!r} ({source})")
+        for i, item in enumerate(value):
+            _check_type(f"{key}[{i}]", args[0], item, source)
+    elif origin in (Union, types.UnionType):
+        if not any(_matches(a, value) for a in args):
+            raise ConfigError(f"{key}: {value!r} does not match {hint} ({source})")
+    elif not _matches(hint, value):
+        raise ConfigError(f"{key}: must be {hint.__name__}, got {type(value).__name__} {value!r} ({source})")
+
+
+def _matches(hint: Any, value: Any) -> bool:
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        number = _as_float(value)
+        return number is not None and math.isfinite(number)
+    return isinstance(value, hint)
+
+
+def _as_float(value: Any) -> float | None:
+    """Ints, floats, and numeric strings: PyYAML (YAML 1.1) reads ``3e-4`` as a string, DVC does not."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _build(cls: type, raw: dict[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in raw.items():
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            value = _build(hint, value)
+        elif hint is float:
+            value = _as_float(value)
+        elif get_origin(hint) is list and get_args(hint)[0] is float:
+            value = [_as_float(v) for v in value]
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _unflatten(dotted: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in dotted.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out

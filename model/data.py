@@ -1,0 +1,94 @@
+"""Deterministic, resumable batches of token windows from a memory-mapped shard.
+
+The shard is a flat array of token ids (``uint16``/``uint32``) with documents separated by the
+end-of-text token. It is cut into non-overlapping windows of ``seq_len + 1`` tokens; each epoch
+visits every window once in an order drawn from ``(seed, epoch)``. The loader's whole position is
+``batches_served``: a checkpoint stores that one integer and resuming reproduces the exact stream,
+whatever the number of worker processes (they prefetch; the position counts what the trainer took).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+def open_tokens(path: str | Path, dtype: str) -> np.ndarray:
+    """Memory-map a token shard (read-only; pages are loaded on demand)."""
+    return np.memmap(path, dtype=np.dtype(dtype), mode="r")
+
+
+class Windows(Dataset):
+    """Window i = tokens[i·(T+1) : (i+1)·(T+1)], returned as (x, y) shifted by one."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int):
+        self.tokens, self.span = tokens, seq_len + 1
+        if len(tokens) < self.span:
+            raise ValueError(f"token shard has {len(tokens)} tokens, fewer than one window of {self.span}")
+
+    def __len__(self) -> int:
+        return len(self.tokens) // self.span
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        chunk = torch.from_numpy(self.tokens[i * self.span:(i + 1) * self.span].astype(np.int64))
+        return chunk[:-1], chunk[1:]
+
+
+class ResumableSampler(Sampler[list[int]]):
+    """Yields batches of window indices forever, starting at batch ``start``; epoch e is a
+    permutation seeded by (seed, e), so batch k is a pure function of (seed, k)."""
+
+    def __init__(self, n_windows: int, batch_size: int, seed: int, start: int = 0):
+        if n_windows < batch_size:
+            raise ValueError(f"{n_windows} windows cannot fill one batch of {batch_size}")
+        self.n, self.batch_size, self.seed, self.start = n_windows, batch_size, seed, start
+        self.per_epoch = n_windows // batch_size  # the ragged tail of each epoch is dropped
+
+    def __iter__(self) -> Iterator[list[int]]:
+        k = self.start
+        while True:
+            epoch, b = divmod(k, self.per_epoch)
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
+            yield order[b * self.batch_size:(b + 1) * self.batch_size].tolist()
+            k += 1
+
+    def __len__(self) -> int:  # infinite stream; DataLoader only needs a number for its repr
+        return 2**62
+
+
+class TokenLoader:
+    """The trainer's view of the data: ``next_batch()`` and a checkpointable position."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int,
+                 num_workers: int = 0, pin_memory: bool = False):
+        self.windows = Windows(tokens, seq_len)
+        self.batch_size, self.seed = batch_size, seed
+        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.batches_served = 0
+        self._it: Iterator | None = None
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y), each (B, T) int64."""
+        if self._it is None:
+            sampler = ResumableSampler(len(self.windows), self.batch_size, self.seed, self.batches_served)
+            self._it = iter(DataLoader(self.windows, batch_sampler=sampler, num_workers=self.num_workers,
+                                       pin_memory=self.pin_memory,
+                                       persistent_workers=self.num_workers > 0))
+        self.batches_served += 1
+        return next(self._it)
+
+    def skip(self, n: int) -> None:
+        """Advance the position by n batches without reading them (skip-batch recovery)."""
+        self.load_state_dict({"batches_served": self.batches_served + n, "seed": self.seed})
+
+    def state_dict(self) -> dict[str, int]:
+        return {"batches_served": self.batches_served, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["seed"] != self.seed:
+            raise ValueError(f"loader seed {self.seed} differs from the checkpoint's {state['seed']}")
+        self.batches_served, self._it = int(state["batches_served"]), None

@@ -1,0 +1,183 @@
+"""A GPT with every switch a training-stability study needs, in plain PyTorch.
+
+Switches (all from :class:`model.config.ModelConfig` / :class:`MupConfig`):
+  block   pre_ln  x = x + f(norm(x))           GPT-2 style; trains without warmup
+          post_ln x = norm(x + f(x))           original Transformer; large output-side grads at init
+  norm    layernorm | rmsnorm
+  mlp     gelu (4d hidden) | swiglu (gated, ~8d/3 hidden, same parameter count)
+  qk_norm per-head norm of queries and keys (bounds attention logits at high LR)
+  z_loss  coef · log²Z on the readout (PaLM), returned apart from the cross-entropy
+  parametrization sp | mup: μP multipliers and init live here, the μP learning rates in optim.py
+
+μP (Yang & Hu 2021) with width multiplier m = d_model / base_width:
+  embedding output × input_alpha            (init std σ, LR constant)
+  hidden matrices init std σ/√m             (LR ÷ m, see optim.py)
+  residual output projections σ/√(2·L·m)
+  attention scale √d_head_base / d_head     (= 1/√d_head at m = 1, ∝ 1/d_head beyond)
+  logits × output_alpha / m                 (readout init zero by default, LR constant)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.config import ModelConfig, MupConfig
+
+
+def make_norm(kind: str, dim: int, bias: bool) -> nn.Module:
+    if kind == "layernorm":
+        return nn.LayerNorm(dim, bias=bias)
+    return nn.RMSNorm(dim)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, attn_scale: float):
+        super().__init__()
+        self.n_head, self.d_head = cfg.n_head, cfg.d_model // cfg.n_head
+        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.kv = nn.Linear(cfg.d_model, 2 * cfg.d_model, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.q_norm = make_norm(cfg.norm, self.d_head, cfg.bias) if cfg.qk_norm else nn.Identity()
+        self.k_norm = make_norm(cfg.norm, self.d_head, cfg.bias) if cfg.qk_norm else nn.Identity()
+        self.scale = attn_scale
+        self.dropout = cfg.dropout
+        # Set by the trainer at stats steps: the max pre-softmax logit costs an explicit q·kᵀ.
+        self.record_logit_max = False
+        self.logit_max: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q = self.q(x).view(B, T, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
+        k, v = self.kv(x).split(C, dim=2)
+        k = k.view(B, T, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
+        v = v.view(B, T, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.record_logit_max:
+            with torch.no_grad():
+                logits = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, T, T)
+                causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+                self.logit_max = logits.masked_fill(~causal, float("-inf")).amax().float()
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=self.scale,
+            dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, Dh)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gated = cfg.mlp == "swiglu"
+        # SwiGLU has three matrices; 2/3 of the 4d hidden width keeps the parameter count of GELU.
+        hidden = _round_up(8 * cfg.d_model // 3, 8) if self.gated else 4 * cfg.d_model
+        self.up = nn.Linear(cfg.d_model, (2 if self.gated else 1) * hidden, bias=cfg.bias)
+        self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        if self.gated:
+            gate, value = h.chunk(2, dim=-1)
+            h = F.silu(gate) * value
+        else:
+            h = F.gelu(h)
+        return self.proj(h)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, attn_scale: float):
+        super().__init__()
+        self.post_ln = cfg.block == "post_ln"
+        self.norm1 = make_norm(cfg.norm, cfg.d_model, cfg.bias)
+        self.attn = Attention(cfg, attn_scale)
+        self.norm2 = make_norm(cfg.norm, cfg.d_model, cfg.bias)
+        self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.post_ln:
+            x = self.norm1(x + self.drop(self.attn(x)))
+            return self.norm2(x + self.drop(self.mlp(x)))
+        x = x + self.drop(self.attn(self.norm1(x)))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig, mup: MupConfig, vocab_size: int):
+        super().__init__()
+        self.cfg, self.mup_cfg, self.vocab_size = cfg, mup, vocab_size
+        self.is_mup = mup.parametrization == "mup"
+        self.width_mult = cfg.d_model / mup.base_width if self.is_mup else 1.0
+        d_head = cfg.d_model // cfg.n_head
+        base_d_head = mup.base_width / cfg.n_head
+        attn_scale = math.sqrt(base_d_head) / d_head if self.is_mup else 1.0 / math.sqrt(d_head)
+
+        self.wte = nn.Embedding(vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, attn_scale) for _ in range(cfg.n_layer))
+        # Post-LN already ends every block on a norm; the original Transformer has no final norm.
+        self.norm_f = make_norm(cfg.norm, cfg.d_model, cfg.bias) if cfg.block == "pre_ln" else nn.Identity()
+        self.readout = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.readout.weight = self.wte.weight
+        self.input_mult = mup.input_alpha if self.is_mup else 1.0
+        self.output_mult = mup.output_alpha / self.width_mult if self.is_mup else 1.0
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        std, m, L = self.cfg.init_std, self.width_mult, self.cfg.n_layer
+        nn.init.normal_(self.wte.weight, std=std)
+        nn.init.normal_(self.wpe.weight, std=std)
+        for block in self.blocks:
+            for lin in (block.attn.q, block.attn.kv, block.mlp.up):
+                nn.init.normal_(lin.weight, std=std / math.sqrt(m))
+            for lin in (block.attn.proj, block.mlp.proj):  # residual outputs: depth-scaled
+                nn.init.normal_(lin.weight, std=std / math.sqrt(2 * L * m))
+            if self.is_mup and self.mup_cfg.zero_init_query:
+                nn.init.zeros_(block.attn.q.weight)
+        if not self.cfg.tie_embeddings:
+            if self.is_mup and self.mup_cfg.zero_init_readout:
+                nn.init.zeros_(self.readout.weight)
+            else:
+                nn.init.normal_(self.readout.weight, std=std / math.sqrt(m))
+        for module in self.modules():
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                module.reset_parameters()
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """idx, targets: (B, T) token ids. Returns logits (B, T, V) and, with targets, the mean
+        cross-entropy and the z-loss term (coef · mean log²Z; zero when the coef is 0)."""
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop((self.wte(idx) + self.wpe(pos)) * self.input_mult)  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.readout(self.norm_f(x)) * self.output_mult  # (B, T, V)
+        if targets is None:
+            return logits, None, None
+        flat = logits.float().view(B * T, -1)
+        ce = F.cross_entropy(flat, targets.reshape(-1))
+        z = z_loss(flat, self.cfg.z_loss)
+        return logits, ce, z
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wpe.weight.numel() if non_embedding else n
+
+
+def z_loss(logits: torch.Tensor, coef: float) -> torch.Tensor:
+    """PaLM's auxiliary loss coef · mean(log²Z), Z = Σ exp(logits): keeps the softmax normaliser near 1."""
+    if coef == 0:
+        return logits.new_zeros(())
+    return coef * torch.logsumexp(logits, dim=-1).pow(2).mean()
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return (x + multiple - 1) // multiple * multiple

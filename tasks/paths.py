@@ -1,0 +1,124 @@
+"""The one place that decides where state lives and how stages reach the services.
+
+Two roots:
+  project  the workspace a stage runs in (where ``params.yaml`` is). DVC outputs are relative to
+           it, so a ``dvc exp run`` copy under ``.dvc/tmp/exps/`` writes its own outputs.
+  state    absolute, shared by every copy: MLflow store and artifacts, Optuna storage, Prefect
+           home, service logs. It is ``<repo>/.spikelab`` of the ORIGINAL repository (an experiment
+           copy resolves back to it), or ``$SPIKELAB_STATE``.
+
+Services: ``spikelab services up`` starts a Prefect server and an MLflow server on 127.0.0.1.
+:func:`configure_environment` points this process at them when they answer, and otherwise at
+the local stores (MLflow: SQLite file; Prefect: a temporary server per process, slower).
+It must run before ``prefect`` is imported, because Prefect reads its settings at import.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+HOST = "127.0.0.1"
+PREFECT_PORT = int(os.environ.get("SPIKELAB_PREFECT_PORT", "4200"))
+MLFLOW_PORT = int(os.environ.get("SPIKELAB_MLFLOW_PORT", "5000"))
+EXPS_MARKER = (".dvc", "tmp", "exps")
+
+
+def project_dir() -> Path:
+    """The nearest directory at or above the working directory holding ``params.yaml``."""
+    cwd = Path.cwd().resolve()
+    for d in (cwd, *cwd.parents):
+        if (d / "params.yaml").is_file():
+            return d
+    return cwd
+
+
+def repo_root(project: Path | None = None) -> Path:
+    """The original repository, also from inside a DVC experiment copy (``<repo>/.dvc/tmp/exps/...``)."""
+    project = (project or project_dir()).resolve()
+    parts = project.parts
+    for i in range(len(parts) - len(EXPS_MARKER)):
+        if parts[i:i + len(EXPS_MARKER)] == EXPS_MARKER:
+            return Path(*parts[:i])
+    return project
+
+
+def state_dir() -> Path:
+    path = Path(os.environ.get("SPIKELAB_STATE") or repo_root() / ".spikelab").resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass(frozen=True)
+class StatePaths:
+    """Absolute locations under :func:`state_dir`."""
+
+    root: Path
+
+    @property
+    def mlflow_db(self) -> Path:
+        return self.root / "mlflow.db"
+
+    @property
+    def mlflow_artifacts(self) -> Path:
+        return self.root / "mlartifacts"
+
+    @property
+    def optuna_journal(self) -> Path:
+        return self.root / "optuna.journal"
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.root / "prefect"
+
+    @property
+    def services(self) -> Path:
+        """Pid and log files of the servers started by ``spikelab services up``."""
+        return self.root / "services"
+
+
+def state() -> StatePaths:
+    return StatePaths(state_dir())
+
+
+def prefect_url() -> str:
+    return f"http://{HOST}:{PREFECT_PORT}/api"
+
+
+def mlflow_url() -> str:
+    return f"http://{HOST}:{MLFLOW_PORT}"
+
+
+def answers(url: str, timeout: float = 0.5) -> bool:
+    """True when an HTTP server answers 2xx at ``url`` (a short timeout: called at every stage start)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return 200 <= response.status < 300
+    except OSError:
+        return False
+
+
+def prefect_up() -> bool:
+    return answers(f"{prefect_url()}/health")
+
+
+def mlflow_up() -> bool:
+    return answers(f"{mlflow_url()}/health")
+
+
+def configure_environment() -> dict[str, str]:
+    """Point Prefect and MLflow at the running servers, else at the local stores.
+
+    Explicit user settings (``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI``) win. Returns what was
+    chosen, for logging.
+    """
+    s = state()
+    os.environ.setdefault("PREFECT_HOME", str(s.prefect_home))
+    if "PREFECT_API_URL" not in os.environ and prefect_up():
+        os.environ["PREFECT_API_URL"] = prefect_url()
+    if "MLFLOW_TRACKING_URI" not in os.environ:
+        os.environ["MLFLOW_TRACKING_URI"] = mlflow_url() if mlflow_up() else f"sqlite:///{s.mlflow_db}"
+    return {"prefect": os.environ.get("PREFECT_API_URL", "temporary server"),
+            "mlflow": os.environ["MLFLOW_TRACKING_URI"]}
