@@ -16,12 +16,14 @@ import sys
 import time
 
 from model.config import UserError, load_config
+from model.train import Preempted
 from tasks import paths
 
 STAGES = {
     "prepare": "flows.data:prepare_flow",
     "filter": "flows.data:filter_flow",
     "tokenize": "flows.data:tokenize_flow",
+    "pretrain": "flows.pretrain:pretrain_flow",
 }
 """Stage name -> the flow that runs it. dvc.yaml calls ``spikelab run <stage>`` for each."""
 
@@ -74,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return USER_ERROR_EXIT
+    except Preempted as e:
+        print(f"spikelab: preempted at step {e.step}; checkpoint saved, run again to resume", file=sys.stderr)
+        return e.code
     return 0
 
 

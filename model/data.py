@@ -9,6 +9,7 @@ whatever the number of worker processes (they prefetch; the position counts what
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,14 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 def open_tokens(path: str | Path, dtype: str) -> np.ndarray:
     """Memory-map a token shard (read-only; pages are loaded on demand)."""
     return np.memmap(path, dtype=np.dtype(dtype), mode="r")
+
+
+def open_split(manifest: str | Path, split: str) -> np.ndarray:
+    """Memory-map one shard (``train``, ``val`` or ``poison``) of a tokenize manifest, with the
+    dtype it names; shard paths in the manifest are relative to it."""
+    manifest = Path(manifest)
+    info = json.loads(manifest.read_text(encoding="utf-8"))
+    return open_tokens(manifest.parent / info["splits"][split]["path"], info["dtype"])
 
 
 class Windows(Dataset):

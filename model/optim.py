@@ -40,14 +40,13 @@ def param_groups(model: GPT, cfg: OptimConfig) -> list[dict]:
         role = ("embedding" if id(p) in embeddings else "readout" if id(p) in readout
                 else "hidden" if p.ndim == 2 else "vector")
         groups[role]["params"].append(p)
-    return [{"name": name, **g} for name, g in groups.items() if g["params"]]
+    return [{"name": name, "lr": cfg.lr * g["lr_mult"], **g} for name, g in groups.items() if g["params"]]
 
 
-def build_adamw(model: GPT, cfg: OptimConfig, device_type: str) -> torch.optim.AdamW:
-    """AdamW over :func:`param_groups`; fused on CUDA, foreach elsewhere unless configured."""
-    impl = cfg.implementation
-    if impl == "auto":
-        impl = "fused" if device_type == "cuda" else "foreach"
+def build_adamw(model: GPT, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over :func:`param_groups`. ``auto`` is the fused kernel on every device: it exists on
+    the CPU too, is faster there than foreach, and can skip a non-finite step without a host sync."""
+    impl = "fused" if cfg.implementation == "auto" else cfg.implementation
     return torch.optim.AdamW(
         param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
         fused=impl == "fused" or None, foreach=impl == "foreach" if impl != "fused" else None)
@@ -60,7 +59,7 @@ def lr_at(step: int, peak: float, total_steps: int, cfg: ScheduleConfig) -> floa
     floor = peak * cfg.min_lr_ratio
     if cfg.kind == "constant":
         return peak
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - 1 - cfg.warmup_steps))
     if cfg.kind == "linear":
         return peak - (peak - floor) * progress
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -20,9 +20,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from model.config import Config, load_config
+
 HOST = "127.0.0.1"
-PREFECT_PORT = int(os.environ.get("SPIKELAB_PREFECT_PORT", "4200"))
-MLFLOW_PORT = int(os.environ.get("SPIKELAB_MLFLOW_PORT", "5000"))
 EXPS_MARKER = (".dvc", "tmp", "exps")
 
 
@@ -33,6 +33,12 @@ def project_dir() -> Path:
         if (d / "params.yaml").is_file():
             return d
     return cwd
+
+
+def project_config(profile: str | None = None) -> tuple[Config, Path]:
+    """The validated config of the project a stage runs in, and that project's directory."""
+    project = project_dir()
+    return load_config(project / "params.yaml", profile), project
 
 
 def repo_root(project: Path | None = None) -> Path:
@@ -83,12 +89,20 @@ def state() -> StatePaths:
     return StatePaths(state_dir())
 
 
+def prefect_port() -> int:
+    return int(os.environ.get("SPIKELAB_PREFECT_PORT", "4200"))
+
+
+def mlflow_port() -> int:
+    return int(os.environ.get("SPIKELAB_MLFLOW_PORT", "5000"))
+
+
 def prefect_url() -> str:
-    return f"http://{HOST}:{PREFECT_PORT}/api"
+    return f"http://{HOST}:{prefect_port()}/api"
 
 
 def mlflow_url() -> str:
-    return f"http://{HOST}:{MLFLOW_PORT}"
+    return f"http://{HOST}:{mlflow_port()}"
 
 
 def answers(url: str, timeout: float = 0.5) -> bool:

@@ -33,11 +33,11 @@ def services() -> list[Service]:
     bin_dir = Path(sys.executable).parent
     return [
         Service("prefect", [str(bin_dir / "prefect"), "server", "start", "--host", paths.HOST,
-                            "--port", str(paths.PREFECT_PORT)],
+                            "--port", str(paths.prefect_port())],
                 {"PREFECT_HOME": str(s.prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
                 paths.prefect_up, paths.prefect_url().removesuffix("/api")),
         Service("mlflow", [str(bin_dir / "mlflow"), "server", "--host", paths.HOST,
-                           "--port", str(paths.MLFLOW_PORT),
+                           "--port", str(paths.mlflow_port()),
                            "--backend-store-uri", f"sqlite:///{s.mlflow_db}",
                            "--default-artifact-root", s.mlflow_artifacts.as_uri(),
                            "--no-serve-artifacts"],

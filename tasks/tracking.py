@@ -46,9 +46,10 @@ def dvc_inputs_digest(stage: str) -> str:
     """sha256 over the stage's deps as DVC records them: upstream outs by their ``dvc.lock`` md5,
     other files by content, plus the params the stage reads. Identical inputs, identical digest."""
     root = project_dir()
-    spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"].get(stage)
+    pipeline = root / "dvc.yaml"
+    spec = (yaml.safe_load(pipeline.read_text()) or {}).get("stages", {}).get(stage) if pipeline.is_file() else None
     if spec is None:
-        return "no-stage"
+        return "not-a-dvc-stage"
     lock_path = root / "dvc.lock"
     lock = yaml.safe_load(lock_path.read_text()).get("stages", {}) if lock_path.is_file() else {}
     out_md5 = {o["path"]: o["md5"] for s in lock.values() for o in s.get("outs", [])}

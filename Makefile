@@ -1,0 +1,24 @@
+# Two commands for a fresh machine: `make repro` (set up, start the servers, run the study) and
+# `make test` (set up, run the test suite). The rest are conveniences.
+SHELL := /bin/bash
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
+
+.PHONY: setup repro test services services-down
+
+.venv/.installed: pyproject.toml constraints.txt scripts/setup.sh
+	scripts/setup.sh
+	touch $@
+
+setup: .venv/.installed
+
+repro: setup services
+	dvc repro
+
+test: setup
+	python -m pytest -q
+
+services: setup
+	spikelab services up
+
+services-down:
+	spikelab services down

@@ -1,0 +1,82 @@
+"""Per-stage cost of orchestration and tracking: Prefect flow + task + MLflow stage run.
+
+Each measurement is a fresh process (as DVC runs a stage) executing an empty stage through the
+real code path (configure_environment -> Prefect flow -> task -> tracking.stage_run), compared
+with a bare process that only loads the config. Run twice: with `spikelab services up` (servers
+answering) and without (Prefect starts a temporary server per process; MLflow writes SQLite).
+
+    python benchmarks/bench_overhead.py --repeats 3 --out benchmarks/out/overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BARE = "from model.config import load_config; load_config('params.yaml')"
+STAGE = """
+from model.config import load_config
+from tasks.paths import configure_environment
+configure_environment()
+from prefect import flow, task
+from tasks.tracking import stage_run
+
+@task
+def noop() -> int:
+    return 1
+
+@flow(name="overhead-probe")
+def probe() -> None:
+    cfg = load_config('params.yaml')
+    with stage_run(cfg, 'overhead-probe'):
+        noop()
+
+probe()
+"""
+
+
+def time_process(code: str, env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--without-services", action="store_true",
+                        help="measure the fallback path even if servers are up (points the stage at closed ports)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/overhead.json")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from tasks import paths
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
+    if args.without_services:
+        os.environ.update(SPIKELAB_PREFECT_PORT="9", SPIKELAB_MLFLOW_PORT="9")  # discard port: nothing answers
+        env.update(SPIKELAB_PREFECT_PORT="9", SPIKELAB_MLFLOW_PORT="9")
+    servers_up = paths.prefect_up() and paths.mlflow_up()
+    mode = "services up" if servers_up else "no services (temporary Prefect server, SQLite MLflow)"
+    bare = [time_process(BARE, env) for _ in range(args.repeats)]
+    stage = [time_process(STAGE, env) for _ in range(args.repeats)]
+    result = {"mode": mode, "bare_s": statistics.median(bare), "stage_s": statistics.median(stage),
+              "overhead_s": statistics.median(stage) - statistics.median(bare), "repeats": args.repeats}
+    print(f"{mode}: bare process {result['bare_s']:.1f} s, empty stage {result['stage_s']:.1f} s, "
+          f"overhead {result['overhead_s']:.1f} s per stage (median of {args.repeats})")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    key = "up" if servers_up else "down"
+    existing = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    args.out.write_text(json.dumps({**existing, key: result}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Side effects of a training run, hung on the loop as callbacks.
+
+Per step the loop fires, in this order and each callback in ascending ``order``:
+
+  on_step_start(trainer)      may set trainer.lr_scale / trainer.grad_scale for this step (both
+                              reset to 1.0 before the hook) or call trainer.loader.skip(n)
+  ... the optimizer step ...
+  on_log(step, metrics)       every metric due at this step (train/*, stats/*, val/*), as floats
+  on_eval(step, val_loss)     after a validation pass (its loss is also in on_log)
+  on_step_end(trainer)        the Checkpointer (order 100, last) saves here
+  on_checkpoint(step, path)   after a checkpoint was written
+
+around them on_train_start(config, run) once (config: the flat resolved config, as MLflow params)
+and on_train_end(summary) once, also after a preemption (summary["preempted"] is True).
+
+``step`` is the number of optimizer steps completed. A stateful callback returns its state from
+``state_dict`` (tensors, dicts, lists, numbers, strings: checkpoints load with weights_only=True)
+and gets it back through ``load_state_dict`` when a run resumes. Subclassing :class:`Callback` is
+optional: the loop calls only the hooks an object has (``order`` defaults to 50).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from model.train import Trainer
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a callback may want to know about the run when it starts."""
+
+    device: str               # "cpu", "cuda:0"
+    precision: str            # e.g. "bf16 (emulated)", "fp16 (autocast, loss scaling)"
+    start_step: int           # 0, or the step of the checkpoint the run resumed from
+    total_steps: int
+    tokens_per_step: int
+    n_params: int
+    checkpoint_dir: str | None  # None: the run writes no checkpoints
+    resumed_from: str | None    # checkpoint path, when resumed
+
+
+class Callback:
+    """Base class: every hook is a no-op; override the ones you need."""
+
+    order: int = 50
+
+    def on_train_start(self, config: dict[str, Any], run: RunInfo) -> None: ...
+    def on_step_start(self, trainer: Trainer) -> None: ...
+    def on_log(self, step: int, metrics: dict[str, float]) -> None: ...
+    def on_eval(self, step: int, val_loss: float) -> None: ...
+    def on_step_end(self, trainer: Trainer) -> None: ...
+    def on_checkpoint(self, step: int, path: Path) -> None: ...
+    def on_train_end(self, summary: dict[str, Any]) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class CSVLogger(Callback):
+    """One CSV per metric namespace under ``directory`` ("train/loss" goes to train.csv, column
+    "loss"), ``step`` first. The directory belongs to this logger: at the start of a run every CSV
+    in it loses its rows after the start step, so a resumed run appends without duplicates (those
+    rows came from steps it repeats) and a fresh run starts empty."""
+
+    order = 20
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self.headers: dict[Path, list[str]] = {}
+
+    def on_train_start(self, config: dict[str, Any], run: RunInfo) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for path in sorted(self.directory.glob("*.csv")):
+            header, rows = _read_csv(path)
+            _rewrite_csv(path, header, [r for r in rows if int(r["step"]) <= run.start_step])
+
+    def on_log(self, step: int, metrics: dict[str, float]) -> None:
+        by_file: dict[str, dict[str, Any]] = defaultdict(lambda: {"step": step})
+        for key, value in metrics.items():
+            namespace, _, name = key.partition("/")
+            by_file[namespace][name or namespace] = value
+        for namespace, row in by_file.items():
+            self._append(self.directory / f"{namespace}.csv", row)
+
+    def _append(self, path: Path, row: dict[str, Any]) -> None:
+        if path not in self.headers:
+            self.headers[path] = _read_csv(path)[0] if path.exists() else []
+        header = self.headers[path]
+        if not set(row) <= set(header):  # new columns (first row, or a changed metric set)
+            old_header, rows = _read_csv(path) if path.exists() else ([], [])
+            header = old_header + [k for k in row if k not in old_header]
+            _rewrite_csv(path, header, rows)
+            self.headers[path] = header
+        with path.open("a", newline="") as f:
+            csv.DictWriter(f, fieldnames=header, restval="").writerow(row)
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        return list(reader.fieldnames or []), rows
+
+
+def _rewrite_csv(path: Path, header: list[str], rows: list[dict[str, Any]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header, restval="")
+        if header:
+            writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+class ProgressBar(Callback):
+    """A tqdm bar (loss, tokens/s, ETA) on a terminal; one plain line per log interval otherwise
+    (CI logs, ``dvc repro`` output, Prefect workers)."""
+
+    order = 10
+
+    def __init__(self) -> None:
+        self.bar: tqdm | None = None
+
+    def on_train_start(self, config: dict[str, Any], run: RunInfo) -> None:
+        self.total, self.start_step, self.t0 = run.total_steps, run.start_step, time.perf_counter()
+        if sys.stdout.isatty():
+            self.bar = tqdm(total=run.total_steps, initial=run.start_step, unit="step", dynamic_ncols=True)
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def on_log(self, step: int, metrics: dict[str, float]) -> None:
+        if "train/loss" not in metrics:
+            return
+        loss, tok_s = metrics["train/loss"], metrics["train/tokens_per_s"]
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+            return
+        rate = (step - self.start_step) / (time.perf_counter() - self.t0)
+        eta = (self.total - step) / rate if rate > 0 else float("nan")
+        val = f" | val {metrics['val/loss']:.4f}" if "val/loss" in metrics else ""
+        print(f"step {step}/{self.total} | loss {loss:.4f}{val} | grad_norm {metrics['train/grad_norm']:.3g}"
+              f" | lr {metrics['train/lr']:.3g} | {tok_s:,.0f} tok/s | eta {_hms(eta)}", flush=True)
+
+    def on_train_end(self, summary: dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _hms(seconds: float) -> str:
+    if seconds != seconds:
+        return "?"
+    minutes, s = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{s:02d}"

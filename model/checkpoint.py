@@ -1,0 +1,206 @@
+"""Checkpoint files: atomic writes, sha256 sidecars, fallback on corruption, RNG capture.
+
+Layout: ``<dir>/step_00000100.pt`` (a ``torch.save`` of plain tensors, dicts, lists, numbers and
+strings, so ``torch.load(weights_only=True)`` reads it) and ``step_00000100.pt.sha256``
+(``sha256sum`` format). A checkpoint counts only when its sidecar exists and matches: the sidecar
+is written after the payload, so a crash in between leaves an incomplete checkpoint that is skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import random
+import re
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from model.callbacks import Callback
+from model.config import CheckpointConfig
+
+if TYPE_CHECKING:
+    from model.train import Trainer
+
+_NAME = re.compile(r"step_(\d+)\.pt")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is incomplete, truncated, corrupt or unreadable."""
+
+
+def checkpoint_path(directory: Path, step: int) -> Path:
+    return directory / f"step_{step:08d}.pt"
+
+
+def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every payload file, oldest first, valid or not."""
+    found = [(int(m.group(1)), p) for p in directory.glob("step_*.pt") if (m := _NAME.fullmatch(p.name))]
+    return sorted(found)
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+class _HashingWriter:
+    """File wrapper that hashes what torch.save writes, so the payload is never read back."""
+
+    def __init__(self, f: io.BufferedWriter):
+        self.f, self.sha = f, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _write_atomically(path: Path, write, before_replace=lambda: None) -> Any:
+    """Write through ``write(file)`` into a temp file in the same directory, fsync, rename over
+    ``path``, fsync the directory; on any failure the temp file is removed and ``path`` untouched."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with tmp.open("wb") as f:
+            result = write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        before_replace()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return result
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(path: Path, payload: dict[str, Any]) -> str:
+    """Write ``payload`` atomically with its sha256 sidecar; returns the hex digest."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write_payload(f):
+        writer = _HashingWriter(f)
+        torch.save(payload, writer)
+        return writer.sha.hexdigest()
+
+    # Re-saving a step: the old sidecar goes just before the rename, so it never vouches for the
+    # new payload, and a failed write leaves the old pair intact.
+    digest = _write_atomically(path, write_payload,
+                               before_replace=lambda: _sidecar(path).unlink(missing_ok=True))
+    _write_atomically(_sidecar(path), lambda f: f.write(f"{digest}  {path.name}\n".encode()))
+    return digest
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Verify the sidecar and load on the CPU with ``weights_only=True``; raises CheckpointError."""
+    sidecar = _sidecar(path)
+    if not sidecar.exists():
+        raise CheckpointError("no sha256 sidecar (incomplete write)")
+    data = path.read_bytes()
+    expected = sidecar.read_text().split()[0] if sidecar.stat().st_size else ""
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise CheckpointError(f"sha256 mismatch ({len(data)} bytes; truncated or corrupt)")
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # a matching checksum over an unloadable file: wrong format or version
+        raise CheckpointError(f"unreadable: {e}") from e
+
+
+def load_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest valid checkpoint in ``directory``; each unusable newer one is reported on stderr."""
+    for _, path in reversed(list_checkpoints(directory)):
+        try:
+            return path, load_checkpoint(path)
+        except CheckpointError as e:
+            print(f"spikelab: checkpoint {path} is unusable: {e}; falling back to the previous one",
+                  file=sys.stderr, flush=True)
+    return None
+
+
+def remove_checkpoint(path: Path) -> None:
+    _sidecar(path).unlink(missing_ok=True)  # sidecar first: a half-removed checkpoint is invalid
+    path.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# RNG state as weights_only-loadable values
+# ----------------------------------------------------------------------------------------------
+
+
+def capture_rng() -> dict[str, Any]:
+    """Every RNG a step can touch: torch CPU, CUDA (when initialised), numpy, Python."""
+    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    version, py_state, gauss_next = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+        "python": {"version": version, "state": list(py_state), "gauss_next": gauss_next},
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
+
+
+# ----------------------------------------------------------------------------------------------
+# The checkpointing callback
+# ----------------------------------------------------------------------------------------------
+
+
+class Checkpointer(Callback):
+    """Saves at the end of a step when due: every ``every_steps`` steps, after ``every_minutes``
+    of wall clock since the last save, at a milestone, at the last step, or when the run is asked
+    to stop (preemption). Keeps the newest ``keep_last`` rolling checkpoints; milestones are never
+    deleted. Runs last so the checkpoint holds every other callback's state after the step."""
+
+    order = 100
+
+    def __init__(self, directory: str | Path, cfg: CheckpointConfig, total_steps: int):
+        self.directory, self.cfg, self.total_steps = Path(directory), cfg, total_steps
+        self.last_save = time.monotonic()
+        self.seconds = 0.0  # time spent saving, for the checkpoint share of wall time
+
+    def due(self, step: int, stopping: bool) -> bool:
+        c = self.cfg
+        return (stopping or step == self.total_steps or step in c.milestones
+                or (c.every_steps > 0 and step % c.every_steps == 0)
+                or (c.every_minutes > 0 and time.monotonic() - self.last_save >= 60 * c.every_minutes))
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        if not self.due(trainer.step, trainer.stopping):
+            return
+        start = time.perf_counter()
+        path = checkpoint_path(self.directory, trainer.step)
+        save_checkpoint(path, trainer.snapshot())
+        self._prune()
+        self.last_save = time.monotonic()
+        self.seconds += time.perf_counter() - start
+        trainer.fire("on_checkpoint", trainer.step, path)
+
+    def _prune(self) -> None:
+        rolling = [p for step, p in list_checkpoints(self.directory) if step not in self.cfg.milestones]
+        for path in rolling[:-self.cfg.keep_last]:
+            remove_checkpoint(path)

@@ -1,0 +1,105 @@
+"""Compute precision of the forward pass: fp32, bf16, fp16 (real autocast or CPU emulation).
+
+Master weights, gradients and Adam state stay fp32 in every mode; only matrix products run in the
+low-precision type, as on a GPU under autocast.
+
+  fp32   no autocast, no loss scaling
+  bf16   autocast to bfloat16; fp32's exponent range, so no loss scaling (the stable recipe)
+  fp16   autocast to float16 + dynamic loss scaling (GradScaler; skips and counts overflow steps);
+         ``precision.loss_scaling: false`` gives unscaled fp16, which overflows and underflows
+
+EMULATION (``precision.emulate``). A CPU without bf16/fp16 hardware runs real autocast ~10x slower
+than fp32, so on the CPU the low-precision modes are emulated by default: every matrix product
+(F.linear, matmul/@, bmm, mm, scaled_dot_product_attention) rounds its inputs to the low-precision
+type, multiplies in fp32 (tensor cores accumulate in fp32 too) and rounds its output to the
+low-precision type. Values keep the fp32 dtype but are exactly representable in bf16/fp16, so range
+effects are the real ones: an fp16 output >= 65520 rounds to inf (65504 is the largest finite
+fp16), bf16 keeps fp32's range. Autograd carries the rounding into the backward pass (the gradient
+of a rounding is a rounding), so fp16 gradients overflow and underflow as on the GPU, which is what
+loss scaling is about. Not emulated: element-wise ops that real autocast runs in low precision
+(activations, the SwiGLU gate product, residual adds of two low-precision tensors) stay fp32, and
+inside attention the softmax probabilities are not rounded before P·V. It is an emulation of the
+numerics that drive stability (range, matmul rounding), not a bit-exact model of any kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from model.config import PrecisionConfig
+
+LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+# The matrix products a GPU would send to tensor cores under autocast.
+MATRIX_PRODUCTS = frozenset({
+    F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
+    torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, F.scaled_dot_product_attention,
+})
+
+
+class EmulatedMatmuls(TorchFunctionMode):
+    """Round the fp32 inputs and outputs of every matrix product to ``dtype`` (see module doc)."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def _round(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dtype == torch.float32:
+            return x.to(self.dtype).to(torch.float32)
+        return x
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in MATRIX_PRODUCTS:
+            return func(*args, **kwargs)
+        args = tuple(self._round(a) for a in args)
+        kwargs = {k: self._round(v) for k, v in kwargs.items()}
+        return self._round(func(*args, **kwargs))
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The resolved precision of a run: what wraps the forward pass and how the loss is scaled."""
+
+    mode: str                  # fp32 | bf16 | fp16
+    emulated: bool             # low precision emulated in fp32 (see module doc) instead of autocast
+    loss_scaling: bool         # dynamic loss scaling (fp16 only)
+    device_type: str
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        return LOW_PRECISION.get(self.mode)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Context for the forward pass (and the loss); backward needs none."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        if self.emulated:
+            return EmulatedMatmuls(self.dtype)
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def grad_scaler(self, cfg: PrecisionConfig) -> torch.amp.GradScaler:
+        """A GradScaler; disabled (every call a no-op) unless this is fp16 with loss scaling."""
+        return torch.amp.GradScaler(self.device_type, init_scale=cfg.init_scale,
+                                    growth_interval=cfg.growth_interval, enabled=self.loss_scaling)
+
+    def describe(self) -> str:
+        if self.dtype is None:
+            return self.mode
+        how = "emulated" if self.emulated else "autocast"
+        scaling = ", loss scaling" if self.loss_scaling else ", unscaled" if self.mode == "fp16" else ""
+        return f"{self.mode} ({how}{scaling})"
+
+
+def resolve_precision(cfg: PrecisionConfig, device_type: str) -> Precision:
+    """``emulate: auto`` emulates on the CPU (no fast low-precision path) and not on CUDA."""
+    emulate = cfg.emulate == "always" or (cfg.emulate == "auto" and device_type != "cuda")
+    return Precision(mode=cfg.mode, emulated=emulate and cfg.mode != "fp32",
+                     loss_scaling=cfg.mode == "fp16" and cfg.loss_scaling, device_type=device_type)

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv and install spikelab with the pinned dependency set. Idempotent.
+#   TORCH_SPEC  what to install for torch (default torch==2.13.0: this machine's CPU wheel).
+#               On a GPU machine install a CUDA build of torch 2.13 into .venv first, then
+#               run with TORCH_SPEC=skip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
+if [ "${TORCH_SPEC:-torch==2.13.0}" != skip ]; then pip install "${TORCH_SPEC:-torch==2.13.0}"; fi
+pip install -c constraints.txt -e ".[dev]"
+.venv/bin/python -c "import torch, prefect, mlflow, optuna, dvc, yaml; print('spikelab ready: torch', torch.__version__, '| prefect', prefect.__version__, '| mlflow', mlflow.__version__, '| optuna', optuna.__version__)"

@@ -1,0 +1,125 @@
+"""How surprising is a document to a small model of the corpus it came from?
+
+A byte 4-gram language model with Dirichlet-prior interpolation down to the uniform byte
+distribution, trained on the corpus itself (the screened survivors). Its counts live in hashed
+tables of fixed size, so memory does not grow with the corpus. Each document is scored
+leave-one-out: its own counts are subtracted before it is scored, so a long garbage document
+cannot vouch for itself. The score is the log-perplexity per character (nats); outliers are
+documents whose robust z-score (median / MAD) lies above ``filter.perplexity_zscore``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+ORDER = 4
+"""Longest n-gram: three bytes of context and the predicted byte."""
+TABLE_BITS = 20
+"""Each order counts into 2^20 hashed cells (4 MiB): fixed memory, rare collisions on MB-scale corpora."""
+PRIOR = 2.0
+"""Dirichlet prior mass a context gives to the next-shorter context's prediction."""
+MAX_DOC_BYTES = 1 << 16
+"""Each document is modelled and scored on its first 64 KiB: enough to tell prose from garbage,
+and it bounds the time and memory of one batch."""
+BATCH_BYTES = 1 << 18
+"""Documents are hashed and counted in batches of about this many bytes (a batch's temporaries
+take ~60 bytes per byte, so 256 KiB keeps them near 16 MiB)."""
+_PAD = ORDER - 1
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: multiply, keep the top bits
+_SHIFT = np.uint64(64 - TABLE_BITS)
+
+
+class ByteNgramModel:
+    def __init__(self) -> None:
+        self.joint = np.zeros((ORDER, 1 << TABLE_BITS), np.uint32)  # count(context, byte) per order
+        self.context = np.zeros((ORDER, 1 << TABLE_BITS), np.uint32)  # count(context) per order
+
+    def train(self, texts: Iterable[str]) -> None:
+        for batch in _batches(texts):
+            for order, (ctx, joint) in enumerate(batch.cells()):
+                self.context[order] += np.bincount(ctx, minlength=self.context.shape[1]).astype(np.uint32)
+                self.joint[order] += np.bincount(joint, minlength=self.joint.shape[1]).astype(np.uint32)
+
+    def log_perplexity(self, texts: Iterable[str]) -> np.ndarray:
+        """Per-character log-perplexity of each text, leave-one-out (each must be in the training set)."""
+        scores = [self._score(batch) for batch in _batches(texts)]
+        return np.concatenate(scores) if scores else np.zeros(0)
+
+    def _score(self, batch: _Batch) -> np.ndarray:
+        prob = np.full(len(batch.doc), 1.0 / 256)
+        for order, (ctx, joint) in enumerate(batch.cells()):
+            ctx_count = self.context[order][ctx].astype(np.float64) - batch.own(ctx)
+            joint_count = self.joint[order][joint].astype(np.float64) - batch.own(joint)
+            prob = (joint_count + PRIOR * prob) / (ctx_count + PRIOR)
+        nats = -np.bincount(batch.doc, weights=np.log(prob), minlength=batch.n_docs)
+        return nats / np.maximum(batch.chars, 1)
+
+    def save(self, path: Path) -> None:
+        np.savez(path, joint=self.joint, context=self.context)
+
+    @classmethod
+    def load(cls, path: Path) -> ByteNgramModel:
+        model = cls()
+        with np.load(path) as tables:
+            model.joint, model.context = tables["joint"], tables["context"]
+        return model
+
+
+def robust_zscores(values: np.ndarray) -> np.ndarray:
+    """(x - median) / (1.4826 · MAD): a z-score that a few extreme outliers cannot inflate.
+    All zeros when the spread is zero (nothing stands out)."""
+    median = np.median(values)
+    mad = 1.4826 * np.median(np.abs(values - median))
+    return (values - median) / mad if mad > 0 else np.zeros_like(values)
+
+
+class _Batch:
+    """Documents as one byte array, each behind ORDER-1 zero bytes that stand for its start."""
+
+    def __init__(self, blobs: list[bytes]):
+        self.n_docs = len(blobs)
+        lengths = np.array([len(b) for b in blobs], np.int64)
+        buf = np.frombuffer(b"".join(b"\0" * _PAD + b for b in blobs), np.uint8).astype(np.uint64)
+        segment = np.repeat(np.arange(self.n_docs), lengths + _PAD)
+        offset = np.arange(len(buf)) - np.repeat(np.cumsum(lengths + _PAD) - (lengths + _PAD), lengths + _PAD)
+        self.pos = np.flatnonzero(offset >= _PAD)
+        self.doc = segment[self.pos]
+        self.buf = buf
+        is_char_start = (buf[self.pos] & np.uint64(0xC0)) != np.uint64(0x80)  # not a UTF-8 continuation byte
+        self.chars = np.bincount(self.doc, weights=is_char_start, minlength=self.n_docs)
+
+    def cells(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(context cell, context+byte cell) of every position, for orders 0..ORDER-1."""
+        history = np.zeros(len(self.pos), np.uint64)
+        nxt = self.buf[self.pos] + np.uint64(1)
+        for order in range(ORDER):
+            if order:
+                history = history * np.uint64(257) + self.buf[self.pos - order] + np.uint64(1)
+            yield _cell(history), _cell(history * np.uint64(257) + nxt)
+
+    def own(self, cells: np.ndarray) -> np.ndarray:
+        """How often each position's cell occurs in its own document (to leave that document out)."""
+        keys = (self.doc.astype(np.uint64) << np.uint64(TABLE_BITS)) | cells
+        _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+        return counts[inverse]
+
+
+def _cell(key: np.ndarray) -> np.ndarray:
+    return (key * _MIX) >> _SHIFT
+
+
+def _batches(texts: Iterable[str]) -> Iterator[_Batch]:
+    blobs: list[bytes] = []
+    size = 0
+    for text in texts:
+        blob = text.encode("utf-8", "surrogatepass")[:MAX_DOC_BYTES]
+        blobs.append(blob)
+        size += len(blob)
+        if size >= BATCH_BYTES:
+            yield _Batch(blobs)
+            blobs, size = [], 0
+    if blobs:
+        yield _Batch(blobs)

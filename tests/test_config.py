@@ -1,0 +1,330 @@
+"""The typed config: every bad key or value is refused with a ConfigError naming the dotted key.
+
+Broken ``params.yaml`` files are written into ``tmp_path`` and loaded with :func:`load_config`,
+the same entry point the CLI and the DVC stages use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from model.config import Config, ConfigError, from_dict, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED_PARAMS = REPO / "params.yaml"
+SHIPPED_PROFILES = ["default", *sorted(p.stem for p in (REPO / "profiles").glob("*.yaml"))]
+
+
+def write_params(tmp_path: Path, text: str, name: str = "params.yaml") -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def config_error(path: Path, profile: str | None = None) -> str:
+    """Load ``path`` expecting a ConfigError; return its message."""
+    with pytest.raises(ConfigError) as info:
+        load_config(path, profile=profile)
+    return str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Accepted input
+# --------------------------------------------------------------------------------------------
+
+
+def test_empty_params_file_loads_the_documented_defaults(tmp_path):
+    cfg = load_config(write_params(tmp_path, ""))
+    assert cfg == Config()
+    assert cfg.profile == "default"
+
+
+def test_defaults_pass_their_own_validation():
+    assert from_dict({}) == Config().validate()
+
+
+def test_numeric_strings_are_accepted_as_floats(tmp_path):
+    text = """\
+        optim:
+          lr: 3e-4
+          eps: 1e-8
+        ablation:
+          beta2s: [95e-2, 0.999]
+        """
+    raw = yaml.safe_load(textwrap.dedent(text))
+    assert raw["optim"]["lr"] == "3e-4"  # PyYAML (YAML 1.1) really hands us a string
+    assert raw["ablation"]["beta2s"][0] == "95e-2"
+    cfg = load_config(write_params(tmp_path, text))
+    assert cfg.optim.lr == 3e-4 and type(cfg.optim.lr) is float
+    assert cfg.optim.eps == 1e-8 and type(cfg.optim.eps) is float
+    assert cfg.ablation.beta2s == [0.95, 0.999]
+    assert all(type(b) is float for b in cfg.ablation.beta2s)
+
+
+def test_int_is_accepted_where_a_float_is_declared(tmp_path):
+    cfg = load_config(write_params(tmp_path, "optim:\n  lr: 1\n"))
+    assert cfg.optim.lr == 1.0 and type(cfg.optim.lr) is float
+
+
+def test_warmup_equal_to_train_steps_is_allowed(tmp_path):
+    cfg = load_config(write_params(tmp_path, "schedule:\n  warmup_steps: 300\ntrain:\n  steps: 300\n"))
+    assert cfg.schedule.warmup_steps == cfg.train.steps == 300
+
+
+# --------------------------------------------------------------------------------------------
+# Unknown keys and wrong types
+# --------------------------------------------------------------------------------------------
+
+
+def test_unknown_top_level_section_is_rejected_by_name(tmp_path):
+    msg = config_error(write_params(tmp_path, "modle:\n  n_layer: 2\n"))
+    assert msg.startswith("modle:")
+    assert "unknown key" in msg and "model" in msg  # the allowed sections are listed
+
+
+def test_unknown_key_inside_a_section_is_rejected_with_its_dotted_key(tmp_path):
+    msg = config_error(write_params(tmp_path, "model:\n  n_layers: 2\n"))
+    assert msg.startswith("model.n_layers:")
+    assert "unknown key" in msg and "n_layer" in msg
+
+
+def test_scalar_given_for_a_section_is_rejected(tmp_path):
+    msg = config_error(write_params(tmp_path, "optim: 0.1\n"))
+    assert msg.startswith("optim:") and "mapping" in msg
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("model:\n  n_layer: four\n", "model.n_layer"),      # string for int
+        ("model:\n  n_layer: 2.5\n", "model.n_layer"),       # float for int
+        ("train:\n  steps: true\n", "train.steps"),          # bool for int
+        ("model:\n  qk_norm: 1\n", "model.qk_norm"),         # int for bool
+        ("model:\n  qk_norm: 'yes please'\n", "model.qk_norm"),  # string for bool
+        ("optim:\n  lr: fast\n", "optim.lr"),                # non-numeric string for float
+        ("optim:\n  lr: true\n", "optim.lr"),                # bool for float
+        ("optim:\n  lr: .nan\n", "optim.lr"),                # non-finite float
+        ("search:\n  widths: 64\n", "search.widths"),        # scalar where a list is expected
+        ("search:\n  widths: [64, wide]\n", "search.widths[1]"),  # wrong item type
+        ("tracking:\n  experiment: 3\n", "tracking.experiment"),  # int for str
+    ],
+    ids=["str-for-int", "float-for-int", "bool-for-int", "int-for-bool", "str-for-bool",
+         "str-for-float", "bool-for-float", "nan-for-float", "scalar-for-list", "list-item",
+         "int-for-str"],
+)
+def test_wrong_type_is_rejected_naming_the_dotted_key(tmp_path, text, key):
+    msg = config_error(write_params(tmp_path, text))
+    assert msg.startswith(f"{key}:"), msg
+
+
+# --------------------------------------------------------------------------------------------
+# Value constraints and cross-field invariants
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lr", ["0", "0.0", "-1.0e-3"])
+def test_non_positive_learning_rate_is_rejected(tmp_path, lr):
+    msg = config_error(write_params(tmp_path, f"optim:\n  lr: {lr}\n"))
+    assert msg.startswith("optim.lr:") and "> 0" in msg
+
+
+@pytest.mark.parametrize("beta2", ["0", "1", "1.5", "-0.5"])
+def test_beta2_outside_the_open_unit_interval_is_rejected(tmp_path, beta2):
+    msg = config_error(write_params(tmp_path, f"optim:\n  beta2: {beta2}\n"))
+    assert msg.startswith("optim.beta2:") and "(0, 1)" in msg
+
+
+def test_warmup_longer_than_training_is_rejected(tmp_path):
+    msg = config_error(write_params(tmp_path, "schedule:\n  warmup_steps: 301\ntrain:\n  steps: 300\n"))
+    assert msg.startswith("schedule.warmup_steps:")
+    assert "train.steps=300" in msg
+
+
+def test_d_model_not_divisible_by_n_head_is_rejected(tmp_path):
+    msg = config_error(write_params(tmp_path, "model:\n  d_model: 30\n  n_head: 4\n"))
+    assert msg.startswith("model.d_model:")
+    assert "model.n_head=4" in msg
+
+
+def test_odd_head_dim_is_rejected(tmp_path):
+    msg = config_error(write_params(tmp_path, "model:\n  d_model: 36\n  n_head: 4\n"))
+    assert msg.startswith("model.n_head:") and "even" in msg
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "bad", "allowed"),
+    [
+        ("model", "block", "pre_norm", ["pre_ln", "post_ln"]),
+        ("model", "norm", "batchnorm", ["layernorm", "rmsnorm"]),
+        ("model", "mlp", "relu", ["gelu", "swiglu"]),
+        ("precision", "mode", "fp8", ["fp32", "bf16", "fp16"]),
+        ("mup", "parametrization", "ntk", ["sp", "mup"]),
+    ],
+)
+def test_unknown_variant_name_is_rejected_listing_the_allowed_ones(tmp_path, section, key, bad, allowed):
+    msg = config_error(write_params(tmp_path, f"{section}:\n  {key}: {bad}\n"))
+    assert msg.startswith(f"{section}.{key}:")
+    assert repr(bad) in msg
+    for name in allowed:
+        assert repr(name) in msg
+
+
+def test_wrong_variant_inside_a_list_is_rejected_with_its_index(tmp_path):
+    msg = config_error(write_params(tmp_path, "ablation:\n  precisions: [fp32, fp8]\n"))
+    assert msg.startswith("ablation.precisions[1]:")
+    assert "'fp8'" in msg
+    for name in ("fp32", "bf16", "fp16"):
+        assert repr(name) in msg
+
+
+def test_mup_with_tied_embeddings_is_rejected(tmp_path):
+    text = "model:\n  tie_embeddings: true\nmup:\n  parametrization: mup\n"
+    msg = config_error(write_params(tmp_path, text))
+    assert msg.startswith("model.tie_embeddings:") and "mup" in msg
+
+
+def test_tied_embeddings_are_fine_under_sp(tmp_path):
+    text = "model:\n  tie_embeddings: true\nmup:\n  parametrization: sp\n"
+    assert load_config(write_params(tmp_path, text)).model.tie_embeddings is True
+
+
+# --------------------------------------------------------------------------------------------
+# Profiles
+# --------------------------------------------------------------------------------------------
+
+
+def test_unknown_profile_in_params_is_rejected_listing_known_profiles(tmp_path):
+    write_params(tmp_path, "model:\n  n_layer: 1\n", "profiles/tiny.yaml")
+    msg = config_error(write_params(tmp_path, "profile: nope\n"))
+    assert msg.startswith("profile:")
+    assert "'nope'" in msg and "default" in msg and "tiny" in msg
+
+
+def test_unknown_profile_given_as_argument_is_rejected(tmp_path):
+    msg = config_error(write_params(tmp_path, ""), profile="nope")
+    assert msg.startswith("profile:") and "'nope'" in msg
+
+
+def test_profile_overlay_with_unknown_key_names_the_key_and_the_overlay_file(tmp_path):
+    overlay = write_params(tmp_path, "model:\n  n_layerz: 1\n", "profiles/broken.yaml")
+    msg = config_error(write_params(tmp_path, "profile: broken\n"))
+    assert msg.startswith("model.n_layerz:")
+    assert str(overlay) in msg
+
+
+def test_profile_overlay_with_bad_variant_names_the_overlay_file(tmp_path):
+    overlay = write_params(tmp_path, "model:\n  norm: groupnorm\n", "profiles/broken.yaml")
+    msg = config_error(write_params(tmp_path, ""), profile="broken")
+    assert msg.startswith("model.norm:") and str(overlay) in msg
+
+
+def test_profile_overlay_overrides_params_and_keeps_the_rest(tmp_path):
+    write_params(tmp_path, "model:\n  n_layer: 1\noptim:\n  lr: 1e-3\n", "profiles/tiny.yaml")
+    params = write_params(tmp_path, "profile: tiny\nmodel:\n  n_layer: 6\n  n_head: 2\n")
+    cfg = load_config(params)
+    assert cfg.profile == "tiny"
+    assert cfg.model.n_layer == 1  # overlay wins
+    assert cfg.model.n_head == 2   # untouched keys of the same section survive
+    assert cfg.optim.lr == 1e-3
+    # The argument overrides the file's own profile key.
+    assert load_config(params, profile="default").model.n_layer == 6
+
+
+def test_overlay_result_is_validated_as_a_whole(tmp_path):
+    # Each file is valid alone; together warmup exceeds steps.
+    write_params(tmp_path, "train:\n  steps: 250\n", "profiles/short.yaml")
+    params = write_params(tmp_path, "schedule:\n  warmup_steps: 260\nspike:\n  at_step: 100\n")
+    load_config(params)
+    msg = config_error(params, profile="short")
+    assert msg.startswith("schedule.warmup_steps:")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+@pytest.mark.parametrize("profile", SHIPPED_PROFILES)
+def test_shipped_params_load_with_every_profile(profile):
+    if not SHIPPED_PARAMS.is_file():
+        pytest.skip("params.yaml is not written yet")
+    cfg = load_config(SHIPPED_PARAMS, profile=profile)
+    assert cfg.profile == profile
+    if profile == "default":
+        return
+    # Every value the overlay sets is what the resolved config holds.
+    overlay = yaml.safe_load((REPO / "profiles" / f"{profile}.yaml").read_text(encoding="utf-8")) or {}
+    flat = cfg.to_flat_dict()
+    for key, want in _flatten(overlay).items():
+        got = flat[key]
+        if isinstance(got, float):
+            want = float(want)
+        elif isinstance(got, list) and got and isinstance(got[0], float):
+            want = [float(w) for w in want]
+        assert got == want, key
+
+
+# --------------------------------------------------------------------------------------------
+# to_flat_dict and replace
+# --------------------------------------------------------------------------------------------
+
+
+def test_to_flat_dict_gives_dotted_keys_with_scalar_or_list_values():
+    cfg = Config()
+    flat = cfg.to_flat_dict()
+    sections = [getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "profile"]
+    n_fields = sum(len(dataclasses.fields(section)) for section in sections)
+    assert len(flat) == n_fields + 1  # + the top-level "profile"
+    assert flat["profile"] == "default"
+    assert flat["optim.lr"] == cfg.optim.lr
+    assert flat["model.d_model"] == cfg.model.d_model
+    assert flat["ablation.precisions"] == ["fp32", "bf16", "fp16"]
+    for key, value in flat.items():
+        assert key == "profile" or key.count(".") == 1, key
+        if isinstance(value, list):
+            assert all(isinstance(v, (str, int, float, bool)) for v in value), key
+        else:
+            assert isinstance(value, (str, int, float, bool)), key
+
+
+def test_replace_with_the_flat_dict_round_trips():
+    cfg = Config().replace(**{"model.block": "post_ln", "optim.lr": 1e-3})
+    assert cfg.replace(**cfg.to_flat_dict()) == cfg
+
+
+def test_replace_returns_a_revalidated_copy_and_leaves_the_original_alone():
+    cfg = Config()
+    new = cfg.replace(**{"optim.lr": 1e-3, "model.norm": "layernorm"})
+    assert (new.optim.lr, new.model.norm) == (1e-3, "layernorm")
+    assert (cfg.optim.lr, cfg.model.norm) == (Config().optim.lr, Config().model.norm)
+    assert new.optim.beta2 == cfg.optim.beta2
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ({"optim.lr": 0.0}, "optim.lr"),
+        ({"optim.beta2": 1.0}, "optim.beta2"),
+        ({"model.block": "sandwich"}, "model.block"),
+        ({"optim.lrr": 1e-3}, "optim.lrr"),
+        ({"model.n_layer": "2"}, "model.n_layer"),
+        ({"schedule.warmup_steps": 10_000}, "schedule.warmup_steps"),
+        ({"model.tie_embeddings": True, "mup.parametrization": "mup"}, "model.tie_embeddings"),
+    ],
+    ids=["lr", "beta2", "variant", "unknown-key", "type", "warmup", "mup-tied"],
+)
+def test_replace_revalidates(override, key):
+    with pytest.raises(ConfigError) as info:
+        Config().replace(**override)
+    assert str(info.value).startswith(f"{key}:")

@@ -1,0 +1,205 @@
+"""The filters: what each keeps and drops, the perplexity model, the poison pool's separation from
+the clean corpus, and precision/recall on a corpus with planted garbage."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model.config import FilterConfig, InputError
+from tasks.data_filters import (GENERATED, Deduplicator, Screen, drop_perplexity_outliers, generated_garbage,
+                                has_char_run, has_repeated_ngram, nonprintable_ratio, screen_documents)
+from tasks.stage_io import DOCS_FILE, SOURCE_FILE, read_docs, write_doc
+from tasks.data_perplexity import ByteNgramModel, robust_zscores
+from tasks.data_quality import PLANTED, measure_filters, planted_corpus
+from tasks.data_sources import Skips, stdlib_documents
+
+PROSE = ("The quick brown fox jumps over the lazy dog. Return a new list containing all items from "
+         "the iterable in ascending order; a custom key function can be supplied to customise the sort order.")
+
+
+@pytest.fixture(scope="module")
+def base_docs() -> list[str]:
+    """Real prose: standard-library docstrings of ordinary length."""
+    docs = (d.text for d in stdlib_documents(1 << 22, Skips()) if 200 <= len(d.text) <= 5000)
+    return list(itertools.islice(docs, 300))
+
+
+def write_raw(raw_dir: Path, docs: list[dict[str, str]]) -> Path:
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    with open(raw_dir / DOCS_FILE, "w", encoding="utf-8") as f:
+        for doc in docs:
+            write_doc(f, doc)
+    (raw_dir / SOURCE_FILE).write_text(json.dumps({"source": "test"}))
+    return raw_dir
+
+
+def run_filter(cfg: FilterConfig, raw_dir: Path, out: Path) -> dict[str, float]:
+    counts = screen_documents.fn(cfg, raw_dir, out / "poison", out / "work")
+    return drop_perplexity_outliers.fn(cfg, counts, raw_dir, out / "work", out / "clean", out / "poison",
+                                       out / "filter.json")
+
+
+# --------------------------------------------------------------------------------------------
+# Each check: what it keeps and what it drops
+# --------------------------------------------------------------------------------------------
+
+
+def test_invalid_utf8_drops_undecodable_bytes_and_keeps_any_valid_unicode():
+    screen = Screen(FilterConfig())
+    assert screen.reason(PROSE + " naïve café — 漢字 ✓") is None
+    garbage = PROSE + b"\xff\xfe\x80".decode("utf-8", "surrogateescape")
+    assert screen.reason(garbage) == "invalid_utf8"
+    assert Screen(FilterConfig(invalid_utf8=False, nonprintable=False)).reason(garbage) is None
+
+
+def test_nonprintable_drops_binary_above_the_ratio_and_keeps_tabs_and_newlines():
+    assert nonprintable_ratio("a\tb\nc\r\n") == 0
+    assert nonprintable_ratio("ab\x00\x01") == 0.5
+    screen = Screen(FilterConfig(max_nonprintable_ratio=0.05))
+    assert screen.reason(PROSE + "\x07") is None  # one bell in 200 characters is tolerated
+    assert screen.reason(PROSE + "\x00\x01\x02" * 10) == "nonprintable"
+
+
+def test_length_drops_too_short_and_too_long_and_keeps_the_bounds():
+    screen = Screen(FilterConfig(min_chars=10, max_chars=20, char_run=False))
+    assert screen.reason("x" * 9) == "too_short"
+    assert screen.reason("y" * 10) is None
+    assert screen.reason("z" * 20) is None
+    assert screen.reason("w" * 21) == "too_long"
+    assert Screen(FilterConfig(length=False)).reason("short") is None
+
+
+def test_char_run_drops_a_hundred_thousand_spaces_and_keeps_runs_up_to_the_limit():
+    assert has_char_run("a" + " " * 100_000 + "b", 200)
+    assert not has_char_run("=" * 200, 200)
+    assert has_char_run("=" * 201, 200)
+    assert has_char_run("\n" * 300, 200)  # runs of newlines too
+    assert Screen(FilterConfig()).reason(PROSE + " " * 100_000 + PROSE) == "char_run"
+
+
+def test_repeated_ngram_follows_olmo_core_rule_period_up_to_13_repeated_32_times():
+    phrase = "one two three four five six seven eight nine ten eleven twelve thirteen"
+    assert has_repeated_ngram(PROSE + (" " + phrase) * 32, 13, 32)
+    assert not has_repeated_ngram(PROSE + (" " + phrase) * 31, 13, 32)  # one repeat short
+    assert not has_repeated_ngram((phrase + " fourteen ") * 40, 13, 32)  # period 14 is too long
+    assert has_repeated_ngram(PROSE + " ha" * 32, 13, 32)
+    assert not has_repeated_ngram(PROSE * 3, 13, 32)
+    assert Screen(FilterConfig()).reason(PROSE + " spam eggs" * 40) == "repeated_ngram"
+
+
+def test_dedup_drops_exact_and_near_copies_and_keeps_the_first_and_distinct_documents(base_docs):
+    dedup = Deduplicator(FilterConfig())
+    original = base_docs[0]
+    words = original.split(" ")
+    near = " ".join(words[:-1] + ["changed"])
+    assert dedup.reason(original) is None
+    assert dedup.reason(original) == "duplicate_exact"
+    assert dedup.reason(near) == "duplicate_near"
+    assert [dedup.reason(d) for d in base_docs[1:50]].count(None) >= 45  # distinct docstrings stay
+
+
+def test_disabled_filters_keep_what_they_would_drop():
+    off = FilterConfig(invalid_utf8=False, nonprintable=False, length=False, char_run=False,
+                       repeated_ngram=False)
+    garbage = "\x00" * 10 + b"\xff".decode("utf-8", "surrogateescape") + " " * 1000 + " la" * 50
+    assert Screen(off).reason(garbage) is None
+
+
+# --------------------------------------------------------------------------------------------
+# Perplexity model
+# --------------------------------------------------------------------------------------------
+
+
+def test_perplexity_model_scores_garbage_far_above_prose_leave_one_out(base_docs):
+    rng = np.random.default_rng(0)
+    gibberish = " ".join("".join(rng.choice(list("qxzjkvw"), 6)) for _ in range(2000))
+    blob = base64.b64encode(rng.bytes(3000)).decode()
+    texts = [*base_docs, gibberish, blob]  # long enough to vouch for themselves, were they not left out
+    model = ByteNgramModel()
+    model.train(texts)
+    z = robust_zscores(model.log_perplexity(texts))
+    assert z[-1] > 10 and z[-2] > 10
+    assert np.median(z[:-2]) == pytest.approx(0, abs=0.5)
+
+
+def test_robust_zscores_ignore_the_outliers_themselves_and_handle_zero_spread():
+    z = robust_zscores(np.array([1.0, 1.1, 0.9, 1.0, 100.0]))
+    assert z[-1] > 100 and abs(z[0]) < 1
+    assert not robust_zscores(np.ones(5)).any()
+
+
+# --------------------------------------------------------------------------------------------
+# The stage: poison pool, report, errors
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def filtered(base_docs, tmp_path_factory) -> Path:
+    """The filter stage over real prose with planted garbage of every kind."""
+    out = tmp_path_factory.mktemp("filtered")
+    cfg = FilterConfig(poison_generated=6)
+    write_raw(out / "raw", list(planted_corpus(base_docs, 3, cfg)))
+    run_filter(cfg, out / "raw", out)
+    return out
+
+
+def texts_of(path: Path) -> set[str]:
+    return {d["text"] for d in read_docs(path)}
+
+
+def test_poison_pool_shares_no_document_with_the_clean_corpus(filtered):
+    clean = texts_of(filtered / "clean" / DOCS_FILE)
+    poison = set().union(*(texts_of(p) for p in (filtered / "poison").glob("*.jsonl")))
+    assert poison and clean
+    assert not clean & poison
+    assert not {d["id"] for d in read_docs(filtered / "clean" / DOCS_FILE) if not d["id"].startswith("base:")}
+
+
+def test_poison_pool_holds_the_removed_garbage_by_reason_and_the_generated_garbage(filtered):
+    pool = {p.stem: [d["id"] for d in read_docs(p)] for p in (filtered / "poison").glob("*.jsonl")}
+    assert {"space_run:0", "space_run:1", "space_run:2"} <= set(pool["char_run"])
+    assert {"undecodable_bytes:0"} <= set(pool["invalid_utf8"])
+    assert set(GENERATED) <= pool.keys()
+    assert sum(len(pool[k]) for k in GENERATED) == 6
+    assert "duplicate_exact" not in pool and "duplicate_near" not in pool  # copies of kept text
+
+
+def test_filter_report_counts_every_document_once(filtered):
+    report = json.loads((filtered / "filter.json").read_text())
+    removed = sum(report[f"removed_{r}"] for r in report["order"])
+    assert report["documents_in"] == report["documents_kept"] + removed
+    assert report["removed_char_run"] >= 3 and report["removed_duplicate_exact"] >= 3
+
+
+def test_generated_garbage_is_deterministic_and_cycles_through_the_kinds():
+    first, again = list(generated_garbage(6)), list(generated_garbage(6))
+    assert first == again
+    assert [kind for kind, _ in first] == [*GENERATED, *GENERATED]
+    assert " " * 100_000 in first[1][1]["text"]
+
+
+def test_a_corpus_the_filters_remove_entirely_is_an_error_naming_the_file(tmp_path):
+    raw = write_raw(tmp_path / "raw", [{"id": str(i), "text": "too short"} for i in range(5)])
+    with pytest.raises(InputError, match=r"raw/docs\.jsonl.*removed all 5.*too_short: 5.*filter\."):
+        run_filter(FilterConfig(), raw, tmp_path)
+
+
+# --------------------------------------------------------------------------------------------
+# Precision and recall on planted garbage
+# --------------------------------------------------------------------------------------------
+
+
+def test_each_filter_catches_the_garbage_planted_for_it_with_few_false_positives(base_docs):
+    results = measure_filters(FilterConfig(), base_docs, per_kind=4)
+    assert set(PLANTED.values()) | {"all"} == results.keys()
+    for name in ("invalid_utf8", "nonprintable", "length", "char_run", "repeated_ngram"):
+        assert results[name]["precision"] == 1.0 and results[name]["recall"] == 1.0, name
+    assert results["dedup"]["recall"] >= 0.8 and results["dedup"]["precision"] >= 0.9
+    assert results["perplexity"]["recall"] == 1.0 and results["perplexity"]["precision"] >= 0.7
+    assert results["all"]["recall"] >= 0.9 and results["all"]["precision"] >= 0.9  # LSH misses a few near the threshold

@@ -1,0 +1,132 @@
+"""prepare: every source, bounded reading of huge lines, bad input with clear messages, and
+outputs that are never half-written."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from model.config import DataConfig, InputError, UserError
+from tasks.stage_io import DOCS_FILE, SOURCE_FILE, read_docs, staged
+from tasks.data_sources import bounded_lines, read_corpus
+
+
+def prepare(tmp_path: Path, **data) -> tuple[dict[str, int], list[dict[str, str]]]:
+    counts = read_corpus.fn(DataConfig(**data), tmp_path, tmp_path / "raw")
+    return counts, list(read_docs(tmp_path / "raw" / DOCS_FILE))
+
+
+def test_stdlib_docs_are_docstrings_and_record_the_python_version(tmp_path):
+    counts, docs = prepare(tmp_path, max_docs=50)
+    assert counts["documents"] == len(docs) == 50
+    assert docs[0]["id"] == "__future__" and "__future__" in docs[0]["text"]
+    source = json.loads((tmp_path / "raw" / SOURCE_FILE).read_text())
+    assert source["python_version"] == ".".join(map(str, sys.version_info[:3]))
+    assert not any(".test." in d["id"] or d["id"].startswith("test.") for d in docs)
+
+
+def test_text_file_is_split_on_blank_lines_and_a_folder_gives_one_document_per_file(tmp_path):
+    (tmp_path / "corpus.txt").write_text("first line\nstill first\n\n\nsecond\n   \nthird\n")
+    _, docs = prepare(tmp_path, source="text", path="corpus.txt")
+    assert [d["text"] for d in docs] == ["first line\nstill first", "second", "third"]
+    assert [d["id"] for d in docs] == ["corpus.txt:1", "corpus.txt:5", "corpus.txt:7"]
+    (tmp_path / "folder" / "sub").mkdir(parents=True)
+    (tmp_path / "folder" / "a.txt").write_text("alpha\n\nstill alpha")
+    (tmp_path / "folder" / "sub" / "b.txt").write_text("beta")
+    (tmp_path / "folder" / "ignored.md").write_text("not text")
+    _, docs = prepare(tmp_path, source="text", path="folder")
+    assert [(d["id"], d["text"]) for d in docs] == [("a.txt", "alpha\n\nstill alpha"), ("sub/b.txt", "beta")]
+
+
+def test_undecodable_bytes_reach_the_filter_as_surrogate_escapes(tmp_path):
+    (tmp_path / "corpus.txt").write_bytes(b"ok \xff\xfe bytes")
+    _, docs = prepare(tmp_path, source="text", path="corpus.txt")
+    assert docs[0]["text"].encode("utf-8", "surrogateescape") == b"ok \xff\xfe bytes"
+
+
+def test_jsonl_skips_and_counts_lines_that_are_not_json_or_lack_the_field(tmp_path):
+    lines = [json.dumps({"body": "good one"}), "{not json", json.dumps({"text": "wrong field"}),
+             json.dumps({"body": 42}), "", json.dumps(["a list"]), json.dumps({"body": "good two"})]
+    (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
+    counts, docs = prepare(tmp_path, source="jsonl", path="c.jsonl", jsonl_field="body")
+    assert [d["text"] for d in docs] == ["good one", "good two"]
+    assert counts["skipped_bad_json"] == 1 and counts["skipped_missing_field"] == 3
+
+
+def test_a_jsonl_file_without_any_usable_line_names_the_file_and_the_key(tmp_path):
+    (tmp_path / "c.jsonl").write_text('{"body": "x"}\nnot json\n')
+    with pytest.raises(InputError, match=r"c\.jsonl.*no usable document.*c\.jsonl:1: no string field 'text' "
+                                         r"\(data\.jsonl_field\).*c\.jsonl:2: not JSON"):
+        prepare(tmp_path, source="jsonl", path="c.jsonl")
+
+
+def test_a_missing_path_names_the_key_and_the_path(tmp_path):
+    with pytest.raises(InputError, match=r"data\.path: .*nowhere\.txt does not exist"):
+        prepare(tmp_path, source="text", path="nowhere.txt")
+
+
+def test_an_empty_corpus_names_the_file_and_an_empty_folder_names_the_folder(tmp_path):
+    (tmp_path / "empty.txt").write_text("\n\n  \n")
+    with pytest.raises(InputError, match=r"empty\.txt: no usable document"):
+        prepare(tmp_path, source="text", path="empty.txt")
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(InputError, match=r"data\.path: folder .*nothing holds no \*\.txt files"):
+        prepare(tmp_path, source="text", path="nothing")
+
+
+def test_huge_single_line_is_skipped_while_streaming_in_bounded_memory(tmp_path):
+    """The 1 GB single line, scaled down: a 32 MiB line against a 64 KiB guard. Reading holds at
+    most the guard plus a 1 MiB chunk (and the file buffer), whatever the line's length."""
+    with open(tmp_path / "huge.txt", "wb") as f:
+        f.write(b"a normal first document\n\n")
+        for _ in range(32):
+            f.write(b"x" * (1 << 20))
+        f.write(b"\n\nthe document after it\n")
+    tracemalloc.start()
+    try:
+        counts, docs = prepare(tmp_path, source="text", path="huge.txt", max_doc_bytes=1 << 16)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [d["text"] for d in docs] == ["a normal first document", "the document after it"]
+    assert counts["skipped_oversize"] == 1
+    assert peak < 4 << 20, f"peak {peak / 2**20:.1f} MiB while reading a 32 MiB line"
+
+
+def test_bounded_lines_keep_the_head_and_the_full_length_of_each_line(tmp_path):
+    (tmp_path / "f").write_bytes(b"short\n" + b"y" * 3_000_000 + b"\nend")
+    with open(tmp_path / "f", "rb") as f:
+        lines = list(bounded_lines(f, limit=10))
+    assert lines == [(b"short\n", 6), (b"y" * 10, 3_000_001), (b"end", 3)]
+
+
+def test_max_docs_caps_the_corpus(tmp_path):
+    (tmp_path / "c.txt").write_text("\n\n".join(f"doc {i}" for i in range(10)))
+    counts, docs = prepare(tmp_path, source="text", path="c.txt", max_docs=3)
+    assert len(docs) == counts["documents"] == 3
+
+
+def test_hugging_face_source_without_the_extra_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
+    with pytest.raises(UserError, match=r"pip install -e '\.\[hf\]'"):
+        prepare(tmp_path, source="hf", hf_dataset="wikitext")
+
+
+def test_a_failed_stage_leaves_no_output_and_keeps_the_previous_one(tmp_path):
+    out = tmp_path / "data" / "raw"
+    with staged(out) as (tmp,):
+        tmp.mkdir()
+        (tmp / "docs.jsonl").write_text("v1")
+    assert (out / "docs.jsonl").read_text() == "v1"
+    with pytest.raises(InputError), staged(out, tmp_path / "metrics" / "m.json") as (tmp, report):
+        tmp.mkdir()
+        (tmp / "docs.jsonl").write_text("half")
+        report.write_text("{}")
+        read_corpus.fn(DataConfig(source="text", path="missing.txt"), tmp_path, tmp)
+    assert (out / "docs.jsonl").read_text() == "v1"
+    assert not (tmp_path / "metrics" / "m.json").exists()
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["raw"]  # no temporaries left

@@ -1,0 +1,111 @@
+"""tokenize: deterministic document split and shards, no train/val overlap, the manifest the
+trainer reads, and the poison shard kept apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from model.config import DataConfig, FilterConfig, InputError, TokenizerConfig
+from model.data import open_split
+from tasks.data_filters import drop_perplexity_outliers, screen_documents
+from tasks.stage_io import DOCS_FILE, MANIFEST, TOKENIZER_FILE, digest, file_sha256, read_docs, read_json
+from tasks.data_sources import read_corpus
+from tasks.data_tokenize import encode_shards, is_validation, shard_dtype, train_tokenizer
+
+DATA = DataConfig(max_docs=400, val_fraction=0.1)
+TOKENIZER = TokenizerConfig(vocab_size=400)
+
+
+def run_stages(project: Path, data: DataConfig = DATA) -> Path:
+    """prepare -> filter -> tokenize into ``project/data``, the tasks' plain functions in the flows' order."""
+    d = project / "data"
+    (project / "metrics").mkdir()
+    read_corpus.fn(data, project, d / "raw")
+    cfg = FilterConfig(poison_generated=6)
+    counts = screen_documents.fn(cfg, d / "raw", d / "poison", project / "work")
+    drop_perplexity_outliers.fn(cfg, counts, d / "raw", project / "work", d / "clean", d / "poison",
+                                project / "metrics" / "filter.json")
+    tokenizer = train_tokenizer.fn(TOKENIZER, data, d / "clean", d / "tokens")
+    encode_shards.fn(TOKENIZER, data, tokenizer, d / "clean", d / "poison")
+    return project
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[Path, Path]:
+    return run_stages(tmp_path_factory.mktemp("first")), run_stages(tmp_path_factory.mktemp("second"))
+
+
+def shard_documents(project: Path, split: str) -> list[str]:
+    """The documents of a shard, decoded back to text (byte-level BPE is lossless)."""
+    manifest = read_json(project / MANIFEST)
+    tokenizer = Tokenizer.from_file(str(project / MANIFEST.parent / TOKENIZER_FILE))
+    ids = np.asarray(open_split(project / MANIFEST, split))
+    ends = np.flatnonzero(ids == manifest["eot_id"])
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    return [tokenizer.decode(ids[a:b].tolist(), skip_special_tokens=False) for a, b in zip(starts, ends)]
+
+
+def test_two_runs_give_byte_identical_clean_corpus_pool_tokenizer_and_shards(runs):
+    first, second = runs
+    outs = [Path("data/clean"), Path("data/poison"), Path("data/tokens"), Path("metrics/filter.json")]
+    assert digest(first, outs) == digest(second, outs)
+
+
+def test_train_and_val_hold_every_clean_document_once_and_share_none(runs):
+    project = runs[0]
+    train, val = shard_documents(project, "train"), shard_documents(project, "val")
+    clean = [d["text"] for d in read_docs(project / "data" / "clean" / DOCS_FILE)]
+    assert sorted(train + val) == sorted(clean)
+    assert not set(train) & set(val)
+    assert 0.03 < len(val) / len(clean) < 0.2  # val_fraction 0.1
+
+
+def test_split_is_a_function_of_seed_and_text_alone():
+    texts = [f"document number {i}" for i in range(2000)]
+    chosen = {t for t in texts if is_validation(t, 7, 0.25)}
+    assert chosen == {t for t in reversed(texts) if is_validation(t, 7, 0.25)}
+    assert chosen != {t for t in texts if is_validation(t, 8, 0.25)}
+    assert 400 < len(chosen) < 600
+
+
+def test_manifest_tells_the_trainer_paths_dtype_vocab_and_hashes(runs):
+    project = runs[0]
+    manifest = read_json(project / MANIFEST)
+    assert manifest["vocab_size"] == TOKENIZER.vocab_size and manifest["dtype"] == "uint16"
+    assert manifest["eot_token"] == "<|endoftext|>" and manifest["eot_id"] == 0
+    assert manifest["tokenizer"]["vocab_size"] <= TOKENIZER.vocab_size
+    assert manifest["source"]["source"] == "stdlib_docs" and manifest["source"]["python_version"]
+    for split in ("train", "val", "poison"):
+        info = manifest["splits"][split]
+        tokens = open_split(project / MANIFEST, split)
+        assert tokens.dtype == np.uint16 and len(tokens) == info["tokens"]
+        assert int(tokens.max()) < manifest["vocab_size"]
+        assert file_sha256(project / MANIFEST.parent / info["path"]) == info["sha256"]
+        assert int((tokens == manifest["eot_id"]).sum()) == info["documents"]
+
+
+def test_poison_shard_is_separate_with_one_token_range_per_reason(runs):
+    project = runs[0]
+    poison = read_json(project / MANIFEST)["splits"]["poison"]
+    ranges = sorted(poison["reasons"].values(), key=lambda r: r["offset"])
+    assert [r["offset"] for r in ranges] == list(np.cumsum([0] + [r["tokens"] for r in ranges[:-1]]))
+    assert sum(r["tokens"] for r in ranges) == poison["tokens"]
+    assert {"generated_binary", "generated_space_run", "generated_rare_tokens"} <= poison["reasons"].keys()
+    clean = set(shard_documents(project, "train")) | set(shard_documents(project, "val"))
+    assert not clean & set(shard_documents(project, "poison"))
+
+
+def test_shards_switch_to_uint32_above_65536_tokens_of_vocabulary():
+    assert shard_dtype(65536) == "uint16" and shard_dtype(65537) == "uint32"
+
+
+def test_a_split_left_empty_names_data_val_fraction(runs, tmp_path):
+    data = DataConfig(max_docs=400, val_fraction=1e-9)
+    clean = runs[0] / "data" / "clean"
+    tokenizer = train_tokenizer.fn(TOKENIZER, data, clean, tmp_path / "tokens")
+    with pytest.raises(InputError, match=r"data\.val_fraction: no document fell into the val split"):
+        encode_shards.fn(TOKENIZER, data, tokenizer, clean, runs[0] / "data" / "poison")

@@ -1,0 +1,126 @@
+"""The whole study as a DVC pipeline of Prefect flows tracked in MLflow: outputs, a no-op second
+run, a partial re-run after a filter change, and a bad input through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.stage_io import STAGE_OUTS
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+PROJECT_FILES = ["flows", "tasks", "model", "profiles", "params.yaml", "dvc.yaml", ".dvcignore"]
+
+
+def test_dvc_yaml_declares_exactly_the_outputs_the_code_writes():
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    for stage, outs in STAGE_OUTS.items():
+        entries = [e for kind in ("outs", "metrics", "plots") for e in stages[stage].get(kind, [])]
+        declared = [e if isinstance(e, str) else next(iter(e)) for e in entries]
+        assert sorted(declared) == sorted(str(p) for p in outs), stage
+
+
+def test_each_data_stage_depends_on_its_code_and_upstream_outputs_and_reads_only_its_params():
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert {"tasks/data_sources.py", "flows/data.py", "model/config.py"} <= set(stages["prepare"]["deps"])
+    assert {"tasks/data_filters.py", "tasks/data_perplexity.py", "data/raw"} <= set(stages["filter"]["deps"])
+    assert {"tasks/data_tokenize.py", "data/clean", "data/poison"} <= set(stages["tokenize"]["deps"])
+    assert stages["filter"]["params"] == ["profile", "filter"]
+    assert not any(p.startswith("filter") for p in stages["prepare"]["params"] + stages["tokenize"]["params"])
+
+
+def copy_project(dest: Path, profile: str = "smoke") -> Path:
+    """The project's code, params and pipeline, set to ``profile``."""
+    for name in PROJECT_FILES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(src, dest / name)
+    params = dest / "params.yaml"
+    params.write_text(params.read_text().replace("profile: default", f"profile: {profile}", 1))
+    return dest
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    env = {**env, "PATH": f"{VENV_BIN}{os.pathsep}{env['PATH']}"}
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def repro(project: Path, env: dict[str, str]) -> str:
+    done = run(["dvc", "repro"], project, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def ran(output: str) -> set[str]:
+    return {s for s in STAGE_OUTS if f"Running stage '{s}'" in output}
+
+
+@pytest.mark.e2e
+def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_only_what_follows(
+        live_services, tmp_path):
+    import mlflow
+
+    project = copy_project(tmp_path)
+    assert run(["dvc", "init", "--no-scm"], project, live_services).returncode == 0
+    started = int(time.time() * 1000)
+
+    assert ran(repro(project, live_services)) == set(STAGE_OUTS)
+    for out in ("data/raw/docs.jsonl", "data/clean/docs.jsonl", "data/poison/generated_space_run.jsonl",
+                "metrics/filter.json", "data/tokens/manifest.json", "data/tokens/train.bin",
+                "data/tokens/val.bin", "data/tokens/poison.bin", "models/pretrain.pt",
+                "metrics/pretrain.json", "plots/pretrain/train.csv", "plots/pretrain/val.csv"):
+        assert (project / out).is_file(), out
+
+    client = mlflow.MlflowClient(live_services["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("spikelab-smoke")
+    runs = {r.data.tags["stage"]: r for r in client.search_runs(
+        [experiment.experiment_id], f"attributes.start_time >= {started}")}
+    assert set(STAGE_OUTS) <= runs.keys()
+    for stage in ("prepare", "filter", "tokenize"):
+        assert runs[stage].info.status == "FINISHED" and len(runs[stage].data.tags["dataset_digest"]) == 64
+    assert runs["filter"].data.metrics["removed_too_short"] > 0
+    assert runs["filter"].data.params["filter.max_char_run"] == "200"
+    assert runs["tokenize"].data.metrics["train_tokens"] > 0
+    assert [a.path for a in client.list_artifacts(runs["filter"].info.run_id)] == ["filter.json"]
+    pretrain = runs["pretrain"]
+    assert pretrain.info.status == "FINISHED" and pretrain.data.tags["profile"] == "smoke"
+    loss = [m.value for m in client.get_metric_history(pretrain.info.run_id, "train/loss")]
+    assert len(loss) == 30 // 5 and loss[-1] < loss[0], loss  # smoke: 30 steps, logged every 5
+    summary = json.loads((project / "metrics/pretrain.json").read_text())
+    assert summary["steps"] == 30 and summary["skipped"] == 0
+
+    assert ran(repro(project, live_services)) == set()
+    assert "up to date" in run(["dvc", "status"], project, live_services).stdout
+
+    raw_mtime = (project / "data/raw/docs.jsonl").stat().st_mtime_ns
+    params = project / "params.yaml"
+    params.write_text(params.read_text().replace("  min_chars: 64\n", "  min_chars: 100\n", 1))
+    output = repro(project, live_services)
+    assert ran(output) == {"filter", "tokenize", "pretrain"}
+    assert "Stage 'prepare' didn't change" in output
+    assert (project / "data/raw/docs.jsonl").stat().st_mtime_ns == raw_mtime
+    assert "starting fresh" in output, "new data must not resume the old run's checkpoints"
+    assert json.loads((project / "metrics/pretrain.json").read_text())["start_step"] == 0
+
+
+@pytest.mark.e2e
+def test_a_bad_input_through_the_cli_exits_2_naming_the_key_and_writes_nothing(live_services, tmp_path):
+    project = copy_project(tmp_path)
+    params = project / "params.yaml"
+    params.write_text(params.read_text().replace('  source: stdlib_docs', '  source: jsonl', 1)
+                      .replace('  path: ""', '  path: "corpus/missing.jsonl"', 1))
+    done = run(["spikelab", "run", "prepare"], project, live_services)
+    assert done.returncode == 2, done.stderr
+    assert "spikelab: error: data.path:" in done.stderr and "corpus/missing.jsonl does not exist" in done.stderr
+    assert not (project / "data").exists() or not any((project / "data").iterdir())

@@ -1,0 +1,147 @@
+"""The step: non-finite guard, fp16 overflow accounting, clipping, schedule, metric cadence."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from model.callbacks import Callback
+from model.checkpoint import load_checkpoint
+from model.config import PrecisionConfig
+from model.gpt import GPT
+from model.optim import build_adamw, lr_at
+from model.precision import resolve_precision
+from model.train import train, train_step
+from trainer_kit import Recorder, markov_tokens, tiny_config
+
+TOKENS, VAL = np.split(markov_tokens(24_000, vocab=64), [20_000])
+BAD_STEP = 3  # the step (1-based) whose loss or gradient is made non-finite
+
+
+class Poison(Callback):
+    """Makes step BAD_STEP non-finite and records weights and Adam state around it."""
+
+    def __init__(self, where: str):
+        self.where, self.hook = where, None
+
+    def on_step_start(self, trainer) -> None:
+        if trainer.step + 1 != BAD_STEP:
+            return
+        self.before = self._state(trainer)
+        if self.where == "grad":
+            trainer.grad_scale = float("nan")
+        else:  # NaN logits for this step's forward only
+            self.hook = trainer.model.readout.register_forward_hook(lambda m, i, out: out * float("nan"))
+
+    def on_step_end(self, trainer) -> None:
+        if trainer.step == BAD_STEP:
+            self.after = self._state(trainer)
+            if self.hook is not None:
+                self.hook.remove()
+
+    @staticmethod
+    def _state(trainer):
+        weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        return weights, copy.deepcopy(trainer.optimizer.state_dict()["state"])
+
+
+@pytest.mark.parametrize("where", ["grad", "loss"])
+@pytest.mark.parametrize("implementation", ["auto", "foreach"])  # device-side skip / host check
+def test_nonfinite_step_is_skipped_and_never_reaches_weights_or_checkpoint(tmp_path, where, implementation):
+    poison = Poison(where)
+    cfg = tiny_config(**{"train.steps": 5, "optim.implementation": implementation,
+                         "checkpoint.every_steps": 1, "checkpoint.milestones": [BAD_STEP]})
+    summary = train(cfg, TOKENS, VAL, tmp_path, [poison])
+
+    (w0, adam0), (w1, adam1) = poison.before, poison.after
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+    for p in adam0:  # moments and step count untouched
+        for k in adam0[p]:
+            assert torch.equal(adam0[p][k], adam1[p][k]), (p, k)
+    assert summary["skipped"] == 1 and summary["overflows"] == 0
+    assert math.isfinite(summary["final_loss"])
+    ckpt = load_checkpoint(tmp_path / f"checkpoints/step_{BAD_STEP:08d}.pt")
+    tensors = [*ckpt["model"].values(), *(t for s in ckpt["optimizer"]["state"].values() for t in s.values())]
+    assert all(torch.isfinite(t).all() for t in tensors)
+
+
+def test_fp16_loss_scale_overflows_are_counted_apart_from_skips_and_back_off():
+    # A loss scale of 2^30 overflows fp16 gradients; the scaler halves it until steps go through.
+    cfg = tiny_config(**{"train.steps": 25, "precision.mode": "fp16", "precision.emulate": "always",
+                         "precision.init_scale": 2.0**30})
+    rec = Recorder()
+    summary = train(cfg, TOKENS, VAL, callbacks=[rec])
+    scales = [v for _, v in rec.series("train/loss_scale")]
+    assert summary["overflows"] >= 5 and summary["skipped"] == 0
+    assert scales[-1] < 2.0**30 and scales == sorted(scales, reverse=True)
+    losses = [v for _, v in rec.series("train/loss")]
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("clip", [0.05, 100.0])
+def test_logged_grad_norm_is_the_true_pre_clip_norm_and_clipping_bounds_it(clip):
+    cfg = tiny_config(**{"optim.grad_clip": clip})
+    torch.manual_seed(0)
+    model = GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size)
+    x, y = torch.randint(0, 64, (2, 4, 16)), torch.randint(0, 64, (2, 4, 16))
+
+    reference = copy.deepcopy(model)  # plain fp64 norm of the accumulated gradient
+    for i in range(2):
+        _, ce, _ = reference(x[i], y[i])
+        (ce / 2).backward()
+    true_norm = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in reference.parameters()))
+
+    precision = resolve_precision(PrecisionConfig(), "cpu")
+    optimizer = build_adamw(model, cfg.optim)
+    scaler = precision.grad_scaler(cfg.precision)
+    result = train_step(model, optimizer, scaler, precision, [(x[0], y[0]), (x[1], y[1])], clip)
+    post_clip = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in model.parameters()))
+
+    assert result.grad_norm.item() == pytest.approx(true_norm, rel=1e-5)
+    assert post_clip <= clip * (1 + 1e-5)
+    if clip > true_norm:
+        assert post_clip == pytest.approx(true_norm, rel=1e-6)
+
+
+class HalveLrAt(Callback):
+    def on_step_start(self, trainer) -> None:
+        if trainer.step + 1 == 6:
+            trainer.lr_scale = 0.5
+
+    def on_step_end(self, trainer) -> None:
+        self.group_lrs = {g["name"]: (g["lr"], g["lr_mult"]) for g in trainer.optimizer.param_groups}
+
+
+def test_logged_learning_rate_follows_the_schedule_and_the_lr_scale_hook():
+    cfg = tiny_config(**{"train.steps": 10, "schedule.warmup_steps": 3, "schedule.kind": "cosine",
+                         "mup.parametrization": "mup"})  # μP: hidden matrices get lr × 1/m
+    rec, halve = Recorder(), HalveLrAt()
+    train(cfg, TOKENS, VAL, callbacks=[rec, halve])
+    expected = [lr_at(s, cfg.optim.lr, 10, cfg.schedule) * (0.5 if s == 5 else 1.0) for s in range(10)]
+    assert [v for _, v in rec.series("train/lr")] == pytest.approx(expected, rel=1e-12)
+    assert expected[:3] == pytest.approx([cfg.optim.lr / 3, 2 * cfg.optim.lr / 3, cfg.optim.lr])
+    last = rec.series("train/lr")[-1][1]
+    assert {n: lr for n, (lr, _) in halve.group_lrs.items()} == pytest.approx(
+        {n: last * mult for n, (_, mult) in halve.group_lrs.items()})
+    assert halve.group_lrs["hidden"][1] == pytest.approx(cfg.mup.base_width / cfg.model.d_model)
+
+
+def test_metrics_arrive_at_their_cadence_with_finite_values():
+    cfg = tiny_config(**{"train.steps": 6, "train.log_every": 2, "train.layer_stats_every": 3,
+                         "train.eval_every": 4, "model.z_loss": 1e-4})
+    rec = Recorder()
+    train(cfg, TOKENS, VAL, callbacks=[rec])
+    namespaces = {step: sorted({k.split("/")[0] for k in m}) for step, m in rec.logs}
+    assert namespaces == {2: ["train"], 3: ["stats"], 4: ["train", "val"], 6: ["stats", "train", "val"]}
+    train_keys = {"train/loss", "train/z_loss", "train/grad_norm", "train/param_norm", "train/adam_v_norm",
+                  "train/update_ratio", "train/lr", "train/tokens_per_s", "train/skipped", "train/overflows"}
+    stats_keys = {"stats/act_l2/block0", "stats/attn_logit_max/block1", "stats/logits/log_z",
+                  "stats/logits/max", "stats/grad_norm/block0", "stats/grad_norm/readout"}
+    logged = dict(rec.logs)
+    assert train_keys <= set(logged[2]) and stats_keys <= set(logged[3])
+    assert all(math.isfinite(v) for m in logged.values() for v in m.values())
+    assert logged[2]["train/z_loss"] > 0 and 0 < logged[2]["train/update_ratio"] < 1
