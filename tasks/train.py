@@ -54,9 +54,10 @@ def claim_checkpoints(checkpoint_dir: Path, identity: dict[str, Any]) -> None:
     LR, a re-filtered corpus) belong to a different experiment, so they are discarded and the run
     starts fresh. The identity is stored beside the checkpoints."""
     marker = checkpoint_dir / IDENTITY_FILE
-    if marker.is_file() and read_json(marker) != json.loads(json.dumps(identity)):
-        print(f"spikelab: {checkpoint_dir} holds a run with other settings or data; starting fresh",
-              file=sys.stderr)
+    owner = read_json(marker) if marker.is_file() else None
+    if checkpoint_dir.is_dir() and any(checkpoint_dir.iterdir()) and owner != json.loads(json.dumps(identity)):
+        print(f"spikelab: {checkpoint_dir} holds a run with other (or unrecorded) settings or data; "
+              f"starting fresh", file=sys.stderr)
         shutil.rmtree(checkpoint_dir)
     if not marker.is_file():
         checkpoint_dir.mkdir(parents=True, exist_ok=True)

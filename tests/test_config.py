@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from model.config import Config, ConfigError, from_dict, load_config
+from model.config import Config, ConfigError, _flatten, from_dict, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_PARAMS = REPO / "params.yaml"
@@ -243,16 +243,6 @@ def test_overlay_result_is_validated_as_a_whole(tmp_path):
     load_config(params)
     msg = config_error(params, profile="short")
     assert msg.startswith("schedule.warmup_steps:")
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 @pytest.mark.parametrize("profile", SHIPPED_PROFILES)
