@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -124,3 +125,34 @@ def test_a_bad_input_through_the_cli_exits_2_naming_the_key_and_writes_nothing(l
     assert done.returncode == 2, done.stderr
     assert "spikelab: error: data.path:" in done.stderr and "corpus/missing.jsonl does not exist" in done.stderr
     assert not (project / "data").exists() or not any((project / "data").iterdir())
+
+
+TRIGGER = """
+import sys, time
+from prefect import get_client
+from prefect.deployments import run_deployment
+name = sys.argv[1]
+with get_client(sync_client=True) as client:  # `spikelab serve` registers the deployments first
+    for _ in range(240):
+        try:
+            client.read_deployment_by_name(name)
+            break
+        except Exception:
+            time.sleep(0.5)
+print(run_deployment(name, parameters={"profile": "smoke"}, timeout=300).state_name)
+"""
+
+
+@pytest.mark.e2e
+def test_a_stage_served_as_a_deployment_runs_when_triggered_through_the_api(live_services, tmp_path):
+    project = copy_project(tmp_path)
+    env = {**live_services, "PATH": f"{VENV_BIN}{os.pathsep}{live_services['PATH']}"}
+    server = subprocess.Popen(["spikelab", "serve"], cwd=project, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        done = run([sys.executable, "-c", TRIGGER, "prepare/spikelab-prepare"], project, live_services)
+        assert done.stdout.strip().endswith("Completed"), done.stdout + done.stderr
+        assert (project / "data/raw/docs.jsonl").is_file()
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
