@@ -101,20 +101,15 @@ def stage_run(cfg: Config, stage: str) -> Iterator[mlflow.ActiveRun]:
         yield run
 
 
-@contextmanager
-def child_run(name: str, params: dict[str, Any] | None = None,
-              tags: dict[str, str] | None = None) -> Iterator[mlflow.ActiveRun]:
-    """A nested run (trial, arm, recovery policy) under the active stage run."""
-    with mlflow.start_run(run_name=name, nested=True, tags=tags) as run:
-        if params:
-            log_params(params)
-        yield run
-
-
 def log_params(params: dict[str, Any]) -> None:
     """MLflow params are strings of at most 6000 characters; lists become JSON."""
-    mlflow.log_params({k: (json.dumps(v) if isinstance(v, (list, dict)) else v)[:6000]
-                       if isinstance(v, (list, dict, str)) else v for k, v in params.items()})
+    mlflow.log_params({key: _param_value(value) for key, value in params.items()})
+
+
+def _param_value(value: Any) -> Any:
+    if isinstance(value, (list, dict)):
+        value = json.dumps(value)
+    return value[:6000] if isinstance(value, str) else value
 
 
 class MLflowMetrics:

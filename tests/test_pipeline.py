@@ -156,3 +156,11 @@ def test_a_stage_served_as_a_deployment_runs_when_triggered_through_the_api(live
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
+
+
+def test_the_pipeline_flow_runs_dvc_repro_or_an_experiment_with_the_form_overrides():
+    from flows.pipeline import dvc_command
+
+    assert dvc_command({}, None)[1:] == ["repro"]
+    assert dvc_command({"model.block": "post_ln", "optim.beta2": 0.999}, "smoke")[1:] == [
+        "exp", "run", "-S", "profile=smoke", "-S", "model.block=post_ln", "-S", "optim.beta2=0.999"]
