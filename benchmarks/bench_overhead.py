@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 BARE = "from model.config import load_config; load_config('params.yaml')"
+IMPORTS = BARE + "; import prefect, mlflow; import tasks.tracking"
 STAGE = """
 from model.config import load_config
 from tasks.paths import configure_environment
@@ -66,12 +67,13 @@ def main() -> None:
         env.update(SPIKELAB_PREFECT_PORT="9", SPIKELAB_MLFLOW_PORT="9")
     servers_up = paths.prefect_up() and paths.mlflow_up()
     mode = "services up" if servers_up else "no services (temporary Prefect server, SQLite MLflow)"
-    bare = [time_process(BARE, env) for _ in range(args.repeats)]
-    stage = [time_process(STAGE, env) for _ in range(args.repeats)]
-    result = {"mode": mode, "bare_s": statistics.median(bare), "stage_s": statistics.median(stage),
-              "overhead_s": statistics.median(stage) - statistics.median(bare), "repeats": args.repeats}
-    print(f"{mode}: bare process {result['bare_s']:.1f} s, empty stage {result['stage_s']:.1f} s, "
-          f"overhead {result['overhead_s']:.1f} s per stage (median of {args.repeats})")
+    bare, imports, stage = (statistics.median(time_process(code, env) for _ in range(args.repeats))
+                            for code in (BARE, IMPORTS, STAGE))
+    result = {"mode": mode, "bare_s": bare, "imports_s": imports, "stage_s": stage,
+              "overhead_s": stage - bare, "orchestration_s": stage - imports, "repeats": args.repeats}
+    print(f"{mode}: bare process {bare:.1f} s, with prefect+mlflow imported {imports:.1f} s, empty stage "
+          f"{stage:.1f} s: overhead {stage - bare:.1f} s per stage, of which {stage - imports:.1f} s "
+          f"flow + run beyond the imports (median of {args.repeats})")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     key = "up" if servers_up else "down"
     existing = json.loads(args.out.read_text()) if args.out.is_file() else {}
