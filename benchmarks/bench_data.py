@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from model.config import Config, load_config  # noqa: E402
 from tasks.data_filters import drop_perplexity_outliers, screen_documents  # noqa: E402
 from tasks.stage_io import (CLEAN_DIR, DOCS_FILE, FILTER_REPORT, POISON_DIR, RAW_DIR, SOURCE_FILE,  # noqa: E402
-                           TOKENIZER_FILE, TOKENS_DIR, read_docs, read_json, repair_undecodable, write_doc)
+                            TOKENIZER_FILE, TOKENS_DIR, read_docs, read_json, repair_undecodable, write_doc)
 from tasks.data_sources import read_corpus  # noqa: E402
 from tasks.data_tokenize import ENCODE_BATCH, encode_shards, train_tokenizer  # noqa: E402
 

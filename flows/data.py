@@ -13,25 +13,19 @@ from pathlib import Path
 
 from prefect import flow
 
-from model.config import Config, load_config
-from tasks import paths
 from tasks.data_filters import drop_perplexity_outliers, screen_documents
-from tasks.stage_io import (CLEAN_DIR, FILTER_REPORT, MANIFEST, POISON_DIR, RAW_DIR, SOURCE_FILE, STAGE_OUTS,
-                           TOKENS_DIR, record_outputs, staged)
 from tasks.data_sources import read_corpus
 from tasks.data_tokenize import encode_shards, train_tokenizer
+from tasks.paths import project_config
+from tasks.stage_io import (CLEAN_DIR, FILTER_REPORT, MANIFEST, POISON_DIR, RAW_DIR, SOURCE_FILE, STAGE_OUTS,
+                            TOKENS_DIR, record_outputs, staged)
 from tasks.tracking import stage_run
-
-
-def _config(profile: str | None) -> tuple[Config, Path]:
-    project = paths.project_dir()
-    return load_config(project / "params.yaml", profile), project
 
 
 @flow(name="prepare")
 def prepare_flow(profile: str | None = None) -> None:
     """Read the configured corpus into data/raw."""
-    cfg, project = _config(profile)
+    cfg, project = project_config(profile)
     with stage_run(cfg, "prepare") as run:
         with staged(project / RAW_DIR) as (raw,):
             counts = read_corpus(cfg.data, project, raw)
@@ -41,7 +35,7 @@ def prepare_flow(profile: str | None = None) -> None:
 @flow(name="filter")
 def filter_flow(profile: str | None = None) -> None:
     """Filter data/raw into data/clean, the poison pool and the filter report."""
-    cfg, project = _config(profile)
+    cfg, project = project_config(profile)
     with stage_run(cfg, "filter") as run:
         with staged(project / CLEAN_DIR, project / POISON_DIR, project / FILTER_REPORT) as (clean, poison, report), \
                 tempfile.TemporaryDirectory(prefix=".filter-", dir=project / RAW_DIR.parent) as work:
@@ -54,7 +48,7 @@ def filter_flow(profile: str | None = None) -> None:
 @flow(name="tokenize")
 def tokenize_flow(profile: str | None = None) -> None:
     """Train the BPE on data/clean and write the token shards and manifest to data/tokens."""
-    cfg, project = _config(profile)
+    cfg, project = project_config(profile)
     with stage_run(cfg, "tokenize") as run:
         with staged(project / TOKENS_DIR) as (tokens,):
             tokenizer = train_tokenizer(cfg.tokenizer, cfg.data, project / CLEAN_DIR, tokens)

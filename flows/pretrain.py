@@ -7,8 +7,8 @@ import mlflow
 from prefect import flow
 
 from tasks.paths import project_config
-from tasks.tracking import stage_run
 from tasks.stage_io import PRETRAIN_METRICS, PRETRAIN_PLOTS
+from tasks.tracking import stage_run
 from tasks.train import pretrain
 
 

@@ -31,9 +31,9 @@ from datasketch import MinHash, MinHashLSH
 from prefect import task
 
 from model.config import FilterConfig, InputError
-from tasks.stage_io import (DOCS_FILE, SOURCE_FILE, UNDECODABLE, read_docs, read_json, repair_undecodable,
-                           write_doc, write_json)
 from tasks.data_perplexity import ByteNgramModel, robust_zscores
+from tasks.stage_io import (DOCS_FILE, SOURCE_FILE, UNDECODABLE, read_docs, read_json, repair_undecodable,
+                            write_doc, write_json)
 
 REASONS = ("invalid_utf8", "nonprintable", "too_short", "too_long", "char_run", "repeated_ngram",
            "duplicate_exact", "duplicate_near", "perplexity")

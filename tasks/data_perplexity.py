@@ -11,7 +11,6 @@ documents whose robust z-score (median / MAD) lies above ``filter.perplexity_zsc
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 import numpy as np
 
@@ -56,16 +55,6 @@ class ByteNgramModel:
             prob = (joint_count + PRIOR * prob) / (ctx_count + PRIOR)
         nats = -np.bincount(batch.doc, weights=np.log(prob), minlength=batch.n_docs)
         return nats / np.maximum(batch.chars, 1)
-
-    def save(self, path: Path) -> None:
-        np.savez(path, joint=self.joint, context=self.context)
-
-    @classmethod
-    def load(cls, path: Path) -> ByteNgramModel:
-        model = cls()
-        with np.load(path) as tables:
-            model.joint, model.context = tables["joint"], tables["context"]
-        return model
 
 
 def robust_zscores(values: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from model.config import DataConfig, InputError, TokenizerConfig
 from tasks.stage_io import (DOCS_FILE, MANIFEST, SOURCE_FILE, TOKENIZER_FILE, file_sha256, read_docs, read_json,
-                           repair_undecodable, write_json)
+                            repair_undecodable, write_json)
 
 EOT = "<|endoftext|>"
 """Separates documents in the shards (the BPE's only special token, id 0)."""

@@ -16,10 +16,9 @@ import torch
 from prefect import task
 
 from model.callbacks import CSVLogger, ProgressBar
-from model.checkpoint import load_latest
 from model.config import Config, InputError
 from model.data import open_split
-from model.train import train
+from model.train import Trainer
 from tasks.stage_io import (MANIFEST, PRETRAIN_CHECKPOINTS, PRETRAIN_METRICS, PRETRAIN_MODEL, PRETRAIN_PLOTS,
                             read_json, staged, write_json)
 from tasks.tracking import MLflowMetrics
@@ -73,10 +72,11 @@ def pretrain(cfg: Config, project: Path) -> dict[str, Any]:
     checkpoints = project / PRETRAIN_CHECKPOINTS
     claim_checkpoints(checkpoints, run_identity(cfg, manifest))
     callbacks = [MLflowMetrics(cfg.tracking.async_logging), CSVLogger(project / PRETRAIN_PLOTS), ProgressBar()]
-    summary = train(cfg, train_tokens, val_tokens, checkpoints.parent, callbacks)
+    trainer = Trainer(cfg, train_tokens, val_tokens, callbacks, checkpoints)
+    trainer.resume()
+    summary = trainer.run()
     with staged(project / PRETRAIN_MODEL, project / PRETRAIN_METRICS) as (weights, metrics):
-        weights.parent.mkdir(parents=True, exist_ok=True)
-        final = load_latest(checkpoints)
-        torch.save({"model": final[1]["model"], "config": final[1]["config"], "step": final[1]["step"]}, weights)
+        torch.save({"model": trainer.model.state_dict(), "config": dataclasses.asdict(cfg),
+                    "step": trainer.step}, weights)
         write_json(metrics, json.loads(json.dumps(summary, default=str)))
     return summary
