@@ -30,6 +30,13 @@ def test_dvc_yaml_declares_exactly_the_outputs_the_code_writes():
         assert sorted(declared) == sorted(str(p) for p in outs), stage
 
 
+def test_pretrain_keeps_its_checkpoints_and_curves_across_reruns_so_a_resumed_run_continues_them():
+    outs = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["pretrain"]
+    declared = {next(iter(e)): e[next(iter(e))] for kind in ("outs", "plots") for e in outs[kind]
+                if isinstance(e, dict)}
+    assert declared["runs/pretrain/checkpoints"]["persist"] and declared["plots/pretrain"]["persist"]
+
+
 def test_each_data_stage_depends_on_its_code_and_upstream_outputs_and_reads_only_its_params():
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     assert {"tasks/data_sources.py", "flows/data.py", "model/config.py"} <= set(stages["prepare"]["deps"])
