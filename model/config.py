@@ -376,7 +376,7 @@ class Config:
 
     def to_flat_dict(self) -> dict[str, Any]:
         """``{"optim.lr": 0.003, ...}``: the resolved config as MLflow params."""
-        return _flatten(dataclasses.asdict(self))
+        return flatten(dataclasses.asdict(self))
 
     def replace(self, **dotted: Any) -> Config:
         """A copy with dotted keys overridden and re-validated: ``cfg.replace(**{"optim.lr": 1e-3})``."""
@@ -629,11 +629,12 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out

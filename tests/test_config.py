@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from model.config import Config, ConfigError, _flatten, from_dict, load_config
+from model.config import Config, ConfigError, flatten, from_dict, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_PARAMS = REPO / "params.yaml"
@@ -256,7 +256,7 @@ def test_shipped_params_load_with_every_profile(profile):
     # Every value the overlay sets is what the resolved config holds.
     overlay = yaml.safe_load((REPO / "profiles" / f"{profile}.yaml").read_text(encoding="utf-8")) or {}
     flat = cfg.to_flat_dict()
-    for key, want in _flatten(overlay).items():
+    for key, want in flatten(overlay).items():
         got = flat[key]
         if isinstance(got, float):
             want = float(want)
