@@ -18,6 +18,7 @@ from prefect import task
 from model.callbacks import CSVLogger, ProgressBar
 from model.config import Config, InputError
 from model.data import open_split
+from model.identity import RunIdentity, run_identity
 from model.train import Trainer
 from tasks.stage_io import (MANIFEST, PRETRAIN_CHECKPOINTS, PRETRAIN_METRICS, PRETRAIN_MODEL, PRETRAIN_PLOTS,
                             read_json, staged, write_json)
@@ -41,11 +42,9 @@ def read_manifest(project: Path, cfg: Config) -> dict[str, Any]:
     return manifest
 
 
-def run_identity(cfg: Config, manifest: dict[str, Any]) -> dict[str, Any]:
-    """What makes two runs the same run: the training config and the exact token shards."""
-    config = dataclasses.asdict(cfg)
-    return {"config": {s: config[s] for s in TRAINING_SECTIONS},
-            "data": {split: manifest["splits"][split]["sha256"] for split in ("train", "val")}}
+def pretrain_identity(cfg: Config, manifest: dict[str, Any]) -> RunIdentity:
+    """The pretrain run's identity: its training config on the exact token shards."""
+    return run_identity(cfg, {split: manifest["splits"][split]["sha256"] for split in ("train", "val")})
 
 
 def claim_checkpoints(checkpoint_dir: Path, identity: dict[str, Any]) -> None:
@@ -70,7 +69,7 @@ def pretrain(cfg: Config, project: Path) -> dict[str, Any]:
     manifest = read_manifest(project, cfg)
     train_tokens, val_tokens = (open_split(project / MANIFEST, split) for split in ("train", "val"))
     checkpoints = project / PRETRAIN_CHECKPOINTS
-    claim_checkpoints(checkpoints, run_identity(cfg, manifest))
+    claim_checkpoints(checkpoints, pretrain_identity(cfg, manifest).spec)
     callbacks = [MLflowMetrics(cfg.tracking.async_logging), CSVLogger(project / PRETRAIN_PLOTS), ProgressBar()]
     trainer = Trainer(cfg, train_tokens, val_tokens, callbacks, checkpoints)
     trainer.resume()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from model.config import Config, InputError
-from tasks.train import IDENTITY_FILE, claim_checkpoints, read_manifest, run_identity
+from tasks.train import IDENTITY_FILE, claim_checkpoints, read_manifest, pretrain_identity
 
 MANIFEST = {"vocab_size": 4096, "splits": {"train": {"sha256": "aa"}, "val": {"sha256": "bb"}}}
 
@@ -37,16 +37,16 @@ def test_another_config_or_dataset_starts_fresh(tmp_path, change, capsys):
     new_manifest = {**MANIFEST, "splits": {**MANIFEST["splits"], "train": {"sha256": "cc"}}} \
         if change == "data" else MANIFEST
     ckpt = checkpoint_dir_of(tmp_path, old)
-    claim_checkpoints(ckpt, run_identity(new_cfg, new_manifest))
+    claim_checkpoints(ckpt, pretrain_identity(new_cfg, new_manifest).spec)
     assert not (ckpt / "step_00000010.pt").exists()
     assert json.loads((ckpt / IDENTITY_FILE).read_text()) == json.loads(json.dumps(
-        run_identity(new_cfg, new_manifest)))
+        pretrain_identity(new_cfg, new_manifest)).spec)
     assert "starting fresh" in capsys.readouterr().err
 
 
 def test_checkpoints_without_a_recorded_identity_are_not_resumed(tmp_path):
     ckpt = checkpoint_dir_of(tmp_path, identity=None)
-    claim_checkpoints(ckpt, run_identity(Config(), MANIFEST))
+    claim_checkpoints(ckpt, pretrain_identity(Config(), MANIFEST).spec)
     assert not (ckpt / "step_00000010.pt").exists()
 
 
