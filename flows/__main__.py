@@ -16,7 +16,7 @@ import sys
 import time
 
 from model.config import UserError, load_config
-from model.train import Preempted
+from model.stops import RunEnded
 from tasks import paths
 
 STAGES = {
@@ -76,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return USER_ERROR_EXIT
-    except Preempted as e:
-        print(f"spikelab: preempted at step {e.step}; checkpoint saved, run again to resume", file=sys.stderr)
+    except RunEnded as e:
+        hint = "; checkpoint saved, run again to resume" if e.status == "preempted" else ""
+        print(f"spikelab: {args.command} {getattr(args, 'stage', '')}: {e}{hint}", file=sys.stderr)
         return e.code
     return 0
 

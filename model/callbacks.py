@@ -1,22 +1,41 @@
-"""Side effects of a training run, hung on the loop as callbacks.
+"""Side effects of and interventions in a training run, hung on the loop as callbacks.
 
-Per step the loop fires, in this order and each callback in ascending ``order``:
+Per step the loop fires, in this order, each callback in ascending ``order``:
 
-  on_step_start(trainer)      may set trainer.lr_scale / trainer.grad_scale for this step (both
-                              reset to 1.0 before the hook) or call trainer.loader.skip(n)
-  ... the optimizer step ...
-  on_log(step, metrics)       every metric due at this step (train/*, stats/*, val/*), as floats
-  on_eval(step, val_loss)     after a validation pass (its loss is also in on_log)
-  on_step_end(trainer)        the Checkpointer (order 100, last) saves here
-  on_checkpoint(step, path)   after a checkpoint was written
+  on_step_start(trainer)          controls for this step: trainer.scale_lr(f), scale_grad(f)
+                                  (factors multiply), request_eager(), request_stop(reason),
+                                  trainer.loader.skip(n)
+  on_batch(trainer, batches)      the step's micro-batches [(x, y)]: return a new list to replace
+                                  them (data injection) or an empty one to drop them (the step is
+                                  then skipped); None keeps them. The stream position advances
+                                  by the batches drawn, whatever is returned.
+  ... forward/backward (gradients unscaled, multiplied, pre-clip norm taken) ...
+  on_before_optimizer(trainer, pending)
+                                  pending.loss / .grad_norm / .layer_grad_norms are DEVICE tensors;
+                                  pending.veto(cond) skips the update where the bool tensor holds
+                                  (weights, Adam state untouched) without a host sync
+  ... clipping and the optimizer update (or the skip) ...
+  on_after_step(trainer, result)  the StepResult (device tensors: loss, grad_norm, skipped,
+                                  overflow, vetoed, ...); trainer.step is the completed step
+  on_log(step, metrics)           every metric due at this step (train/*, stats/*, val/*), floats
+  on_eval(step, val_loss)         after a validation pass (its loss is also in on_log)
+  on_step_end(trainer)            the Checkpointer (order 100, last) saves here
+  on_checkpoint(step, path)       after a checkpoint was written
 
-around them on_train_start(config, run) once (config: the flat resolved config, as MLflow params)
-and on_train_end(summary) once, also after a preemption (summary["preempted"] is True).
+around them on_train_start(config, run) once, on_train_end(summary) once for every typed end
+(summary["status"]: completed, stopped, diverged, preempted), on_error(trainer, exc) when an
+exception escapes the loop, and on_close(trainer) always, last.
 
-``step`` is the number of optimizer steps completed. A stateful callback returns its state from
-``state_dict`` (tensors, dicts, lists, numbers, strings: checkpoints load with weights_only=True)
-and gets it back through ``load_state_dict`` when a run resumes. Subclassing :class:`Callback` is
-optional: the loop calls only the hooks an object has (``order`` defaults to 50).
+Nothing here may sync the host per step: reading a device tensor (``.item()``, ``float()``,
+``if tensor:``) in on_before_optimizer or on_after_step stalls every step; decide on the device
+and read the outcome in on_log, where the loop syncs anyway.
+
+``step`` is the number of optimizer steps completed. Callbacks are named (``name``, default the
+class name; two with one name are refused). A stateful callback returns its state from
+``state_dict`` (tensors, dicts, lists, numbers, strings: checkpoints load with weights_only=True),
+stored under its name, and gets it back through ``load_state_dict`` when a run resumes.
+Subclassing :class:`Callback` is optional: the loop calls only the hooks an object has
+(``order`` defaults to 50).
 """
 
 from __future__ import annotations
@@ -33,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm import tqdm
 
 if TYPE_CHECKING:
-    from model.train import Trainer
+    from model.train import Batch, PendingStep, StepResult, Trainer
 
 
 @dataclass(frozen=True)
@@ -46,22 +65,34 @@ class RunInfo:
     total_steps: int
     tokens_per_step: int
     n_params: int
+    identity: str             # run identity digest (model/identity.py)
     checkpoint_dir: str | None  # None: the run writes no checkpoints
     resumed_from: str | None    # checkpoint path, when resumed
+
+
+def callback_name(cb: Any) -> str:
+    """The key of a callback's checkpointed state."""
+    return getattr(cb, "name", None) or type(cb).__name__
 
 
 class Callback:
     """Base class: every hook is a no-op; override the ones you need."""
 
     order: int = 50
+    name: str | None = None  # None: the class name
 
     def on_train_start(self, config: dict[str, Any], run: RunInfo) -> None: ...
     def on_step_start(self, trainer: Trainer) -> None: ...
+    def on_batch(self, trainer: Trainer, batches: list[Batch]) -> list[Batch] | None: ...
+    def on_before_optimizer(self, trainer: Trainer, pending: PendingStep) -> None: ...
+    def on_after_step(self, trainer: Trainer, result: StepResult) -> None: ...
     def on_log(self, step: int, metrics: dict[str, float]) -> None: ...
     def on_eval(self, step: int, val_loss: float) -> None: ...
     def on_step_end(self, trainer: Trainer) -> None: ...
     def on_checkpoint(self, step: int, path: Path) -> None: ...
     def on_train_end(self, summary: dict[str, Any]) -> None: ...
+    def on_error(self, trainer: Trainer, error: BaseException) -> None: ...
+    def on_close(self, trainer: Trainer) -> None: ...
 
     def state_dict(self) -> dict[str, Any]:
         return {}

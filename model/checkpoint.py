@@ -8,6 +8,7 @@ is written after the payload, so a crash in between leaves an incomplete checkpo
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import os
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from model.callbacks import Callback
-from model.config import CheckpointConfig
+from model.config import CheckpointConfig, UserError
 
 if TYPE_CHECKING:
     from model.train import Trainer
@@ -120,20 +121,78 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"unreadable: {e}") from e
 
 
-def load_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest valid checkpoint in ``directory``; each unusable newer one is reported on stderr."""
-    for _, path in reversed(list_checkpoints(directory)):
+def load_latest(directory: Path, identity: str, before: int | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """The newest valid checkpoint of run ``identity`` in ``directory`` (of a step below ``before``,
+    if given). A newer one that is damaged, or belongs to another run (a foreign file dropped in,
+    a checkpoint without an identity), is reported on stderr and passed over like a corrupt one:
+    never resumed."""
+    for step, path in reversed(list_checkpoints(directory)):
+        if before is not None and step >= before:
+            continue
         try:
-            return path, load_checkpoint(path)
+            state = load_checkpoint(path)
+            if state.get("identity") != identity:
+                raise CheckpointError(f"belongs to run {state.get('identity')!r}, not {identity!r}")
+            return path, state
         except CheckpointError as e:
             print(f"spikelab: checkpoint {path} is unusable: {e}; falling back to the previous one",
                   file=sys.stderr, flush=True)
     return None
 
 
+def remove_orphans(directory: Path) -> list[Path]:
+    """Delete the temporary files of interrupted writes (``.<name>.tmp<pid>``). Call only while
+    holding the directory's :class:`RunLock`: then no live writer owns them."""
+    orphans = [p for p in directory.glob(".*.tmp*") if p.is_file()] if directory.is_dir() else []
+    for p in orphans:
+        p.unlink(missing_ok=True)
+    return orphans
+
+
 def remove_checkpoint(path: Path) -> None:
     _sidecar(path).unlink(missing_ok=True)  # sidecar first: a half-removed checkpoint is invalid
     path.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# One writer per run directory
+# ----------------------------------------------------------------------------------------------
+
+
+class RunLocked(UserError):
+    """Another live process holds the run directory."""
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<directory>/.lock`` for the life of a run. The kernel drops it
+    when the holder dies, even by ``kill -9``, so a stale lock is taken over without a step; the
+    file's content (the holder's pid) is only for the message a second launch prints."""
+
+    def __init__(self, directory: str | Path):
+        self.path = Path(directory) / ".lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunLocked(f"{self.path.parent}: another run is writing here (pid {holder}); "
+                            f"wait for it or stop it first") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
 
 
 # ----------------------------------------------------------------------------------------------

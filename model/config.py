@@ -258,6 +258,14 @@ class TrainConfig:
     """Intra-op CPU threads of torch for the run (0 = torch's default, one per core). Where the
     cores are shared with other jobs, 1 avoids OpenMP threads waiting at barriers for a busy
     core (measured here: a small model trained ~10x slower with 2 threads than with 1)."""
+    diverge_after: int = 20
+    """The run counts as diverged (exit 3, no model published; a result in a search trial or an
+    ablation arm) after this many consecutive non-finite steps (fp16 loss-scale overflows, which
+    the scaler handles, do not count). 0 = never. Checked at log points, so it fires up to
+    ``log_every`` steps late, without a host sync per step."""
+    diverge_loss: float = 0.0
+    """The run also counts as diverged once the training loss exceeds this (0 = no bound); e.g.
+    a little above ln(vocab_size), the loss of a uniform guess."""
 
 
 @dataclass(frozen=True)
@@ -429,6 +437,8 @@ def _check_values(c: Config) -> None:
     _positive("train.eval_batches", t.eval_batches)
     _non_negative("train.num_workers", t.num_workers)
     _non_negative("train.cpu_threads", t.cpu_threads)
+    _non_negative("train.diverge_after", t.diverge_after)
+    _non_negative("train.diverge_loss", t.diverge_loss)
     _non_negative("schedule.warmup_steps", c.schedule.warmup_steps)
     if c.schedule.warmup_steps > t.steps:
         raise ConfigError(f"schedule.warmup_steps: {c.schedule.warmup_steps} exceeds "

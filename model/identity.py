@@ -26,12 +26,16 @@ from model.config import Config, ConfigError, flatten
 IDENTITY_SECTIONS = ("tokenizer", "model", "mup", "optim", "schedule", "precision", "train")
 """Config sections that shape a training run's numbers."""
 
-CADENCE_KEYS = frozenset({
+NOT_IDENTITY = frozenset({
     "train.log_every", "train.layer_stats_every", "train.eval_every",
     "train.num_workers", "train.pin_memory", "train.cpu_threads",
+    "train.diverge_after", "train.diverge_loss",
 })
-"""Inside those sections, keys that change how often things are observed or how fast they run,
-never what is computed: a change of these resumes the run."""
+"""Inside those sections, keys that change how often a run is observed, how fast it runs, or when
+it is declared diverged, never what a step computes: a change of these resumes the run."""
+
+RESUMABLE = tuple(sorted(NOT_IDENTITY))
+"""Keys that may differ when a run resumes its own checkpoint (the identity fixes the rest)."""
 
 LOADABLE = (
     "optim.*", "schedule.*", "precision.*", "train.*", "model.z_loss", "model.dropout",
@@ -54,7 +58,7 @@ def identity_config(cfg: Config) -> dict[str, Any]:
     """The flat config keys that are part of the identity, sorted."""
     flat = cfg.to_flat_dict()
     return {k: flat[k] for k in sorted(flat)
-            if k.split(".", 1)[0] in IDENTITY_SECTIONS and k not in CADENCE_KEYS}
+            if k.split(".", 1)[0] in IDENTITY_SECTIONS and k not in NOT_IDENTITY}
 
 
 def run_identity(cfg: Config, data: Mapping[str, str], parent: str | None = None,

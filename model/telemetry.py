@@ -36,7 +36,7 @@ class Telemetry:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.totals = torch.zeros(2, device=device)  # skipped, overflow steps since step 0
+        self.totals = torch.zeros(3, device=device)  # skipped, overflow, vetoed steps since step 0
         self._reset_interval()
 
     def _reset_interval(self) -> None:
@@ -48,13 +48,13 @@ class Telemetry:
 
     @torch.no_grad()
     def add(self, loss: torch.Tensor, z_loss: torch.Tensor, grad_norm: torch.Tensor,
-            skipped: torch.Tensor, overflow: torch.Tensor, tokens: int) -> None:
+            skipped: torch.Tensor, overflow: torch.Tensor, vetoed: torch.Tensor, tokens: int) -> None:
         values = torch.stack([loss, z_loss, grad_norm]).float()  # (3,)
         finite = torch.isfinite(values)  # a non-finite step must not poison the interval mean
         self.sums += torch.where(finite, values, 0.0)
         self.counts += finite
         self.maxes = torch.maximum(self.maxes, torch.where(finite, values, float("-inf")))
-        self.totals += torch.stack([skipped, overflow]).float()
+        self.totals += torch.stack([skipped, overflow, vetoed]).float()
         self.timed_tokens += tokens
 
     def drain(self, extra: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -64,7 +64,8 @@ class Telemetry:
         tensors = {
             **{f"train/{name}": means[i] for i, name in enumerate(_PER_STEP)},
             "train/loss_max": self.maxes[0], "train/grad_norm_max": self.maxes[2],
-            "train/skipped": self.totals[0], "train/overflows": self.totals[1], **extra,
+            "train/skipped": self.totals[0], "train/overflows": self.totals[1],
+            "train/vetoed": self.totals[2], **extra,
         }
         metrics = to_floats(tensors)
         metrics["train/tokens_per_s"] = self.timed_tokens / (time.perf_counter() - self.timer_start)

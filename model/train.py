@@ -1,15 +1,21 @@
-"""The training step, the loop around it, and ``train()``, the one entry point stages call.
+"""The training step, the loop around it, and ``train()``, the entry point a bare box calls.
 
-    train_step   one optimizer step: forward/backward over the micro-batches (precision context,
-                 loss scaling), unscale, optional gradient multiplier, pre-clip global norm,
-                 clipping, a non-finite guard decided on the device, AdamW.
-    Trainer      the loop: schedule, data, telemetry, evaluation, callbacks, checkpoint state,
-                 resume, preemption.
-    train()      build a Trainer, resume if a checkpoint exists, run, return a summary dict.
+    TrainModule  the step (OLMo-core's TrainModule): forward/backward over the micro-batches
+                 (precision context, loss scaling), unscale, gradient multiplier, pre-clip global
+                 norm; then, apart, the optimizer step: clipping, a skip decided on the device
+                 (non-finite values or a callback's veto), AdamW, loss-scale update.
+    Trainer      the loop: schedule, data, callbacks and their events, telemetry, evaluation,
+                 checkpoint state, explicit and selective loading, typed stops.
+    train()      one run in a locked directory: resume or start, run, return the summary.
 
 With the fused AdamW that ``optim.implementation: auto`` selects, nothing in a step waits on the
 host except at log, stats and eval points (one sync each); foreach/loop AdamW adds one per step
-(the non-finite guard's decision).
+(the skip decision). Callbacks see device tensors and must keep it so (see model/callbacks.py).
+
+How a run ends is typed (model/stops.py): ``run()`` returns a summary whose ``status`` is
+completed, stopped (a callback asked, with a reason) or diverged (``train.diverge_after`` /
+``train.diverge_loss``), and raises :class:`Preempted` after SIGTERM/SIGINT once the step's
+checkpoint is written.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import json
 import random
 import signal
@@ -32,36 +39,34 @@ import torch
 import yaml
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
-from model.callbacks import Callback, CSVLogger, ProgressBar, RunInfo
-from model.checkpoint import Checkpointer, capture_rng, load_checkpoint, load_latest, restore_rng
-from model.config import Config, OptimConfig, load_config
+from model.callbacks import Callback, CSVLogger, ProgressBar, RunInfo, callback_name
+from model.checkpoint import (Checkpointer, CheckpointError, RunLock, capture_rng, load_checkpoint,
+                              load_latest, remove_orphans, restore_rng)
+from model.config import Config, ConfigError, load_config
 from model.data import TokenLoader, open_tokens
 from model.flops import mfu, model_flops_per_token, peak_flops
 from model.gpt import GPT
-from model.optim import build_adamw, lr_at, set_lr
+from model.identity import LOADABLE, RESUMABLE, check_loadable, run_identity
+from model.optim import build_adamw, lr_at, param_groups, set_lr
 from model.precision import Precision, resolve_precision
+from model.stops import Preempted, RunStatus
 from model.telemetry import (Telemetry, layer_grad_norms, optimizer_norms, record_forward_stats,
                              to_floats)
 
-PREEMPTED_EXIT_CODE = 75
-"""Exit status after a preemption checkpoint: EX_TEMPFAIL (sysexits.h), "try again"; rerunning
-the same command resumes."""
+CHECKPOINT_FORMAT = 2
+"""2: checkpoints carry the run identity; format-1 files (no identity) are never resumed."""
 
-CHECKPOINT_FORMAT = 1
-
-
-class Preempted(SystemExit):
-    """Raised by the loop after SIGTERM/SIGINT once the checkpoint of the current step is written.
-    Left uncaught, the process exits with PREEMPTED_EXIT_CODE."""
-
-    def __init__(self, step: int):
-        super().__init__(PREEMPTED_EXIT_CODE)
-        self.step = step
+Batch = tuple[torch.Tensor, torch.Tensor]  # (x, y), each (B, T) token ids
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto``: CUDA when available. An explicit device that is not there is a ConfigError, raised
+    before a stage touches anything."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device: 'cuda' is not available on this machine (torch "
+                          f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use auto or cpu")
     return torch.device(name)
 
 
@@ -70,69 +75,173 @@ def resolve_device(name: str) -> torch.device:
 # ----------------------------------------------------------------------------------------------
 
 
-class StepResult(NamedTuple):
-    """Device tensors (no host sync); flags are bool scalars."""
+class PendingStep:
+    """A step between backward and the optimizer update, as ``on_before_optimizer`` sees it.
+    Every field is a device tensor: reading one on the host (``.item()``, ``bool()``) costs a sync
+    per step, which the hot path must not have; decide on the device and call :meth:`veto`."""
 
-    loss: torch.Tensor        # mean cross-entropy over the micro-batches
-    z_loss: torch.Tensor      # mean z-loss term (0 when model.z_loss is 0)
-    grad_norm: torch.Tensor   # global gradient norm before clipping (unscaled, after grad_scale)
+    def __init__(self, step: int, loss: torch.Tensor, z_loss: torch.Tensor, grad_norm: torch.Tensor,
+                 layer_grad_norms: dict[str, torch.Tensor]):
+        self.step = step                  # the optimizer step this update would complete (1-based)
+        self.loss = loss                  # mean cross-entropy over the micro-batches
+        self.z_loss = z_loss              # mean z-loss term (0 when model.z_loss is 0)
+        self.grad_norm = grad_norm        # global pre-clip norm (unscaled, after the grad multiplier)
+        self.layer_grad_norms = layer_grad_norms  # per layer, at layer-stats steps only
+        self.vetoed = torch.zeros((), dtype=torch.bool, device=loss.device)
+
+    def veto(self, condition: torch.Tensor | bool = True) -> None:
+        """Skip the optimizer update where ``condition`` holds (a bool scalar tensor): weights and
+        Adam state stay bitwise untouched. Vetoes of several callbacks combine with OR."""
+        self.vetoed = self.vetoed | torch.as_tensor(condition, device=self.vetoed.device)
+
+
+class StepResult(NamedTuple):
+    """What a step did, as device tensors (no host sync); flags are bool scalars."""
+
+    loss: torch.Tensor
+    z_loss: torch.Tensor
+    grad_norm: torch.Tensor
     skipped: torch.Tensor     # non-finite loss or gradient: weights and Adam state untouched
     overflow: torch.Tensor    # fp16 loss-scale overflow (also untouched; counted apart from skipped)
+    vetoed: torch.Tensor      # a callback vetoed a finite update (untouched too)
     update_ratio: torch.Tensor | None          # ‖Δθ‖/‖θ‖ of this step, when asked for
-    layer_grad_norms: dict[str, torch.Tensor]  # per-layer pre-clip norms, when asked for
+    layer_grad_norms: dict[str, torch.Tensor]
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-               precision: Precision, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-               clip: float, grad_scale: float = 1.0, watch_update: bool = False,
-               watch_layers: bool = False) -> StepResult:
-    """One optimizer step over ``micro_batches`` [(x, y), each (B, T)] with gradient accumulation.
-    The learning rate is whatever the param groups hold (the loop sets it)."""
-    optimizer.zero_grad(set_to_none=True)
-    n = len(micro_batches)
-    ce_sum = z_sum = torch.zeros((), device=micro_batches[0][0].device)
-    for x, y in micro_batches:
-        with precision.autocast():
-            _, ce, z = model(x, y)
-        scaler.scale((ce + z) / n).backward()
-        ce_sum, z_sum = ce_sum + ce.detach(), z_sum + z.detach()
-    loss, z_loss = ce_sum / n, z_sum / n
+class TrainModule:
+    """The model, its optimizer and loss scaler, and the two halves of a step. The learning rate is
+    whatever the param groups hold (the loop sets it)."""
 
-    scaler.unscale_(optimizer)  # no-op unless fp16 loss scaling
-    params = [p for p in model.parameters() if p.grad is not None]
-    grads = [p.grad for p in params]
-    if grad_scale != 1.0:  # spike-injection hook; applied before the norm so the norm shows it
-        for g in grads:
-            g.mul_(grad_scale)
-    grad_norm = get_total_norm(grads)
-    layer_norms = layer_grad_norms(model) if watch_layers else {}
-    if clip > 0:
-        clip_grads_with_norm_(params, clip, grad_norm)
+    def __init__(self, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                 precision: Precision, clip: float, compiled: torch.nn.Module | None = None):
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.precision, self.clip = precision, clip
+        self.compiled = compiled  # torch.compile(model), or None
 
-    grads_finite = torch.isfinite(grad_norm)
-    overflow = ~grads_finite if scaler.is_enabled() else torch.zeros_like(grads_finite)
-    bad = ~(grads_finite & torch.isfinite(loss + z_loss))
-    before = [p.detach().clone() for p in params] if watch_update else None
-    _guarded_step(optimizer, bad)
-    scaler.update()  # backs the loss scale off after an overflow, grows it after a clean stretch
-    ratio = None
-    if before is not None:
-        with torch.no_grad():
-            ratio = get_total_norm([p - b for p, b in zip(params, before)]) / get_total_norm(before)
-    return StepResult(loss, z_loss, grad_norm, bad & ~overflow, overflow, ratio, layer_norms)
+    def forward_backward(self, step: int, batches: Sequence[Batch], grad_scale: float = 1.0,
+                         eager: bool = False, watch_layers: bool = False) -> PendingStep:
+        """Accumulate gradients over ``batches``; unscale, multiply by ``grad_scale`` (before the
+        norm, so the norm shows it), and take the global pre-clip norm."""
+        model = self.model if eager or self.compiled is None else self.compiled
+        self.optimizer.zero_grad(set_to_none=True)
+        device = self._device()
+        ce_sum = z_sum = torch.zeros((), device=device)
+        for x, y in batches:
+            with self.precision.autocast():
+                _, ce, z = model(x, y)
+            self.scaler.scale((ce + z) / len(batches)).backward()
+            ce_sum, z_sum = ce_sum + ce.detach(), z_sum + z.detach()
+        n = max(1, len(batches))
+        self.scaler.unscale_(self.optimizer)  # no-op unless fp16 loss scaling
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grad_scale != 1.0:
+            torch._foreach_mul_(grads, grad_scale)
+        grad_norm = get_total_norm(grads) if grads else torch.zeros((), device=device)
+        layer_norms = layer_grad_norms(self.model) if watch_layers else {}
+        return PendingStep(step, ce_sum / n, z_sum / n, grad_norm, layer_norms)
+
+    def optimizer_step(self, pending: PendingStep, watch_update: bool = False) -> StepResult:
+        """Clip and update, unless the step is non-finite or vetoed (decided on the device)."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.clip > 0 and params:
+            clip_grads_with_norm_(params, self.clip, pending.grad_norm)
+        grads_finite = torch.isfinite(pending.grad_norm)
+        overflow = ~grads_finite if self.scaler.is_enabled() else torch.zeros_like(grads_finite)
+        nonfinite = ~(grads_finite & torch.isfinite(pending.loss + pending.z_loss))
+        before = [p.detach().clone() for p in params] if watch_update else None
+        _guarded_step(self.optimizer, nonfinite | pending.vetoed)
+        self.scaler.update()  # backs the loss scale off after an overflow, grows it after a clean stretch
+        ratio = None
+        if before is not None:
+            with torch.no_grad():
+                ratio = get_total_norm([p - b for p, b in zip(params, before)]) / get_total_norm(before)
+        return StepResult(pending.loss, pending.z_loss, pending.grad_norm, nonfinite & ~overflow,
+                          overflow, pending.vetoed & ~nonfinite, ratio, pending.layer_grad_norms)
+
+    def step(self, step: int, batches: Sequence[Batch], watch_update: bool = False) -> StepResult:
+        """Both halves with no callback in between (benchmarks, simple loops)."""
+        return self.optimizer_step(self.forward_backward(step, batches), watch_update)
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def apply_hyperparameters(self, cfg: Config) -> None:
+        """Put the current config's AdamW settings (β₁, β₂, ε, weight decay, μP multipliers) into
+        the param groups: ``optimizer.load_state_dict`` restores the saved run's values."""
+        wanted = {g["name"]: g for g in param_groups(self.model, cfg.optim)}
+        for group in self.optimizer.param_groups:
+            spec = wanted[group["name"]]
+            group.update(betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
+                         weight_decay=spec["weight_decay"], lr_mult=spec["lr_mult"])
 
 
-def _guarded_step(optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> None:
-    """Step unless ``bad``. Fused AdamW takes ``found_inf`` (the GradScaler protocol) and skips on
+def _guarded_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """Step unless ``skip``. Fused AdamW takes ``found_inf`` (the GradScaler protocol) and skips on
     the device: no update, no moment change, step count restored. Other kernels need one host sync."""
     if optimizer.defaults.get("fused"):
-        optimizer.found_inf = bad.float()
+        optimizer.found_inf = skip.float()
         try:
             optimizer.step()
         finally:
             del optimizer.found_inf
-    elif not bad.item():
+    elif not skip.item():
         optimizer.step()
+
+
+# ----------------------------------------------------------------------------------------------
+# Divergence, decided on the device
+# ----------------------------------------------------------------------------------------------
+
+
+class DivergenceRule:
+    """``train.diverge_after`` consecutive non-finite steps, or the loss above ``train.diverge_loss``.
+    Tracked with device tensors; :meth:`diverged_at` is read at log points only."""
+
+    def __init__(self, after: int, max_loss: float, device: torch.device):
+        self.after, self.max_loss = after, max_loss
+        self.streak = torch.zeros((), dtype=torch.long, device=device)
+        self.first = torch.full((), -1, dtype=torch.long, device=device)  # step it fired, or -1
+
+    @torch.no_grad()
+    def update(self, step: int, result: StepResult) -> None:
+        self.streak = torch.where(result.skipped, self.streak + 1, 0)
+        hit = (self.streak >= self.after) if self.after > 0 else torch.zeros_like(result.skipped)
+        if self.max_loss > 0:
+            hit = hit | (result.loss > self.max_loss)
+        self.first = torch.where((self.first < 0) & hit, step, self.first)
+
+    def diverged_at(self) -> int | None:
+        first = int(self.first)  # the one host sync, at a log point
+        return first if first >= 0 else None
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"streak": self.streak, "first": self.first}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.streak, self.first = (state[k].to(self.first.device) for k in ("streak", "first"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Selective loading
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """What to take from a checkpoint. Everything (the default) is a bitwise continuation; a run
+    started from another run's checkpoint may take less, e.g. ``Load.weights_only()``."""
+
+    weights: bool = True
+    optimizer: bool = True    # Adam moments and step counts (then the current hyperparameters apply)
+    scaler: bool = True       # fp16 loss scale and its growth tracker
+    loader: bool = True       # data position
+    rng: bool = True          # torch, CUDA, numpy and Python RNG states
+    step: bool = True         # the step counter (so the LR schedule), telemetry sums, last metrics
+    callbacks: bool = True    # each named callback's state
+
+    @classmethod
+    def weights_only(cls) -> Load:
+        return cls(optimizer=False, scaler=False, loader=False, rng=False, step=False, callbacks=False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,47 +255,75 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-class Trainer:
-    """Owns the model, optimizer, loss scaler, loaders, telemetry and callbacks of one run.
+def tokens_digest(tokens: np.ndarray) -> str:
+    """Content hash of a token array, for the identity of runs not given one (tests, benchmarks)."""
+    return hashlib.sha256(np.ascontiguousarray(tokens).view(np.uint8)).hexdigest()
 
-    Callbacks see the trainer in on_step_start/on_step_end. Per-step hooks for spike injection
-    and recovery, both reset to 1.0 before every on_step_start:
-      lr_scale     multiplies this step's scheduled learning rate
-      grad_scale   multiplies this step's gradients (before the norm and clipping)
-    and ``loader.skip(n)`` skips batches. ``stop_requested`` (set by SIGTERM/SIGINT or a callback)
-    ends the run after the current step with a checkpoint and :class:`Preempted`.
+
+class Trainer:
+    """Owns the train module, loaders, telemetry and callbacks of one run.
+
+    Per-step controls for callbacks (all reset before every ``on_step_start``):
+      scale_lr(f), scale_grad(f)   multiply this step's scheduled LR / gradients; factors from
+                                   several callbacks compose by multiplication
+      request_eager()              run this step uncompiled (forward hooks need it)
+      request_stop(reason)         end the run after this step: checkpoint, status ``stopped``
+      loader.skip(n)               skip n batches of the training stream
     """
 
     def __init__(self, cfg: Config, train_tokens: np.ndarray, val_tokens: np.ndarray,
-                 callbacks: Sequence[Callback] = (), checkpoint_dir: str | Path | None = None):
+                 callbacks: Sequence[Any] = (), checkpoint_dir: str | Path | None = None,
+                 identity: str | None = None):
         self.cfg = cfg
         t = cfg.train
         self.device = resolve_device(t.device)
         if t.cpu_threads:
             torch.set_num_threads(t.cpu_threads)
         seed_everything(t.seed)
-        self.model = GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size).to(self.device)
-        self.forward_model = torch.compile(self.model) if t.compile else self.model
-        self.optimizer = build_adamw(self.model, cfg.optim)
-        self.precision = resolve_precision(cfg.precision, self.device.type)
-        self.scaler = self.precision.grad_scaler(cfg.precision)
+        self.identity = identity or run_identity(
+            cfg, {"train": tokens_digest(train_tokens), "val": tokens_digest(val_tokens)}).digest
+        model = GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size).to(self.device)
+        precision = resolve_precision(cfg.precision, self.device.type)
+        self.module = TrainModule(model, build_adamw(model, cfg.optim), precision.grad_scaler(cfg.precision),
+                                  precision, cfg.optim.grad_clip, torch.compile(model) if t.compile else None)
+        self.model, self.optimizer, self.scaler, self.precision = model, self.module.optimizer, \
+            self.module.scaler, precision
         self.loader = TokenLoader(train_tokens, cfg.model.seq_len, t.batch_size, t.seed,
                                   t.num_workers, t.pin_memory)
         self.val_loader = TokenLoader(val_tokens, cfg.model.seq_len, t.batch_size, t.seed)
         self.telemetry = Telemetry(self.device)
+        self.divergence = DivergenceRule(t.diverge_after, t.diverge_loss, self.device)
         self.checkpointer = (Checkpointer(checkpoint_dir, cfg.checkpoint, t.steps)
                              if checkpoint_dir is not None else None)
-        self.callbacks = sorted([*callbacks, *([self.checkpointer] if self.checkpointer else [])],
-                                key=lambda cb: getattr(cb, "order", Callback.order))  # stable sort
+        self.callbacks = _ordered([*callbacks, *([self.checkpointer] if self.checkpointer else [])])
         self.tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len
         self.flops_per_token = model_flops_per_token(self.model)
         self.peak_flops = peak_flops(self.device)
         self.step = 0
-        self.lr_scale = self.grad_scale = 1.0
-        self.stop_requested = False  # set by a signal or a callback, at any time
-        self.stopping = False  # stop_requested as of the end of the current step; Checkpointer reads it
+        self.stop_reason: str | None = None  # set by a callback; ends the run after the step
+        self.signalled = False               # set by SIGTERM/SIGINT, at any time
+        self.stopping = False  # a stop as of the end of the current step; the Checkpointer reads it
         self.resumed_from: Path | None = None
         self.last_metrics: dict[str, float] = {}  # newest value of every metric, for the summary
+        self._reset_step_controls()
+
+    # -- controls for callbacks ----------------------------------------------------------------
+
+    def _reset_step_controls(self) -> None:
+        self.lr_factor = self.grad_factor = 1.0
+        self.eager_requested = False
+
+    def scale_lr(self, factor: float) -> None:
+        self.lr_factor *= factor
+
+    def scale_grad(self, factor: float) -> None:
+        self.grad_factor *= factor
+
+    def request_eager(self) -> None:
+        self.eager_requested = True
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = self.stop_reason or reason
 
     def fire(self, hook: str, *args: Any) -> None:
         """Call ``hook`` on every callback that has it (duck typing: subclassing Callback is optional)."""
@@ -197,22 +334,11 @@ class Trainer:
 
     # -- state ---------------------------------------------------------------------------------
 
-    def _stateful_callbacks(self) -> list[tuple[str, Callback]]:
-        """Callbacks with state, named by class (#k for the k-th repeat of a class)."""
-        seen: dict[str, int] = {}
-        keyed = []
-        for cb in self.callbacks:
-            if not hasattr(cb, "state_dict"):
-                continue
-            name = type(cb).__name__
-            seen[name] = seen.get(name, -1) + 1
-            keyed.append((name if seen[name] == 0 else f"{name}#{seen[name]}", cb))
-        return keyed
-
     def snapshot(self) -> dict[str, Any]:
         """Everything a bitwise-identical continuation needs, as weights_only-loadable values."""
         return {
             "format": CHECKPOINT_FORMAT,
+            "identity": self.identity,
             "step": self.step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -220,62 +346,93 @@ class Trainer:
             "rng": capture_rng(),
             "loader": self.loader.state_dict(),
             "telemetry": self.telemetry.state_dict(),
+            "divergence": self.divergence.state_dict(),
             "last_metrics": self.last_metrics,
-            "callbacks": {key: cb.state_dict() for key, cb in self._stateful_callbacks()},
+            "callbacks": {callback_name(cb): cb.state_dict() for cb in self.callbacks if hasattr(cb, "state_dict")},
             "config": dataclasses.asdict(self.cfg),
         }
 
-    def restore(self, state: dict[str, Any], source: Path) -> None:
+    def load(self, state: dict[str, Any], source: Path, what: Load = Load(),
+             allowed: Sequence[str] = RESUMABLE) -> None:
+        """Take ``what`` from a checkpoint's ``state``. Config keys outside ``allowed`` must match
+        (else a ConfigError names them); after optimizer state is loaded, the current config's
+        hyperparameters apply."""
         if state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{source}: checkpoint format {state.get('format')!r}, expected {CHECKPOINT_FORMAT}")
-        _warn_config_changes(state["config"], dataclasses.asdict(self.cfg), source)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if state["scaler"]:  # empty when the saving run had no loss scaling
+            raise CheckpointError(f"{source}: checkpoint format {state.get('format')!r}, expected {CHECKPOINT_FORMAT}")
+        changed = check_loadable(state["config"], self.cfg, str(source), allowed)
+        if what.weights:
+            self.model.load_state_dict(state["model"])
+        if what.optimizer:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.module.apply_hyperparameters(self.cfg)
+        if what.scaler and state["scaler"]:  # empty when the saving run had no loss scaling
             self.scaler.load_state_dict(state["scaler"])
-        self.loader.load_state_dict(state["loader"])
-        self.telemetry.load_state_dict(state["telemetry"])
-        self.last_metrics = dict(state["last_metrics"])
-        for key, cb in self._stateful_callbacks():
-            if key in state["callbacks"]:
-                cb.load_state_dict(state["callbacks"][key])
-        restore_rng(state["rng"])
-        self.step, self.resumed_from = state["step"], source
-        print(f"spikelab: resumed from {source} at step {self.step}", file=sys.stderr, flush=True)
+        if what.loader:
+            self.loader.load_state_dict(state["loader"])
+        if what.step:
+            self.step = state["step"]
+            self.telemetry.load_state_dict(state["telemetry"])
+            self.divergence.load_state_dict(state["divergence"])
+            self.last_metrics = dict(state["last_metrics"])
+        if what.callbacks:
+            for cb in self.callbacks:
+                key = callback_name(cb)
+                if hasattr(cb, "load_state_dict") and key in state["callbacks"]:
+                    cb.load_state_dict(state["callbacks"][key])
+        if what.rng:
+            restore_rng(state["rng"])
+        self.resumed_from = source
+        note = f" (config differs in {', '.join(changed)})" if changed else ""
+        print(f"spikelab: loaded {source} at step {state['step']}{note}", file=sys.stderr, flush=True)
 
-    def resume(self, init_from: str | Path | None = None) -> None:
-        """Continue from the newest valid checkpoint of this run; without one, start from
-        ``init_from`` (e.g. a pretraining milestone) if given."""
-        latest = load_latest(self.checkpointer.directory) if self.checkpointer else None
+    def resume(self) -> bool:
+        """Continue from the newest valid checkpoint of this run's identity, if any."""
+        if self.checkpointer is None:
+            return False
+        latest = load_latest(self.checkpointer.directory, self.identity)
         if latest is not None:
-            self.restore(latest[1], latest[0])
-        elif init_from is not None:
-            self.restore(load_checkpoint(Path(init_from)), Path(init_from))
+            self.load(latest[1], latest[0])
+        return latest is not None
+
+    def start_from(self, path: str | Path, what: Load = Load(), allowed: Sequence[str] | None = None) -> None:
+        """Start this run from another run's checkpoint (a pretraining milestone, say), taking
+        ``what``; the config may differ from the saved one in ``identity.LOADABLE`` keys."""
+        path = Path(path)
+        self.load(load_checkpoint(path), path, what, LOADABLE if allowed is None else allowed)
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def run(self) -> dict[str, Any]:
-        """Train from ``self.step`` to ``train.steps``; returns the summary (see :func:`train`)."""
+    def run(self, until: int | None = None) -> dict[str, Any]:
+        """Train from ``self.step`` to ``until`` (default ``train.steps``); returns the summary
+        (see :func:`train`). Raises :class:`Preempted` after SIGTERM/SIGINT. ``on_error`` fires
+        for any other exception, ``on_close`` always."""
+        end = until or self.cfg.train.steps
         self.fire("on_train_start", self.cfg.to_flat_dict(), self._run_info())
         start_step, self.eval_seconds = self.step, 0.0
         self.start_time = time.perf_counter()
-        with _stop_on_signals(self):
-            while self.step < self.cfg.train.steps:
-                self._advance()
-                if self.stopping:
-                    summary = self._summary(start_step, preempted=True)
-                    self.fire("on_train_end", summary)
-                    raise Preempted(self.step)
-        summary = self._summary(start_step, preempted=False)
-        self.fire("on_train_end", summary)
-        return summary
+        status: RunStatus = "completed"
+        try:
+            with _stop_on_signals(self):
+                while self.step < end and status == "completed":
+                    status = self._advance()
+            summary = self._summary(start_step, status)
+            self.fire("on_train_end", summary)
+            if status == "preempted":
+                raise Preempted(self.step, "SIGTERM/SIGINT")
+            return summary
+        except BaseException as e:
+            if not isinstance(e, Preempted):
+                self.fire("on_error", self, e)
+            raise
+        finally:
+            self.fire("on_close", self)
 
-    def _advance(self) -> None:
-        """One step and everything due after it: logs, stats, evaluation, callbacks."""
+    def _advance(self) -> RunStatus:
+        """One step and everything due after it; returns the run's status after the step."""
         t, total = self.cfg.train, self.cfg.train.steps
-        self.lr_scale = self.grad_scale = 1.0
+        self._reset_step_controls()
         self.fire("on_step_start", self)
-        lr = lr_at(self.step, self.cfg.optim.lr, total, self.cfg.schedule) * self.lr_scale
+        lr = lr_at(self.step, self.cfg.optim.lr, total, self.cfg.schedule) * self.lr_factor
         set_lr(self.optimizer, lr)
         step = self.step + 1
         log_now = step % t.log_every == 0 or step == total
@@ -283,15 +440,25 @@ class Trainer:
         eval_now = (t.eval_every > 0 and step % t.eval_every == 0) or step == total
 
         batches = [self._next_batch(self.loader) for _ in range(t.grad_accum)]
+        for cb in self.callbacks:  # each may see, replace or drop the step's batches
+            hook = getattr(cb, "on_batch", None)
+            if hook is not None:
+                replaced = hook(self, batches)
+                batches = batches if replaced is None else list(replaced)
         # Stats steps run eagerly: forward hooks and the logit-max probe would break a compiled graph.
-        model = self.model if stats_now else self.forward_model
+        eager = stats_now or self.eager_requested
         with record_forward_stats(self.model) if stats_now else contextlib.nullcontext({}) as forward_stats:
-            result = train_step(model, self.optimizer, self.scaler, self.precision, batches,
-                                self.cfg.optim.grad_clip, self.grad_scale,
-                                watch_update=log_now, watch_layers=stats_now)
+            pending = self.module.forward_backward(step, batches, self.grad_factor, eager, watch_layers=stats_now)
+        if not batches:  # every batch dropped: nothing to learn from, the step is skipped
+            pending.veto()
+        self.fire("on_before_optimizer", self, pending)
+        result = self.module.optimizer_step(pending, watch_update=log_now)
         self.step = step
         self.telemetry.add(result.loss, result.z_loss, result.grad_norm, result.skipped,
-                           result.overflow, self.tokens_per_step)
+                           result.overflow, result.vetoed, self.tokens_per_step)
+        self.divergence.update(step, result)
+        self.fire("on_after_step", self, result)
+
         metrics = self._metrics_due(result, forward_stats, lr, log_now, stats_now)
         if eval_now:
             metrics["val/loss"] = self.evaluate()
@@ -300,8 +467,18 @@ class Trainer:
             self.fire("on_log", step, metrics)
         if eval_now:
             self.fire("on_eval", step, metrics["val/loss"])
-        self.stopping = self.stop_requested  # latched: a signal from here on stops after the next step
+        status = self._status_after(log_now)
+        self.stopping = status != "completed"  # latched: a signal from here on stops after the next step
         self.fire("on_step_end", self)
+        return status
+
+    def _status_after(self, log_now: bool) -> RunStatus:
+        if log_now and (at := self.divergence.diverged_at()) is not None:
+            self.stop_reason = self.stop_reason or f"diverged at step {at} (train.diverge_after/diverge_loss)"
+            return "diverged"
+        if self.signalled:
+            return "preempted"
+        return "stopped" if self.stop_reason else "completed"
 
     def _metrics_due(self, result: StepResult, forward_stats: dict[str, torch.Tensor], lr: float,
                      log_now: bool, stats_now: bool) -> dict[str, float]:
@@ -323,7 +500,7 @@ class Trainer:
             out["train/mfu"] = utilisation
         return out
 
-    def _next_batch(self, loader: TokenLoader) -> tuple[torch.Tensor, torch.Tensor]:
+    def _next_batch(self, loader: TokenLoader) -> Batch:
         # A DataLoader draws its base seed from the global RNG whenever an iterator is created (at
         # the first batch of a process, so after every resume); keep that draw out of the stream
         # dropout uses, or a resumed run would not be bitwise identical.
@@ -338,11 +515,12 @@ class Trainer:
         start = time.perf_counter()
         self.model.eval()
         self.val_loader.load_state_dict({"batches_served": 0, "seed": self.val_loader.seed})
+        model = self.module.compiled or self.model
         total = torch.zeros((), device=self.device)
         for _ in range(self.cfg.train.eval_batches):
             x, y = self._next_batch(self.val_loader)
             with self.precision.autocast():
-                _, ce, _ = self.forward_model(x, y)
+                _, ce, _ = model(x, y)
             total += ce
         self.model.train()
         loss = (total / self.cfg.train.eval_batches).item()
@@ -353,42 +531,65 @@ class Trainer:
         return RunInfo(
             device=str(self.device), precision=self.precision.describe(), start_step=self.step,
             total_steps=self.cfg.train.steps, tokens_per_step=self.tokens_per_step,
-            n_params=self.model.num_params(non_embedding=False),
+            n_params=self.model.num_params(non_embedding=False), identity=self.identity,
             checkpoint_dir=str(self.checkpointer.directory) if self.checkpointer else None,
             resumed_from=str(self.resumed_from) if self.resumed_from else None)
 
-    def _summary(self, start_step: int, preempted: bool) -> dict[str, Any]:
+    def _summary(self, start_step: int, status: RunStatus) -> dict[str, Any]:
         wall = time.perf_counter() - self.start_time
         checkpoint_s = self.checkpointer.seconds if self.checkpointer else 0.0
         tokens = (self.step - start_step) * self.tokens_per_step
         train_s = wall - self.eval_seconds
-        tokens_per_s = tokens / train_s if train_s > 0 else 0.0
+        tokens_per_s = tokens / train_s if train_s > 0 and tokens else None
         m = self.last_metrics
         return {
-            "steps": self.step, "start_step": start_step, "preempted": preempted,
+            "status": status, "stop_reason": self.stop_reason if status != "completed" else None,
+            "diverged_at": self.divergence.diverged_at(),
+            "steps": self.step, "start_step": start_step, "identity": self.identity,
             "final_loss": m.get("train/loss"), "val_loss": m.get("val/loss"),
             "skipped": int(m.get("train/skipped", 0)), "overflows": int(m.get("train/overflows", 0)),
+            "vetoed": int(m.get("train/vetoed", 0)),
             "tokens_per_s": tokens_per_s,  # training loop incl. telemetry and checkpoints, excl. eval
-            "mfu": mfu(tokens_per_s, self.flops_per_token, self.peak_flops),
+            "mfu": mfu(tokens_per_s, self.flops_per_token, self.peak_flops) if tokens_per_s else None,
             "wall_s": wall, "eval_s": self.eval_seconds, "checkpoint_s": checkpoint_s,
             "checkpoint_time_share": checkpoint_s / wall if wall > 0 else 0.0,
             "precision": self.precision.describe(), "device": str(self.device),
-            "resumed_from": str(self.resumed_from) if self.resumed_from else None,
+            "resumed_from": self.resumed_from.name if self.resumed_from else None,
+            "telemetry": final_telemetry(m),
         }
+
+
+def final_telemetry(metrics: dict[str, float]) -> dict[str, float]:
+    """The newest value of what people compare across runs: every ``train/*`` figure and the
+    largest attention logit over the sampled blocks."""
+    out = {k.removeprefix("train/"): v for k, v in metrics.items() if k.startswith("train/")}
+    logit_max = [v for k, v in metrics.items() if k.startswith("stats/attn_logit_max/")]
+    if logit_max:
+        out["attn_logit_max"] = max(logit_max)
+    return out
+
+
+def _ordered(callbacks: Sequence[Any]) -> list[Any]:
+    """Callbacks by ascending ``order`` (stable); two with one name would share checkpoint state."""
+    names = [callback_name(cb) for cb in callbacks]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"callbacks need distinct names (give each a `name`): {', '.join(duplicates)}")
+    return sorted(callbacks, key=lambda cb: getattr(cb, "order", Callback.order))
 
 
 @contextlib.contextmanager
 def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
-    """SIGTERM/SIGINT set ``trainer.stop_requested`` and restore the previous handlers, so a
-    second signal acts as usual. Signals reach only the main thread; elsewhere (a worker thread
-    of an orchestrator) nothing is installed."""
+    """SIGTERM/SIGINT set ``trainer.signalled`` and restore the previous handlers, so a second
+    signal acts as usual. Signals reach only the main thread; elsewhere (a worker thread of an
+    orchestrator) nothing is installed."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def request_stop(signum, frame):
-        trainer.stop_requested = True
+        trainer.signalled = True
         for s, handler in previous.items():
             signal.signal(s, handler)
 
@@ -401,49 +602,41 @@ def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def _warn_config_changes(saved: dict[str, Any], current: dict[str, Any], source: Path) -> None:
-    changed = _changed_keys(saved, current)
-    if changed:
-        print(f"spikelab: config differs from {source} in: {', '.join(changed)}", file=sys.stderr)
-
-
-def _changed_keys(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
-    out = []
-    for key, value in current.items():
-        if isinstance(value, dict):
-            out += _changed_keys(saved.get(key) or {}, value, f"{prefix}{key}.")
-        elif saved.get(key) != value:
-            out.append(prefix + key)
-    return out
-
-
 # ----------------------------------------------------------------------------------------------
 # Entry points
 # ----------------------------------------------------------------------------------------------
 
 
 def train(cfg: Config, train_tokens: np.ndarray, val_tokens: np.ndarray,
-          out_dir: str | Path | None = None, callbacks: Sequence[Callback] = (),
-          init_from: str | Path | None = None) -> dict[str, Any]:
+          out_dir: str | Path | None = None, callbacks: Sequence[Any] = (),
+          init_from: str | Path | None = None, load: Load = Load()) -> dict[str, Any]:
     """Train one model; returns a summary dict.
 
-    ``out_dir``: checkpoints go to ``<out_dir>/checkpoints`` and the run resumes from the newest
-    valid one; None (an LR-search trial, a benchmark) writes nothing. ``init_from``: a checkpoint
-    to start from when ``out_dir`` has none. After SIGTERM/SIGINT the current step finishes, a
-    checkpoint is written and :class:`Preempted` (exit code 75) is raised.
+    ``out_dir``: the run directory, locked for the run; checkpoints go to ``<out_dir>/checkpoints``
+    and the run resumes from the newest valid one of its identity. None (an LR-search trial, a
+    benchmark) writes nothing. ``init_from``: a checkpoint to start from (taking ``load``) when
+    the run has none of its own. After SIGTERM/SIGINT the current step finishes, a checkpoint is
+    written and :class:`Preempted` (exit code 75) is raised.
 
-    Summary: steps, start_step, preempted, final_loss (last logged train loss), val_loss,
-    skipped, overflows, tokens_per_s (excluding evaluation), mfu (None off known GPUs), wall_s,
-    eval_s, checkpoint_s, checkpoint_time_share, precision, device, resumed_from.
+    Summary: status (completed | stopped | diverged), stop_reason, diverged_at, steps, start_step,
+    identity, final_loss (last logged train loss), val_loss, skipped, overflows, vetoed,
+    tokens_per_s (excluding evaluation; None when no step ran), mfu (None off known GPUs), wall_s,
+    eval_s, checkpoint_s, checkpoint_time_share, precision, device, resumed_from (file name),
+    telemetry (the final train/* figures and the max attention logit).
     """
-    checkpoint_dir = Path(out_dir) / "checkpoints" if out_dir is not None else None
-    trainer = Trainer(cfg, train_tokens, val_tokens, callbacks, checkpoint_dir)
-    trainer.resume(init_from)
-    return trainer.run()
+    with RunLock(out_dir) if out_dir is not None else contextlib.nullcontext():
+        checkpoint_dir = Path(out_dir) / "checkpoints" if out_dir is not None else None
+        if checkpoint_dir is not None:
+            remove_orphans(checkpoint_dir)
+        trainer = Trainer(cfg, train_tokens, val_tokens, callbacks, checkpoint_dir)
+        if not trainer.resume() and init_from is not None:
+            trainer.start_from(init_from, load)
+        return trainer.run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m model.train``: one run on a bare box (no orchestration, no tracking)."""
+    from model.stops import EXIT_CODES
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--params", default="params.yaml", help="params.yaml (default: %(default)s)")
     p.add_argument("--profile", help="overlay in profiles/ (default: the file's `profile` key)")
@@ -461,7 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = train(cfg, open_tokens(args.train_tokens, args.dtype), open_tokens(args.val_tokens, args.dtype),
                     out, [ProgressBar(), CSVLogger(out / "plots")])
     print(json.dumps(summary, indent=2))
-    return 0
+    return EXIT_CODES[summary["status"]]
 
 
 if __name__ == "__main__":

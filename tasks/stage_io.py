@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -47,8 +48,14 @@ TOKENIZER_FILE = "tokenizer.json"
 MANIFEST = TOKENS_DIR / "manifest.json"
 """What the trainer reads: vocab size, dtype, shard paths (relative to it), counts and hashes."""
 
-PRETRAIN_CHECKPOINTS = Path("runs/pretrain/checkpoints")
-"""pretrain: scheduled checkpoints, a persistent out (a preempted run resumes from them)."""
+PRETRAIN_RUN = Path("runs/pretrain")
+"""pretrain: the run directory, locked while a run writes (not a DVC out itself)."""
+PRETRAIN_CHECKPOINTS = PRETRAIN_RUN / "checkpoints"
+"""pretrain: scheduled checkpoints, the run's identity and last summary; a persistent out (a
+preempted run resumes from them)."""
+PRETRAIN_SET_ASIDE = PRETRAIN_RUN / "set-aside"
+"""pretrain: checkpoint folders of earlier run identities, moved here (never deleted) when the
+training config or data change; ``<identity>/``."""
 PRETRAIN_MODEL = Path("models/pretrain.pt")
 """pretrain: final weights and the resolved config (``torch.load(weights_only=True)``)."""
 PRETRAIN_METRICS = Path("metrics/pretrain.json")
@@ -108,7 +115,19 @@ def _remove(path: Path) -> None:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    """Strict JSON (RFC 8259): NaN and infinities, which JSON cannot hold, become null."""
+    path.write_text(json.dumps(_finite_or_null(data), indent=2, sort_keys=True, allow_nan=False,
+                               default=str) + "\n", encoding="utf-8")
+
+
+def _finite_or_null(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -20,7 +20,8 @@ import yaml
 from model.callbacks import Callback, CSVLogger
 from model.checkpoint import (capture_rng, list_checkpoints, load_checkpoint, load_latest,
                               restore_rng, save_checkpoint)
-from model.train import PREEMPTED_EXIT_CODE, Preempted, main, train
+from model.stops import EXIT_CODES, Preempted
+from model.train import main, train
 from trainer_kit import Recorder, float_bits, markov_tokens, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +36,17 @@ class StopAt(Callback):
 
     def on_step_start(self, trainer) -> None:
         if trainer.step + 1 == self.step:
-            trainer.stop_requested = True
+            trainer.signalled = True
+
+
+def _identity_of(checkpoint_dir: Path) -> str:
+    """The run identity recorded in the newest checkpoint file that loads."""
+    for _, path in reversed(list_checkpoints(checkpoint_dir)):
+        try:
+            return load_checkpoint(path)["identity"]
+        except Exception:
+            continue
+    raise AssertionError(f"no loadable checkpoint in {checkpoint_dir}")
 
 
 def _logged(rec: Recorder) -> list[tuple[int, str, float]]:
@@ -55,7 +66,7 @@ def test_stopped_and_resumed_run_is_bitwise_identical_to_uninterrupted_run(tmp_p
     first, second = Recorder(), Recorder()
     with pytest.raises(Preempted) as stopped:
         train(cfg, TOKENS, VAL, tmp_path / "resumed", [first, CSVLogger(tmp_path / "resumed_csv"), StopAt(5)])
-    assert stopped.value.code == PREEMPTED_EXIT_CODE and stopped.value.step == 5
+    assert stopped.value.code == EXIT_CODES["preempted"] and stopped.value.step == 5
     summary = train(cfg, TOKENS, VAL, tmp_path / "resumed", [second, CSVLogger(tmp_path / "resumed_csv")])
     assert summary["start_step"] == 5 and summary["steps"] == 8
 
@@ -99,7 +110,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
     corrupt(ckpt_dir / "step_00000006.pt")
     capsys.readouterr()
 
-    path, payload = load_latest(ckpt_dir)
+    path, payload = load_latest(ckpt_dir, load_checkpoint(ckpt_dir / "step_00000002.pt")["identity"])
     assert path.name == "step_00000004.pt" and payload["step"] == 4
     assert "step_00000006.pt is unusable" in capsys.readouterr().err
 
@@ -189,8 +200,8 @@ def test_sigterm_saves_a_checkpoint_exits_75_and_a_rerun_resumes_to_the_end(tmp_
             proc.send_signal(signal.SIGTERM)
             break
     proc.stdout.read()
-    assert proc.wait(timeout=60) == PREEMPTED_EXIT_CODE, proc.stderr.read()
-    path, payload = load_latest(out / "checkpoints")
+    assert proc.wait(timeout=60) == EXIT_CODES["preempted"], proc.stderr.read()
+    path, payload = load_latest(out / "checkpoints", _identity_of(out / "checkpoints"))
     assert 3 <= payload["step"] < 60 and path.name == f"step_{payload['step']:08d}.pt"
 
     capsys.readouterr()
@@ -198,6 +209,6 @@ def test_sigterm_saves_a_checkpoint_exits_75_and_a_rerun_resumes_to_the_end(tmp_
     assert main(["--params", str(params), "--train-tokens", args[1], "--val-tokens", args[2],
                  "--out", str(out)]) == 0
     printed = capsys.readouterr()
-    assert f"resumed from {path} at step {payload['step']}" in printed.err
+    assert f"loaded {path} at step {payload['step']}" in printed.err
     summary = json.loads(printed.out[printed.out.index("{"):])
     assert summary["start_step"] == payload["step"] and summary["steps"] == 60

@@ -15,7 +15,7 @@ from model.config import PrecisionConfig
 from model.gpt import GPT
 from model.optim import build_adamw, lr_at
 from model.precision import resolve_precision
-from model.train import train, train_step
+from model.train import TrainModule, train
 from trainer_kit import Recorder, markov_tokens, tiny_config
 
 TOKENS, VAL = np.split(markov_tokens(24_000, vocab=64), [20_000])
@@ -33,7 +33,7 @@ class Poison(Callback):
             return
         self.before = self._state(trainer)
         if self.where == "grad":
-            trainer.grad_scale = float("nan")
+            trainer.scale_grad(float("nan"))
         else:  # NaN logits for this step's forward only
             self.hook = trainer.model.readout.register_forward_hook(lambda m, i, out: out * float("nan"))
 
@@ -98,7 +98,7 @@ def test_logged_grad_norm_is_the_true_pre_clip_norm_and_clipping_bounds_it(clip)
     precision = resolve_precision(PrecisionConfig(), "cpu")
     optimizer = build_adamw(model, cfg.optim)
     scaler = precision.grad_scaler(cfg.precision)
-    result = train_step(model, optimizer, scaler, precision, [(x[0], y[0]), (x[1], y[1])], clip)
+    result = TrainModule(model, optimizer, scaler, precision, clip).step(1, [(x[0], y[0]), (x[1], y[1])])
     post_clip = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in model.parameters()))
 
     assert result.grad_norm.item() == pytest.approx(true_norm, rel=1e-5)
@@ -110,7 +110,7 @@ def test_logged_grad_norm_is_the_true_pre_clip_norm_and_clipping_bounds_it(clip)
 class HalveLrAt(Callback):
     def on_step_start(self, trainer) -> None:
         if trainer.step + 1 == 6:
-            trainer.lr_scale = 0.5
+            trainer.scale_lr(0.5)
 
     def on_step_end(self, trainer) -> None:
         self.group_lrs = {g["name"]: (g["lr"], g["lr_mult"]) for g in trainer.optimizer.param_groups}
@@ -138,7 +138,7 @@ def test_metrics_arrive_at_their_cadence_with_finite_values():
     namespaces = {step: sorted({k.split("/")[0] for k in m}) for step, m in rec.logs}
     assert namespaces == {2: ["train"], 3: ["stats"], 4: ["train", "val"], 6: ["stats", "train", "val"]}
     train_keys = {"train/loss", "train/z_loss", "train/grad_norm", "train/param_norm", "train/adam_v_norm",
-                  "train/update_ratio", "train/lr", "train/tokens_per_s", "train/skipped", "train/overflows"}
+                  "train/update_ratio", "train/lr", "train/tokens_per_s", "train/skipped", "train/overflows", "train/vetoed"}
     stats_keys = {"stats/act_l2/block0", "stats/attn_logit_max/block1", "stats/logits/log_z",
                   "stats/logits/max", "stats/grad_norm/block0", "stats/grad_norm/readout"}
     logged = dict(rec.logs)
