@@ -370,3 +370,31 @@ def test_emulate_auto_uses_real_autocast_where_the_cpu_has_the_type(monkeypatch,
     monkeypatch.setattr(precision_mod, "cpu_flags", lambda: frozenset(flags))
     chosen = precision_mod.resolve_precision(PrecisionConfig(mode=mode), "cpu")
     assert chosen.describe() == expect
+
+
+# -- detection -----------------------------------------------------------------------------------
+
+
+class GradSpikeAt(Callback):
+    def __init__(self, at: int, factor: float):
+        self.at, self.factor = at, factor
+
+    def on_step_start(self, trainer):
+        if trainer.step + 1 == self.at:
+            trainer.scale_grad(self.factor)
+
+
+def test_the_detector_catches_an_injected_gradient_spike_and_stays_silent_without_one(tmp_path):
+    from model.detect import SpikeDetector
+    cfg = tiny_config(**{"train.steps": 40, "optim.grad_clip": 1.0, "checkpoint.every_steps": 20})
+    quiet, spiked = SpikeDetector(window=16, warmup=8), SpikeDetector(window=16, warmup=8)
+    train(cfg, TOKENS, VAL, tmp_path / "quiet", [quiet])
+    assert quiet.detections()["first"] is None
+    train(cfg, TOKENS, VAL, tmp_path / "spiked", [spiked, GradSpikeAt(30, 1000.0)])
+    found = spiked.detections()
+    assert found["first"] == 30 and found["ratio"] >= 1 and found["zscore"] >= 1
+    # Its window and counts are checkpoint state: a resume carries them on.
+    resumed = SpikeDetector(window=16, warmup=8)
+    trainer = Trainer(cfg, TOKENS, VAL, [resumed, GradSpikeAt(30, 1000.0)], tmp_path / "spiked/checkpoints")
+    trainer.resume()
+    assert resumed.detections() == found

@@ -1,0 +1,95 @@
+"""Online spike detection on the device, with no host sync per step.
+
+Three rules, each evaluated every step on the step's loss and pre-clip gradient norm:
+
+  zscore     value > mean + z·σ of the previous ``window`` finite values (one-sided: only a
+             rise is a spike), once ``warmup`` values are in the window (OLMo-core: 6σ over 128,
+             after 64)
+  ratio      grad norm > ``ratio`` × its running mean over the window (seed 000: "> 10x average")
+  nonfinite  a non-finite loss or gradient norm
+
+A flagged value does not enter the window, so a spike does not raise its own baseline. The
+detector keeps its window, the step of its first detection and a per-rule count as device
+tensors (part of checkpoints); :meth:`detections` reads them on the host, at a log point or
+after the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from model.callbacks import Callback
+
+RULES = ("zscore", "ratio", "nonfinite")
+
+
+class SpikeDetector(Callback):
+    """Flags spikes of the training loss and pre-clip grad norm; see the module doc."""
+
+    order = 30
+
+    def __init__(self, window: int = 128, warmup: int = 64, zscore: float = 6.0, ratio: float = 10.0,
+                 name: str = "spike_detector"):
+        if not 2 <= warmup <= window:
+            raise ValueError(f"spike detector: need 2 <= warmup ({warmup}) <= window ({window})")
+        self.window, self.warmup, self.z, self.ratio, self.name = window, warmup, zscore, ratio, name
+        self.history: torch.Tensor | None = None  # (2, window): loss, grad norm; NaN = empty slot
+
+    def _init_state(self, device: torch.device) -> None:
+        self.history = torch.full((2, self.window), float("nan"), device=device)
+        self.cursor = torch.zeros((), dtype=torch.long, device=device)
+        self.first = torch.full((), -1, dtype=torch.long, device=device)   # step of the first detection
+        self.last = torch.full((), -1, dtype=torch.long, device=device)    # step of the newest one
+        self.counts = torch.zeros(len(RULES), dtype=torch.long, device=device)
+
+    @torch.no_grad()
+    def on_after_step(self, trainer, result) -> None:
+        values = torch.stack([result.loss, result.grad_norm]).float()  # (2,)
+        if self.history is None:
+            self._init_state(values.device)
+        elif self.history.device != values.device:  # restored from a checkpoint, which loads on the CPU
+            for key, value in self.state_dict().items():
+                setattr(self, key, value.to(values.device))
+        hits = self.rules(values)  # (3,) bool
+        spike = hits.any()
+        self.counts += hits.long()
+        self.first = torch.where((self.first < 0) & spike, trainer.step, self.first)
+        self.last = torch.where(spike, trainer.step, self.last)
+        # Only unflagged, finite values extend the baseline (an index_copy keeps it sync-free).
+        keep = ~spike & torch.isfinite(values).all()
+        slot = self.cursor % self.window
+        current = self.history.index_select(1, slot.view(1)).squeeze(1)
+        self.history.index_copy_(1, slot.view(1), torch.where(keep, values, current).view(2, 1))
+        self.cursor = self.cursor + keep.long()
+
+    def rules(self, values: torch.Tensor) -> torch.Tensor:
+        """(zscore, ratio, nonfinite) hits for this step's (loss, grad norm), against the window."""
+        filled = torch.isfinite(self.history)
+        n = filled.sum(dim=1)  # (2,)
+        mean = torch.where(filled, self.history, 0.0).sum(dim=1) / n.clamp(min=1)
+        var = torch.where(filled, (self.history - mean[:, None]) ** 2, 0.0).sum(dim=1) / (n - 1).clamp(min=1)
+        ready = n >= self.warmup
+        zscore = (ready & (values > mean + self.z * var.sqrt())).any()
+        ratio = ready[1] & (values[1] > self.ratio * mean[1])
+        nonfinite = ~torch.isfinite(values).all()
+        return torch.stack([zscore, ratio, nonfinite])
+
+    def detections(self) -> dict[str, Any]:
+        """First and newest detection step (None if none) and hits per rule, read on the host."""
+        if self.history is None:
+            return {"first": None, "last": None, **{r: 0 for r in RULES}}
+        first, last = int(self.first), int(self.last)
+        return {"first": first if first >= 0 else None, "last": last if last >= 0 else None,
+                **dict(zip(RULES, self.counts.tolist()))}
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.history is None:
+            return {}
+        return {"history": self.history, "cursor": self.cursor, "first": self.first, "last": self.last,
+                "counts": self.counts}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value.clone())
