@@ -42,7 +42,7 @@ from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 from model.callbacks import Callback, CSVLogger, ProgressBar, RunInfo, callback_name
 from model.checkpoint import (Checkpointer, CheckpointError, RunLock, capture_rng, load_checkpoint,
                               load_latest, remove_orphans, restore_rng)
-from model.config import Config, ConfigError, load_config
+from model.config import Config, ConfigError, UserError, load_config
 from model.data import TokenLoader, open_tokens
 from model.flops import mfu, model_flops_per_token, peak_flops
 from model.gpt import GPT
@@ -647,12 +647,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a dotted config key, value parsed as YAML (repeatable)")
     args = p.parse_args(argv)
-    cfg = load_config(args.params, args.profile)
-    if args.set:
-        cfg = cfg.replace(**{k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)})
-    out = Path(args.out)
-    summary = train(cfg, open_tokens(args.train_tokens, args.dtype), open_tokens(args.val_tokens, args.dtype),
-                    out, [ProgressBar(), CSVLogger(out / "plots")])
+    try:
+        cfg = load_config(args.params, args.profile)
+        if args.set:
+            cfg = cfg.replace(**{k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)})
+        out = Path(args.out)
+        summary = train(cfg, open_tokens(args.train_tokens, args.dtype), open_tokens(args.val_tokens, args.dtype),
+                        out, [ProgressBar(), CSVLogger(out / "plots")])
+    except UserError as e:
+        print(f"spikelab: error: {e}", file=sys.stderr)
+        return 2
     print(json.dumps(summary, indent=2))
     return EXIT_CODES[summary["status"]]
 

@@ -118,7 +118,7 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     assert ran(output) == {"filter", "tokenize", "pretrain"}
     assert "Stage 'prepare' didn't change" in output
     assert (project / "data/raw/docs.jsonl").stat().st_mtime_ns == raw_mtime
-    assert "starting fresh" in output, "new data must not resume the old run's checkpoints"
+    assert "and starting run" in output, "new data must not resume the old run's checkpoints"
     assert json.loads((project / "metrics/pretrain.json").read_text())["start_step"] == 0
 
 
