@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from model.config import Config, ConfigError, check_runtime, flatten, from_dict, load_config, resolve
+from params_kit import dvc_set
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_PARAMS = REPO / "params.yaml"
@@ -41,20 +42,6 @@ def copy_shipped(tmp_path: Path) -> Path:
     for profile in (REPO / "profiles").glob("*.yaml"):
         write_params(tmp_path, profile.read_text(encoding="utf-8"), f"profiles/{profile.name}")
     return write_params(tmp_path, SHIPPED_PARAMS.read_text(encoding="utf-8"))
-
-
-def dvc_set(params: Path, **dotted: object) -> Path:
-    """What ``dvc exp run -S key=value`` does: rewrite the values of keys already in params.yaml."""
-    raw = yaml.safe_load(params.read_text(encoding="utf-8"))
-    for key, value in dotted.items():
-        *parents, leaf = key.split(".")
-        node = raw
-        for part in parents:
-            node = node[part]
-        assert leaf in node, f"-S {key}: DVC only sets keys params.yaml already has"
-        node[leaf] = value
-    params.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-    return params
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import yaml
 from ruamel.yaml import YAML
 
 from model.config import load_config
+from params_kit import dvc_set
 from tasks.params_stage import RESOLVED
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,19 +38,6 @@ def project(tmp_path: Path, *extra: str) -> Path:
     return tmp_path
 
 
-def set_params(project: Path, **dotted: object) -> None:
-    """What ``dvc exp run -S key=value`` does to params.yaml."""
-    path = project / "params.yaml"
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    for key, value in dotted.items():
-        *parents, leaf = key.split(".")
-        node = raw
-        for part in parents:
-            node = node[part]
-        node[leaf] = value
-    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-
-
 def run_stage(project: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tasks.params_stage"], cwd=project, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(project)})
@@ -62,7 +50,7 @@ def run_stage(project: Path) -> subprocess.CompletedProcess:
 
 def test_the_stage_writes_the_config_the_stages_load_in_a_form_dvc_reads_back(tmp_path):
     root = project(tmp_path)
-    set_params(root, profile="smoke", **{"train.steps": 100, "optim.eps": "1e-9"})
+    dvc_set(root / "params.yaml", profile="smoke", **{"train.steps": 100, "optim.eps": "1e-9"})
     done = run_stage(root)
     assert done.returncode == 0, done.stderr
     written = YAML(typ="safe").load((root / RESOLVED).read_text(encoding="utf-8"))  # DVC's parser
@@ -73,7 +61,7 @@ def test_the_stage_writes_the_config_the_stages_load_in_a_form_dvc_reads_back(tm
 
 def test_under_a_profile_the_stage_names_the_keys_the_profile_set(tmp_path):
     root = project(tmp_path)
-    set_params(root, profile="smoke")
+    dvc_set(root / "params.yaml", profile="smoke")
     done = run_stage(root)
     assert "spikelab: profile 'smoke' set" in done.stderr and "train.steps=30" in done.stderr
 
@@ -88,7 +76,7 @@ def test_a_bad_value_exits_2_naming_the_key_and_keeps_the_previous_resolved_file
     root = project(tmp_path)
     assert run_stage(root).returncode == 0
     before = (root / RESOLVED).read_bytes()
-    set_params(root, **dotted)
+    dvc_set(root / "params.yaml", **dotted)
     done = run_stage(root)
     assert done.returncode == 2
     assert done.stderr.startswith(f"spikelab: error: {key}:")
@@ -165,7 +153,7 @@ def repro(root: Path) -> list[str]:
 def test_dvc_repro_shows_resolved_values_reruns_only_readers_and_stops_at_a_bad_value(tmp_path):
     root = project(tmp_path, "flows")
     stub_pipeline(root)
-    set_params(root, profile="smoke")
+    dvc_set(root / "params.yaml", profile="smoke")
     for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "t@t"], ["git", "config", "user.name", "t"]):
         subprocess.run(cmd, cwd=root, check=True)
     assert dvc(root, "init", "-q").returncode == 0
@@ -175,7 +163,7 @@ def test_dvc_repro_shows_resolved_values_reruns_only_readers_and_stops_at_a_bad_
 
     # An explicit value under a profile: only the stage that reads it reruns, and DVC shows
     # the value it ran with (the profile alone would have run 30 steps).
-    set_params(root, **{"train.steps": 100})
+    dvc_set(root / "params.yaml", **{"train.steps": 100})
     assert repro(root) == ["pretrain"]
     diff = json.loads(dvc(root, "params", "diff", "--json").stdout)
     assert diff[str(RESOLVED)]["train.steps"] == {"old": 30, "new": 100, "diff": 70}
@@ -183,7 +171,7 @@ def test_dvc_repro_shows_resolved_values_reruns_only_readers_and_stops_at_a_bad_
     # A bad value fails in the params stage: no later stage ran, nothing was deleted.
     outputs = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.parts[len(root.parts)] in
                {"data", "models", "metrics", "plots", "runs", "params"}}
-    set_params(root, **{"optim.eps": 1e-50})
+    dvc_set(root / "params.yaml", **{"optim.eps": 1e-50})
     (root / "ran.log").unlink()
     done = dvc(root, "repro")
     assert done.returncode != 0 and "spikelab: error: optim.eps:" in done.stdout + done.stderr
