@@ -670,20 +670,17 @@ def _typed(raw: dict[str, Any]) -> dict[str, Any]:
     return {key: built[key] for key in flatten(raw)}
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, minus its habit of keeping the last of two equal keys."""
-
-
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
-    """A non-empty mapping from ``path``; a duplicate key is an error naming it and its lines."""
+    """A non-empty mapping from ``path``. PyYAML keeps the last of two equal keys without a word,
+    so the document's nodes are checked for duplicates before they are turned into values."""
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    loader = _StrictLoader(path.read_text(encoding="utf-8"))
+    loader = yaml.SafeLoader(path.read_text(encoding="utf-8"))
     try:
-        node = loader.get_single_node()
-        if node is not None:
+        node, data = loader.get_single_node(), None
+        if node is not None:  # a file of comments only has none
             _reject_duplicate_keys(node, path)
-        data = loader.construct_document(node) if node is not None else None
+            data = loader.construct_document(node)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     finally:
