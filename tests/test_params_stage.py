@@ -108,7 +108,7 @@ def test_every_later_stage_reads_its_params_only_from_the_resolved_file(stage):
 
 def test_the_committed_resolved_file_is_the_shipped_config():
     written = yaml.safe_load((REPO / RESOLVED).read_text(encoding="utf-8"))
-    assert written == dataclasses.asdict(load_config(REPO / "params.yaml"))
+    assert written == dataclasses.asdict(load_config(REPO / "params.yaml")), "stale: run `dvc repro params`"
 
 
 STUB = textwrap.dedent("""\
