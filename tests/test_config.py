@@ -240,7 +240,8 @@ def test_config_and_its_runtime_check_stay_torch_free_unless_cuda_is_asked_for()
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", ["", "# only a comment\n", "{}\n"], ids=["empty", "comments", "empty-mapping"])
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "{}\n"],
+                         ids=["empty", "comments", "empty-mapping"])
 def test_an_empty_params_file_is_an_error_naming_the_file(tmp_path, text):
     params = write_params(tmp_path, text)
     msg = config_error(params)
@@ -403,7 +404,8 @@ def test_override_strings_are_read_like_dvc_set_except_for_string_keys(tmp_path)
                                                ({"train.steps": "many"}, "train.steps"),
                                                ({"optim.beta2": 1.5}, "optim.beta2")])
 def test_a_bad_override_is_rejected_naming_its_key(tmp_path, override, key):
-    assert config_error(write_params(tmp_path, "profile: default\n"), overrides=override).startswith(f"{key}:")
+    msg = config_error(write_params(tmp_path, "profile: default\n"), overrides=override)
+    assert msg.startswith(f"{key}:")
 
 
 def test_a_profile_override_selects_the_overlay_and_may_not_contradict_the_argument(tmp_path):

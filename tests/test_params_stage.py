@@ -154,8 +154,8 @@ def test_dvc_repro_shows_resolved_values_reruns_only_readers_and_stops_at_a_bad_
     root = project(tmp_path, "flows")
     stub_pipeline(root)
     dvc_set(root / "params.yaml", profile="smoke")
-    for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "t@t"], ["git", "config", "user.name", "t"]):
-        subprocess.run(cmd, cwd=root, check=True)
+    for args in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):
+        subprocess.run(["git", *args], cwd=root, check=True)
     assert dvc(root, "init", "-q").returncode == 0
     assert repro(root) == LATER_STAGES
     subprocess.run(["git", "add", "-A"], cwd=root, check=True)
