@@ -2,8 +2,9 @@
 
 Every field is declared once, here, with its meaning in the docstring under it. Variants are
 named strings (``Literal``) checked at load time; cross-field invariants are checked in one place
-(``Config.validate``). Any problem raises :class:`ConfigError` naming the dotted key, before any
-work starts.
+(``Config.validate``); what needs the machine (a CUDA device) in :func:`check_runtime`. Any
+problem raises :class:`ConfigError` naming the dotted key or the file, before any work starts.
+Which value wins when params.yaml, a profile and overrides disagree: :func:`resolve`.
 
 Pure Python + PyYAML: importable on a bare GPU box next to ``model/``.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 import types
 import typing
 from dataclasses import dataclass, field
@@ -32,8 +34,12 @@ Emulation = Literal["auto", "always", "never"]
 SpikeKind = Literal["lr", "grad", "data"]
 RecoveryPolicy = Literal["continue", "skip_batch", "rollback", "lower_lr", "swap_data"]
 
+FP32_SMALLEST_NORMAL = 2.0 ** -126
+"""The smallest fp32 number with full precision; ``optim.eps`` must not be below it."""
+
 PROFILES_DIR = "profiles"
-"""Profile overlays live in ``<project>/profiles/<name>.yaml`` next to ``params.yaml``."""
+"""Profile overlays live in ``<project>/profiles/<name>.yaml`` next to ``params.yaml``;
+``default.yaml`` there is the default profile, under every other one."""
 
 
 class UserError(ValueError):
@@ -188,7 +194,11 @@ class OptimConfig:
     beta2: float = 0.95
     """Adam β₂ (0.95 is the stable choice at scale; 0.999 is predicted to be more spike-prone)."""
     eps: float = 1e-8
-    """Adam ε."""
+    """Adam ε, added to √v in the parameters' dtype, fp32 (master weights and Adam state are fp32
+    in every precision mode). Must be a normal fp32 number (≥ 1.18e-38): below 1.4e-45 it is 0,
+    and a parameter whose gradients are all zero (μP's zero-initialised readout) then steps by
+    0/0 = NaN; subnormals keep few bits and are flushed to 0 wherever flush-to-zero is on. Below
+    about 1e-19 (√ of the smallest normal) a gradient whose square underflows steps by m/ε ≫ 1."""
     weight_decay: float = 0.1
     """Decoupled weight decay on hidden matrices (μP: scaled with the LR so lr·wd is width-invariant)."""
     decay_norms_and_biases: bool = False
@@ -406,6 +416,16 @@ def _in_open_unit(key: str, value: float) -> None:
         raise ConfigError(f"{key}: must be in (0, 1), got {value!r}")
 
 
+def _check_eps(eps: float) -> None:
+    if eps >= FP32_SMALLEST_NORMAL:
+        return
+    in_fp32 = struct.unpack("f", struct.pack("f", eps))[0]
+    why = ("rounds to 0.0 there, so √v + ε is 0 where v is and the step is NaN" if in_fp32 == 0 else
+           f"is subnormal there ({in_fp32!r}: few bits, and 0 wherever flush-to-zero is on)")
+    raise ConfigError(f"optim.eps: {eps!r} underflows in fp32, the dtype of the parameters and Adam "
+                      f"state: it {why}; use at least {FP32_SMALLEST_NORMAL:.3g}")
+
+
 def _check_values(c: Config) -> None:
     m, t = c.model, c.train
     for key in ("n_layer", "n_head", "d_model", "seq_len"):
@@ -426,6 +446,7 @@ def _check_values(c: Config) -> None:
     _in_open_unit("optim.beta1", c.optim.beta1)
     _in_open_unit("optim.beta2", c.optim.beta2)
     _positive("optim.eps", c.optim.eps)
+    _check_eps(c.optim.eps)
     _non_negative("optim.weight_decay", c.optim.weight_decay)
     _non_negative("optim.grad_clip", c.optim.grad_clip)
     _positive("train.steps", t.steps)
@@ -513,28 +534,68 @@ def _check_values(c: Config) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def load_config(params: str | Path = "params.yaml", profile: str | None = None) -> Config:
-    """Load ``params.yaml``, apply the profile overlay, type-check and validate.
+def load_config(params: str | Path = "params.yaml", profile: str | None = None,
+                overrides: dict[str, Any] | None = None) -> Config:
+    """The validated config of ``params`` under a profile, with ``overrides`` on top.
 
-    ``profile`` overrides the ``profile`` key of the file. The overlay is
-    ``<dir of params>/profiles/<profile>.yaml``; ``default`` means no overlay.
+    ``profile`` (else the ``profile`` key of ``params``) names the overlay; ``overrides`` maps
+    dotted keys to values and wins over everything (the CLI's ``--set``, the Prefect form).
+    Precedence and the reasons for it: :func:`resolve`.
+    """
+    return resolve(params, profile, overrides).config
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A config and where its values came from."""
+
+    config: Config
+    from_profile: dict[str, Any]
+    """Dotted keys whose value the profile overlay set (params.yaml holds the default profile's
+    value there, so the profile's value applies)."""
+
+    def notice(self) -> str:
+        """One line naming the keys the profile set, or ``""`` under the default profile."""
+        if not self.from_profile:
+            return ""
+        pairs = ", ".join(f"{k}={v!r}" for k, v in sorted(self.from_profile.items()))
+        return (f"profile {self.config.profile!r} set {len(self.from_profile)} keys: {pairs}. A value in "
+                f"params.yaml equal to the default profile's does not override them; to run one of "
+                f"these keys at that value, change the profile file or pass it as an override")
+
+
+def resolve(params: str | Path = "params.yaml", profile: str | None = None,
+            overrides: dict[str, Any] | None = None) -> Resolved:
+    """Resolve the config from its files; each value comes from the first source that sets it:
+
+    1. ``overrides`` (dotted keys; strings are read as YAML like ``dvc exp run -S``, except for
+       string-typed keys);
+    2. **explicit** values of ``params``: those that differ from the default profile's;
+    3. the profile overlay ``profiles/<profile>.yaml`` (none for ``default``);
+    4. the default profile: the declared defaults above, changed by ``profiles/default.yaml``
+       where that file exists.
+
+    Why "explicit" means "differs from the default profile": ``dvc exp run -S key=value`` can
+    only write into params.yaml (and only keys already there), so params.yaml lists every key at
+    its default-profile value (a test keeps it so) and a value the user changed is told apart
+    from the file's own default by comparing the two. Both come from files, never from git
+    history, so the result (and DVC's cache of it) is a function of the files alone. The one
+    case this rule cannot see: a key set back to its default-profile value under another
+    profile; the profile's value applies and :meth:`Resolved.notice` names every key the
+    profile set.
     """
     params = Path(params)
-    raw = _read_yaml(params)
-    name = profile or raw.get("profile", "default")
-    if not isinstance(name, str):
-        raise ConfigError(f"profile: must be a string, got {name!r} ({params})")
-    if name != "default":
-        overlay_path = params.parent / PROFILES_DIR / f"{name}.yaml"
-        if not overlay_path.is_file():
-            known = sorted(p.stem for p in (params.parent / PROFILES_DIR).glob("*.yaml"))
-            raise ConfigError(f"profile: unknown profile {name!r}; allowed: "
-                              f"{', '.join(['default', *known])} (no file {overlay_path})")
-        overlay = _read_yaml(overlay_path)
-        _typecheck(Config, overlay, "", str(overlay_path), partial=True)
-        raw = _deep_merge(raw, overlay)
-    raw["profile"] = name
-    return from_dict(raw, str(params))
+    raw = _read_yaml(params, "params file")
+    _typecheck(Config, raw, "", str(params), partial=True)
+    overridden = _typed(_read_overrides(overrides or {}))
+    name = _profile_name(params, raw, profile, overridden.get("profile"))
+    profiles = params.parent / PROFILES_DIR
+    default_profile = _default_profile(profiles / "default.yaml")
+    explicit = {k: v for k, v in _typed(raw).items() if k != "profile" and v != default_profile[k]}
+    overlay = _typed(_read_overlay(profiles / f"{name}.yaml")) if name != "default" else {}
+    from_profile = {k: v for k, v in overlay.items() if k not in explicit and k not in overridden}
+    values = {**default_profile, **from_profile, **explicit, **overridden, "profile": name}
+    return Resolved(from_dict(_unflatten(values), str(params)), from_profile)
 
 
 def from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
@@ -543,16 +604,120 @@ def from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
     return _build(Config, raw).validate()
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def check_runtime(cfg: Config) -> None:
+    """The checks that need this machine, not just the files: call before anything is deleted
+    or moved. Imports torch only when the config asks for a device that needs it."""
+    check_device(cfg.train.device)
+
+
+def check_device(name: str) -> None:
+    """``train.device`` must exist here: ``cuda`` needs a CUDA build and a visible device."""
+    if name == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            why = "a CPU-only build" if torch.version.cuda is None else "no CUDA device visible"
+            raise ConfigError(f"train.device: 'cuda' is not available here (torch {torch.__version__}, "
+                              f"{why}); use 'auto' or 'cpu'")
+
+
+def _profile_name(params: Path, raw: dict[str, Any], profile: str | None, chosen: str | None) -> str:
+    """The profile named by the argument, else the overrides, else params.yaml, else ``default``."""
+    if profile is not None and chosen is not None and profile != chosen:
+        raise ConfigError(f"profile: given twice, {profile!r} and {chosen!r} in the overrides")
+    name = profile or chosen or raw.get("profile", "default")
+    if not isinstance(name, str):
+        raise ConfigError(f"profile: must be a string, got {name!r} ({params})")
+    known = ["default", *sorted(p.stem for p in (params.parent / PROFILES_DIR).glob("*.yaml")
+                                if p.stem != "default")]
+    if name not in known:
+        raise ConfigError(f"profile: unknown profile {name!r}; allowed: {', '.join(known)} "
+                          f"(no file {params.parent / PROFILES_DIR / f'{name}.yaml'})")
+    return name
+
+
+def _default_profile(overlay: Path) -> dict[str, Any]:
+    """Every dotted key at the default profile's value: the declared defaults, changed by ``overlay``."""
+    config = _build(Config, _read_overlay(overlay)) if overlay.is_file() else Config()
+    return flatten(dataclasses.asdict(config))
+
+
+def _read_overlay(path: Path) -> dict[str, Any]:
+    overlay = _read_yaml(path, "profile")
+    if "profile" in overlay:
+        raise ConfigError(f"profile: not allowed inside a profile ({path})")
+    _typecheck(Config, overlay, "", str(path), partial=True)
+    return overlay
+
+
+def _read_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    nested = _unflatten({key: _override_value(key, value) for key, value in overrides.items()})
+    _typecheck(Config, nested, "", "overrides", partial=True)
+    return nested
+
+
+def _override_value(key: str, value: Any) -> Any:
+    """A command-line string as the key's type reads it: ``"100"`` -> 100, ``"[16, 32]"`` -> a list."""
+    if not isinstance(value, str) or _declared_type(key) in (str, None):
+        return value
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value  # the type check names the key
+
+
+def _declared_type(key: str) -> Any:
+    """The annotation of a dotted key (``str`` for string variants), or None for an unknown key."""
+    cls: Any = Config
+    for part in key.split("."):
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        if part not in hints:
+            return None
+        cls = hints[part]
+    if get_origin(cls) is Literal and all(isinstance(a, str) for a in get_args(cls)):
+        return str
+    return cls
+
+
+def _typed(raw: dict[str, Any]) -> dict[str, Any]:
+    """The dotted keys ``raw`` sets, valued as the config types them (``"3e-4"`` -> 3e-4)."""
+    built = flatten(dataclasses.asdict(_build(Config, raw)))
+    return {key: built[key] for key in flatten(raw)}
+
+
+def _read_yaml(path: Path, what: str) -> dict[str, Any]:
+    """A non-empty mapping from ``path``. PyYAML keeps the last of two equal keys without a word,
+    so the document's nodes are checked for duplicates before they are turned into values."""
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
+    loader = yaml.SafeLoader(path.read_text(encoding="utf-8"))
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        node, data = loader.get_single_node(), None
+        if node is not None:  # a file of comments only has none
+            _reject_duplicate_keys(node, path)
+            data = loader.construct_document(node)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    finally:
+        loader.dispose()
+    if data is None or data == {}:
+        raise ConfigError(f"{path}: empty {what}; it must set at least one key")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections")
     return data
+
+
+def _reject_duplicate_keys(node: yaml.Node, path: Path, prefix: str = "") -> None:
+    if not isinstance(node, yaml.MappingNode):
+        return
+    first_line: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        key, line = f"{prefix}{key_node.value}", key_node.start_mark.line + 1
+        if key in first_line:
+            raise ConfigError(f"{key}: duplicate key in {path} (lines {first_line[key]} and {line}); "
+                              f"YAML would silently keep only the last")
+        first_line[key] = line
+        _reject_duplicate_keys(value_node, path, f"{key}.")
 
 
 def _typecheck(cls: type, raw: Any, prefix: str, source: str, partial: bool) -> None:

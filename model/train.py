@@ -42,7 +42,7 @@ from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 from model.callbacks import Callback, CSVLogger, ProgressBar, RunInfo, callback_name
 from model.checkpoint import (Checkpointer, CheckpointError, RunLock, capture_rng, load_checkpoint,
                               load_latest, remove_orphans, restore_rng)
-from model.config import Config, ConfigError, UserError, load_config
+from model.config import Config, UserError, check_device, load_config
 from model.data import TokenLoader, open_tokens
 from model.flops import mfu, model_flops_per_token, peak_flops
 from model.gpt import GPT
@@ -60,13 +60,11 @@ Batch = tuple[torch.Tensor, torch.Tensor]  # (x, y), each (B, T) token ids
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto``: CUDA when available. An explicit device that is not there is a ConfigError, raised
-    before a stage touches anything."""
+    """``auto``: CUDA when available. An explicit device that is not there is a ConfigError
+    (``model.config.check_runtime``), raised before a stage touches anything."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device: 'cuda' is not available on this machine (torch "
-                          f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use auto or cpu")
+    check_device(name)
     return torch.device(name)
 
 

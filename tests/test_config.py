@@ -7,17 +7,20 @@ the same entry point the CLI and the DVC stages use.
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
 
-from model.config import Config, ConfigError, flatten, from_dict, load_config
+from model.config import Config, ConfigError, check_runtime, flatten, from_dict, load_config, resolve
+from params_kit import dvc_set
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_PARAMS = REPO / "params.yaml"
-SHIPPED_PROFILES = ["default", *sorted(p.stem for p in (REPO / "profiles").glob("*.yaml"))]
+SHIPPED_PROFILES = sorted(p.stem for p in (REPO / "profiles").glob("*.yaml"))
 
 
 def write_params(tmp_path: Path, text: str, name: str = "params.yaml") -> Path:
@@ -27,11 +30,18 @@ def write_params(tmp_path: Path, text: str, name: str = "params.yaml") -> Path:
     return path
 
 
-def config_error(path: Path, profile: str | None = None) -> str:
+def config_error(path: Path, profile: str | None = None, overrides: dict | None = None) -> str:
     """Load ``path`` expecting a ConfigError; return its message."""
     with pytest.raises(ConfigError) as info:
-        load_config(path, profile=profile)
+        load_config(path, profile=profile, overrides=overrides)
     return str(info.value)
+
+
+def copy_shipped(tmp_path: Path) -> Path:
+    """The shipped params.yaml and profiles/ in ``tmp_path``; returns the params file."""
+    for profile in (REPO / "profiles").glob("*.yaml"):
+        write_params(tmp_path, profile.read_text(encoding="utf-8"), f"profiles/{profile.name}")
+    return write_params(tmp_path, SHIPPED_PARAMS.read_text(encoding="utf-8"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -39,8 +49,8 @@ def config_error(path: Path, profile: str | None = None) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def test_empty_params_file_loads_the_documented_defaults(tmp_path):
-    cfg = load_config(write_params(tmp_path, ""))
+def test_a_partial_params_file_takes_the_documented_defaults_for_the_rest(tmp_path):
+    cfg = load_config(write_params(tmp_path, "train:\n  steps: 300\n"))
     assert cfg == Config()
     assert cfg.profile == "default"
 
@@ -194,6 +204,78 @@ def test_tied_embeddings_are_fine_under_sp(tmp_path):
     assert load_config(write_params(tmp_path, text)).model.tie_embeddings is True
 
 
+@pytest.mark.parametrize("eps", ["1e-50", "1e-46"])
+def test_eps_that_rounds_to_zero_in_fp32_is_rejected(tmp_path, eps):
+    msg = config_error(write_params(tmp_path, f"optim:\n  eps: {eps}\n"))
+    assert msg.startswith("optim.eps:") and "rounds to 0.0" in msg and "fp32" in msg
+
+
+def test_eps_that_is_subnormal_in_fp32_is_rejected(tmp_path):
+    msg = config_error(write_params(tmp_path, "optim:\n  eps: 1e-40\n"))
+    assert msg.startswith("optim.eps:") and "subnormal" in msg
+
+
+def test_eps_at_the_smallest_normal_fp32_is_accepted(tmp_path):
+    assert load_config(write_params(tmp_path, "optim:\n  eps: 1.1754944e-38\n")).optim.eps == 1.1754944e-38
+
+
+def test_cuda_device_where_cuda_is_unavailable_is_rejected_naming_the_key(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^train.device: 'cuda' is not available here"):
+        check_runtime(Config().replace(**{"train.device": "cuda"}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_runtime(Config().replace(**{"train.device": "cuda"}))
+
+
+def test_config_and_its_runtime_check_stay_torch_free_unless_cuda_is_asked_for():
+    code = ("import sys; from model.config import Config, check_runtime; check_runtime(Config()); "
+            "check_runtime(Config().replace(**{'train.device': 'cpu'})); assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Files that are not what they seem: empty, duplicate keys
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "{}\n"],
+                         ids=["empty", "comments", "empty-mapping"])
+def test_an_empty_params_file_is_an_error_naming_the_file(tmp_path, text):
+    params = write_params(tmp_path, text)
+    msg = config_error(params)
+    assert msg.startswith(f"{params}: empty")
+
+
+def test_an_empty_profile_is_an_error_naming_the_file(tmp_path):
+    profile = write_params(tmp_path, "# nothing yet\n", "profiles/blank.yaml")
+    assert config_error(write_params(tmp_path, "profile: blank\n")).startswith(f"{profile}: empty")
+
+
+def test_a_profile_may_not_choose_a_profile(tmp_path):
+    profile = write_params(tmp_path, "profile: smoke\n", "profiles/loop.yaml")
+    msg = config_error(write_params(tmp_path, "profile: loop\n"))
+    assert msg.startswith("profile:") and str(profile) in msg
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "lines"),
+    [("train:\n  steps: 100\n  seed: 1\n  steps: 200\n", "train.steps", "lines 2 and 4"),
+     ("optim:\n  lr: 0.1\ntrain:\n  steps: 5\noptim:\n  beta2: 0.99\n", "optim", "lines 1 and 5")],
+    ids=["key", "section"])
+def test_a_duplicate_key_in_params_is_rejected_naming_file_key_and_lines(tmp_path, text, key, lines):
+    params = write_params(tmp_path, text)
+    msg = config_error(params)
+    assert msg.startswith(f"{key}: duplicate key in {params}") and lines in msg
+
+
+def test_a_duplicate_key_in_a_profile_is_rejected_naming_the_profile(tmp_path):
+    profile = write_params(tmp_path, "model:\n  n_layer: 1\n  n_layer: 2\n", "profiles/dup.yaml")
+    msg = config_error(write_params(tmp_path, "profile: dup\n"))
+    assert msg.startswith(f"model.n_layer: duplicate key in {profile}")
+
+
 # --------------------------------------------------------------------------------------------
 # Profiles
 # --------------------------------------------------------------------------------------------
@@ -207,7 +289,7 @@ def test_unknown_profile_in_params_is_rejected_listing_known_profiles(tmp_path):
 
 
 def test_unknown_profile_given_as_argument_is_rejected(tmp_path):
-    msg = config_error(write_params(tmp_path, ""), profile="nope")
+    msg = config_error(write_params(tmp_path, "profile: default\n"), profile="nope")
     assert msg.startswith("profile:") and "'nope'" in msg
 
 
@@ -220,20 +302,20 @@ def test_profile_overlay_with_unknown_key_names_the_key_and_the_overlay_file(tmp
 
 def test_profile_overlay_with_bad_variant_names_the_overlay_file(tmp_path):
     overlay = write_params(tmp_path, "model:\n  norm: groupnorm\n", "profiles/broken.yaml")
-    msg = config_error(write_params(tmp_path, ""), profile="broken")
+    msg = config_error(write_params(tmp_path, "profile: default\n"), profile="broken")
     assert msg.startswith("model.norm:") and str(overlay) in msg
 
 
-def test_profile_overlay_overrides_params_and_keeps_the_rest(tmp_path):
+def test_profile_overlay_sets_what_params_leaves_at_the_default_and_keeps_the_rest(tmp_path):
     write_params(tmp_path, "model:\n  n_layer: 1\noptim:\n  lr: 1e-3\n", "profiles/tiny.yaml")
-    params = write_params(tmp_path, "profile: tiny\nmodel:\n  n_layer: 6\n  n_head: 2\n")
+    params = write_params(tmp_path, "profile: tiny\nmodel:\n  n_layer: 4\n  n_head: 2\n")
     cfg = load_config(params)
     assert cfg.profile == "tiny"
-    assert cfg.model.n_layer == 1  # overlay wins
-    assert cfg.model.n_head == 2   # untouched keys of the same section survive
+    assert cfg.model.n_layer == 1  # params.yaml holds the default 4: the overlay applies
+    assert cfg.model.n_head == 2   # an explicit key of the same section survives
     assert cfg.optim.lr == 1e-3
     # The argument overrides the file's own profile key.
-    assert load_config(params, profile="default").model.n_layer == 6
+    assert load_config(params, profile="default").model.n_layer == 4
 
 
 def test_overlay_result_is_validated_as_a_whole(tmp_path):
@@ -247,14 +329,10 @@ def test_overlay_result_is_validated_as_a_whole(tmp_path):
 
 @pytest.mark.parametrize("profile", SHIPPED_PROFILES)
 def test_shipped_params_load_with_every_profile(profile):
-    if not SHIPPED_PARAMS.is_file():
-        pytest.skip("params.yaml is not written yet")
     cfg = load_config(SHIPPED_PARAMS, profile=profile)
     assert cfg.profile == profile
-    if profile == "default":
-        return
     # Every value the overlay sets is what the resolved config holds.
-    overlay = yaml.safe_load((REPO / "profiles" / f"{profile}.yaml").read_text(encoding="utf-8")) or {}
+    overlay = yaml.safe_load((REPO / "profiles" / f"{profile}.yaml").read_text(encoding="utf-8"))
     flat = cfg.to_flat_dict()
     for key, want in flatten(overlay).items():
         got = flat[key]
@@ -263,6 +341,79 @@ def test_shipped_params_load_with_every_profile(profile):
         elif isinstance(got, list) and got and isinstance(got[0], float):
             want = [float(w) for w in want]
         assert got == want, key
+
+
+def test_shipped_params_lists_every_key_at_the_default_profiles_value():
+    # `dvc exp run -S key=value` can only set keys params.yaml has; and a value equal to the
+    # default profile's is what tells "not set by the user" apart from "set".
+    listed = flatten(yaml.safe_load(SHIPPED_PARAMS.read_text(encoding="utf-8")))
+    default_overlay = yaml.safe_load((REPO / "profiles/default.yaml").read_text(encoding="utf-8"))
+    assert listed == from_dict(default_overlay).to_flat_dict()
+
+
+# --------------------------------------------------------------------------------------------
+# Precedence: overrides > explicit params.yaml values > profile > default profile
+# --------------------------------------------------------------------------------------------
+
+
+def test_an_explicit_value_wins_over_the_profile_as_with_dvc_set_profile_smoke_and_train_steps(tmp_path):
+    params = dvc_set(copy_shipped(tmp_path), profile="smoke", **{"train.steps": 100})
+    cfg = load_config(params)
+    assert cfg.train.steps == 100
+    assert cfg.model.d_model == 32  # the rest of the smoke profile still applies
+
+
+def test_a_value_set_back_to_the_default_profiles_gives_way_to_the_profile_and_is_named(tmp_path):
+    params = dvc_set(copy_shipped(tmp_path), profile="smoke", **{"train.steps": 500})
+    resolved = resolve(params)
+    assert resolved.config.train.steps == 30
+    assert resolved.from_profile["train.steps"] == 30
+    assert "profile 'smoke' set" in resolved.notice() and "train.steps=30" in resolved.notice()
+
+
+def test_the_default_profile_names_no_keys(tmp_path):
+    assert resolve(copy_shipped(tmp_path)).notice() == ""
+
+
+def test_explicit_means_different_from_the_default_profile_not_from_the_declared_default(tmp_path):
+    write_params(tmp_path, "train:\n  steps: 500\n", "profiles/default.yaml")
+    write_params(tmp_path, "train:\n  steps: 30\nspike:\n  at_step: 20\n", "profiles/smoke.yaml")
+    # 300 is the declared default but not the default profile's value: the user set it.
+    assert load_config(write_params(tmp_path, "profile: smoke\ntrain:\n  steps: 300\n")).train.steps == 300
+    assert load_config(write_params(tmp_path, "profile: smoke\ntrain:\n  steps: 500\n")).train.steps == 30
+    assert load_config(write_params(tmp_path, "profile: default\n")).train.steps == 500
+
+
+def test_overrides_win_over_params_and_profile(tmp_path):
+    params = dvc_set(copy_shipped(tmp_path), profile="smoke", **{"train.steps": 100})
+    cfg = load_config(params, overrides={"train.steps": 25, "model.d_model": 64})
+    assert (cfg.train.steps, cfg.model.d_model) == (25, 64)
+    assert "train.steps" not in resolve(params, overrides={"train.steps": 25}).from_profile
+
+
+def test_override_strings_are_read_like_dvc_set_except_for_string_keys(tmp_path):
+    params = write_params(tmp_path, "profile: default\n")
+    cfg = load_config(params, overrides={"train.steps": "100", "search.widths": "[16, 32]",
+                                         "optim.lr": "3e-4", "tracking.experiment": "3",
+                                         "model.block": "post_ln", "spike.at_step": "50"})
+    assert cfg.train.steps == 100 and cfg.search.widths == [16, 32] and cfg.optim.lr == 3e-4
+    assert cfg.tracking.experiment == "3" and cfg.model.block == "post_ln"
+
+
+@pytest.mark.parametrize(("override", "key"), [({"optim.lrr": 1e-3}, "optim.lrr"),
+                                               ({"train.steps": "many"}, "train.steps"),
+                                               ({"optim.beta2": 1.5}, "optim.beta2")])
+def test_a_bad_override_is_rejected_naming_its_key(tmp_path, override, key):
+    msg = config_error(write_params(tmp_path, "profile: default\n"), overrides=override)
+    assert msg.startswith(f"{key}:")
+
+
+def test_a_profile_override_selects_the_overlay_and_may_not_contradict_the_argument(tmp_path):
+    write_params(tmp_path, "train:\n  steps: 30\nspike:\n  at_step: 20\n", "profiles/smoke.yaml")
+    params = write_params(tmp_path, "profile: default\n")
+    assert load_config(params, overrides={"profile": "smoke"}).train.steps == 30
+    msg = config_error(params, profile="default", overrides={"profile": "smoke"})
+    assert msg.startswith("profile:") and "'smoke'" in msg
 
 
 # --------------------------------------------------------------------------------------------

@@ -353,7 +353,7 @@ def test_an_exception_fires_on_error_then_on_close():
 def test_an_unavailable_device_is_a_config_error_naming_the_key():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    with pytest.raises(ConfigError, match="train.device: 'cuda' is not available"):
+    with pytest.raises(ConfigError, match="train.device: 'cuda' is not available here"):
         Trainer(tiny_config(**{"train.device": "cuda"}), TOKENS, VAL)
 
 
