@@ -23,6 +23,7 @@ STAGES = {
     "prepare": "flows.data:prepare_flow",
     "filter": "flows.data:filter_flow",
     "tokenize": "flows.data:tokenize_flow",
+    "search": "flows.search:search_flow",
     "pretrain": "flows.pretrain:pretrain_flow",
 }
 """Stage name -> the flow that runs it. dvc.yaml calls ``spikelab run <stage>`` for each."""

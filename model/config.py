@@ -325,19 +325,41 @@ class RecoveryConfig:
 @dataclass(frozen=True)
 class SearchConfig:
     parametrizations: list[Parametrization] = field(default_factory=lambda: ["sp", "mup"])
-    """Parametrizations whose LR optimum is compared across widths."""
-    widths: list[int] = field(default_factory=lambda: [64, 128, 256])
-    """Proxy widths (d_model) for the LR search."""
+    """Parametrizations whose LR optimum is compared across widths; must include
+    ``mup.parametrization`` (the one pretrain uses, whose optimum is transferred)."""
+    widths: list[int] = field(default_factory=lambda: [32, 64, 128])
+    """Widths (d_model) swept for each parametrization. Those below ``model.d_model`` are the
+    proxies the LR is transferred from; the target width itself is swept directly (added when
+    missing) to check the transfer."""
     log2_lr_min: float = -12.0
-    """Smallest LR searched, as log2."""
+    """Smallest LR of the grid, as log2 (for μP: the LR at ``mup.base_width``)."""
     log2_lr_max: float = -3.0
-    """Largest LR searched, as log2."""
-    trials_per_width: int = 8
-    """Optuna trials per (parametrization, width)."""
-    steps: int = 100
-    """Training steps per trial."""
+    """Largest LR of the grid, as log2."""
+    lr_points: int = 8
+    """LR grid points, evenly spaced in log2 from ``log2_lr_min`` to ``log2_lr_max``; each is
+    trained once per seed (an Optuna trial)."""
     seeds: list[int] = field(default_factory=lambda: [0])
-    """Seeds per trial (the objective is their mean final loss)."""
+    """Seeds of every grid point; the optimum is fitted per seed and its spread is over seeds."""
+    steps: int = 100
+    """Training steps per trial (warmup: ``schedule.warmup_steps``, capped at a fifth of these)."""
+    batch_size: int = 16
+    """Sequences per step in a trial (the other training keys are pretrain's)."""
+    eval_every: int = 25
+    """Steps between the validation losses a trial reports to Optuna's pruner."""
+    prune_above: float = 0.0
+    """Optuna's ThresholdPruner stops a trial whose reported validation loss exceeds this;
+    0 = ln(tokenizer.vocab_size) + 1, a nat worse than a uniform guess, which a trial that is
+    learning, however slowly, does not reach. A threshold depends on the trial alone, so what is
+    pruned does not depend on the worker count."""
+    workers: int = 0
+    """Worker processes on the study storage, each training one trial at a time with one torch
+    thread (0 = the cores this process may use)."""
+    storage: str = ""
+    """Optuna storage URL (e.g. ``postgresql://...`` across nodes); empty = a JournalStorage
+    file under the state directory (``.spikelab/optuna.journal``), for workers on one node."""
+    transfer_lr: bool = True
+    """pretrain trains with the LR this stage transfers (``search/lr.yaml``, a DVC dependency of
+    pretrain) instead of ``optim.lr``."""
 
 
 @dataclass(frozen=True)
@@ -515,10 +537,21 @@ def _check_values(c: Config) -> None:
         raise ConfigError(f"search.log2_lr_min: {c.search.log2_lr_min} must be below "
                           f"search.log2_lr_max={c.search.log2_lr_max}")
     for w in c.search.widths:
-        if w <= 0 or w % m.n_head:
-            raise ConfigError(f"search.widths: width {w} is not a positive multiple of model.n_head={m.n_head}")
-    _positive("search.trials_per_width", c.search.trials_per_width)
+        if w <= 0 or w % (2 * m.n_head):
+            raise ConfigError(f"search.widths: width {w} is not a positive multiple of 2·model.n_head="
+                              f"{2 * m.n_head} (heads of even size)")
+    if not any(w < m.d_model for w in c.search.widths):
+        raise ConfigError(f"search.widths: {c.search.widths} has no proxy width below the target "
+                          f"model.d_model={m.d_model}, to transfer the LR from")
+    _positive("search.lr_points", c.search.lr_points)
     _positive("search.steps", c.search.steps)
+    _positive("search.batch_size", c.search.batch_size)
+    _positive("search.eval_every", c.search.eval_every)
+    _non_negative("search.prune_above", c.search.prune_above)
+    _non_negative("search.workers", c.search.workers)
+    if c.mup.parametrization not in c.search.parametrizations:
+        raise ConfigError(f"search.parametrizations: {c.search.parametrizations} lacks "
+                          f"mup.parametrization={c.mup.parametrization!r}, whose LR pretrain takes")
     for b2 in c.ablation.beta2s:
         _in_open_unit("ablation.beta2s", b2)
     _positive("ablation.steps", c.ablation.steps)

@@ -48,6 +48,14 @@ TOKENIZER_FILE = "tokenizer.json"
 MANIFEST = TOKENS_DIR / "manifest.json"
 """What the trainer reads: vocab size, dtype, shard paths (relative to it), counts and hashes."""
 
+SEARCH_LR = Path("search/lr.yaml")
+"""search: the LR transferred to the target width, as ``optim: {lr: ...}``; pretrain's input
+when ``search.transfer_lr`` is true (tasks/train.py: pretrain_config)."""
+SEARCH_METRICS = Path("metrics/search.json")
+"""search: optimum and spread per parametrization and width, slopes, transfer check, trial counts."""
+SEARCH_REPORTS = Path("reports/search")
+"""search: the μTransfer, coordinate-check and transfer figures (PNG)."""
+
 PRETRAIN_RUN = Path("runs/pretrain")
 """pretrain: the run directory, locked while a run writes (not a DVC out itself)."""
 PRETRAIN_CHECKPOINTS = PRETRAIN_RUN / "checkpoints"
@@ -67,6 +75,7 @@ STAGE_OUTS = {
     "prepare": [RAW_DIR],
     "filter": [CLEAN_DIR, POISON_DIR, FILTER_REPORT],
     "tokenize": [TOKENS_DIR],
+    "search": [SEARCH_LR, SEARCH_METRICS, SEARCH_REPORTS],
     "pretrain": [PRETRAIN_CHECKPOINTS, PRETRAIN_MODEL, PRETRAIN_METRICS, PRETRAIN_PLOTS],
 }
 """Every output of every stage, relative to the project; dvc.yaml declares exactly these."""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from prefect import task
 
 from model.callbacks import CSVLogger, ProgressBar
@@ -29,7 +30,7 @@ from model.identity import RunIdentity, run_identity
 from model.stops import raise_for_status
 from model.train import Trainer, resolve_device
 from tasks.stage_io import (MANIFEST, PRETRAIN_CHECKPOINTS, PRETRAIN_METRICS, PRETRAIN_MODEL, PRETRAIN_PLOTS,
-                            PRETRAIN_RUN, PRETRAIN_SET_ASIDE, read_json, staged, write_json)
+                            PRETRAIN_RUN, PRETRAIN_SET_ASIDE, SEARCH_LR, read_json, staged, write_json)
 from tasks.tracking import MLflowMetrics
 
 IDENTITY_FILE = "run.json"
@@ -49,6 +50,22 @@ def read_manifest(project: Path, cfg: Config) -> dict[str, Any]:
         raise InputError(f"{path}: vocab_size {manifest['vocab_size']} differs from "
                          f"tokenizer.vocab_size={cfg.tokenizer.vocab_size}; re-run tokenize")
     return manifest
+
+
+def pretrain_config(cfg: Config, project: Path) -> Config:
+    """The config pretrain trains with: ``optim.lr`` is the search stage's transferred LR
+    (search/lr.yaml, a DVC dependency of pretrain) when ``search.transfer_lr`` is true. The one
+    place that file is read; the LR then flows into the run identity, MLflow params and metrics."""
+    if not cfg.search.transfer_lr:
+        return cfg
+    path = project / SEARCH_LR
+    if not path.is_file():
+        raise InputError(f"{path}: missing; run the search stage first (dvc repro search), "
+                         f"or set search.transfer_lr: false to train with optim.lr")
+    lr = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("optim", {}).get("lr")
+    if not isinstance(lr, float) or not lr > 0:
+        raise InputError(f"{path}: optim.lr must be a positive number, got {lr!r}")
+    return cfg.replace(**{"optim.lr": lr})
 
 
 def pretrain_identity(cfg: Config, manifest: dict[str, Any]) -> RunIdentity:

@@ -1,4 +1,4 @@
-"""μP coordinate check (Yang et al. 2022, "Tensor Programs V", §D.1).
+"""μP coordinate check (Yang et al. 2022, "Tensor Programs V", §D.1; model/coord_check.py).
 
 Train a few AdamW steps at one fixed learning rate at several widths, then record the mean absolute
 coordinate of every layer's output (embedding, each attention and MLP branch, each block, the
@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from model.config import ModelConfig, MupConfig, OptimConfig
+from model.coord_check import coord_check as _coord_check
 from model.gpt import GPT
 from model.optim import build_adamw, set_lr
 
@@ -32,59 +33,8 @@ FLAT = 1.6  # μP: largest/smallest value across widths (seen: <= 1.3; broken wi
 GROWS = 3.0  # SP: widest/narrowest width (seen: >= 5)
 
 
-def _activations(model: GPT, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Output of every layer on input ``x``, captured with forward hooks."""
-    out: dict[str, torch.Tensor] = {}
-
-    def keep(name):
-        return lambda _module, _inputs, output: out.__setitem__(name, output.detach())
-
-    hooks = [model.blocks[0].register_forward_pre_hook(
-        lambda _module, inputs: out.__setitem__("embed", inputs[0].detach()))]
-    for i, block in enumerate(model.blocks):
-        hooks += [block.attn.register_forward_hook(keep(f"block{i}.attn")),
-                  block.mlp.register_forward_hook(keep(f"block{i}.mlp")),
-                  block.register_forward_hook(keep(f"block{i}"))]
-    try:
-        with torch.no_grad():
-            out["logits"], _, _ = model(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    return out
-
-
-def coord_check(parametrization: str, widths=WIDTHS, steps: int = STEPS, lr: float = LR, *,
-                base_width: int = BASE_WIDTH, n_layer: int = 2, n_head: int = 4, seq_len: int = 16,
-                batch: int = 8, vocab: int = VOCAB, seed: int = 0) -> dict[str, list[float]]:
-    """Mean |activation| per layer after ``steps`` AdamW steps at constant ``lr``, one value per width.
-
-    Returns ``{layer: [value per width]}`` with layers ``embed``, ``block{i}.attn``,
-    ``block{i}.mlp``, ``block{i}`` and ``logits``, plus ``<layer>:update``: mean |a_t - a_0|, how
-    far that output moved from init. Init and data are seeded, and the batch is the same at every
-    width, so the width is the only thing that changes along a list.
-    """
-    g = torch.Generator().manual_seed(seed + 1)
-    idx = torch.randint(0, vocab, (batch, seq_len + 1), generator=g)
-    x, y = idx[:, :-1], idx[:, 1:]
-    out: dict[str, list[float]] = {}
-    for width in widths:
-        torch.manual_seed(seed)
-        cfg = ModelConfig(n_layer=n_layer, n_head=n_head, d_model=width, seq_len=seq_len)
-        model = GPT(cfg, MupConfig(parametrization=parametrization, base_width=base_width), vocab)
-        at_init = _activations(model, x)
-        opt = build_adamw(model, OptimConfig(lr=lr, weight_decay=0.0, grad_clip=0.0))
-        set_lr(opt, lr)  # applies each group's μP lr_mult
-        for _ in range(steps):
-            _, ce, z = model(x, y)
-            opt.zero_grad(set_to_none=True)
-            (ce + z).backward()
-            opt.step()
-        trained = _activations(model, x)
-        for name, a in trained.items():
-            out.setdefault(name, []).append(a.abs().mean().item())
-            out.setdefault(f"{name}:update", []).append((a - at_init[name]).abs().mean().item())
-    return out
+def coord_check(parametrization: str) -> dict[str, list[float]]:
+    return _coord_check(parametrization, WIDTHS, STEPS, LR, base_width=BASE_WIDTH, vocab=VOCAB)
 
 
 def spread(values: list[float]) -> float:

@@ -1,0 +1,121 @@
+"""What the LR search found, from its trials: the optimum per width (a parabola in log2 LR through
+the best grid point and its neighbours), its spread over seeds, the slope of log2 η* against log2
+width per parametrization, and the transfer check. Plain numpy/scipy over plain records.
+
+A point is ``(log2_lr, seed, value, status, flops)``; only ``completed`` points enter the fits
+(pruned ones have no final loss, diverged ones the loss of a uniform guess).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class Point:
+    log2_lr: float
+    seed: int
+    value: float | None  # final validation loss; None when pruned
+    status: str          # completed | diverged | pruned
+    flops: float
+
+
+@dataclass(frozen=True)
+class Optimum:
+    log2_lr: float   # vertex of the parabola (or the best grid point at the grid's edge)
+    loss: float      # the parabola's value there (or the best grid loss)
+    at_edge: bool    # the best grid point is the smallest or largest LR: the optimum may lie outside
+
+
+def fit_optimum(log2_lrs: Sequence[float], losses: Sequence[float]) -> Optimum:
+    """The minimum of the parabola through the best grid point and its two neighbours; the best
+    grid point itself when it lies on the grid's edge (or the three do not curve upwards)."""
+    order = np.argsort(log2_lrs)
+    x, y = np.asarray(log2_lrs, float)[order], np.asarray(losses, float)[order]
+    best = int(np.argmin(y))
+    if best == 0 or best == len(x) - 1:
+        return Optimum(float(x[best]), float(y[best]), True)
+    a, b, c = np.polyfit(x[best - 1:best + 2], y[best - 1:best + 2], 2)
+    if a <= 0:
+        return Optimum(float(x[best]), float(y[best]), False)
+    vertex = -b / (2 * a)
+    return Optimum(float(vertex), float(c - b * b / (4 * a)), False)
+
+
+def optima_per_seed(points: Sequence[Point]) -> dict[int, Optimum]:
+    """One fitted optimum per seed, from that seed's completed points (at least one needed)."""
+    out = {}
+    for seed in sorted({p.seed for p in points}):
+        done = [p for p in points if p.seed == seed and p.status == "completed"]
+        if done:
+            out[seed] = fit_optimum([p.log2_lr for p in done], [p.value for p in done])
+    return out
+
+
+def spread(values: Sequence[float]) -> float:
+    """Sample standard deviation over seeds (0 for one seed)."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def width_summary(points: Sequence[Point]) -> dict:
+    """Optimum (mean over seeds of the fitted log2 η*) and its spread at one width."""
+    optima = optima_per_seed(points)
+    lrs = [o.log2_lr for o in optima.values()]
+    return {"log2_lr_opt": float(np.mean(lrs)) if lrs else None, "log2_lr_opt_std": spread(lrs),
+            "lr_opt": float(2 ** np.mean(lrs)) if lrs else None,
+            "loss_opt": float(np.mean([o.loss for o in optima.values()])) if optima else None,
+            "at_edge": any(o.at_edge for o in optima.values()),
+            "per_seed": {str(s): o.log2_lr for s, o in optima.items()}}
+
+
+def slope(by_width: dict[int, dict]) -> dict:
+    """log2 η* against log2 width: the slope per seed (spread over seeds) and of the seed means
+    (with its standard error). SP is expected near -1 (η* halves per doubling), μP near 0."""
+    widths = sorted(w for w, s in by_width.items() if s["log2_lr_opt"] is not None)
+    if len(widths) < 2:
+        return {"slope": None, "slope_std": None, "slope_stderr": None}
+    x = np.log2(widths)
+    fit = stats.linregress(x, [by_width[w]["log2_lr_opt"] for w in widths])
+    seeds = set.intersection(*(set(by_width[w]["per_seed"]) for w in widths))
+    per_seed = [stats.linregress(x, [by_width[w]["per_seed"][s] for w in widths]).slope for s in sorted(seeds)]
+    return {"slope": float(fit.slope), "slope_std": spread(per_seed),
+            "slope_stderr": float(fit.stderr) if len(widths) > 2 else None,
+            "slope_per_seed": [float(v) for v in per_seed]}
+
+
+def transferred_log2_lr(by_width: dict[int, dict], proxies: Sequence[int]) -> float:
+    """μTransfer: the optimum found at the proxy widths, taken as is (mean over proxies of the
+    seed-mean optima): under μP it does not move with width, so no extrapolation is needed."""
+    return float(np.mean([by_width[w]["log2_lr_opt"] for w in proxies]))
+
+
+def transfer_check(direct: Sequence[Point], transfer: Sequence[Point], proxy_flops: float,
+                   log2_lr: float) -> dict:
+    """The transferred LR at the target against the direct sweep there: the loss gap (per seed,
+    loss at the transferred LR minus the sweep's best grid loss; mean and spread) and the compute
+    ratio (FLOPs of the proxy studies over those of the direct sweep)."""
+    best = {}
+    for p in direct:
+        if p.status == "completed":
+            best[p.seed] = min(best.get(p.seed, np.inf), p.value)
+    gaps = [p.value - best[p.seed] for p in transfer if p.value is not None and p.seed in best]
+    direct_opt = width_summary(direct)["log2_lr_opt"]
+    direct_flops = sum(p.flops for p in direct)
+    return {"log2_lr": log2_lr, "lr": 2.0 ** log2_lr,
+            "loss": float(np.mean([p.value for p in transfer])) if transfer else None,
+            "direct_log2_lr_opt": direct_opt,
+            "log2_lr_error": log2_lr - direct_opt if direct_opt is not None else None,
+            "direct_best_loss": float(np.mean(list(best.values()))) if best else None,
+            "loss_gap": float(np.mean(gaps)) if gaps else None, "loss_gap_std": spread(gaps),
+            "proxy_flops": proxy_flops, "direct_flops": direct_flops,
+            "compute_ratio": proxy_flops / direct_flops if direct_flops else None}
+
+
+def counts(points: Sequence[Point], retried: int) -> dict:
+    statuses = [p.status for p in points]
+    return {"run": len(points), "completed": statuses.count("completed"), "pruned": statuses.count("pruned"),
+            "diverged": statuses.count("diverged"), "retried": retried}

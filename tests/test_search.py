@@ -1,0 +1,150 @@
+"""The LR search's machinery on a tiny model and real Optuna journals: the objective is a plain
+training run's validation loss, divergence is a result, the evaluated points do not depend on the
+worker count, a killed search resumes, and the fits find a known optimum."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from model.train import train
+from tasks import search
+from tasks.search_fit import Point, fit_optimum, slope, width_summary
+from tests.trainer_kit import markov_tokens, tiny_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+SEARCH = {"search.widths": [16], "search.lr_points": 3, "search.log2_lr_min": -9.0, "search.log2_lr_max": -5.0,
+          "search.steps": 6, "search.batch_size": 4, "search.eval_every": 3, "search.seeds": [0],
+          "mup.base_width": 16, "mup.parametrization": "mup", "tracking.experiment": "test"}
+
+
+def search_config(tmp_path: Path, **dotted):
+    return tiny_config(**{**SEARCH, "search.storage": f"journal:{tmp_path / 'optuna.journal'}", **dotted})
+
+
+def tiny_project(root: Path) -> Path:
+    """A project holding only what the search reads: a tokenize manifest and its shards."""
+    tokens = root / "data" / "tokens"
+    tokens.mkdir(parents=True)
+    splits = {}
+    for split, data in (("train", markov_tokens(20_000)), ("val", markov_tokens(4_000, seed=1))):
+        (tokens / f"{split}.bin").write_bytes(data.tobytes())
+        splits[split] = {"path": f"{split}.bin", "sha256": hashlib.sha256(data.tobytes()).hexdigest()}
+    (tokens / "manifest.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 257, "splits": splits}))
+    return root
+
+
+def first_spec(cfg, project: Path) -> search.StudySpec:
+    return search.sweep_specs(cfg, search.search_digest(cfg, search.data_hashes(project)))[0]
+
+
+def finished(storage, spec) -> list[tuple]:
+    """(point, state, value) of every finished trial, as a sorted list."""
+    trials = optuna.load_study(study_name=spec.name, storage=storage).get_trials(deepcopy=False)
+    return sorted((t.params["log2_lr"], t.params["seed"], t.state.name, t.value) for t in trials
+                  if t.state in (TrialState.COMPLETE, TrialState.PRUNED))
+
+
+def test_objective_scores_a_trial_with_the_val_loss_of_a_plain_training_run(tmp_path):
+    cfg, project = search_config(tmp_path), tiny_project(tmp_path)
+    spec = first_spec(cfg, project)
+    storage = search.open_storage(search.storage_url(cfg))
+    search.prepare_study(storage, spec)
+    study = search.load_study(storage, spec, cfg)
+    trial = search.claim(storage, study)
+    tokens = search.Tokens.of(project)
+    score = search.objective(trial, cfg, spec.parametrization, spec.width, tokens)
+    log2_lr, seed = spec.points[0]
+    plain = train(search.trial_config(cfg, spec.parametrization, spec.width, log2_lr, seed), tokens.train, tokens.val)
+    assert trial.params == {"log2_lr": log2_lr, "seed": seed}
+    assert score == plain["val_loss"]
+
+
+def test_a_diverging_trial_is_recorded_as_a_diverged_result_not_raised(tmp_path):
+    cfg = search_config(tmp_path, **{"train.diverge_loss": 1.0, "train.log_every": 1})  # any real loss is above 1
+    project = tiny_project(tmp_path)
+    spec = first_spec(cfg, project)
+    storage = search.open_storage(search.storage_url(cfg))
+    search.prepare_study(storage, spec)
+    study = search.load_study(storage, spec, cfg)
+    status = search.run_trial(study, search.claim(storage, study), spec, cfg, search.Tokens.of(project))
+    (trial,) = study.get_trials(states=(TrialState.COMPLETE,))
+    assert status == "diverged" and trial.user_attrs["status"] == "diverged"
+    assert trial.value == pytest.approx(math.log(257))
+
+
+def test_two_workers_on_one_journal_evaluate_exactly_the_trials_one_worker_does(tmp_path):
+    project = tiny_project(tmp_path / "project")
+    results = {}
+    for workers in (1, 2):
+        cfg = search_config(tmp_path / f"w{workers}", **{"search.workers": workers, "search.seeds": [0, 1]})
+        (tmp_path / f"w{workers}").mkdir()
+        specs = search.sweep_specs(cfg, "d")
+        search.run_workers(cfg, project, specs, None)
+        storage = search.open_storage(search.storage_url(cfg))
+        results[workers] = {spec.name: finished(storage, spec) for spec in specs}
+    n_points = 3 * 2
+    for trials in results[2].values():
+        assert len(trials) == n_points and len({t[:2] for t in trials}) == n_points  # no duplicate, none lost
+    assert results[2] == results[1]
+
+
+def test_a_killed_search_resumes_keeping_finished_trials_and_retrying_interrupted_ones(tmp_path):
+    cfg = search_config(tmp_path, **{"search.workers": 1, "search.steps": 40, "search.lr_points": 4})
+    project = tiny_project(tmp_path)
+    specs = search.sweep_specs(cfg, "d")[:1]
+    storage = search.open_storage(search.storage_url(cfg))
+    search.prepare_study(storage, specs[0])
+    job = (f"import json, sys; from model.config import from_dict; from tasks import search; "
+           f"search.run_workers(from_dict(json.loads(sys.argv[1])), __import__('pathlib').Path(sys.argv[2]), "
+           f"[search.StudySpec(**{{**s, 'points': tuple(map(tuple, s['points']))}}) for s in json.loads(sys.argv[3])], None)")
+    proc = subprocess.Popen([sys.executable, "-c", job, json.dumps(dataclasses.asdict(cfg)), str(project),
+                             json.dumps([dataclasses.asdict(s) for s in specs])], cwd=REPO, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while len(finished(storage, specs[0])) < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the search and its worker, mid-trial
+    proc.wait()
+    before = finished(storage, specs[0])
+    assert 1 <= len(before) < 4
+
+    search.run_workers(cfg, project, specs, None)
+    after = finished(storage, specs[0])
+    trials = optuna.load_study(study_name=specs[0].name, storage=storage).get_trials()
+    interrupted = [t for t in trials if t.state == TrialState.FAIL]
+    assert set(before) <= set(after) and len(after) == 4 == len({t[:2] for t in after})
+    assert interrupted and all(t.user_attrs["status"] == "interrupted" for t in interrupted)
+
+    assert search.prepare_study(storage, specs[0]) == 0  # finished: nothing queued, nothing rerun
+    assert len(optuna.load_study(study_name=specs[0].name, storage=storage).get_trials()) == len(trials)
+
+
+def test_fit_finds_the_vertex_of_a_parabola_between_grid_points():
+    grid = np.arange(-10.0, -3.0)
+    fit = fit_optimum(grid, (grid + 6.3) ** 2 + 3.0)
+    assert fit.log2_lr == pytest.approx(-6.3) and fit.loss == pytest.approx(3.0) and not fit.at_edge
+    assert fit_optimum(grid, -grid).at_edge  # still falling at the largest LR: flagged
+
+
+def test_slope_of_optima_halving_per_doubling_is_minus_one_with_spread_over_seeds():
+    def points(center):
+        return [Point(x, s, (x - center - 0.1 * s) ** 2, "completed", 0.0) for x in np.arange(-12.0, -2.0)
+                for s in (0, 1)]
+    by_width = {w: width_summary(points(-5.0 - math.log2(w / 32))) for w in (32, 64, 128)}
+    fitted = slope(by_width)
+    assert fitted["slope"] == pytest.approx(-1.0) and fitted["slope_std"] == pytest.approx(0.0, abs=1e-9)
+    assert by_width[32]["log2_lr_opt_std"] == pytest.approx(0.1 / math.sqrt(2))
