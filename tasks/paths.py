@@ -89,6 +89,12 @@ def state() -> StatePaths:
     return StatePaths(state_dir())
 
 
+def optuna_storage(cfg: Config) -> str:
+    """The LR search's Optuna storage: ``search.storage`` (any Optuna URL), else the journal file
+    under the state directory as ``journal:<path>``."""
+    return cfg.search.storage or f"journal:{state().optuna_journal}"
+
+
 def prefect_port() -> int:
     return int(os.environ.get("SPIKELAB_PREFECT_PORT", "4200"))
 

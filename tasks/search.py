@@ -50,12 +50,13 @@ from optuna.trial import TrialState
 
 from model.callbacks import Callback
 from model.checkpoint import RunLock
-from model.config import CheckpointConfig, Config, from_dict
+from model.config import CheckpointConfig, Config, ConfigError, from_dict
 from model.data import open_split
 from model.train import Trainer
-from tasks.paths import state
+from tasks.paths import optuna_storage, state
 from tasks.search_fit import Point, counts, slope, transfer_check, transferred_log2_lr, width_summary
 from tasks.stage_io import MANIFEST, SEARCH_LR, SEARCH_METRICS, SEARCH_REPORTS, read_json, staged, write_json
+from tasks.train import read_manifest
 
 PARENT_RUN_ENV = "SPIKELAB_SEARCH_PARENT_RUN"
 """The MLflow run id of the search stage, for the trial runs the workers open under it."""
@@ -82,8 +83,12 @@ def swept_widths(cfg: Config) -> list[int]:
 
 
 def proxy_widths(cfg: Config) -> list[int]:
-    """The widths the LR is transferred from: those below the target."""
-    return [w for w in swept_widths(cfg) if w < target_width(cfg)]
+    """The widths the LR is transferred from: those below the target (at least one)."""
+    proxies = [w for w in swept_widths(cfg) if w < target_width(cfg)]
+    if not proxies:
+        raise ConfigError(f"search.widths: {cfg.search.widths} has no proxy width below the target "
+                          f"model.d_model={target_width(cfg)}, to transfer the LR from")
+    return proxies
 
 
 def trial_config(cfg: Config, parametrization: str, width: int, log2_lr: float, seed: int) -> Config:
@@ -157,11 +162,6 @@ def transfer_spec(cfg: Config, digest: str, log2_lr: float) -> StudySpec:
 # --------------------------------------------------------------------------------------------
 # Storage, queue, recovery
 # --------------------------------------------------------------------------------------------
-
-
-def storage_url(cfg: Config) -> str:
-    """The configured Optuna storage, or the journal file under the state directory."""
-    return cfg.search.storage or f"journal:{state().optuna_journal}"
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
@@ -287,7 +287,7 @@ def work(cfg: Config, project: Path, specs: list[StudySpec]) -> int:
     import torch
 
     torch.set_num_threads(1)
-    storage, tokens, done = open_storage(storage_url(cfg)), Tokens.of(project), 0
+    storage, tokens, done = open_storage(optuna_storage(cfg)), Tokens.of(project), 0
     for spec in specs:
         study = load_study(storage, spec, cfg)
         while (trial := claim(storage, study)) is not None:
@@ -336,7 +336,7 @@ def trial_run(spec: StudySpec, trial: optuna.Trial) -> Iterator[list[Any]]:
 def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> None:
     """``search.workers`` processes on the storage (fewer when there are fewer trials); each dies
     with this process. Raises when one failed (its trial is queued again at the next start)."""
-    storage = open_storage(storage_url(cfg))
+    storage = open_storage(optuna_storage(cfg))
     queued = sum(prepare_study(storage, spec) for spec in specs)
     n = min(worker_count(cfg), queued)
     if n == 0:
@@ -410,31 +410,33 @@ class Findings:
 
 def search(cfg: Config, project: Path, parent_run: str | None = None) -> Findings:
     """Run (or resume) every study, fit the optima, transfer the LR and check it at the target."""
+    proxies = proxy_widths(cfg)
+    read_manifest(project, cfg)  # the shards' vocabulary is the config's
     with search_lock():
         digest = search_digest(cfg, data_hashes(project))
-        storage = open_storage(storage_url(cfg))
+        storage = open_storage(optuna_storage(cfg))
         sweeps = sweep_specs(cfg, digest)
         run_workers(cfg, project, sweeps, parent_run)
         collected = {spec: points_of(storage, spec) for spec in sweeps}
         by_width = {p: {spec.width: width_summary(pts) for spec, (pts, _) in collected.items()
                         if spec.parametrization == p} for p in cfg.search.parametrizations}
         transferred = cfg.mup.parametrization
-        log2_lr = transferred_log2_lr(by_width[transferred], proxy_widths(cfg))
+        log2_lr = transferred_log2_lr(by_width[transferred], proxies)
         transfer = transfer_spec(cfg, digest, log2_lr)
         run_workers(cfg, project, [transfer], parent_run)
         collected[transfer] = points_of(storage, transfer)
     points = {spec: pts for spec, (pts, _) in collected.items()}
     sweep_of = {(s.parametrization, s.width): pts for s, pts in points.items() if s.kind == "sweep"}
-    proxy_flops = sum(p.flops for w in proxy_widths(cfg) for p in sweep_of[(transferred, w)])
+    proxy_flops = sum(p.flops for w in proxies for p in sweep_of[(transferred, w)])
     check = transfer_check(sweep_of[(transferred, target_width(cfg))], points[transfer], proxy_flops, log2_lr)
     metrics = {
         **{p: {"widths": {str(w): summary for w, summary in sorted(by_width[p].items())}, **slope(by_width[p])}
            for p in cfg.search.parametrizations},
         "transfer": {"parametrization": transferred, "target_width": target_width(cfg),
-                     "proxy_widths": proxy_widths(cfg), **check},
+                     "proxy_widths": proxies, **check},
         "trials": counts([p for pts in points.values() for p in pts], sum(r for _, r in collected.values())),
         "studies": sorted(spec.name for spec in points),
-        "storage": storage_url(cfg),
+        "storage": optuna_storage(cfg),
     }
     return Findings(points, metrics)
 

@@ -62,7 +62,7 @@ def finished(storage, spec) -> list[tuple]:
 def test_objective_scores_a_trial_with_the_val_loss_of_a_plain_training_run(tmp_path):
     cfg, project = search_config(tmp_path), tiny_project(tmp_path)
     spec = first_spec(cfg, project)
-    storage = search.open_storage(search.storage_url(cfg))
+    storage = search.open_storage(search.optuna_storage(cfg))
     search.prepare_study(storage, spec)
     study = search.load_study(storage, spec, cfg)
     trial = search.claim(storage, study)
@@ -78,7 +78,7 @@ def test_a_diverging_trial_is_recorded_as_a_diverged_result_not_raised(tmp_path)
     cfg = search_config(tmp_path, **{"train.diverge_loss": 1.0, "train.log_every": 1})  # any real loss is above 1
     project = tiny_project(tmp_path)
     spec = first_spec(cfg, project)
-    storage = search.open_storage(search.storage_url(cfg))
+    storage = search.open_storage(search.optuna_storage(cfg))
     search.prepare_study(storage, spec)
     study = search.load_study(storage, spec, cfg)
     status = search.run_trial(study, search.claim(storage, study), spec, cfg, search.Tokens.of(project))
@@ -95,7 +95,7 @@ def test_two_workers_on_one_journal_evaluate_exactly_the_trials_one_worker_does(
         (tmp_path / f"w{workers}").mkdir()
         specs = search.sweep_specs(cfg, "d")
         search.run_workers(cfg, project, specs, None)
-        storage = search.open_storage(search.storage_url(cfg))
+        storage = search.open_storage(search.optuna_storage(cfg))
         results[workers] = {spec.name: finished(storage, spec) for spec in specs}
     n_points = 3 * 2
     for trials in results[2].values():
@@ -107,7 +107,7 @@ def test_a_killed_search_resumes_keeping_finished_trials_and_retrying_interrupte
     cfg = search_config(tmp_path, **{"search.workers": 1, "search.steps": 40, "search.lr_points": 4})
     project = tiny_project(tmp_path)
     specs = search.sweep_specs(cfg, "d")[:1]
-    storage = search.open_storage(search.storage_url(cfg))
+    storage = search.open_storage(search.optuna_storage(cfg))
     search.prepare_study(storage, specs[0])
     job = (f"import json, sys; from model.config import from_dict; from tasks import search; "
            f"search.run_workers(from_dict(json.loads(sys.argv[1])), __import__('pathlib').Path(sys.argv[2]), "
