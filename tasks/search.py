@@ -27,7 +27,6 @@ as in Wortsman et al.'s LR sensitivity), with ``status: diverged`` among its use
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import dataclasses
 import hashlib
@@ -252,13 +251,17 @@ class Tokens:
         return cls(*(open_split(project / MANIFEST, split) for split in ("train", "val")))
 
 
+def suggest_point(trial: optuna.Trial, cfg: Config) -> tuple[float, int]:
+    """The trial's (log2 LR, seed): its queued values (the same on every call)."""
+    low, high = trial.study.user_attrs["log2_lr_range"]
+    return trial.suggest_float("log2_lr", low, high), trial.suggest_categorical("seed", cfg.search.seeds)
+
+
 def objective(trial: optuna.Trial, cfg: Config, parametrization: str, width: int, tokens: Tokens,
               callbacks: Iterable[Any] = ()) -> float:
     """Train the trial's point; returns its final validation loss (ln(vocab) when it diverged) and
     raises ``optuna.TrialPruned`` when the pruner stopped it. Records what ran as user attributes."""
-    low, high = trial.study.user_attrs["log2_lr_range"]
-    log2_lr = trial.suggest_float("log2_lr", low, high)
-    seed = trial.suggest_categorical("seed", cfg.search.seeds)
+    log2_lr, seed = suggest_point(trial, cfg)
     run_cfg = trial_config(cfg, parametrization, width, log2_lr, seed)
     started = time.process_time()
     trainer = Trainer(run_cfg, tokens.train, tokens.val, [ReportToOptuna(trial), *callbacks])
@@ -300,7 +303,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: StudySpec, cfg: Co
     """The objective in an MLflow run nested under the stage's, its outcome told to the study.
     An exception other than pruning fails the trial (queued again at the next start) and the
     worker. Returns the trial's status: completed, diverged or pruned."""
-    with trial_run(spec, trial) as callbacks:
+    with trial_run(spec, trial, *suggest_point(trial, cfg)) as callbacks:
         try:
             value = objective(trial, cfg, spec.parametrization, spec.width, tokens, callbacks)
         except optuna.TrialPruned:
@@ -314,7 +317,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: StudySpec, cfg: Co
 
 
 @contextmanager
-def trial_run(spec: StudySpec, trial: optuna.Trial) -> Iterator[list[Any]]:
+def trial_run(spec: StudySpec, trial: optuna.Trial, log2_lr: float, seed: int) -> Iterator[list[Any]]:
     """The trial's MLflow run under the stage's (when a stage runs it), tagged with its study and
     trial; yields the trainer callbacks that log to it."""
     parent = os.environ.get(PARENT_RUN_ENV)
@@ -327,8 +330,7 @@ def trial_run(spec: StudySpec, trial: optuna.Trial) -> Iterator[list[Any]]:
     tags = {"mlflow.parentRunId": parent, "optuna.study": spec.name, "optuna.trial": str(trial.number),
             "search.width": str(spec.width), "search.parametrization": spec.parametrization,
             "search.kind": spec.kind}
-    params = trial.system_attrs.get("fixed_params", {})
-    name = f"{spec.kind} {spec.parametrization} w{spec.width} lr2^{params.get('log2_lr')} s{params.get('seed')}"
+    name = f"{spec.kind} {spec.parametrization} w{spec.width} lr 2^{log2_lr:g} seed {seed}"
     with mlflow.start_run(run_name=name, tags=tags):
         yield [MLflowMetrics()]
 

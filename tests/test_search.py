@@ -148,3 +148,17 @@ def test_slope_of_optima_halving_per_doubling_is_minus_one_with_spread_over_seed
     fitted = slope(by_width)
     assert fitted["slope"] == pytest.approx(-1.0) and fitted["slope_std"] == pytest.approx(0.0, abs=1e-9)
     assert by_width[32]["log2_lr_opt_std"] == pytest.approx(0.1 / math.sqrt(2))
+
+
+def test_pretrain_trains_with_the_lr_the_search_wrote_unless_told_not_to(tmp_path):
+    from model.config import InputError
+    from tasks.stage_io import SEARCH_LR
+    from tasks.train import pretrain_config
+
+    cfg = tiny_config()
+    with pytest.raises(InputError, match="run the search stage first"):
+        pretrain_config(cfg, tmp_path)
+    (tmp_path / SEARCH_LR).parent.mkdir()
+    (tmp_path / SEARCH_LR).write_text(search.LR_FILE_HEADER + "optim:\n  lr: 0.00123\n")
+    assert pretrain_config(cfg, tmp_path).optim.lr == 0.00123
+    assert pretrain_config(cfg.replace(**{"search.transfer_lr": False}), tmp_path).optim.lr == cfg.optim.lr
