@@ -8,17 +8,21 @@ Two roots:
            copy resolves back to it), or ``$SPIKELAB_STATE``.
 
 Services: ``spikelab services up`` starts a Prefect server and an MLflow server on 127.0.0.1.
-:func:`configure_environment` points this process at them when they answer, and otherwise at
-the local stores (MLflow: SQLite file; Prefect: a temporary server per process, slower).
+:func:`configure_environment` points this process at them when they provably serve this
+checkout's state directory (tasks/services.py), and otherwise at the local stores (MLflow: SQLite
+file; Prefect: a temporary server per process, slower), saying so.
 It must run before ``prefect`` is imported, because Prefect reads its settings at import.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from typing import Any
 
 from model.config import Config, load_config
 
@@ -35,10 +39,13 @@ def project_dir() -> Path:
     return cwd
 
 
-def project_config(profile: str | None = None) -> tuple[Config, Path]:
-    """The validated config of the project a stage runs in, and that project's directory."""
+def project_config(profile: str | None = None,
+                   overrides: dict[str, Any] | None = None) -> tuple[Config, Path]:
+    """The validated config of the project a stage runs in (``overrides``: dotted keys, highest
+    precedence), and that project's directory."""
     project = project_dir()
-    return load_config(project / "params.yaml", profile), project
+    cfg = load_config(project / "params.yaml", profile)
+    return (cfg.replace(**overrides) if overrides else cfg), project
 
 
 def repo_root(project: Path | None = None) -> Path:
@@ -101,6 +108,10 @@ def prefect_url() -> str:
     return f"http://{HOST}:{prefect_port()}/api"
 
 
+def prefect_ui_url() -> str:
+    return prefect_url().removesuffix("/api")
+
+
 def mlflow_url() -> str:
     return f"http://{HOST}:{mlflow_port()}"
 
@@ -123,16 +134,29 @@ def mlflow_up() -> bool:
 
 
 def configure_environment() -> dict[str, str]:
-    """Point Prefect and MLflow at the running servers, else at the local stores.
+    """Point Prefect and MLflow at the servers that serve this checkout, else at the local stores.
 
-    Explicit user settings (``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI``) win. Returns what was
-    chosen, for logging.
+    Explicit user settings (``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI``) win. A server that
+    answers but belongs to another checkout is never used (its store is not ours); that is said
+    on stderr. Returns what was chosen, for logging.
     """
+    from tasks.services import serves_this_checkout
+
     s = state()
     os.environ.setdefault("PREFECT_HOME", str(s.prefect_home))
-    if "PREFECT_API_URL" not in os.environ and prefect_up():
+    if "PREFECT_API_URL" not in os.environ and _use_server("prefect", prefect_up, serves_this_checkout):
         os.environ["PREFECT_API_URL"] = prefect_url()
     if "MLFLOW_TRACKING_URI" not in os.environ:
-        os.environ["MLFLOW_TRACKING_URI"] = mlflow_url() if mlflow_up() else f"sqlite:///{s.mlflow_db}"
+        use = _use_server("mlflow", mlflow_up, serves_this_checkout)
+        os.environ["MLFLOW_TRACKING_URI"] = mlflow_url() if use else f"sqlite:///{s.mlflow_db}"
     return {"prefect": os.environ.get("PREFECT_API_URL", "temporary server"),
             "mlflow": os.environ["MLFLOW_TRACKING_URI"]}
+
+
+def _use_server(name: str, is_up, serves_this_checkout) -> bool:
+    if serves_this_checkout(name):
+        return True
+    if is_up():
+        print(f"spikelab: the {name} server on {HOST} answers but does not serve this checkout's state "
+              f"({state_dir()}); using local stores instead", file=sys.stderr)
+    return False
