@@ -29,6 +29,16 @@ from model.config import Config, load_config
 HOST = "127.0.0.1"
 EXPS_MARKER = (".dvc", "tmp", "exps")
 
+# What the pipeline flow tells the stages it runs under DVC (flows/pipeline.py):
+PIPELINE_RUN_ENV = "SPIKELAB_PIPELINE_RUN"
+"""The pipeline's Prefect flow-run id (an MLflow lineage tag of every stage run)."""
+PARENT_TASK_RUN_ENV = "SPIKELAB_PARENT_TASK_RUN"
+"""The pipeline task a stage's Prefect flow run is created under (``spikelab run``)."""
+DVC_EXP_ENV = "SPIKELAB_DVC_EXP"
+"""The DVC experiment the pipeline saves the run as (an MLflow lineage tag)."""
+MLFLOW_PARENT_ENV = "SPIKELAB_MLFLOW_PARENT_RUN"
+"""The pipeline's MLflow run: each stage's run is nested under it."""
+
 
 def project_dir() -> Path:
     """The nearest directory at or above the working directory holding ``params.yaml``."""
