@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -35,7 +35,9 @@ from flows.forms import Overrides, Profile, dotted
 from tasks.paths import (DVC_EXP_ENV, MLFLOW_PARENT_ENV, PARENT_TASK_RUN_ENV, PIPELINE_RUN_ENV, project_config,
                          project_dir)
 from tasks.stage_io import PRETRAIN_CHECKPOINTS
-ERROR_LINE = re.compile(r"error|exception|traceback|failed", re.IGNORECASE)
+ERROR_LINES = (re.compile(r"^(spikelab: error|ERROR)\b"), re.compile(r"error|exception|failed", re.IGNORECASE))
+"""Where a stage's own error is, best first: the CLI's one-line message and DVC's verdict, else
+any line that says error; else the last lines."""
 
 Target = Literal[("all", *STAGES)]  # type: ignore[valid-type]
 """What to reproduce: every stage, or one stage and the stages it depends on."""
@@ -143,14 +145,11 @@ class StageFailed(RuntimeError):
     """A stage exited non-zero; the message carries its own error lines."""
 
 
-def stage_env(mlflow_run_id: str, experiment: str | None) -> dict[str, str]:
-    """What the stages inherit: this pipeline run's ids (lineage) and the DVC experiment name."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           PIPELINE_RUN_ENV: str(FlowRunContext.get().flow_run.id), MLFLOW_PARENT_ENV: mlflow_run_id}
-    if experiment:
-        env[DVC_EXP_ENV] = experiment
-    return env
+def stage_env(mlflow_run_id: str) -> dict[str, str]:
+    """What the stages inherit: this pipeline run's ids, for their lineage."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            PIPELINE_RUN_ENV: str(FlowRunContext.get().flow_run.id), MLFLOW_PARENT_ENV: mlflow_run_id}
 
 
 @task(task_run_name="{stage}", name="dvc-repro-stage")
@@ -170,8 +169,16 @@ def repro_stage(stage: str, env: dict[str, str]) -> None:
                 logger.info(line)
                 tail.append(line)
     if proc.returncode:
-        errors = [line for line in tail if ERROR_LINE.search(line)] or list(tail)[-5:]
-        raise StageFailed(f"stage {stage} failed (dvc exit {proc.returncode}): " + " | ".join(errors[-6:]))
+        raise StageFailed(f"stage {stage} failed (dvc exit {proc.returncode}): " + " | ".join(error_lines(tail)))
+
+
+def error_lines(lines: Iterable[str], keep: int = 4) -> list[str]:
+    lines = list(lines)
+    for pattern in ERROR_LINES:
+        found = [line for line in lines if pattern.search(line)]
+        if found:
+            return found[-keep:]
+    return lines[-keep:]
 
 
 def save_experiment(project: Path, name: str) -> None:
@@ -206,9 +213,11 @@ def pipeline_flow(target: Target = "all", profile: Profile | None = None,
     sets = {**({"profile": profile} if profile else {}), **dotted(overrides, extra_overrides)}
     cfg, _ = project_config(profile, {k: v for k, v in sets.items() if k != "profile"})  # bad values fail here
     experiment = experiment_name(sets)
+    if experiment:
+        os.environ[DVC_EXP_ENV] = experiment  # lineage of this run and its stages (a process of its own)
     stages = stage_order(dvc_stages(project), target)
     with stage_run(cfg, "pipeline") as run, restored_on_failure(project):
-        env = stage_env(run.info.run_id, experiment)
+        env = stage_env(run.info.run_id)
         if sets:
             write_params(project, sets)
         for stage in stages:

@@ -4,6 +4,8 @@ token shards as its dataset input, summary metrics, curves and figures, the weig
 
 from __future__ import annotations
 
+import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,10 @@ def log_token_shards(project: Path, manifest: dict[str, Any]) -> None:
     from mlflow.data.meta_dataset import MetaDataset
 
     digest = "-".join(manifest["splits"][s]["sha256"][:8] for s in ("train", "val"))
-    shards = MetaDataset(resolve_dataset_source(str((project / MANIFEST).parent.resolve())),
-                         name="tokens", digest=digest)
-    mlflow.log_input(shards, context="training")
+    with warnings.catch_warnings():  # a local path matches the "file" and "" schemes: same source class
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(str((project / MANIFEST).parent.resolve()))
+    mlflow.log_input(MetaDataset(source, name="tokens", digest=digest), context="training")
 
 
 @task(name="log-model")
@@ -43,7 +46,9 @@ def log_pretrained_model(weights: Path, cfg) -> None:
 
     net = GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size)
     net.load_state_dict(torch.load(weights, weights_only=True)["model"])
-    mlflow.pytorch.log_model(net, name="model", code_paths=[str(Path(__file__).parents[1] / "model")],
+    logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)  # the pickle caveat: our own code, our own store
+    mlflow.pytorch.log_model(net, name="model", serialization_format="pickle",
+                             code_paths=[str(Path(__file__).parents[1] / "model")],
                              pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
 
 

@@ -75,15 +75,15 @@ def git_lineage() -> dict[str, str]:
     return tags
 
 
-def dvc_inputs_digest(stage: str, cfg: Config) -> str:
+def dvc_inputs_digest(stage: str, cfg: Config) -> str | None:
     """sha256 over the stage's deps as DVC records them (upstream outs by their ``dvc.lock`` md5,
     other files by content) and the values of the params it reads *as resolved* (profile and
-    overrides applied). Identical inputs, identical digest."""
+    overrides applied). Identical inputs, identical digest; None for what is not a DVC stage."""
     root = project_dir()
     pipeline = root / "dvc.yaml"
     spec = (yaml.safe_load(pipeline.read_text()) or {}).get("stages", {}).get(stage) if pipeline.is_file() else None
     if spec is None:
-        return "not-a-dvc-stage"
+        return None
     lock_path = root / "dvc.lock"
     lock = yaml.safe_load(lock_path.read_text()).get("stages", {}) if lock_path.is_file() else {}
     out_md5 = {o["path"]: o["md5"] for s in lock.values() for o in s.get("outs", [])}
@@ -152,11 +152,10 @@ def owner_tags() -> dict[str, str]:
 
 def lineage_tags(cfg: Config, stage: str, identity: str | None = None) -> dict[str, str]:
     """Where a stage run came from; nested under the pipeline's run when a pipeline ran it."""
-    parent = os.environ.get(MLFLOW_PARENT_ENV)
-    return {**({"mlflow.parentRunId": parent} if parent else {}),
-            "spikelab.stage": stage, "spikelab.profile": cfg.profile,
-            "spikelab.dvc_inputs": dvc_inputs_digest(stage, cfg),
-            **({"spikelab.run_identity": identity} if identity else {}),
+    optional = {"mlflow.parentRunId": os.environ.get(MLFLOW_PARENT_ENV),
+                "spikelab.dvc_inputs": dvc_inputs_digest(stage, cfg), "spikelab.run_identity": identity}
+    return {"spikelab.stage": stage, "spikelab.profile": cfg.profile,
+            **{k: v for k, v in optional.items() if v},
             **git_lineage(), **dvc_lineage(), **prefect_lineage(), **owner_tags()}
 
 
