@@ -22,6 +22,10 @@ STAGES = {
 """Stage name -> the flow that runs it. dvc.yaml calls ``spikelab run <stage>`` for each."""
 
 USER_ERROR_EXIT = 2
+NEXT_STEP = {"preempted": "a checkpoint was saved; run the same command again to resume",
+             "diverged": "no model was published; see the run's curves for where it went wrong",
+             "stopped": "stopped before train.steps; no model was published"}
+"""What a user does next after a run that did not complete (the one-line message's tail)."""
 
 EXAMPLES = """\
 examples:
@@ -202,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return USER_ERROR_EXIT
     except RunEnded as e:
-        print(f"spikelab: run {e}; exit {e.code}", file=sys.stderr)
+        print(f"spikelab: {e} ({NEXT_STEP[e.status]})", file=sys.stderr)
         return e.code
     return 0
 

@@ -26,8 +26,8 @@ def summary_markdown(stage: str, run: Any, figures: Mapping[str, Any], files: It
     files = list(files)
     if files:
         lines += ["", "Figures (PNG, also among the MLflow run's artifacts under `figures/`):", ""]
-        lines += [f"- [{f.name}]({f.resolve().as_uri()})" + (f" · [in MLflow]({url}/artifacts/figures/{f.name})"
-                                                           if url else "") for f in files]
+        lines += [f"- [{f.name}]({f.resolve().as_uri()})"
+                  + (f" · [in MLflow]({run_url(run, f'/artifacts/figures/{f.name}')})" if url else "") for f in files]
     return "\n".join(lines) + "\n"
 
 

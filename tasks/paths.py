@@ -126,6 +126,11 @@ def mlflow_url() -> str:
     return f"http://{HOST}:{mlflow_port()}"
 
 
+MLFLOW_TRAINING_VIEW = "workflowType=machine_learning"
+"""Query string that opens MLflow 3's UI in its model-training view (the default view is GenAI;
+the experiment's kind tag alone does not switch it). Every MLflow link spikelab prints has it."""
+
+
 def answers(url: str, timeout: float = 0.5) -> bool:
     """True when an HTTP server answers 2xx at ``url`` (a short timeout: called at every stage start)."""
     try:

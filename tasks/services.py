@@ -45,14 +45,17 @@ def services() -> list[Service]:
     return [
         Service("prefect", [str(bin_dir / "prefect"), "server", "start", "--host", paths.HOST,
                             "--port", str(paths.prefect_port())],
-                {"PREFECT_HOME": str(s.prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
+                {"PREFECT_HOME": str(s.prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                 # the UI's own calls go to this server's port, not to the default 4200
+                 "PREFECT_SERVER_API_HOST": paths.HOST, "PREFECT_SERVER_API_PORT": str(paths.prefect_port()),
+                 "PREFECT_UI_API_URL": paths.prefect_url()},
                 paths.prefect_port(), paths.prefect_up, paths.prefect_ui_url()),
         Service("mlflow", [str(bin_dir / "mlflow"), "server", "--host", paths.HOST,
                            "--port", str(paths.mlflow_port()),
                            "--backend-store-uri", f"sqlite:///{s.mlflow_db}",
                            "--default-artifact-root", s.mlflow_artifacts.as_uri(),
                            "--no-serve-artifacts"],
-                {}, paths.mlflow_port(), paths.mlflow_up, paths.mlflow_url()),
+                {}, paths.mlflow_port(), paths.mlflow_up, f"{paths.mlflow_url()}/#/?{paths.MLFLOW_TRAINING_VIEW}"),
     ]
 
 

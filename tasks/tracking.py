@@ -28,7 +28,8 @@ import yaml
 
 from model.config import Config
 from model.stops import MLFLOW_STATUS, RunEnded
-from tasks.paths import DVC_EXP_ENV, MLFLOW_PARENT_ENV, PIPELINE_RUN_ENV, prefect_ui_url, project_dir, state
+from tasks.paths import (DVC_EXP_ENV, MLFLOW_PARENT_ENV, MLFLOW_TRAINING_VIEW, PIPELINE_RUN_ENV, prefect_ui_url,
+                         project_dir, state)
 
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 """Opens the experiment in MLflow 3's model-training view (runs, charts), not the GenAI one."""
@@ -251,12 +252,13 @@ def log_summary(summary: dict[str, Any]) -> None:
                         if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v})
 
 
-def run_url(run: mlflow.ActiveRun | Any) -> str | None:
-    """The run's page in the MLflow UI, when a server holds it."""
+def run_url(run: mlflow.ActiveRun | Any, page: str = "") -> str | None:
+    """A page of the run in the MLflow UI (model-training view), when a server holds it;
+    ``page`` e.g. ``/artifacts/figures/loss.png``."""
     uri = mlflow.get_tracking_uri()
     if not uri.startswith("http"):
         return None
-    return f"{uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    return f"{uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}{page}?{MLFLOW_TRAINING_VIEW}"
 
 
 def metric_name(name: str) -> str:

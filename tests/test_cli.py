@@ -53,3 +53,18 @@ def test_a_bad_set_value_exits_2_naming_the_key(capsys):
 
     assert main(["run", "pretrain", "--set", "optim.beta2=1.5"]) == 2
     assert "spikelab: error: optim.beta2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stop, code", [("Preempted", 75), ("Diverged", 3), ("Stopped", 4)])
+def test_a_run_that_did_not_complete_exits_with_its_code_and_one_line_saying_what_next(monkeypatch, capsys,
+                                                                                      stop, code):
+    import flows.__main__ as cli
+    from model import stops
+
+    def run_stage(*_):
+        raise getattr(stops, stop)(12, "why")
+
+    monkeypatch.setattr(cli, "run_stage", run_stage)
+    assert cli.main(["run", "pretrain"]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"spikelab: {getattr(stops, stop).status} at step 12: why (")
