@@ -21,6 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MAX_BYTES = 200_000
+TIDY = {
+    "mlflow": ['[data-component-id="mlflow.assistant.chat_panel.close"]'],  # the assistant panel hides the page
+    "mlflow-runs": ['[data-component-id$="runnamecellrenderer.tsx_46"]'],  # unfold the newest pipeline run
+}
+"""CSS selectors clicked (first match) before a screenshot: by page-name prefix."""
 
 
 def newest_pipeline_run(prefect_api: str) -> dict:
@@ -74,6 +79,17 @@ def save_small(png: bytes, path: Path) -> int:
     return buffer.tell()
 
 
+def tidy(driver, name: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    for prefix, selectors in TIDY.items():
+        if name.startswith(prefix):
+            for selector in selectors:
+                for element in driver.find_elements(By.CSS_SELECTOR, selector)[:1]:
+                    element.click()
+                    time.sleep(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs/screenshots")
@@ -94,6 +110,7 @@ def main() -> None:
         for name, url in pages(paths.prefect_ui_url(), paths.mlflow_url(), flow_run).items():
             driver.get(url)
             time.sleep(args.settle)
+            tidy(driver, name)
             size = save_small(driver.get_screenshot_as_png(), args.out / f"{name}.png")
             print(f"{args.out / name}.png  {size / 1000:.0f} KB  <- {url}")
     finally:

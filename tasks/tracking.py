@@ -155,7 +155,7 @@ def lineage_tags(cfg: Config, stage: str, identity: str | None = None) -> dict[s
     """Where a stage run came from; nested under the pipeline's run when a pipeline ran it."""
     optional = {"mlflow.parentRunId": os.environ.get(MLFLOW_PARENT_ENV),
                 "spikelab.dvc_inputs": dvc_inputs_digest(stage, cfg), "spikelab.run_identity": identity}
-    return {"spikelab.stage": stage, "spikelab.profile": cfg.profile,
+    return {"mlflow.source.name": f"spikelab {stage}", "spikelab.stage": stage, "spikelab.profile": cfg.profile,
             **{k: v for k, v in optional.items() if v},
             **git_lineage(), **dvc_lineage(), **prefect_lineage(), **owner_tags()}
 
