@@ -159,6 +159,8 @@ def configure_environment() -> dict[str, str]:
 
     s = state()
     os.environ.setdefault("PREFECT_HOME", str(s.prefect_home))
+    for key in ("DO_NOT_TRACK", "MLFLOW_DISABLE_TELEMETRY"):  # no usage telemetry from study runs
+        os.environ.setdefault(key, "true")
     if "PREFECT_API_URL" not in os.environ and _use_server("prefect", prefect_up, serves_this_checkout):
         os.environ["PREFECT_API_URL"] = prefect_url()
     if "MLFLOW_TRACKING_URI" not in os.environ:
