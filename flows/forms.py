@@ -1,7 +1,8 @@
 """Typed parameter forms for the Prefect UI, generated from the config so they cannot drift:
 ``Profile`` is a choice among the overlays in ``profiles/``; ``Overrides`` holds the keys a user
 sets for an ablation arm, typed as declared in model/config.py and described by the docstring
-written under each field there."""
+written under each field there. Choices default to ``KEEP`` (params.yaml's value), other fields
+to empty."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ def profile_names() -> tuple[str, ...]:
 
 Profile = Literal[profile_names()]  # type: ignore[valid-type]
 """The profiles present in this project, as a choice."""
+KEEP = "as in params.yaml"
+ProfileChoice = Literal[(KEEP, *profile_names())]  # type: ignore[valid-type]
+"""A form's profile field: a profile, or keep the one params.yaml names (the default)."""
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -46,11 +50,17 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def _form_field(hint: Any, description: str | None) -> tuple[Any, Any]:
+    """A choice (a select) keeps params.yaml's value by default; any other field is empty (None)."""
+    if typing.get_origin(hint) is Literal:
+        return Literal[(KEEP, *typing.get_args(hint))], Field(KEEP, description=description)
+    return Optional[hint], Field(None, description=description)
+
+
 def _section_model(section: str, keys: list[str]) -> type[BaseModel]:
     cls = typing.get_type_hints(Config, vars(config_module))[section]
     hints, docs = typing.get_type_hints(cls, vars(config_module)), field_docs(cls)
-    fields: dict[str, Any] = {key: (Optional[hints[key]], Field(None, description=docs.get(key)))
-                              for key in keys}
+    fields = {key: _form_field(hints[key], docs.get(key)) for key in keys}
     return create_model(f"{section.capitalize()}Overrides", __config__=ConfigDict(extra="forbid"), **fields)
 
 
@@ -68,6 +78,6 @@ def dotted(overrides: BaseModel | None, free_form: dict[str, Any] | None = None)
     """The form's filled-in fields and the free-form entries as ``{"optim.lr": 0.01, ...}``."""
     keys = {f"{section}.{key}": value
             for section, values in (overrides.model_dump() if overrides else {}).items()
-            for key, value in values.items() if value is not None}
+            for key, value in values.items() if value not in (None, KEEP)}
     return {**keys, **(free_form or {})}
 

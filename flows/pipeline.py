@@ -31,10 +31,12 @@ from prefect import flow, get_run_logger, task
 from prefect.context import FlowRunContext, TaskRunContext
 
 from flows.__main__ import STAGES
-from flows.forms import Overrides, Profile, dotted
+from flows.artifacts import publish_pipeline_summary
+from flows.forms import KEEP, Overrides, ProfileChoice, dotted
 from tasks.paths import (DVC_EXP_ENV, MLFLOW_PARENT_ENV, PARENT_TASK_RUN_ENV, PIPELINE_RUN_ENV, project_config,
                          project_dir)
 from tasks.stage_io import PRETRAIN_CHECKPOINTS
+from tasks.tracking import stage_run
 ERROR_LINES = (re.compile(r"^(spikelab: error|ERROR)\b"), re.compile(r"error|exception|failed", re.IGNORECASE))
 """Where a stage's own error is, best first: the CLI's one-line message and DVC's verdict, else
 any line that says error; else the last lines."""
@@ -198,30 +200,33 @@ def experiment_name(sets: dict[str, Any]) -> str | None:
 
 
 @flow(name="pipeline", log_prints=True)
-def pipeline_flow(target: Target = "all", profile: Profile | None = None,
-                  overrides: Overrides | None = None, extra_overrides: dict[str, Any] | None = None) -> None:
+def pipeline_flow(target: Target = "all", profile: ProfileChoice = KEEP, overrides: Overrides = Overrides(),
+                  extra_overrides: dict[str, Any] | None = None) -> None:
     """Reproduce the study (or one stage and what it needs) through DVC, one task per stage.
+    Form values are written to params.yaml (as `dvc exp run -S`); a failed run leaves params.yaml
+    and every output as they were.
 
-    `profile` and the `overrides` fields change params.yaml for this run (as `dvc exp run -S`);
-    `extra_overrides` takes any other dotted key, e.g. `{"filter.min_chars": 100}`. Empty fields
-    keep params.yaml. A failed run leaves params.yaml and every output as they were.
+    Args:
+        target: Every stage, or one stage (after the stages it needs, when they are stale).
+        profile: The profile overlay from profiles/, or the one params.yaml names.
+        overrides: The keys of an ablation arm, typed and documented; empty fields keep params.yaml.
+        extra_overrides: Any other dotted key, e.g. {"filter.min_chars": 100}.
     """
-    from flows.artifacts import publish_pipeline_summary
-    from tasks.tracking import stage_run
-
     project = project_dir()
-    sets = {**({"profile": profile} if profile else {}), **dotted(overrides, extra_overrides)}
-    cfg, _ = project_config(profile, {k: v for k, v in sets.items() if k != "profile"})  # bad values fail here
+    chosen = None if profile == KEEP else profile
+    sets = {**({"profile": chosen} if chosen else {}), **dotted(overrides, extra_overrides)}
+    cfg, _ = project_config(chosen, {k: v for k, v in sets.items() if k != "profile"})  # bad values fail here
     experiment = experiment_name(sets)
     if experiment:
         os.environ[DVC_EXP_ENV] = experiment  # lineage of this run and its stages (a process of its own)
     stages = stage_order(dvc_stages(project), target)
-    with stage_run(cfg, "pipeline") as run, restored_on_failure(project):
-        env = stage_env(run.info.run_id)
-        if sets:
-            write_params(project, sets)
-        for stage in stages:
-            repro_stage.with_options(name=f"dvc-repro-{stage}")(stage, env)
+    with stage_run(cfg, "pipeline") as run:
+        with restored_on_failure(project):
+            env = stage_env(run.info.run_id)
+            if sets:
+                write_params(project, sets)
+            for stage in stages:
+                repro_stage.with_options(name=f"dvc-repro-{stage}")(stage, env)
         if experiment:
             save_experiment(project, experiment)
         publish_pipeline_summary(run, stages, experiment)

@@ -28,19 +28,23 @@ TIDY = {
 """CSS selectors clicked (first match) before a screenshot: by page-name prefix."""
 
 
-def newest_pipeline_run(prefect_api: str) -> dict:
-    body = {"flows": {"name": {"any_": ["pipeline"]}}, "sort": "START_TIME_DESC", "limit": 1,
-            "flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}}
-    request = urllib.request.Request(f"{prefect_api}/flow_runs/filter", data=json.dumps(body).encode(),
+def prefect_api(url: str, body: dict | None = None):
+    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
-        runs = json.load(response)
+        return json.load(response)
+
+
+def newest_pipeline_run(api: str) -> dict:
+    runs = prefect_api(f"{api}/flow_runs/filter", {
+        "flows": {"name": {"any_": ["pipeline"]}}, "sort": "START_TIME_DESC", "limit": 1,
+        "flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}})
     if not runs:
         raise SystemExit("no completed pipeline run: trigger the spikelab-pipeline deployment first")
     return runs[0]
 
 
-def pages(prefect_ui: str, mlflow_ui: str, flow_run: dict) -> dict[str, str]:
+def pages(prefect_ui: str, mlflow_ui: str, flow_run: dict, deployment_id: str) -> dict[str, str]:
     """Screenshot name -> page, for the pipeline run ``flow_run`` and its MLflow runs."""
     import mlflow
 
@@ -54,6 +58,7 @@ def pages(prefect_ui: str, mlflow_ui: str, flow_run: dict) -> dict[str, str]:
                                                 f"and tags.`spikelab.stage` = 'pretrain'")
     found = {
         "prefect-deployments": f"{prefect_ui}/deployments",
+        "prefect-pipeline-form": f"{prefect_ui}/deployments/deployment/{deployment_id}/run",
         "prefect-pipeline-run": f"{prefect_ui}/runs/flow-run/{flow_run['id']}",
         "mlflow-runs": f"{mlflow_ui}/#/experiments/{experiment}?{MLFLOW_TRAINING_VIEW}",
     }
@@ -94,6 +99,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs/screenshots")
     parser.add_argument("--settle", type=float, default=8.0, help="seconds a page gets to render")
+    parser.add_argument("--height", type=int, default=1000, help="browser window height (pixels)")
     args = parser.parse_args()
     from tasks import paths, services
     from tests import browser
@@ -104,10 +110,11 @@ def main() -> None:
     if down:
         raise SystemExit(f"not up for this checkout: {', '.join(down)} (spikelab services up)")
     flow_run = newest_pipeline_run(paths.prefect_url())
+    deployment = prefect_api(f"{paths.prefect_url()}/deployments/name/pipeline/spikelab-pipeline")
     args.out.mkdir(parents=True, exist_ok=True)
-    driver = browser.chrome(1280, 820)
+    driver = browser.chrome(1280, args.height)
     try:
-        for name, url in pages(paths.prefect_ui_url(), paths.mlflow_url(), flow_run).items():
+        for name, url in pages(paths.prefect_ui_url(), paths.mlflow_url(), flow_run, deployment["id"]).items():
             driver.get(url)
             time.sleep(args.settle)
             tidy(driver, name)
