@@ -37,6 +37,7 @@ from tasks.paths import (DVC_EXP_ENV, MLFLOW_PARENT_ENV, PARENT_TASK_RUN_ENV, PI
                          project_dir)
 from tasks.stage_io import PRETRAIN_CHECKPOINTS
 from tasks.tracking import stage_run
+
 ERROR_LINES = (re.compile(r"^(spikelab: error|ERROR)\b"), re.compile(r"error|exception|failed", re.IGNORECASE))
 """Where a stage's own error is, best first: the CLI's one-line message and DVC's verdict, else
 any line that says error; else the last lines."""

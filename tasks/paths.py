@@ -155,25 +155,25 @@ def configure_environment() -> dict[str, str]:
     answers but belongs to another checkout is never used (its store is not ours); that is said
     on stderr. Returns what was chosen, for logging.
     """
-    from tasks.services import serves_this_checkout
-
     s = state()
     os.environ.setdefault("PREFECT_HOME", str(s.prefect_home))
     for key in ("DO_NOT_TRACK", "MLFLOW_DISABLE_TELEMETRY"):  # no usage telemetry from study runs
         os.environ.setdefault(key, "true")
-    if "PREFECT_API_URL" not in os.environ and _use_server("prefect", prefect_up, serves_this_checkout):
+    if "PREFECT_API_URL" not in os.environ and _use_server("prefect"):
         os.environ["PREFECT_API_URL"] = prefect_url()
     if "MLFLOW_TRACKING_URI" not in os.environ:
-        use = _use_server("mlflow", mlflow_up, serves_this_checkout)
+        use = _use_server("mlflow")
         os.environ["MLFLOW_TRACKING_URI"] = mlflow_url() if use else f"sqlite:///{s.mlflow_db}"
     return {"prefect": os.environ.get("PREFECT_API_URL", "temporary server"),
             "mlflow": os.environ["MLFLOW_TRACKING_URI"]}
 
 
-def _use_server(name: str, is_up, serves_this_checkout) -> bool:
+def _use_server(name: str) -> bool:
+    from tasks.services import service, serves_this_checkout  # services builds on this module
+
     if serves_this_checkout(name):
         return True
-    if is_up():
+    if service(name).is_up():
         print(f"spikelab: the {name} server on {HOST} answers but does not serve this checkout's state "
               f"({state_dir()}); using local stores instead", file=sys.stderr)
     return False

@@ -6,8 +6,6 @@ is available); :func:`missing` says why a browser cannot be had, for a clear ski
 from __future__ import annotations
 
 import shutil
-import time
-from collections.abc import Callable
 
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
@@ -46,14 +44,6 @@ def wait_for_text(driver: webdriver.Chrome, *needles: str, timeout: float = 60) 
     """Wait until the page shows every needle; returns the page text."""
     WebDriverWait(driver, timeout).until(lambda d: all(n in page_text(d) for n in needles))
     return page_text(driver)
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        time.sleep(0.5)
 
 
 def image_loads(driver: webdriver.Chrome, url: str) -> bool:
