@@ -27,4 +27,6 @@ def deployments() -> list:
 
 
 def serve_all() -> None:
-    serve(*deployments())
+    """Serve from this workspace, one run at a time: they all write the same params.yaml and
+    outputs, so a second run waits for the first instead of racing it."""
+    serve(*deployments(), limit=1)
