@@ -213,10 +213,10 @@ def stage_run(cfg: Config, stage: str, identity: str | None = None) -> Iterator[
     """The parent MLflow run of one stage execution (the trials, arms or policies it launches are
     :func:`child_run`): named for what ran, lineage tags, the resolved config as params."""
     experiment = experiment_id(cfg.tracking.experiment)
-    mlflow.set_experiment(experiment_id=experiment)
     for run_id in close_orphaned_runs(experiment):
         print(f"spikelab: MLflow run {run_id} was left RUNNING by a killed process; marked KILLED")
-    run = mlflow.start_run(run_name=run_name(stage, cfg, identity), tags=lineage_tags(cfg, stage, identity))
+    run = mlflow.start_run(experiment_id=experiment, run_name=run_name(stage, cfg, identity),
+                           tags=lineage_tags(cfg, stage, identity))
     with _ends_with_its_status():
         log_params(cfg.to_flat_dict())
         yield run
