@@ -1,36 +1,43 @@
 """The search stage as a Prefect flow: the μP learning-rate search (Optuna studies per
 parametrization × width on one storage, ``search.workers`` worker processes), the transfer of the
 optimum to the target width checked against a direct sweep, and the LR pretrain takes. One MLflow
-run for the stage, a child run per trial (opened by the workers)."""
+run for the stage with a child run per trial (opened by the workers), the findings as summary
+metrics, the figures as artifacts and in the stage's Prefect artifact."""
 
 from __future__ import annotations
 
 import resource
 import time
+from typing import Any
 
 import mlflow
 from prefect import flow
 
+from flows.artifacts import publish_summary
+from flows.forms import Profile
 from tasks.paths import project_config
 from tasks.search import publish, search
 from tasks.stage_io import SEARCH_LR, SEARCH_METRICS
-from tasks.tracking import stage_run
+from tasks.tracking import log_summary, stage_run
 
 
 @flow(name="search")
-def search_flow(profile: str | None = None) -> None:
-    """Search the LR at the proxy widths for SP and μP, transfer it, write search/lr.yaml."""
-    cfg, project = project_config(profile)
+def search_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
+    """Search the LR at several widths for SP and μP, transfer μP's to the target width, check it
+    against a direct sweep there, and write search/lr.yaml for pretrain."""
+    cfg, project = project_config(profile, overrides)
     started = time.perf_counter(), time.process_time()
     with stage_run(cfg, "search") as run:
         findings = search(cfg, project, run.info.run_id)
         findings.metrics["time"] = stage_time(*started)
         figures = publish(cfg, project, findings)
-        mlflow.log_metrics(headline(findings.metrics))
+        key_figures = headline(findings.metrics)
+        log_summary(key_figures)
         for path in (SEARCH_METRICS, SEARCH_LR):
             mlflow.log_artifact(str(project / path))
         for path in figures:
             mlflow.log_artifact(str(path), artifact_path="figures")
+        publish_summary("search", run, key_figures, figures)
 
 
 def stage_time(wall_start: float, cpu_start: float) -> dict[str, float]:
@@ -41,9 +48,14 @@ def stage_time(wall_start: float, cpu_start: float) -> dict[str, float]:
 
 
 def headline(metrics: dict) -> dict[str, float]:
-    """The findings as flat MLflow metrics: slopes, transfer gap and compute ratio, trial counts."""
-    out = {f"{p}/slope": metrics[p]["slope"] for p in ("sp", "mup") if p in metrics}
-    out.update({f"transfer/{k}": metrics["transfer"][k] for k in ("log2_lr", "loss_gap", "compute_ratio")})
+    """The findings in one flat table: slopes with their spread, the transfer's LR, loss gap and
+    compute ratio, the trial counts and the time taken."""
+    out: dict[str, Any] = {}
+    for p in ("sp", "mup"):
+        if p in metrics:
+            out.update({f"{p}/slope": metrics[p]["slope"], f"{p}/slope_std": metrics[p]["slope_std"]})
+    transfer = metrics["transfer"]
+    out.update({f"transfer/{k}": transfer[k] for k in ("lr", "loss_gap", "loss_gap_std", "compute_ratio")})
     out.update({f"trials/{k}": v for k, v in metrics["trials"].items()})
     out.update({f"time/{k}": v for k, v in metrics["time"].items()})
     return {k: float(v) for k, v in out.items() if v is not None}

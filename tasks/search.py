@@ -51,6 +51,7 @@ from model.callbacks import Callback
 from model.checkpoint import RunLock
 from model.config import CheckpointConfig, Config, ConfigError, from_dict
 from model.data import open_split
+from model.stops import Diverged
 from model.train import Trainer
 from tasks.paths import optuna_storage, state
 from tasks.search_fit import Point, counts, slope, transfer_check, transferred_log2_lr, width_summary
@@ -318,21 +319,28 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: StudySpec, cfg: Co
 
 @contextmanager
 def trial_run(spec: StudySpec, trial: optuna.Trial, log2_lr: float, seed: int) -> Iterator[list[Any]]:
-    """The trial's MLflow run under the stage's (when a stage runs it), tagged with its study and
-    trial; yields the trainer callbacks that log to it."""
+    """The trial's MLflow run, a child of the stage's (when a stage runs it), tagged with its study
+    and trial; yields the trainer callbacks that log to it. It ends as its stop kind says: a
+    diverged trial FAILED (model/stops.py), a completed or pruned one FINISHED."""
     parent = os.environ.get(PARENT_RUN_ENV)
     if not parent:
         yield []
         return
     import mlflow
 
-    from tasks.tracking import MLflowMetrics
-    tags = {"mlflow.parentRunId": parent, "optuna.study": spec.name, "optuna.trial": str(trial.number),
-            "search.width": str(spec.width), "search.parametrization": spec.parametrization,
-            "search.kind": spec.kind}
+    from tasks.tracking import MLflowMetrics, child_run
+    tags = {"optuna.study": spec.name, "optuna.trial": str(trial.number), "search.width": str(spec.width),
+            "search.parametrization": spec.parametrization, "search.kind": spec.kind}
     name = f"{spec.kind} {spec.parametrization} w{spec.width} lr 2^{log2_lr:g} seed {seed}"
-    with mlflow.start_run(run_name=name, tags=tags):
-        yield [MLflowMetrics()]
+    try:
+        with child_run(name, tags, parent_id=parent):
+            yield [MLflowMetrics()]
+            status = trial.user_attrs.get("status")
+            mlflow.set_tag("search.status", status)
+            if status == "diverged":
+                raise Diverged(trial.user_attrs["steps"], "a search trial")
+    except Diverged:
+        pass  # a result, recorded as such
 
 
 def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> None:
