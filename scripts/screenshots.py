@@ -114,7 +114,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     driver = browser.chrome(1280, args.height)
     try:
-        for name, url in pages(paths.prefect_ui_url(), paths.mlflow_url(), flow_run, deployment["id"]).items():
+        shots = {**pages(paths.prefect_ui_url(), paths.mlflow_url(), flow_run, deployment["id"]),
+                 "optuna-dashboard": paths.dashboard_url()}
+        for name, url in shots.items():
             driver.get(url)
             time.sleep(args.settle)
             tidy(driver, name)

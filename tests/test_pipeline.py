@@ -121,18 +121,37 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     summary = json.loads((project / "metrics/pretrain.json").read_text())
     assert summary["steps"] == 30 and summary["skipped"] == 0
 
+    search = runs["search"]
+    found = json.loads((project / "metrics/search.json").read_text())
+    trials = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{search.info.run_id}'")
+    assert search.info.status == "FINISHED" and found["trials"]["run"] == len(trials) == 2 * 2 * 3 + 1
+    assert all({"optuna.study", "optuna.trial", "search.width", "search.parametrization"} <= t.data.tags.keys()
+               for t in trials)
+    transferred = yaml.safe_load((project / "search/lr.yaml").read_text())["optim"]["lr"]
+    assert transferred == found["transfer"]["lr"] == float(pretrain.data.params["optim.lr"]) == trained_lr(project)
+
     assert ran(repro(project, live_services)) == set()
     assert "up to date" in run(["dvc", "status"], project, live_services).stdout
+
+    (project / "search/lr.yaml").write_text("optim:\n  lr: 0.00321\n")  # another search result
+    assert "search/lr.yaml" in run(["dvc", "status", "pretrain"], project, live_services).stdout
+    done = run(["dvc", "repro", "--single-item", "pretrain"], project, live_services)
+    assert ran(done.stdout) == {"pretrain"} and trained_lr(project) == 0.00321, done.stdout + done.stderr
 
     raw_mtime = (project / "data/raw/docs.jsonl").stat().st_mtime_ns
     params = project / "params.yaml"
     params.write_text(params.read_text().replace("  min_chars: 64\n", "  min_chars: 100\n", 1))
     output = repro(project, live_services)
-    assert ran(output) == {"filter", "tokenize", "pretrain"}
+    assert ran(output) == {"filter", "tokenize", "search", "pretrain"}
     assert "Stage 'prepare' didn't change" in output
     assert (project / "data/raw/docs.jsonl").stat().st_mtime_ns == raw_mtime
     assert "and starting run" in output, "new data must not resume the old run's checkpoints"
     assert json.loads((project / "metrics/pretrain.json").read_text())["start_step"] == 0
+
+
+def trained_lr(project: Path) -> float:
+    """The peak LR of the pretrain run whose checkpoints are in the project (its identity)."""
+    return json.loads((project / "runs/pretrain/checkpoints/run.json").read_text())["config"]["optim.lr"]
 
 
 @pytest.mark.e2e

@@ -162,3 +162,20 @@ def test_pretrain_trains_with_the_lr_the_search_wrote_unless_told_not_to(tmp_pat
     (tmp_path / SEARCH_LR).write_text(search.LR_FILE_HEADER + "optim:\n  lr: 0.00123\n")
     assert pretrain_config(cfg, tmp_path).optim.lr == 0.00123
     assert pretrain_config(cfg.replace(**{"search.transfer_lr": False}), tmp_path).optim.lr == cfg.optim.lr
+
+
+@pytest.mark.e2e
+def test_the_dashboard_service_shows_the_search_studies_in_a_browser(live_services):
+    from tasks import paths
+    from tests import browser
+
+    if reason := browser.missing():
+        pytest.skip(reason)
+    spec = search.StudySpec("test/search/mup/w16/dashboard", "sweep", "mup", 16, ((-7.0, 0), (-5.0, 0)))
+    search.prepare_study(search.open_storage(paths.optuna_storage(tiny_config())), spec)  # the state's journal
+    driver = browser.chrome()
+    try:
+        driver.get(paths.dashboard_url())
+        browser.wait_for_text(driver, spec.name)
+    finally:
+        driver.quit()
