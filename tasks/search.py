@@ -285,19 +285,16 @@ def objective(trial: optuna.Trial, cfg: Config, parametrization: str, width: int
 # --------------------------------------------------------------------------------------------
 
 
-def work(cfg: Config, project: Path, specs: list[StudySpec]) -> int:
-    """One worker: pop and train queued trials, study by study, until every queue is empty.
-    Returns the number of trials it ran."""
+def work(cfg: Config, project: Path, specs: list[StudySpec]) -> None:
+    """One worker: pop and train queued trials, study by study, until every queue is empty."""
     import torch
 
     torch.set_num_threads(1)
-    storage, tokens, done = open_storage(optuna_storage(cfg)), Tokens.of(project), 0
+    storage, tokens = open_storage(optuna_storage(cfg)), Tokens.of(project)
     for spec in specs:
         study = load_study(storage, spec, cfg)
         while (trial := claim(storage, study)) is not None:
             run_trial(study, trial, spec, cfg, tokens)
-            done += 1
-    return done
 
 
 def run_trial(study: optuna.Study, trial: optuna.Trial, spec: StudySpec, cfg: Config, tokens: Tokens) -> str:

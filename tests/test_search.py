@@ -109,9 +109,10 @@ def test_a_killed_search_resumes_keeping_finished_trials_and_retrying_interrupte
     specs = search.sweep_specs(cfg, "d")[:1]
     storage = search.open_storage(search.optuna_storage(cfg))
     search.prepare_study(storage, specs[0])
-    job = (f"import json, sys; from model.config import from_dict; from tasks import search; "
-           f"search.run_workers(from_dict(json.loads(sys.argv[1])), __import__('pathlib').Path(sys.argv[2]), "
-           f"[search.StudySpec(**{{**s, 'points': tuple(map(tuple, s['points']))}}) for s in json.loads(sys.argv[3])], None)")
+    job = ("import json, sys, pathlib; from model.config import from_dict; from tasks import search; "
+           "specs = [search.StudySpec(**{**s, 'points': tuple(map(tuple, s['points']))}) "
+           "for s in json.loads(sys.argv[3])]; "
+           "search.run_workers(from_dict(json.loads(sys.argv[1])), pathlib.Path(sys.argv[2]), specs, None)")
     proc = subprocess.Popen([sys.executable, "-c", job, json.dumps(dataclasses.asdict(cfg)), str(project),
                              json.dumps([dataclasses.asdict(s) for s in specs])], cwd=REPO, start_new_session=True)
     deadline = time.monotonic() + 120
