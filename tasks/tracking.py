@@ -232,8 +232,8 @@ def child_run(name: str, tags: dict[str, str] | None = None,
     if parent is None:
         raise RuntimeError("child_run needs an active stage_run")
     inherited = {k: v for k, v in parent.data.tags.items() if k.startswith(("spikelab.", "prefect.", "mlflow.source.git"))}
-    run = mlflow.start_run(run_name=name, nested=True, tags={**inherited, **owner_tags(), **(tags or {}),
-                                                             "mlflow.parentRunId": parent.info.run_id})
+    run = mlflow.start_run(run_name=name, nested=True, experiment_id=parent.info.experiment_id,
+                           tags={**inherited, **owner_tags(), **(tags or {}), "mlflow.parentRunId": parent.info.run_id})
     with _ends_with_its_status():
         yield run
 
