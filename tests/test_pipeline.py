@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -161,9 +160,9 @@ def test_stages_run_in_dependency_order_and_a_target_brings_only_its_ancestors()
     from flows.pipeline import dvc_stages, stage_order
 
     stages = dvc_stages(REPO)
-    assert stage_order(stages) == ["prepare", "filter", "tokenize", "pretrain"]
-    assert stage_order(stages, "tokenize") == ["prepare", "filter", "tokenize"]
-    assert stage_order(stages, "prepare") == ["prepare"]
+    assert stage_order(stages) == ["params", "prepare", "filter", "tokenize", "pretrain"]
+    assert stage_order(stages, "tokenize") == ["params", "prepare", "filter", "tokenize"]
+    assert stage_order(stages, "params") == ["params"]
 
 
 def test_form_values_are_written_to_params_keeping_its_comments(tmp_path):
