@@ -153,6 +153,9 @@ def _changes(entries: list) -> str:
 
 
 def newest_runs(limit: int = 5) -> list[str]:
+    uri = os.environ["MLFLOW_TRACKING_URI"]
+    if uri.startswith("sqlite:///") and not os.path.exists(uri.removeprefix("sqlite:///")):
+        return ["(none: no MLflow store yet)"]  # opening one would create it
     import mlflow
 
     client = mlflow.MlflowClient()
