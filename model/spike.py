@@ -156,13 +156,15 @@ class Trace(Callback):
                 for (s, _), v in zip(self.rows, values)]
 
 
-def _cpu_clone(value: Any) -> Any:
+def cpu_copy(value: Any) -> Any:
+    """A CPU copy of a (nested) state. Load states through it: Adam's ``load_state_dict`` keeps
+    the given tensors, which training then updates in place."""
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
-        return {k: _cpu_clone(v) for k, v in value.items()}
+        return {k: cpu_copy(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_cpu_clone(v) for v in value)
+        return type(value)(cpu_copy(v) for v in value)
     return value
 
 
@@ -179,7 +181,7 @@ class RecentStates(Callback):
         self.states = {}
 
     def on_step_end(self, trainer) -> None:
-        self.states[trainer.step] = _cpu_clone(trainer.snapshot())
+        self.states[trainer.step] = cpu_copy(trainer.snapshot())
         for step in sorted(self.states)[:-self.depth]:
             del self.states[step]
 
@@ -328,6 +330,7 @@ class Branch:
     segments: int = 0
     val_loss: float | None = None
     batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=dict)
+    probe: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class BatchTap(Callback):
@@ -353,10 +356,11 @@ MakeTrainer = Callable[[list[Any], Path | None], Any]
 def run_branch(make_trainer: MakeTrainer, origin: tuple[Path, dict[str, Any]], until: int,
                policy: str, cfg: RecoveryConfig, spike: SpikeConfig,
                injection: Injection | None = None, poison=(), timeline: Sequence[tuple[int, Path]] = (),
-               checkpoint_dir: Path | None = None) -> Branch:
+               checkpoint_dir: Path | None = None, probe: Callable[[Any], dict] | None = None) -> Branch:
     """Run one branch from ``origin`` (path, checkpoint state) to step ``until``: segments until
     the policy asks for nothing more or the retry cap is reached. ``timeline``: checkpoints
-    (step, path) before the origin on this branch's history (a rollback's targets)."""
+    (step, path) before the origin on this branch's history (a rollback's targets); ``probe``:
+    what to measure on the final trainer (kept in ``Branch.probe``)."""
     branch = Branch(policy)
     history = sorted(timeline)
     start_path, start_state, skip, lr_factor = origin[0], origin[1], 0, 1.0
@@ -374,8 +378,7 @@ def run_branch(make_trainer: MakeTrainer, origin: tuple[Path, dict[str, Any]], u
             callbacks.append(RecentStates())
         segment_dir = checkpoint_dir / f"segment_{branch.segments}" if checkpoint_dir and policy == "rollback" else None
         trainer = make_trainer(callbacks, segment_dir)
-        # A copy: Adam's load_state_dict keeps the given tensors, which the run then updates in place.
-        trainer.load(_cpu_clone(start_state), start_path, Load(), LOADABLE)
+        trainer.load(cpu_copy(start_state), start_path, Load(), LOADABLE)
         if skip:
             trainer.loader.skip(skip)
         summary = trainer.run(until=until)
@@ -423,23 +426,40 @@ def run_branch(make_trainer: MakeTrainer, origin: tuple[Path, dict[str, Any]], u
                                              f"{target + 1}-{restart.detected}, LR x{lr_factor:g}"})
     branch.rows = [rows[s] for s in sorted(rows)]
     branch.val_loss = trainer.evaluate() if branch.status != "diverged" else None
+    branch.probe = probe(trainer) if probe else {}
     branch.detections = sorted(set(branch.detections))
     return branch
 
 
+@dataclasses.dataclass
+class Warm:
+    """The stretch every branch shares: checkpoints (step, path) up to the origin (the last),
+    the detector's flags on it (false alarms) and the per-step trace."""
+
+    timeline: list[tuple[int, Path]]
+    alarms: list[int]
+    rows: list[dict[str, float]]
+
+    @property
+    def origin(self) -> tuple[Path, dict[str, Any]]:
+        path = self.timeline[-1][1]
+        return path, load_checkpoint(path)
+
+
 def warm_up(make_trainer: MakeTrainer, milestone: Path, until: int, spike: SpikeConfig,
-            checkpoint_dir: Path) -> tuple[list[tuple[int, Path]], list[int]]:
+            checkpoint_dir: Path) -> Warm:
     """Clean training from a pretrain milestone (everything loaded: the continuation is bitwise
     pretrain's) to step ``until`` with the detector on, so its window is warm at the injection.
     Its checkpoints, the last at ``until``, are every branch's shared past: the origin and the
-    rollback targets. Returns them (step, path) and the steps the detector flagged (false alarms)."""
-    detector = make_detector(spike)
-    trainer = make_trainer([detector], checkpoint_dir)
+    rollback targets."""
+    detector, trace = make_detector(spike), Trace()
+    trainer = make_trainer([detector, trace], checkpoint_dir)
     trainer.start_from(milestone)
     trainer.run(until=until)
     if not checkpoint_path(checkpoint_dir, until).exists():
         save_checkpoint(checkpoint_path(checkpoint_dir, until), trainer.snapshot())
-    return list_checkpoints(checkpoint_dir), detector.flagged_steps()
+    return Warm([(s, p) for s, p in list_checkpoints(checkpoint_dir) if s <= until],
+                detector.flagged_steps(), trace.read())
 
 
 class ServeBatches(Callback):
@@ -465,7 +485,7 @@ def replay(make_trainer: MakeTrainer, start: tuple[Path, dict[str, Any]], baseli
     detector = make_detector(spike)
     trace = Trace()
     trainer = make_trainer([detector, trace, ServeBatches(int(start[1]["step"]) + 1, batches)], None)
-    trainer.load(_cpu_clone(start[1]), start[0], Load(), LOADABLE)
+    trainer.load(cpu_copy(start[1]), start[0], Load(), LOADABLE)
     detector.load_state_dict(baseline)
     trainer.run(until=trainer.step + len(batches))
     return {"from_step": int(start[1]["step"]), "batches": len(batches), "flagged": detector.flagged_steps(),

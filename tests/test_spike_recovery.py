@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from model.callbacks import Callback
-from model.checkpoint import load_checkpoint
 from model.config import RecoveryConfig, SpikeConfig
 from model.spike import Injection, injection_callback, make_detector, run_branch, warm_up
 from model.train import Trainer
@@ -61,10 +60,8 @@ def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("spike")
     Trainer(CFG, TOKENS, VAL, [], root / "pretrain").run(until=1)
     milestone = root / "pretrain" / "step_00000001.pt"
-    timeline, alarms = warm_up(lambda cbs, d: Trainer(CFG, TOKENS, VAL, cbs, d), milestone, ORIGIN, SPIKE,
-                               root / "warm")
-    origin = dict(timeline)[ORIGIN]
-    return {"root": root, "timeline": timeline, "alarms": alarms, "origin": (origin, load_checkpoint(origin))}
+    warm = warm_up(lambda cbs, d: Trainer(CFG, TOKENS, VAL, cbs, d), milestone, ORIGIN, SPIKE, root / "warm")
+    return {"root": root, "timeline": warm.timeline, "alarms": warm.alarms, "origin": warm.origin}
 
 
 def branch(study, kind, policy, log=None, keep=None, steps=(), recovery=RECOVERY, until=ORIGIN + 12):
