@@ -14,28 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from tasks.spike import CAUSES, Study, trailing_mean
+from tasks.spike import CAUSES, Study, summary_metrics, symptoms, trailing_mean
+from tasks.stage_io import POSTMORTEMS, SPIKE_FIGURES, SPIKE_METRICS, staged, write_json
 
 TYPE_NAMES = {1: "recoverable", 2: "lingering", 3: "divergent"}
 SECTIONS = ("Symptoms", "Evidence", "Classification", "Recovery action", "Outcome", "Lessons / followups")
 """The template's sections, in order."""
-
-
-def symptoms(study: Study, kind: str) -> dict[str, Any]:
-    """What the spike looked like with nobody intervening (the ``continue`` branch, else the first)."""
-    r, injection = study.cfg.recovery, study.injections[kind]
-    policy = "continue" if "continue" in study.branches[kind] else next(iter(study.branches[kind]))
-    rows = study.branches[kind][policy].rows
-    after = [row for row in rows if row["step"] >= injection.start]
-    before = [row["loss"] for row in study.warm.rows][-r.smooth_steps:]
-    peak = max(after, key=lambda row: row["loss"])
-    grad_peak = max(after, key=lambda row: row["grad_norm"])
-    smoothed = trailing_mean(np.array([row["loss"] for row in after]), r.smooth_steps)
-    later = min(r.recover_steps, len(after) - 1)
-    return {"observed_policy": policy, "pre_spike_loss": float(np.mean(before)),
-            "peak_loss": peak["loss"], "peak_step": peak["step"],
-            "recovery_loss": float(smoothed[later]), "recovery_step": after[later]["step"],
-            "grad_norm_peak": grad_peak["grad_norm"], "grad_norm_peak_step": grad_peak["step"]}
 
 
 def best_policy(study: Study, kind: str) -> str:
@@ -230,3 +214,48 @@ def write_postmortems(study: Study, train_tokens: np.ndarray, out_dir: Path,
         path.write_text(render(study, kind, number, run_uris, histogram.name), encoding="utf-8")
         written += [path, histogram]
     return written
+
+
+def spike_figures(study: Study, out_dir: Path) -> list[Path]:
+    """Per injection: the control and every policy's smoothed loss and pre-clip grad norm around
+    the spike (the injection's first step marked)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    smooth = study.cfg.recovery.smooth_steps
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for kind, by_policy in study.branches.items():
+        fig, (loss_ax, grad_ax) = plt.subplots(1, 2, figsize=(11, 3.6), dpi=90)
+        for name, branch in [("control", study.control), *by_policy.items()]:
+            steps = [row["step"] for row in branch.rows]
+            style = {"color": "black", "linewidth": 2} if name == "control" else {"linewidth": 1}
+            loss_ax.plot(steps, trailing_mean(np.array([row["loss"] for row in branch.rows]), smooth), label=name, **style)
+            grad_ax.plot(steps, [row["grad_norm"] for row in branch.rows], label=name, **style)
+        for ax in (loss_ax, grad_ax):
+            ax.axvline(study.injections[kind].start, color="red", linestyle=":", linewidth=1)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        loss_ax.set_title(f"Training loss (trailing mean of {smooth} steps)", fontsize=10)
+        grad_ax.set_title("Gradient norm before clipping", fontsize=10)
+        grad_ax.set_yscale("log")
+        loss_ax.legend(fontsize=7)
+        fig.suptitle(f"{kind} spike at step {study.injections[kind].start}: control and every policy", fontsize=11)
+        fig.tight_layout()
+        path = out_dir / f"{kind}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def publish(project: Path, study: Study, train_tokens: np.ndarray, run_uris: dict[str, str]) -> dict[str, Any]:
+    """The stage's outputs, atomically: metrics/spike.json, figures, post-mortems. Returns the metrics."""
+    metrics = summary_metrics(study)
+    with staged(project / SPIKE_METRICS, project / SPIKE_FIGURES, project / POSTMORTEMS) as (json_out, figs, pms):
+        spike_figures(study, figs)
+        write_postmortems(study, train_tokens, pms, run_uris)
+        write_json(json_out, metrics)
+    return metrics

@@ -320,6 +320,23 @@ def examine(study: StudyRun, warm: Warm, origin, injection: Injection, poison, o
     return result, stats
 
 
+def symptoms(study: Study, kind: str) -> dict[str, Any]:
+    """What the spike looked like with nobody intervening (the ``continue`` branch, else the first)."""
+    r, injection = study.cfg.recovery, study.injections[kind]
+    policy = "continue" if "continue" in study.branches[kind] else next(iter(study.branches[kind]))
+    rows = study.branches[kind][policy].rows
+    after = [row for row in rows if row["step"] >= injection.start]
+    before = [row["loss"] for row in study.warm.rows][-r.smooth_steps:]
+    peak = max(after, key=lambda row: row["loss"])
+    grad_peak = max(after, key=lambda row: row["grad_norm"])
+    smoothed = trailing_mean(np.array([row["loss"] for row in after]), r.smooth_steps)
+    later = min(r.recover_steps, len(after) - 1)
+    return {"observed_policy": policy, "pre_spike_loss": float(np.mean(before)),
+            "peak_loss": peak["loss"], "peak_step": peak["step"],
+            "recovery_loss": float(smoothed[later]), "recovery_step": after[later]["step"],
+            "grad_norm_peak": grad_peak["grad_norm"], "grad_norm_peak_step": grad_peak["step"]}
+
+
 def summary_metrics(study: Study) -> dict[str, Any]:
     """``metrics/spike.json``: per injection and policy, the scores without the action log."""
     out: dict[str, Any] = {
@@ -331,6 +348,6 @@ def summary_metrics(study: Study) -> dict[str, Any]:
         "collapse_before": study.collapse_before,
     }
     for kind, by_policy in study.scores.items():
-        out[kind] = {"replay_spiked": study.replays[kind]["spiked"],
+        out[kind] = {"replay_spiked": study.replays[kind]["spiked"], "symptoms": symptoms(study, kind),
                      **{p: {k: v for k, v in s.items() if k not in ("actions", "why")} for p, s in by_policy.items()}}
     return json.loads(json.dumps(out, default=str))

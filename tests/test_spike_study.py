@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from model.train import Trainer
-from tasks.postmortem import SECTIONS, symptoms, write_postmortems
-from tasks.spike import classify, run_study, summary_metrics
+from tasks.postmortem import SECTIONS, publish
+from tasks.spike import classify, run_study
 from tests.trainer_kit import markov_tokens, tiny_config
 
 CONTROL = [3.0 - 0.002 * t for t in range(100)]
@@ -75,16 +75,17 @@ def finished(tmp_path_factory):
     Trainer(cfg, train, val, [], project / "pretrain", identity="pretrain-id").run(until=10)
     study = run_study(cfg, project, project / "pretrain" / "step_00000010.pt", project / "runs" / "spike")
     uris = {name: f"runs:/{name.replace('/', '-')}" for name in study.identities}
-    paths = write_postmortems(study, train, project / "reports" / "postmortems", uris)
-    return study, paths, summary_metrics(study)
+    metrics = publish(project, study, train, uris)
+    return study, project, metrics
 
 
 def test_the_study_scores_every_policy_of_every_injection_against_the_control(finished):
-    study, _, metrics = finished
+    study, project, metrics = finished
     assert set(study.scores) == {"data", "lr"}
     assert all(set(s) == set(study.cfg.recovery.policies) for s in study.scores.values())
     assert metrics["false_positives"] == 0
     assert all(metrics[k][p]["latency"] is not None for k in ("data", "lr") for p in study.cfg.recovery.policies)
+    assert sorted(p.name for p in (project / "reports" / "spike").iterdir()) == ["data.png", "lr.png"]
 
 
 def test_data_injection_serves_only_spike_causing_poison(finished):
@@ -94,12 +95,12 @@ def test_data_injection_serves_only_spike_causing_poison(finished):
 
 
 def test_the_postmortem_has_every_template_section_and_the_numbers_of_the_run(finished):
-    study, paths, metrics = finished
-    text = paths[0].read_text()
+    study, project, metrics = finished
+    text = (project / "reports" / "postmortems" / "spike_1_data.md").read_text()
     headings = re.findall(r"^## (.+)$", text, flags=re.M)
     assert headings == list(SECTIONS)
     assert re.match(r"# Spike #1 — \d{4}-\d\d-\d\d \d\d:\d\d UTC", text)
-    s = symptoms(study, "data")
+    s = metrics["data"]["symptoms"]
 
     def quoted(label):
         return float(re.search(rf"^- {re.escape(label)}: ([-\d.]+)", text, flags=re.M).group(1))
@@ -108,9 +109,11 @@ def test_the_postmortem_has_every_template_section_and_the_numbers_of_the_run(fi
     assert quoted("Peak loss") == round(s["peak_loss"], 4)
     assert quoted(f"Recovery loss ({study.cfg.recovery.recover_steps} steps later)") == round(s["recovery_loss"], 4)
     assert quoted("Grad norm peak") == round(s["grad_norm_peak"], 4)
-    assert "runs:/data-continue" in text and "Batch index range:" in text and paths[1].exists()
+    assert "runs:/data-continue" in text and "Batch index range:" in text
+    assert (project / "reports" / "postmortems" / "spike_1_data_tokens.png").stat().st_size > 0
+    assert json.loads((project / "metrics" / "spike.json").read_text())["data"]["symptoms"] == s
     observed = metrics["data"]["continue"]
     assert f"- Type: {observed['type']} (" in text
     for policy, scores in metrics["data"].items():
-        if isinstance(scores, dict):
+        if policy in study.cfg.recovery.policies:
             assert f"  | {policy} | {scores['type']} | {scores['peak_ratio']:.2f} |" in text
