@@ -42,7 +42,8 @@ def collapse_flags(study: Study, kind: str) -> list[str]:
     for key, value in stats.get("at_spike", {}).items():
         pre = stats["pre_spike"].get(key)
         if key.startswith("stats/attn_entropy/") and pre and value < 0.5 * pre:
-            flags.append(f"attention entropy of {key.rsplit('/', 1)[1]} fell from {pre:.2f} to {value:.2f} nats at the spike")
+            block = key.rsplit("/", 1)[1]
+            flags.append(f"attention entropy of {block} fell from {pre:.2f} to {value:.2f} nats at the spike")
     return flags
 
 
@@ -108,7 +109,8 @@ def render(study: Study, kind: str, number: int, run_uris: dict[str, str], histo
         "",
         "## Symptoms",
         f"- Pre-spike loss: {_fmt(s['pre_spike_loss'])}",
-        f"- Peak loss: {_fmt(s['peak_loss'])} (step {s['peak_step']}, {_fmt(observed['peak_ratio'], '.2f')}x the control)",
+        f"- Peak loss: {_fmt(s['peak_loss'])} (step {s['peak_step']}, "
+        f"{_fmt(observed['peak_ratio'], '.2f')}x the control)",
         f"- Recovery loss ({cfg.recovery.recover_steps} steps later): {_fmt(s['recovery_loss'])} "
         f"(step {s['recovery_step']}, smoothed over {cfg.recovery.smooth_steps} steps)",
         f"- Grad norm peak: {_fmt(s['grad_norm_peak'])} (pre-clip, step {s['grad_norm_peak_step']})",
@@ -121,7 +123,8 @@ def render(study: Study, kind: str, number: int, run_uris: dict[str, str], histo
         f"- Token histogram for offending batches: ![token histogram]({histogram})",
         "- Per-layer activation L2 at spike:",
         "",
-        "  | block | act L2 pre-spike (clean batch) | act L2 at spike (offending batch) | attn entropy pre-spike | attn entropy at spike |",
+        "  | block | act L2 pre-spike (clean batch) | act L2 at spike (offending batch) "
+        "| attn entropy pre-spike | attn entropy at spike |",
         "  |---|---|---|---|---|",
         *[f"  | {b} | {_fmt(stats['pre_spike'].get(f'stats/act_l2/{b}'), '.3f')} | "
           f"{_fmt(stats['at_spike'].get(f'stats/act_l2/{b}'), '.3f')} | "
@@ -131,12 +134,13 @@ def render(study: Study, kind: str, number: int, run_uris: dict[str, str], histo
         f"- Detection: first flagged step {_fmt(observed['detected_at'])} (latency "
         f"{_fmt(observed['latency'])} steps); false alarms on the control: {len(study.false_positives)}",
         f"- Replay (PaLM §5.1): the {replay['batches']} offending batch(es) fed again from step "
-        f"{replay['from_step']}: {'spiked (flagged at ' + str(replay['flagged']) + ')' if replay['spiked'] else 'no spike'}",
+        f"{replay['from_step']}: " + (f"spiked (flagged at {replay['flagged']})" if replay["spiked"] else "no spike"),
         "",
         "## Classification",
         f"- Type: {observed['type']} ({TYPE_NAMES[observed['type']]}) — {observed['why']}",
         f"- Root cause: {cause}; replay attribution: {attribution}",
-        f"- Collapse: {'; '.join(collapse_flags(study, kind)) or 'none seen (distinct-2, empty outputs, attention entropy)'}",
+        "- Collapse: " + ("; ".join(collapse_flags(study, kind))
+                          or "none seen (distinct-2, empty outputs, attention entropy)"),
         "",
         "## Recovery action",
         f"- Recommended: `{best}` — {_actions(best_score['actions']) or 'no action needed'}",
@@ -232,7 +236,8 @@ def spike_figures(study: Study, out_dir: Path) -> list[Path]:
         for name, branch in [("control", study.control), *by_policy.items()]:
             steps = [row["step"] for row in branch.rows]
             style = {"color": "black", "linewidth": 2} if name == "control" else {"linewidth": 1}
-            loss_ax.plot(steps, trailing_mean(np.array([row["loss"] for row in branch.rows]), smooth), label=name, **style)
+            losses = trailing_mean(np.array([row["loss"] for row in branch.rows]), smooth)
+            loss_ax.plot(steps, losses, label=name, **style)
             grad_ax.plot(steps, [row["grad_norm"] for row in branch.rows], label=name, **style)
         for ax in (loss_ax, grad_ax):
             ax.axvline(study.injections[kind].start, color="red", linestyle=":", linewidth=1)

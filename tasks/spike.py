@@ -339,11 +339,12 @@ def symptoms(study: Study, kind: str) -> dict[str, Any]:
 
 def summary_metrics(study: Study) -> dict[str, Any]:
     """``metrics/spike.json``: per injection and policy, the scores without the action log."""
+    control_losses = [r["loss"] for r in study.control.rows]
     out: dict[str, Any] = {
         "origin_step": study.origin_step, "end_step": study.end_step,
         "false_positives": len(study.false_positives), "false_positive_steps": study.false_positives,
         "seconds_per_step": study.costs.seconds_per_step, "cpu_seconds": study.cpu_seconds,
-        "control": {"final_loss": float(np.mean([r["loss"] for r in study.control.rows][-study.cfg.recovery.smooth_steps:])),
+        "control": {"final_loss": float(np.mean(control_losses[-study.cfg.recovery.smooth_steps:])),
                     "val_loss": study.control.val_loss},
         "collapse_before": study.collapse_before,
     }
