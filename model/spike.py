@@ -14,9 +14,9 @@ segment that replays those steps meets them again, as a restarted job would):
          a bad update would leave)
 
 Policies act only on what :class:`~model.detect.SpikeDetector` flags, never on the injection step.
-``skip_step`` vetoes on the device in the step it flags; the others are host decisions, read from
-the detector once per step at step end (one sync per step; a policy-free run has none). Those
-that need an earlier state (``skip_batch``, ``rollback``) stop the segment with a request; the
+``continue`` and ``skip_step`` (which vetoes on the device in the step it flags) run without a
+per-step sync; the others are host decisions, read from the detector once per step at step end
+(one sync per step). Those that need an earlier state (``skip_batch``, ``rollback``) stop the segment with a request; the
 driver (:func:`run_branch`) starts the next segment from that state with explicit loading.
 """
 
@@ -203,11 +203,14 @@ class Restart:
 
 
 class Policy(Callback):
-    """Base: reacts once per newly flagged step (read at step end); records every action.
-    ``continue`` is this base: it records the detection and lets the run ride."""
+    """Base: reacts to each flagged step and records every action. A policy that acts on the host
+    reads the detector's flag at step end (one sync per step); one that does not (``continue``,
+    ``skip_step``) records its reactions after the segment, from the detector's flags, so its
+    run has no per-step sync. ``continue`` is this base: it lets the run ride."""
 
     name, order = "policy", 35
     kind = "continue"
+    acts_on_host = False
 
     def __init__(self, detector: SpikeDetector, cfg: RecoveryConfig):
         self.detector, self.cfg = detector, cfg
@@ -215,9 +218,14 @@ class Policy(Callback):
         self.restart: Restart | None = None
 
     def on_step_end(self, trainer) -> None:
-        if self.detector.now is None or not bool(self.detector.now):  # the per-step host read
+        if not self.acts_on_host or self.detector.now is None or not bool(self.detector.now):  # host read
             return
         self.react(trainer, trainer.step)
+
+    def on_train_end(self, summary) -> None:
+        if not self.acts_on_host:
+            for step in self.detector.flagged_steps():
+                self.react(None, step)
 
     def record(self, step: int, action: str) -> None:
         self.actions.append({"step": step, "policy": self.kind, "action": action})
@@ -242,7 +250,7 @@ class SkipStep(Policy):
 class LowerLR(Policy):
     """LR × ``lr_factor`` from the first detection on (playbook D)."""
 
-    kind = "lower_lr"
+    kind, acts_on_host = "lower_lr", True
 
     def __init__(self, detector: SpikeDetector, cfg: RecoveryConfig):
         super().__init__(detector, cfg)
@@ -260,7 +268,7 @@ class LowerLR(Policy):
 class SwapData(Policy):
     """Exclude the offending data source and continue (playbook E); only a data injection has one."""
 
-    kind = "swap_data"
+    kind, acts_on_host = "swap_data", True
 
     def __init__(self, detector: SpikeDetector, cfg: RecoveryConfig, data: DataSpike | None):
         super().__init__(detector, cfg)
@@ -277,6 +285,8 @@ class SwapData(Policy):
 class StopAndRestart(Policy):
     """skip_batch and rollback: stop the segment at the first detection and ask the driver for a
     new one (an earlier state needs explicit loading, never a live mutation)."""
+
+    acts_on_host = True
 
     def react(self, trainer, step: int) -> None:
         if self.restart is None:
