@@ -311,7 +311,8 @@ class SpikeConfig:
     magnitude: float = 30.0
     """Multiplier of ``lr``, ``grad`` and ``param`` injections."""
     duration: int = 3
-    """Steps an ``lr``/``grad`` injection lasts; batches a ``data`` injection replaces."""
+    """Batches of the stream window an injection is tied to (the steps that consume them get the
+    LR or gradient multiplier; ``data`` replaces them; ``param`` strikes at the first)."""
     data_reasons: list[str] = field(default_factory=lambda: list(SPIKE_CAUSING_POISON))
     """Poison-pool reasons ``data`` injection draws from (only spike-causing ones allowed)."""
     param_block: int = 0

@@ -1,17 +1,17 @@
 """Spike injections and recovery policies, as trainer callbacks, and the branch driver that runs a
 policy to the end of its window in run segments.
 
-Injections (deterministic from the config; every one keyed to a step or a stream position, so a
-segment that replays those steps meets them again, as a restarted job would):
+Injections, deterministic from the config. Each is tied to a window of the training stream, the
+batches at positions [position, position + duration): the steps that consume them get it, so a
+policy that skips those batches (skip_batch, rollback) avoids it and a replay of them meets it
+again, as PaLM found its spikes tied to data windows:
 
-  data   the batches at stream positions [position, position + duration) replaced by poison-pool
-         sequences; skipping those positions (skip_batch, rollback) or excluding the source
-         (swap_data) removes them
-  lr     LR × magnitude for steps [start, start + duration)
+  data   those batches replaced by poison-pool sequences (excluding the source, swap_data, ends it)
+  lr     LR × magnitude for the steps that consume them
   grad   gradients × magnitude before clipping, for the same steps
-  param  every weight matrix of block ``param_block`` × magnitude at step ``start``: its attention
-         logits and its write into the residual stream blow up (a parameter-space corruption, as
-         a bad update would leave)
+  param  every weight matrix of block ``param_block`` × magnitude when the first of them is
+         served: its attention logits and its write into the residual stream blow up (a
+         parameter-space corruption, as a bad update would leave)
 
 Policies act only on what :class:`~model.detect.SpikeDetector` flags, never on the injection step.
 ``continue`` and ``skip_step`` (which vetoes on the device in the step it flags) run without a
@@ -43,8 +43,8 @@ from model.train import Load
 
 @dataclasses.dataclass(frozen=True)
 class Injection:
-    """One injected spike. ``start``: the first injected step (1-based); ``position``: the stream
-    position (batches served) of that step's first batch, where ``data`` poison begins."""
+    """One injected spike: its stream window starts at ``position`` (the batches served at the
+    origin) and meets step ``start`` (the origin step + 1) on a run that skips nothing."""
 
     kind: str
     start: int
@@ -62,8 +62,8 @@ class Injection:
         """What identifies it (run identity ``extra``, MLflow tags)."""
         return dataclasses.asdict(self)
 
-    def in_window(self, step: int) -> bool:
-        return self.start <= step < self.start + self.duration
+    def in_window(self, position: int) -> bool:
+        return self.position <= position < self.position + self.duration
 
 
 class LRSpike(Callback):
@@ -73,7 +73,7 @@ class LRSpike(Callback):
         self.injection = injection
 
     def on_step_start(self, trainer) -> None:
-        if self.injection.in_window(trainer.step + 1):
+        if self.injection.in_window(trainer.loader.batches_served):  # this step's first batch
             trainer.scale_lr(self.injection.magnitude)
 
 
@@ -81,7 +81,7 @@ class GradSpike(LRSpike):
     name = "inject_grad"
 
     def on_step_start(self, trainer) -> None:
-        if self.injection.in_window(trainer.step + 1):
+        if self.injection.in_window(trainer.loader.batches_served):
             trainer.scale_grad(self.injection.magnitude)
 
 
@@ -90,7 +90,7 @@ class ParamSpike(LRSpike):
 
     @torch.no_grad()
     def on_step_start(self, trainer) -> None:
-        if trainer.step + 1 == self.injection.start:
+        if trainer.loader.batches_served == self.injection.position:
             for p in trainer.model.blocks[self.injection.param_block].parameters():
                 if p.dim() == 2:  # matrices; norm gains stay
                     p.mul_(self.injection.magnitude)
@@ -117,7 +117,7 @@ class DataSpike(Callback):
         out = []
         for i, batch in enumerate(batches):
             k = first + i - self.injection.position
-            if 0 <= k < len(self.poison):
+            if self.injection.in_window(first + i):
                 batch = tuple(t.to(trainer.device) for t in self.poison[k])
             out.append(batch)
         return out
