@@ -1,8 +1,9 @@
 """Per-stage cost of orchestration and tracking: Prefect flow + task + MLflow stage run.
 
 Each measurement is a fresh process (as DVC runs a stage) executing an empty stage through the
-real code path (configure_environment -> Prefect flow -> task -> tracking.stage_run), compared
-with a bare process that only loads the config. Run twice: with `spikelab services up` (servers
+real code path (configure_environment -> Prefect flow -> task -> tracking.stage_run with its
+lineage -> the stage's Prefect artifact), compared with a bare process that only loads the config.
+Also times ``spikelab --help``. Run twice: with `spikelab services up` (servers
 answering) and without (Prefect starts a temporary server per process; MLflow writes SQLite).
 
     python benchmarks/bench_overhead.py --repeats 3 --out benchmarks/out/overhead.json
@@ -22,26 +23,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 BARE = "from model.config import load_config; load_config('params.yaml')"
-IMPORTS = BARE + "; import prefect, mlflow; import tasks.tracking"
+IMPORTS = BARE + "; import prefect, mlflow; import tasks.tracking, flows.artifacts, flows.forms"
 STAGE = """
-from model.config import load_config
-from tasks.paths import configure_environment
+from tasks.paths import configure_environment, project_config
 configure_environment()
 from prefect import flow, task
+from flows.artifacts import publish_summary
+from flows.forms import Profile
 from tasks.tracking import stage_run
 
 @task
-def noop() -> int:
-    return 1
+def noop() -> dict:
+    return {"documents": 1}
 
 @flow(name="overhead-probe")
-def probe() -> None:
-    cfg = load_config('params.yaml')
-    with stage_run(cfg, 'overhead-probe'):
-        noop()
+def probe(profile: Profile | None = None) -> None:
+    cfg, _ = project_config(profile)
+    with stage_run(cfg, "overhead-probe") as run:
+        publish_summary("overhead-probe", run, noop())
 
 probe()
 """
+"""A data stage with no work: config, services check, flow + task, the MLflow stage run with its
+lineage, the Prefect artifact. No torch, like the data stages."""
+HELP = "from flows.__main__ import main; main(['--help'])"
 
 
 def time_process(code: str, env: dict[str, str]) -> float:
@@ -65,15 +70,18 @@ def main() -> None:
     if args.without_services:
         os.environ.update(SPIKELAB_PREFECT_PORT="9", SPIKELAB_MLFLOW_PORT="9")  # discard port: nothing answers
         env.update(SPIKELAB_PREFECT_PORT="9", SPIKELAB_MLFLOW_PORT="9")
-    servers_up = paths.prefect_up() and paths.mlflow_up()
+    from tasks.services import serves_this_checkout
+
+    servers_up = serves_this_checkout("prefect") and serves_this_checkout("mlflow")
     mode = "services up" if servers_up else "no services (temporary Prefect server, SQLite MLflow)"
-    bare, imports, stage = (statistics.median(time_process(code, env) for _ in range(args.repeats))
-                            for code in (BARE, IMPORTS, STAGE))
+    bare, imports, stage, cli_help = (statistics.median(time_process(code, env) for _ in range(args.repeats))
+                                      for code in (BARE, IMPORTS, STAGE, HELP))
     result = {"mode": mode, "bare_s": bare, "imports_s": imports, "stage_s": stage,
-              "overhead_s": stage - bare, "orchestration_s": stage - imports, "repeats": args.repeats}
-    print(f"{mode}: bare process {bare:.1f} s, with prefect+mlflow imported {imports:.1f} s, empty stage "
-          f"{stage:.1f} s: overhead {stage - bare:.1f} s per stage, of which {stage - imports:.1f} s "
-          f"flow + run beyond the imports (median of {args.repeats})")
+              "overhead_s": stage - bare, "orchestration_s": stage - imports, "help_s": cli_help,
+              "repeats": args.repeats}
+    print(f"{mode}: bare process {bare:.2f} s, with prefect+mlflow imported {imports:.2f} s, empty stage "
+          f"{stage:.2f} s: overhead {stage - bare:.2f} s per stage, of which {stage - imports:.2f} s "
+          f"flow + run beyond the imports; spikelab --help {cli_help:.2f} s (median of {args.repeats})")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     key = "up" if servers_up else "down"
     existing = json.loads(args.out.read_text()) if args.out.is_file() else {}

@@ -1,23 +1,17 @@
-"""The ``spikelab`` command: the whole CLI surface.
+"""spikelab: training-stability ablation studies (DVC stages run as Prefect flows, tracked in MLflow).
 
-  spikelab run STAGE [--profile NAME]   run one pipeline stage as a Prefect flow (what dvc.yaml calls)
-  spikelab serve                        serve every flow as a deployment (trigger from the Prefect UI)
-  spikelab services up|down|status      local Prefect + MLflow servers on 127.0.0.1
-
-Exit codes: 0 done, 2 bad config or input (the message names the key or file), 75 preempted
-(a checkpoint was saved; run again to resume), 1 anything else.
+Heavy libraries (torch, prefect, mlflow, dvc) are imported only by the command that needs them,
+so ``spikelab --help`` and ``spikelab ui`` answer at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
-
-from model.config import UserError, load_config
-from model.stops import RunEnded
-from tasks import paths
+from typing import Any
 
 STAGES = {
     "prepare": "flows.data:prepare_flow",
@@ -28,6 +22,24 @@ STAGES = {
 """Stage name -> the flow that runs it. dvc.yaml calls ``spikelab run <stage>`` for each."""
 
 USER_ERROR_EXIT = 2
+NEXT_STEP = {"preempted": "a checkpoint was saved; run the same command again to resume",
+             "diverged": "no model was published; see the run's curves for where it went wrong",
+             "stopped": "stopped before train.steps; no model was published"}
+"""What a user does next after a run that did not complete (the one-line message's tail)."""
+
+EXAMPLES = """\
+examples:
+  spikelab services up                    start this checkout's Prefect and MLflow servers
+  spikelab ui                             print the address of every UI that is up
+  dvc repro                               run the whole study, cached (each stage calls spikelab run)
+  spikelab run pretrain --profile smoke   run one stage directly, outside DVC's cache
+  spikelab run pretrain --set optim.lr=0.02 --set train.steps=100
+  spikelab status                         stages up to date?, servers, newest MLflow runs
+  spikelab serve                          publish the deployments: trigger runs from the Prefect UI
+
+exit codes: 0 done, 2 bad config or input (the message names the key or file), 3 diverged,
+4 stopped by a callback, 75 preempted (checkpoint saved: run again to resume), 1 anything else.
+"""
 
 
 def load_flow(stage: str):
@@ -35,50 +47,166 @@ def load_flow(stage: str):
     return getattr(importlib.import_module(module), name)
 
 
-def run_stage(stage: str, profile: str | None) -> None:
+def parse_sets(pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` pairs as dotted overrides; values are YAML scalars, as with ``dvc exp run -S``."""
+    import yaml
+
+    from model.config import ConfigError
+
+    sets = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {pair!r}: expected key=value, e.g. optim.lr=0.01")
+        sets[key.strip()] = yaml.safe_load(value)
+    return sets
+
+
+def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
+    from tasks import paths
+
     started = time.perf_counter()
-    load_config(paths.project_dir() / "params.yaml", profile)  # fail fast, before any import cost
+    cfg, _ = paths.project_config(profile, sets)  # fail fast, before any import cost
     where = paths.configure_environment()  # before prefect is imported
     flow = load_flow(stage)
-    flow(profile=profile)
+    params = {"profile": cfg.profile, **({"overrides": sets} if sets else {})}
+    name = f"{stage} {cfg.profile}"
+    parent = os.environ.get(paths.PARENT_TASK_RUN_ENV)
+    if parent:
+        run_under_task(flow, params, name, parent)
+    else:
+        flow.with_options(flow_run_name=name)(**params)
     print(f"[spikelab] {stage} done in {time.perf_counter() - started:.1f} s "
           f"(prefect: {where['prefect']}, mlflow: {where['mlflow']})", file=sys.stderr)
 
 
+def run_under_task(flow, params: dict[str, Any], name: str, task_run_id: str) -> None:
+    """Run ``flow`` as a child of a pipeline's task run (another process), so the Prefect UI
+    shows it under the pipeline run that caused it."""
+    from uuid import UUID
+
+    from prefect import get_client
+    from prefect.flow_engine import run_flow
+    from prefect.states import Pending
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run(flow, name=name, parameters=flow.serialize_parameters(params),
+                                          parent_task_run_id=UUID(task_run_id), state=Pending(),
+                                          tags=["pipeline"])
+    run_flow(flow, flow_run=flow_run, parameters=params)
+
+
 def serve() -> None:
+    from tasks import paths
+
     paths.configure_environment()
     from flows.deployments import serve_all
     serve_all()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="spikelab", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run one pipeline stage")
-    run.add_argument("stage", choices=sorted(STAGES))
-    run.add_argument("--profile", default=None, help="profile overlay (default: params.yaml's `profile`)")
-    sub.add_parser("serve", help="serve all flows as Prefect deployments")
-    svc = sub.add_parser("services", help="local Prefect and MLflow servers")
+def show_ui() -> None:
+    from tasks import services
+
+    found = False
+    for name, report in services.status().items():
+        if report.startswith("up"):
+            print(f"{name:8} {services.service(name).url}")
+            found = True
+    if not found:
+        print("no UI is up for this checkout; start them with: spikelab services up")
+
+
+def show_status() -> None:
+    from tasks import paths, services
+
+    print("stages (dvc status):")
+    for line in stage_status():
+        print(f"  {line}")
+    print("servers:")
+    for name, report in services.status().items():
+        print(f"  {name:8} {report}")
+    paths.configure_environment()
+    print(f"newest MLflow runs ({os.environ['MLFLOW_TRACKING_URI']}):")
+    for line in newest_runs():
+        print(f"  {line}")
+
+
+def stage_status() -> list[str]:
+    import json
+    import subprocess
+
+    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "dvc"), "status", "--json"],
+                          capture_output=True, text=True)
+    if done.returncode:
+        return [f"dvc status failed: {(done.stderr or done.stdout).strip()[-200:]}"]
+    changed = json.loads(done.stdout or "{}")
+    return [f"{stage:9} {'changed: ' + _changes(changed[stage]) if stage in changed else 'up to date'}"
+            for stage in STAGES]
+
+
+def _changes(entries: list) -> str:
+    kinds = []
+    for entry in entries:
+        for kind, what in (entry.items() if isinstance(entry, dict) else [(entry, {})]):
+            kinds.append(f"{kind} ({', '.join(what)})" if isinstance(what, dict) and what else str(kind))
+    return "; ".join(kinds)
+
+
+def newest_runs(limit: int = 5) -> list[str]:
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, order_by=["attributes.start_time DESC"], max_results=limit)
+    return [f"{time.strftime('%m-%d %H:%M', time.localtime(r.info.start_time / 1000))}  {r.info.status:8} "
+            f"{r.info.run_name}" for r in runs] or ["(none)"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="spikelab", description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run one pipeline stage as a Prefect flow (what dvc.yaml calls)",
+                         description="Run one stage directly. For a cached, versioned run use dvc repro "
+                                     "or dvc exp run -S key=value.")
+    run.add_argument("stage", choices=list(STAGES))
+    run.add_argument("--profile", default=None, help="profile overlay from profiles/ (default: params.yaml's profile)")
+    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                     help="override one dotted config key for this run, e.g. optim.lr=0.02 (repeatable)")
+    sub.add_parser("status", help="stages up to date or not, servers and whose they are, newest MLflow runs")
+    sub.add_parser("ui", help="print the address of every UI that is up for this checkout")
+    sub.add_parser("serve", help="serve the pipeline and each stage as Prefect deployments (forms in the UI)")
+    svc = sub.add_parser("services", help="this checkout's Prefect and MLflow servers on 127.0.0.1")
     svc.add_argument("action", choices=["up", "down", "status"])
-    args = parser.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from model.config import UserError
+    from model.stops import RunEnded
+
     try:
         if args.command == "run":
-            run_stage(args.stage, args.profile)
+            run_stage(args.stage, args.profile, parse_sets(args.sets))
+        elif args.command == "status":
+            show_status()
+        elif args.command == "ui":
+            show_ui()
         elif args.command == "serve":
             serve()
         else:
             from tasks import services
             if args.action == "status":
-                for name, up in services.status().items():
-                    print(f"{name}: {'up' if up else 'down'}")
+                for name, report in services.status().items():
+                    print(f"{name}: {report}")
             else:
                 getattr(services, args.action)()
     except UserError as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return USER_ERROR_EXIT
     except RunEnded as e:
-        hint = "; checkpoint saved, run again to resume" if e.status == "preempted" else ""
-        print(f"spikelab: {args.command} {getattr(args, 'stage', '')}: {e}{hint}", file=sys.stderr)
+        print(f"spikelab: {e} ({NEXT_STEP[e.status]})", file=sys.stderr)
         return e.code
     return 0
 

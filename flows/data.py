@@ -1,18 +1,22 @@
 """The data stages as Prefect flows, one per DVC stage: prepare -> filter -> tokenize.
 
-``dvc.yaml`` runs each with ``spikelab run <stage>``; the Prefect UI can trigger them with a
-profile. Wiring only: load the config, open the stage's MLflow run, run the tasks on staged
-(temporary) output paths that are published only when every task succeeded, then record the
-outputs (counts, report, dataset digest) in MLflow.
+``dvc.yaml`` runs each with ``spikelab run <stage>``; the Prefect UI runs them through DVC (the
+pipeline flow's deployments). Wiring only: load the config, open the stage's MLflow run, run the
+tasks on staged (temporary) output paths that are published only when every task succeeded,
+then record the outputs (counts, report, dataset digest) in MLflow and publish a summary.
+These stages never import torch.
 """
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from prefect import flow
 
+from flows.artifacts import publish_summary
+from flows.forms import Profile
 from tasks.data_filters import drop_perplexity_outliers, screen_documents
 from tasks.data_sources import read_corpus
 from tasks.data_tokenize import encode_shards, train_tokenizer
@@ -23,34 +27,37 @@ from tasks.tracking import stage_run
 
 
 @flow(name="prepare")
-def prepare_flow(profile: str | None = None) -> None:
+def prepare_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Read the configured corpus into data/raw."""
-    cfg, project = project_config(profile)
+    cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "prepare") as run:
         with staged(project / RAW_DIR) as (raw,):
             counts = read_corpus(cfg.data, project, raw)
-        record_outputs(run.info.run_id, project, STAGE_OUTS["prepare"], counts, [RAW_DIR / SOURCE_FILE])
+        digest = record_outputs(run.info.run_id, project, STAGE_OUTS["prepare"], counts, [RAW_DIR / SOURCE_FILE])
+        publish_summary("prepare", run, {**counts, "dataset digest": digest[:16]})
 
 
 @flow(name="filter")
-def filter_flow(profile: str | None = None) -> None:
+def filter_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Filter data/raw into data/clean, the poison pool and the filter report."""
-    cfg, project = project_config(profile)
+    cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "filter") as run:
         with staged(project / CLEAN_DIR, project / POISON_DIR, project / FILTER_REPORT) as (clean, poison, report), \
                 tempfile.TemporaryDirectory(prefix=".filter-", dir=project / RAW_DIR.parent) as work:
             counts = screen_documents(cfg.filter, project / RAW_DIR, poison, Path(work))
             metrics = drop_perplexity_outliers(cfg.filter, counts, project / RAW_DIR, Path(work),
                                                clean, poison, report)
-        record_outputs(run.info.run_id, project, STAGE_OUTS["filter"], metrics, [FILTER_REPORT])
+        digest = record_outputs(run.info.run_id, project, STAGE_OUTS["filter"], metrics, [FILTER_REPORT])
+        publish_summary("filter", run, {**metrics, "dataset digest": digest[:16]})
 
 
 @flow(name="tokenize")
-def tokenize_flow(profile: str | None = None) -> None:
+def tokenize_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Train the BPE on data/clean and write the token shards and manifest to data/tokens."""
-    cfg, project = project_config(profile)
+    cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "tokenize") as run:
         with staged(project / TOKENS_DIR) as (tokens,):
             tokenizer = train_tokenizer(cfg.tokenizer, cfg.data, project / CLEAN_DIR, tokens)
             metrics = encode_shards(cfg.tokenizer, cfg.data, tokenizer, project / CLEAN_DIR, project / POISON_DIR)
-        record_outputs(run.info.run_id, project, STAGE_OUTS["tokenize"], metrics, [MANIFEST])
+        digest = record_outputs(run.info.run_id, project, STAGE_OUTS["tokenize"], metrics, [MANIFEST])
+        publish_summary("tokenize", run, {**metrics, "dataset digest": digest[:16]})

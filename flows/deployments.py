@@ -1,15 +1,32 @@
-"""Serve every flow as a Prefect deployment: each appears in the Prefect UI with a parameter form
-(profile; for the pipeline also dotted-key overrides) and runs in this project's workspace."""
+"""Serve the study as Prefect deployments: ``spikelab-pipeline`` for every stage and one
+``spikelab-<stage>`` per stage. All of them run through DVC (the pipeline flow with a target),
+so a run from the UI is cached, versioned and never leaves the workspace half-changed; each has
+the pipeline's typed form (profile as a choice, the ablation keys typed and documented)."""
 
 from __future__ import annotations
 
 from prefect import serve
 
-from flows.__main__ import STAGES, load_flow
+from flows.__main__ import STAGES
 from flows.pipeline import pipeline_flow
+
+THROUGH_DVC = ("Runs through DVC (`dvc repro --single-item`, one task per stage, logs live): cached and "
+               "versioned. Form values are written to params.yaml as `dvc exp run -S` would and the run is "
+               "saved as a DVC experiment; a failure puts params.yaml and every output back.")
+
+
+def deployments() -> list:
+    found = [pipeline_flow.to_deployment(
+        name="spikelab-pipeline", parameters={"target": "all"}, tags=["spikelab"],
+        description=f"The whole study: {' -> '.join(STAGES)}. {THROUGH_DVC}")]
+    found += [pipeline_flow.to_deployment(
+        name=f"spikelab-{stage}", parameters={"target": stage}, tags=["spikelab", stage],
+        description=f"The {stage} stage, after the stages it needs when they are stale. {THROUGH_DVC}")
+        for stage in STAGES]
+    return found
 
 
 def serve_all() -> None:
-    deployments = [pipeline_flow.to_deployment(name="spikelab-pipeline")]
-    deployments += [load_flow(stage).to_deployment(name=f"spikelab-{stage}") for stage in STAGES]
-    serve(*deployments)
+    """Serve from this workspace, one run at a time: they all write the same params.yaml and
+    outputs, so a second run waits for the first instead of racing it."""
+    serve(*deployments(), limit=1)

@@ -1,41 +1,233 @@
-"""The whole study as one Prefect flow that drives DVC, so a run triggered from the Prefect UI is
-cached, versioned and reproducible exactly like ``dvc repro`` from a shell."""
+"""The study as one Prefect flow that drives DVC, one visible task per stage.
+
+Each stage runs as ``dvc repro --single-item <stage>`` in topological order, so a run triggered
+from the Prefect UI is cached and versioned exactly like ``dvc repro`` from a shell; its output
+streams into the task's log line by line as DVC prints it. The stage's own flow run (started by
+``spikelab run`` under DVC) is created as a child of that task, so the UI links the two.
+
+Values from the form are validated first (a bad value fails before anything is touched), then
+written to ``params.yaml`` as ``dvc exp run -S`` would; when every stage succeeds the result is
+saved as a named DVC experiment. When any stage fails, ``params.yaml``, ``dvc.lock`` and the
+stage outputs are put back as they were (uncached outputs from a snapshot, cached ones with
+``dvc checkout``) and the flow run fails with the stage's own error lines.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections import deque
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import yaml
 from prefect import flow, get_run_logger, task
+from prefect.context import FlowRunContext, TaskRunContext
 
-from tasks.paths import project_dir
+from flows.__main__ import STAGES
+from flows.artifacts import publish_pipeline_summary
+from flows.forms import KEEP, Overrides, ProfileChoice, dotted
+from tasks.paths import (DVC_EXP_ENV, MLFLOW_PARENT_ENV, PARENT_TASK_RUN_ENV, PIPELINE_RUN_ENV, project_config,
+                         project_dir)
+from tasks.stage_io import PRETRAIN_CHECKPOINTS
+from tasks.tracking import stage_run
+
+ERROR_LINES = (re.compile(r"^(spikelab: error|ERROR)\b"), re.compile(r"error|exception|failed", re.IGNORECASE))
+"""Where a stage's own error is, best first: the CLI's one-line message and DVC's verdict, else
+any line that says error; else the last lines."""
+
+Target = Literal[("all", *STAGES)]  # type: ignore[valid-type]
+"""What to reproduce: every stage, or one stage and the stages it depends on."""
 
 
-def dvc_command(overrides: dict[str, Any], profile: str | None) -> list[str]:
-    """``dvc repro`` for the workspace as it is; ``dvc exp run -S key=value ...`` when the form
-    sets parameters, so each variation becomes a named DVC experiment instead of editing files."""
-    dvc = str(Path(sys.executable).with_name("dvc"))
-    sets = {**({"profile": profile} if profile else {}), **overrides}
-    if not sets:
-        return [dvc, "repro"]
-    return [dvc, "exp", "run", *[arg for k, v in sets.items() for arg in ("-S", f"{k}={v}")]]
+def dvc_stages(project: Path) -> dict[str, dict[str, Any]]:
+    return yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
 
 
-@task
-def run_dvc(command: list[str]) -> None:
+def _paths(entries: list) -> list[str]:
+    return [e if isinstance(e, str) else next(iter(e)) for e in entries]
+
+
+def _outs(spec: dict[str, Any]) -> list[str]:
+    return _paths(spec.get("outs", []) + spec.get("metrics", []) + spec.get("plots", []))
+
+
+def stage_order(stages: dict[str, dict[str, Any]], target: str = "all") -> list[str]:
+    """Stages in dependency order (a stage after every stage whose outputs it reads); for a
+    target, only it and its ancestors."""
+    producer = {out: name for name, spec in stages.items() for out in _outs(spec)}
+    upstream = {name: {producer[d] for d in spec.get("deps", []) if d in producer} for name, spec in stages.items()}
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        for parent in sorted(upstream[name]):
+            visit(parent)
+        if name not in order:
+            order.append(name)
+
+    for name in ([target] if target != "all" else stages):
+        visit(name)
+    return order
+
+
+def dvc_bin() -> str:
+    return str(Path(sys.executable).with_name("dvc"))
+
+
+# --------------------------------------------------------------------------------------------
+# The workspace: overrides in, and back out on failure
+# --------------------------------------------------------------------------------------------
+
+
+def write_params(project: Path, sets: dict[str, Any]) -> None:
+    """Set dotted keys in params.yaml, keeping its comments and layout (as ``dvc exp run -S``)."""
+    from ruamel.yaml import YAML
+
+    rt = YAML()
+    path = project / "params.yaml"
+    doc = rt.load(path.read_text())
+    for key, value in sets.items():
+        *parents, leaf = key.split(".")
+        node = doc
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    with open(path, "w") as f:
+        rt.dump(doc, f)
+
+
+def snapshot_paths(project: Path) -> list[Path]:
+    """What ``dvc checkout`` cannot restore: params, the lock file and the uncached outputs
+    (metrics, curves, figures). Checkpoints are left out: many, large, and guarded by run
+    identity (a failed run's checkpoints are never resumed as another run's)."""
+    stages = dvc_stages(project)
+    uncached = [next(iter(e)) for spec in stages.values()
+                for kind in ("outs", "metrics", "plots") for e in spec.get(kind, [])
+                if isinstance(e, dict) and next(iter(e.values())).get("cache") is False]
+    return [project / p for p in ("params.yaml", "dvc.lock", *uncached) if p != str(PRETRAIN_CHECKPOINTS)]
+
+
+@contextmanager
+def restored_on_failure(project: Path) -> Iterator[None]:
+    """On any failure inside, put params, lock and every stage output back as they were."""
+    with tempfile.TemporaryDirectory(prefix="spikelab-snapshot-") as snap:
+        saved = []
+        for path in snapshot_paths(project):
+            if path.exists():
+                copy = Path(snap) / path.relative_to(project)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                (shutil.copytree if path.is_dir() else shutil.copy2)(path, copy)
+                saved.append(path)
+        try:
+            yield
+        except BaseException:
+            for path in snapshot_paths(project):
+                if path.is_dir():
+                    shutil.rmtree(path)
+                elif path.exists() or path.is_symlink():
+                    path.unlink()
+            for path in saved:
+                copy = Path(snap) / path.relative_to(project)
+                (shutil.copytree if copy.is_dir() else shutil.copy2)(copy, path)
+            subprocess.run([dvc_bin(), "checkout", "--force", "--quiet"], cwd=project, check=False)
+            raise
+
+
+# --------------------------------------------------------------------------------------------
+# Stages as tasks
+# --------------------------------------------------------------------------------------------
+
+
+class StageFailed(RuntimeError):
+    """A stage exited non-zero; the message carries its own error lines."""
+
+
+def stage_env(mlflow_run_id: str) -> dict[str, str]:
+    """What the stages inherit: this pipeline run's ids, for their lineage."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            PIPELINE_RUN_ENV: str(FlowRunContext.get().flow_run.id), MLFLOW_PARENT_ENV: mlflow_run_id}
+
+
+@task(task_run_name="{stage}", name="dvc-repro-stage")
+def repro_stage(stage: str, env: dict[str, str]) -> None:
+    """``dvc repro --single-item <stage>``, its output logged live; the stage's flow run becomes
+    a child of this task run."""
     logger = get_run_logger()
-    logger.info("running %s", " ".join(command))
-    proc = subprocess.run(command, cwd=project_dir(), capture_output=True, text=True)
-    for line in (proc.stdout + proc.stderr).splitlines():
-        logger.info(line)
+    env = {**env, PARENT_TASK_RUN_ENV: str(TaskRunContext.get().task_run.id)}
+    command = [dvc_bin(), "repro", "--single-item", stage]
+    logger.info("$ %s", " ".join(["dvc", *command[1:]]))
+    tail: deque[str] = deque(maxlen=60)
+    with subprocess.Popen(command, cwd=project_dir(), env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        for line in proc.stdout:
+            line = line.rstrip()
+            if line:
+                logger.info(line)
+                tail.append(line)
     if proc.returncode:
-        raise RuntimeError(f"{command[1:3]} failed with exit code {proc.returncode}")
+        raise StageFailed(f"stage {stage} failed (dvc exit {proc.returncode}): " + " | ".join(error_lines(tail)))
 
 
-@flow(name="pipeline")
-def pipeline_flow(profile: str | None = None, overrides: dict[str, Any] | None = None) -> None:
-    """Run every stage through DVC. ``overrides`` maps dotted params keys to values, e.g.
-    ``{"model.block": "post_ln", "optim.beta2": 0.999}``."""
-    run_dvc(dvc_command(overrides or {}, profile))
+def error_lines(lines: Iterable[str], keep: int = 4) -> list[str]:
+    lines = list(lines)
+    for pattern in ERROR_LINES:
+        found = [line for line in lines if pattern.search(line)]
+        if found:
+            return found[-keep:]
+    return lines[-keep:]
+
+
+def save_experiment(project: Path, name: str) -> None:
+    """Save the workspace as DVC experiment ``name`` (needs git; otherwise say why not)."""
+    logger = get_run_logger()
+    done = subprocess.run([dvc_bin(), "exp", "save", "--name", name, "--force"], cwd=project,
+                          capture_output=True, text=True)
+    if done.returncode:
+        logger.warning("not saved as a DVC experiment: %s", (done.stderr or done.stdout).strip()[-300:])
+    else:
+        logger.info("saved as DVC experiment %s (dvc exp show)", name)
+
+
+def experiment_name(sets: dict[str, Any]) -> str | None:
+    """A DVC experiment name for a run with form values: the Prefect flow run's name."""
+    return f"ui-{FlowRunContext.get().flow_run.name}" if sets else None
+
+
+@flow(name="pipeline", log_prints=True)
+def pipeline_flow(target: Target = "all", profile: ProfileChoice = KEEP, overrides: Overrides = Overrides(),
+                  extra_overrides: dict[str, Any] | None = None) -> None:
+    """Reproduce the study (or one stage and what it needs) through DVC, one task per stage.
+    Form values are written to params.yaml (as `dvc exp run -S`); a failed run leaves params.yaml
+    and every output as they were.
+
+    Args:
+        target: Every stage, or one stage (after the stages it needs, when they are stale).
+        profile: The profile overlay from profiles/, or the one params.yaml names.
+        overrides: The keys of an ablation arm, typed and documented; empty fields keep params.yaml.
+        extra_overrides: Any other dotted key, e.g. {"filter.min_chars": 100}.
+    """
+    project = project_dir()
+    chosen = None if profile == KEEP else profile
+    sets = {**({"profile": chosen} if chosen else {}), **dotted(overrides, extra_overrides)}
+    cfg, _ = project_config(chosen, {k: v for k, v in sets.items() if k != "profile"})  # bad values fail here
+    experiment = experiment_name(sets)
+    if experiment:
+        os.environ[DVC_EXP_ENV] = experiment  # lineage of this run and its stages (a process of its own)
+    stages = stage_order(dvc_stages(project), target)
+    with stage_run(cfg, "pipeline") as run:
+        with restored_on_failure(project):
+            env = stage_env(run.info.run_id)
+            if sets:
+                write_params(project, sets)
+            for stage in stages:
+                repro_stage.with_options(name=f"dvc-repro-{stage}")(stage, env)
+        if experiment:
+            save_experiment(project, experiment)
+        publish_pipeline_summary(run, stages, experiment)

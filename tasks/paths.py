@@ -8,22 +8,36 @@ Two roots:
            copy resolves back to it), or ``$SPIKELAB_STATE``.
 
 Services: ``spikelab services up`` starts a Prefect server and an MLflow server on 127.0.0.1.
-:func:`configure_environment` points this process at them when they answer, and otherwise at
-the local stores (MLflow: SQLite file; Prefect: a temporary server per process, slower).
+:func:`configure_environment` points this process at them when they provably serve this
+checkout's state directory (tasks/services.py), and otherwise at the local stores (MLflow: SQLite
+file; Prefect: a temporary server per process, slower), saying so.
 It must run before ``prefect`` is imported, because Prefect reads its settings at import.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from typing import Any
 
 from model.config import Config, load_config
 
 HOST = "127.0.0.1"
 EXPS_MARKER = (".dvc", "tmp", "exps")
+
+# What the pipeline flow tells the stages it runs under DVC (flows/pipeline.py):
+PIPELINE_RUN_ENV = "SPIKELAB_PIPELINE_RUN"
+"""The pipeline's Prefect flow-run id (an MLflow lineage tag of every stage run)."""
+PARENT_TASK_RUN_ENV = "SPIKELAB_PARENT_TASK_RUN"
+"""The pipeline task a stage's Prefect flow run is created under (``spikelab run``)."""
+DVC_EXP_ENV = "SPIKELAB_DVC_EXP"
+"""The DVC experiment the pipeline saves the run as (an MLflow lineage tag)."""
+MLFLOW_PARENT_ENV = "SPIKELAB_MLFLOW_PARENT_RUN"
+"""The pipeline's MLflow run: each stage's run is nested under it."""
 
 
 def project_dir() -> Path:
@@ -35,10 +49,12 @@ def project_dir() -> Path:
     return cwd
 
 
-def project_config(profile: str | None = None) -> tuple[Config, Path]:
-    """The validated config of the project a stage runs in, and that project's directory."""
+def project_config(profile: str | None = None,
+                   overrides: dict[str, Any] | None = None) -> tuple[Config, Path]:
+    """The validated config of the project a stage runs in (``overrides``: dotted keys, highest
+    precedence), and that project's directory."""
     project = project_dir()
-    return load_config(project / "params.yaml", profile), project
+    return load_config(project / "params.yaml", profile, overrides), project
 
 
 def repo_root(project: Path | None = None) -> Path:
@@ -101,8 +117,17 @@ def prefect_url() -> str:
     return f"http://{HOST}:{prefect_port()}/api"
 
 
+def prefect_ui_url() -> str:
+    return prefect_url().removesuffix("/api")
+
+
 def mlflow_url() -> str:
     return f"http://{HOST}:{mlflow_port()}"
+
+
+MLFLOW_TRAINING_VIEW = "workflowType=machine_learning"
+"""Query string that opens MLflow 3's UI in its model-training view (the default view is GenAI;
+the experiment's kind tag alone does not switch it). Every MLflow link spikelab prints has it."""
 
 
 def answers(url: str, timeout: float = 0.5) -> bool:
@@ -123,16 +148,31 @@ def mlflow_up() -> bool:
 
 
 def configure_environment() -> dict[str, str]:
-    """Point Prefect and MLflow at the running servers, else at the local stores.
+    """Point Prefect and MLflow at the servers that serve this checkout, else at the local stores.
 
-    Explicit user settings (``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI``) win. Returns what was
-    chosen, for logging.
+    Explicit user settings (``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI``) win. A server that
+    answers but belongs to another checkout is never used (its store is not ours); that is said
+    on stderr. Returns what was chosen, for logging.
     """
     s = state()
     os.environ.setdefault("PREFECT_HOME", str(s.prefect_home))
-    if "PREFECT_API_URL" not in os.environ and prefect_up():
+    for key in ("DO_NOT_TRACK", "MLFLOW_DISABLE_TELEMETRY"):  # no usage telemetry from study runs
+        os.environ.setdefault(key, "true")
+    if "PREFECT_API_URL" not in os.environ and _use_server("prefect"):
         os.environ["PREFECT_API_URL"] = prefect_url()
     if "MLFLOW_TRACKING_URI" not in os.environ:
-        os.environ["MLFLOW_TRACKING_URI"] = mlflow_url() if mlflow_up() else f"sqlite:///{s.mlflow_db}"
+        use = _use_server("mlflow")
+        os.environ["MLFLOW_TRACKING_URI"] = mlflow_url() if use else f"sqlite:///{s.mlflow_db}"
     return {"prefect": os.environ.get("PREFECT_API_URL", "temporary server"),
             "mlflow": os.environ["MLFLOW_TRACKING_URI"]}
+
+
+def _use_server(name: str) -> bool:
+    from tasks.services import service, serves_this_checkout  # services builds on this module
+
+    if serves_this_checkout(name):
+        return True
+    if service(name).is_up():
+        print(f"spikelab: the {name} server on {HOST} answers but does not serve this checkout's state "
+              f"({state_dir()}); using local stores instead", file=sys.stderr)
+    return False

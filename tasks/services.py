@@ -1,11 +1,19 @@
-"""Start, stop and inspect the local Prefect and MLflow servers (bound to 127.0.0.1).
+"""Start, stop and inspect the local Prefect and MLflow servers (bound to 127.0.0.1), and prove
+which checkout a running server belongs to.
 
 Both write their stores under the state directory (tasks/paths.py), run detached from the
 terminal that started them, and log to ``<state>/services/<name>.log``.
+
+Ownership: ``up`` records each server in ``<state>/services/<name>.json`` (pid, process start
+time, port) and starts it with ``SPIKELAB_STATE=<state>`` in its environment. A server *serves
+this checkout* only when that record names a live process with the same start time (not a
+recycled pid) whose environment carries this state directory and whose command line names the
+port, and the port answers. Stages use only such servers; ``down`` stops only such processes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,49 +25,106 @@ from pathlib import Path
 
 from tasks import paths
 
+STATE_ENV = "SPIKELAB_STATE"
+
 
 @dataclass(frozen=True)
 class Service:
     name: str
     command: list[str]
     env: dict[str, str]
+    port: int
     is_up: Callable[[], bool]
     url: str
+    """The address of its UI."""
 
 
 def services() -> list[Service]:
     s = paths.state()
-    s.mlflow_artifacts.mkdir(parents=True, exist_ok=True)
     bin_dir = Path(sys.executable).parent
     return [
         Service("prefect", [str(bin_dir / "prefect"), "server", "start", "--host", paths.HOST,
                             "--port", str(paths.prefect_port())],
-                {"PREFECT_HOME": str(s.prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
-                paths.prefect_up, paths.prefect_url().removesuffix("/api")),
+                {"PREFECT_HOME": str(s.prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                 # the UI's own calls go to this server's port, not to the default 4200
+                 "PREFECT_SERVER_API_HOST": paths.HOST, "PREFECT_SERVER_API_PORT": str(paths.prefect_port()),
+                 "PREFECT_UI_API_URL": paths.prefect_url()},
+                paths.prefect_port(), paths.prefect_up, paths.prefect_ui_url()),
         Service("mlflow", [str(bin_dir / "mlflow"), "server", "--host", paths.HOST,
                            "--port", str(paths.mlflow_port()),
                            "--backend-store-uri", f"sqlite:///{s.mlflow_db}",
                            "--default-artifact-root", s.mlflow_artifacts.as_uri(),
                            "--no-serve-artifacts"],
-                {}, paths.mlflow_up, paths.mlflow_url()),
+                {}, paths.mlflow_port(), paths.mlflow_up, f"{paths.mlflow_url()}/#/?{paths.MLFLOW_TRAINING_VIEW}"),
     ]
 
 
-def _pid_file(name: str) -> Path:
-    return paths.state().services / f"{name}.pid"
+def service(name: str) -> Service:
+    return next(svc for svc in services() if svc.name == name)
+
+
+def _record_file(name: str) -> Path:
+    return paths.state().services / f"{name}.json"
+
+
+def _started_process(name: str):
+    """The live process ``up`` started for ``name`` in this state directory, or None."""
+    import psutil
+
+    record_file = _record_file(name)
+    if not record_file.is_file():
+        return None
+    record = json.loads(record_file.read_text())
+    try:
+        proc = psutil.Process(record["pid"])
+        same_process = abs(proc.create_time() - record["create_time"]) < 0.01
+        if not same_process or proc.environ().get(STATE_ENV) != str(paths.state_dir()):
+            return None
+        return proc if str(record["port"]) in proc.cmdline() else None
+    except (psutil.Error, KeyError):
+        return None
+
+
+def serves_this_checkout(name: str) -> bool:
+    """The server answers on its port and is provably the one started for this state directory."""
+    svc = service(name)
+    return svc.is_up() and _started_process(name) is not None
+
+
+def listener(port: int) -> str:
+    """Who answers on ``port``, in words (for ``spikelab status``)."""
+    import psutil
+
+    try:
+        for conn in psutil.net_connections("tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+                proc = psutil.Process(conn.pid)
+                state = proc.environ().get(STATE_ENV, "unknown state")
+                return f"pid {conn.pid}, state {state}"
+    except psutil.Error:
+        pass
+    return "an unknown process"
 
 
 def up(timeout: float = 180.0) -> None:
-    """Start whichever server is not answering; wait until both answer."""
+    """Start whichever server does not serve this checkout; wait until both answer."""
+    import psutil
+
     paths.state().services.mkdir(parents=True, exist_ok=True)
+    paths.state().mlflow_artifacts.mkdir(parents=True, exist_ok=True)
     for svc in services():
-        if svc.is_up():
+        if serves_this_checkout(svc.name):
             print(f"{svc.name}: already up at {svc.url}")
             continue
+        if svc.is_up():
+            raise SystemExit(f"{svc.name}: port {svc.port} is taken by another checkout's server "
+                             f"({listener(svc.port)}); set SPIKELAB_{svc.name.upper()}_PORT to another port")
         log = open(paths.state().services / f"{svc.name}.log", "ab")
+        env = {**os.environ, **svc.env, STATE_ENV: str(paths.state_dir())}
         proc = subprocess.Popen(svc.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **svc.env}, start_new_session=True)
-        _pid_file(svc.name).write_text(str(proc.pid))
+                                env=env, start_new_session=True)
+        record = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "port": svc.port}
+        _record_file(svc.name).write_text(json.dumps(record))
     deadline = time.monotonic() + timeout
     for svc in services():
         while not svc.is_up():
@@ -71,19 +136,29 @@ def up(timeout: float = 180.0) -> None:
 
 
 def down() -> None:
-    """Stop the servers this module started (their whole process groups)."""
+    """Stop the servers ``up`` started for this state directory (their whole process groups);
+    a server this checkout cannot prove it started is left alone."""
     for svc in services():
-        pid_file = _pid_file(svc.name)
-        if not pid_file.is_file():
+        proc = _started_process(svc.name)
+        if proc is None:
+            if svc.is_up():
+                print(f"{svc.name}: the server on port {svc.port} was not started by this checkout; left running")
+            _record_file(svc.name).unlink(missing_ok=True)
             continue
-        pid = int(pid_file.read_text())
-        try:
-            os.killpg(pid, signal.SIGTERM)
-            print(f"{svc.name}: stopped (pid {pid})")
-        except ProcessLookupError:
-            pass
-        pid_file.unlink()
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        _record_file(svc.name).unlink(missing_ok=True)
+        print(f"{svc.name}: stopped (pid {proc.pid})")
 
 
-def status() -> dict[str, bool]:
-    return {svc.name: svc.is_up() for svc in services()}
+def status() -> dict[str, str]:
+    """Each server in words: ours and up, someone else's, or down."""
+    report = {}
+    for svc in services():
+        if serves_this_checkout(svc.name):
+            report[svc.name] = f"up at {svc.url} (this checkout)"
+        elif svc.is_up():
+            report[svc.name] = f"port {svc.port} answers but serves another checkout ({listener(svc.port)})"
+        else:
+            report[svc.name] = "down"
+    return report

@@ -62,12 +62,14 @@ PRETRAIN_METRICS = Path("metrics/pretrain.json")
 """pretrain: the run summary (a DVC metric)."""
 PRETRAIN_PLOTS = Path("plots/pretrain")
 """pretrain: curves as CSV, one file per metric namespace (train, val, stats); DVC plots."""
+PRETRAIN_REPORTS = Path("reports/pretrain")
+"""pretrain: the curves drawn as PNG figures (tasks/figures.py), offline."""
 
 STAGE_OUTS = {
     "prepare": [RAW_DIR],
     "filter": [CLEAN_DIR, POISON_DIR, FILTER_REPORT],
     "tokenize": [TOKENS_DIR],
-    "pretrain": [PRETRAIN_CHECKPOINTS, PRETRAIN_MODEL, PRETRAIN_METRICS, PRETRAIN_PLOTS],
+    "pretrain": [PRETRAIN_CHECKPOINTS, PRETRAIN_MODEL, PRETRAIN_METRICS, PRETRAIN_PLOTS, PRETRAIN_REPORTS],
 }
 """Every output of every stage, relative to the project; dvc.yaml declares exactly these."""
 

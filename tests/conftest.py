@@ -13,7 +13,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-TEST_PORTS = {"SPIKELAB_PREFECT_PORT": "4299", "SPIKELAB_MLFLOW_PORT": "5099"}
+TEST_PORTS = {"SPIKELAB_PREFECT_PORT": os.environ.get("SPIKELAB_TEST_PREFECT_PORT", "4299"),
+              "SPIKELAB_MLFLOW_PORT": os.environ.get("SPIKELAB_TEST_MLFLOW_PORT", "5099")}
+"""Ports of the test servers: set SPIKELAB_TEST_PREFECT_PORT / SPIKELAB_TEST_MLFLOW_PORT when
+several checkouts run their suites on one machine."""
 
 
 @pytest.fixture(scope="session")

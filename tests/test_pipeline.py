@@ -32,7 +32,7 @@ def test_dvc_yaml_declares_exactly_the_outputs_the_code_writes():
 
 def test_pretrain_keeps_its_checkpoints_and_curves_across_reruns_so_a_resumed_run_continues_them():
     outs = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["pretrain"]
-    declared = {next(iter(e)): e[next(iter(e))] for kind in ("outs", "plots") for e in outs[kind]
+    declared = {next(iter(e)): e[next(iter(e))] for kind in ("outs", "plots") for e in outs.get(kind, [])
                 if isinstance(e, dict)}
     assert declared["runs/pretrain/checkpoints"]["persist"] and declared["plots/pretrain"]["persist"]
 
@@ -93,19 +93,31 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
 
     client = mlflow.MlflowClient(live_services["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("spikelab-smoke")
-    runs = {r.data.tags["stage"]: r for r in client.search_runs(
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    runs = {r.data.tags["spikelab.stage"]: r for r in client.search_runs(
         [experiment.experiment_id], f"attributes.start_time >= {started}")}
     assert set(STAGE_OUTS) <= runs.keys()
     for stage in ("prepare", "filter", "tokenize"):
         assert runs[stage].info.status == "FINISHED" and len(runs[stage].data.tags["dataset_digest"]) == 64
+        assert runs[stage].info.run_name.startswith(f"{stage} smoke ")
     assert runs["filter"].data.metrics["removed_too_short"] > 0
     assert runs["filter"].data.params["filter.max_char_run"] == "200"
     assert runs["tokenize"].data.metrics["train_tokens"] > 0
     assert [a.path for a in client.list_artifacts(runs["filter"].info.run_id)] == ["filter.json"]
     pretrain = runs["pretrain"]
-    assert pretrain.info.status == "FINISHED" and pretrain.data.tags["profile"] == "smoke"
-    loss = [m.value for m in client.get_metric_history(pretrain.info.run_id, "train/loss")]
+    identity = pretrain.data.tags["spikelab.run_identity"]
+    assert pretrain.info.status == "FINISHED" and pretrain.data.tags["spikelab.profile"] == "smoke"
+    assert pretrain.info.run_name == f"pretrain smoke {identity[:8]}"
+    assert {"spikelab.dvc_inputs", "spikelab.dvc_stage", "prefect.flow_run_id"} <= pretrain.data.tags.keys()
+    loss = [m.value for m in client.get_metric_history(pretrain.info.run_id, "loss/train")]
     assert len(loss) == 30 // 5 and loss[-1] < loss[0], loss  # smoke: 30 steps, logged every 5
+    assert pretrain.data.metrics["summary/steps"] == 30
+    assert [i.dataset.name for i in pretrain.inputs.dataset_inputs] == ["tokens"]
+    figures = sorted(a.path for a in client.list_artifacts(pretrain.info.run_id, "figures"))
+    assert figures == ["figures/loss.png", "figures/optimizer.png", "figures/stability.png"]
+    assert sorted(p.name for p in (project / "reports/pretrain").iterdir()) == [f.split("/")[1] for f in figures]
+    assert [m.name for m in client.search_logged_models([experiment.experiment_id],
+                                                        f"source_run_id = '{pretrain.info.run_id}'")] == ["model"]
     summary = json.loads((project / "metrics/pretrain.json").read_text())
     assert summary["steps"] == 30 and summary["skipped"] == 0
 
@@ -135,40 +147,57 @@ def test_a_bad_input_through_the_cli_exits_2_naming_the_key_and_writes_nothing(l
     assert not (project / "data").exists() or not any((project / "data").iterdir())
 
 
-TRIGGER = """
-import sys, time
-from prefect import get_client
-from prefect.deployments import run_deployment
-name = sys.argv[1]
-with get_client(sync_client=True) as client:  # `spikelab serve` registers the deployments first
-    for _ in range(240):
-        try:
-            client.read_deployment_by_name(name)
-            break
-        except Exception:
-            time.sleep(0.5)
-print(run_deployment(name, parameters={"profile": "smoke"}, timeout=300).state_name)
-"""
+def test_dvc_plots_are_only_the_top_level_definitions_one_quantity_each_plus_the_stage_figures():
+    pipeline = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    assert not any("plots" in spec for spec in pipeline["stages"].values()), "stage-level plots draw every column"
+    curves = [next(iter(p.values())) for p in pipeline["plots"] if isinstance(p, dict)]
+    assert all(c["title"] and len(c["y"]) <= 2 for c in curves)
+    assert [p for p in pipeline["plots"] if isinstance(p, str)] == [
+        f"reports/pretrain/{name}" for name in ("loss.png", "optimizer.png", "stability.png")]
+    assert "dvc_plots/" in (REPO / ".gitignore").read_text().splitlines()
 
 
-@pytest.mark.e2e
-def test_a_stage_served_as_a_deployment_runs_when_triggered_through_the_api(live_services, tmp_path):
+def test_stages_run_in_dependency_order_and_a_target_brings_only_its_ancestors():
+    from flows.pipeline import dvc_stages, stage_order
+
+    stages = dvc_stages(REPO)
+    assert stage_order(stages) == ["prepare", "filter", "tokenize", "pretrain"]
+    assert stage_order(stages, "tokenize") == ["prepare", "filter", "tokenize"]
+    assert stage_order(stages, "prepare") == ["prepare"]
+
+
+def test_form_values_are_written_to_params_keeping_its_comments(tmp_path):
+    from flows.pipeline import write_params
+
+    copy_project(tmp_path)
+    write_params(tmp_path, {"optim.lr": 0.02, "model.block": "post_ln", "profile": "default"})
+    text = (tmp_path / "params.yaml").read_text()
+    params = yaml.safe_load(text)
+    assert params["optim"]["lr"] == 0.02 and params["model"]["block"] == "post_ln" and params["profile"] == "default"
+    assert "# pre_ln | post_ln" in text and "# spikelab study parameters" in text
+
+
+def test_a_failure_puts_params_lock_and_uncached_outputs_back_byte_for_byte(tmp_path):
+    from flows.pipeline import restored_on_failure
+
     project = copy_project(tmp_path)
-    env = {**live_services, "PATH": f"{VENV_BIN}{os.pathsep}{live_services['PATH']}"}
-    server = subprocess.Popen(["spikelab", "serve"], cwd=project, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        done = run([sys.executable, "-c", TRIGGER, "prepare/spikelab-prepare"], project, live_services)
-        assert done.stdout.strip().endswith("Completed"), done.stdout + done.stderr
-        assert (project / "data/raw/docs.jsonl").is_file()
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
+    (project / "dvc.lock").write_text("schema: '2.0'\n")
+    (project / "metrics").mkdir()
+    (project / "metrics/pretrain.json").write_text('{"steps": 30}\n')
+    before = {p: p.read_bytes() for p in (project / "params.yaml", project / "dvc.lock", project / "metrics/pretrain.json")}
+    with pytest.raises(RuntimeError, match="stage failed"), restored_on_failure(project):
+        (project / "params.yaml").write_text("profile: broken\n")
+        (project / "metrics/pretrain.json").unlink()
+        (project / "reports/pretrain").mkdir(parents=True)  # a half-written output that did not exist
+        raise RuntimeError("stage failed")
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (project / "reports/pretrain").exists()
 
 
-def test_the_pipeline_flow_runs_dvc_repro_or_an_experiment_with_the_form_overrides():
-    from flows.pipeline import dvc_command
+def test_the_last_lines_that_name_the_error_become_the_failure_message():
+    from flows.pipeline import error_lines
 
-    assert dvc_command({}, None)[1:] == ["repro"]
-    assert dvc_command({"model.block": "post_ln", "optim.beta2": 0.999}, "smoke")[1:] == [
-        "exp", "run", "-S", "profile=smoke", "-S", "model.block=post_ln", "-S", "optim.beta2=0.999"]
+    output = ["Running stage 'prepare':", "Traceback (most recent call last):", "InputError: data.path: x does not exist",
+              "spikelab: error: data.path: x does not exist", "ERROR: failed to reproduce 'prepare'"]
+    assert error_lines(output) == output[-2:]
+    assert error_lines(["a", "b", "Something failed here"]) == ["Something failed here"]

@@ -1,0 +1,83 @@
+"""Typed parameter forms for the Prefect UI, generated from the config so they cannot drift:
+``Profile`` is a choice among the overlays in ``profiles/``; ``Overrides`` holds the keys a user
+sets for an ablation arm, typed as declared in model/config.py and described by the docstring
+written under each field there. Choices default to ``KEEP`` (params.yaml's value), other fields
+to empty."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import typing
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from model import config as config_module
+from model.config import PROFILES_DIR, Config
+from tasks.paths import project_dir
+
+FORM_KEYS = {
+    "model": ["block", "norm", "mlp", "qk_norm", "z_loss"],
+    "mup": ["parametrization"],
+    "optim": ["lr", "beta2", "eps", "weight_decay", "grad_clip"],
+    "precision": ["mode"],
+    "train": ["steps", "seed"],
+}
+"""What the form offers, section by section (any other key: the free-form ``overrides``)."""
+
+
+def profile_names() -> tuple[str, ...]:
+    return ("default", *sorted(p.stem for p in (project_dir() / PROFILES_DIR).glob("*.yaml")))
+
+
+Profile = Literal[profile_names()]  # type: ignore[valid-type]
+"""The profiles present in this project, as a choice."""
+KEEP = "as in params.yaml"
+ProfileChoice = Literal[(KEEP, *profile_names())]  # type: ignore[valid-type]
+"""A form's profile field: a profile, or keep the one params.yaml names (the default)."""
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a config dataclass, as plain text (markdown quotes)."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for node, following in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant) and isinstance(following.value.value, str)):
+            docs[node.target.id] = " ".join(following.value.value.split()).replace("``", "`")
+    return docs
+
+
+def _form_field(hint: Any, description: str | None) -> tuple[Any, Any]:
+    """A choice (a select) keeps params.yaml's value by default; any other field is empty (None)."""
+    if typing.get_origin(hint) is Literal:
+        return Literal[(KEEP, *typing.get_args(hint))], Field(KEEP, description=description)
+    return Optional[hint], Field(None, description=description)
+
+
+def _section_model(section: str, keys: list[str]) -> type[BaseModel]:
+    cls = typing.get_type_hints(Config, vars(config_module))[section]
+    hints, docs = typing.get_type_hints(cls, vars(config_module)), field_docs(cls)
+    fields = {key: _form_field(hints[key], docs.get(key)) for key in keys}
+    return create_model(f"{section.capitalize()}Overrides", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+SECTION_MODELS = {section: _section_model(section, keys) for section, keys in FORM_KEYS.items()}
+
+Overrides = create_model(
+    "Overrides", __config__=ConfigDict(extra="forbid"),
+    __doc__="Values that override params.yaml and the profile for this run; empty fields keep them.",
+    **{section: (model, Field(default_factory=model, description=f"The `{section}` keys."))
+       for section, model in SECTION_MODELS.items()},
+)
+
+
+def dotted(overrides: BaseModel | None, free_form: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The form's filled-in fields and the free-form entries as ``{"optim.lr": 0.01, ...}``."""
+    keys = {f"{section}.{key}": value
+            for section, values in (overrides.model_dump() if overrides else {}).items()
+            for key, value in values.items() if value not in (None, KEEP)}
+    return {**keys, **(free_form or {})}
+

@@ -1,0 +1,128 @@
+"""Regenerate the README's screenshots of the UIs (small palette PNGs in docs/screenshots/).
+
+Needs this checkout's servers up with a pipeline run in them (``spikelab services up``,
+``spikelab serve``, a run of the ``spikelab-pipeline`` deployment) and Chromium
+(scripts/setup.sh installs it where it can):
+
+    python scripts/screenshots.py [--out docs/screenshots]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MAX_BYTES = 200_000
+TIDY = {
+    "mlflow": ['[data-component-id="mlflow.assistant.chat_panel.close"]'],  # the assistant panel hides the page
+    "mlflow-runs": ['[data-component-id$="runnamecellrenderer.tsx_46"]'],  # unfold the newest pipeline run
+}
+"""CSS selectors clicked (first match) before a screenshot: by page-name prefix."""
+
+
+def prefect_api(url: str, body: dict | None = None):
+    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)
+
+
+def newest_pipeline_run(api: str) -> dict:
+    runs = prefect_api(f"{api}/flow_runs/filter", {
+        "flows": {"name": {"any_": ["pipeline"]}}, "sort": "START_TIME_DESC", "limit": 1,
+        "flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}})
+    if not runs:
+        raise SystemExit("no completed pipeline run: trigger the spikelab-pipeline deployment first")
+    return runs[0]
+
+
+def pages(prefect_ui: str, mlflow_ui: str, flow_run: dict, deployment_id: str) -> dict[str, str]:
+    """Screenshot name -> page, for the pipeline run ``flow_run`` and its MLflow runs."""
+    import mlflow
+
+    from tasks.paths import MLFLOW_TRAINING_VIEW
+
+    client = mlflow.MlflowClient(mlflow_ui)
+    (parent,) = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                   f"tags.`prefect.flow_run_id` = '{flow_run['id']}'")
+    experiment = parent.info.experiment_id
+    pretrain = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}' "
+                                                f"and tags.`spikelab.stage` = 'pretrain'")
+    found = {
+        "prefect-deployments": f"{prefect_ui}/deployments",
+        "prefect-pipeline-form": f"{prefect_ui}/deployments/deployment/{deployment_id}/run",
+        "prefect-pipeline-run": f"{prefect_ui}/runs/flow-run/{flow_run['id']}",
+        "mlflow-runs": f"{mlflow_ui}/#/experiments/{experiment}?{MLFLOW_TRAINING_VIEW}",
+    }
+    if pretrain:
+        run_page = f"{mlflow_ui}/#/experiments/{experiment}/runs/{pretrain[0].info.run_id}"
+        found["mlflow-pretrain-run"] = f"{run_page}?{MLFLOW_TRAINING_VIEW}"
+        found["mlflow-pretrain-charts"] = f"{run_page}/model-metrics?{MLFLOW_TRAINING_VIEW}"
+    return found
+
+
+def save_small(png: bytes, path: Path) -> int:
+    """Downscale and quantize until the file is under MAX_BYTES."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    for width in (1100, 900, 700):
+        scaled = image.resize((width, round(image.height * width / image.width)), Image.LANCZOS)
+        buffer = io.BytesIO()
+        scaled.quantize(colors=64).save(buffer, format="PNG", optimize=True)
+        if buffer.tell() < MAX_BYTES:
+            break
+    path.write_bytes(buffer.getvalue())
+    return buffer.tell()
+
+
+def tidy(driver, name: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    for prefix, selectors in TIDY.items():
+        if name.startswith(prefix):
+            for selector in selectors:
+                for element in driver.find_elements(By.CSS_SELECTOR, selector)[:1]:
+                    element.click()
+                    time.sleep(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "docs/screenshots")
+    parser.add_argument("--settle", type=float, default=8.0, help="seconds a page gets to render")
+    parser.add_argument("--height", type=int, default=1000, help="browser window height (pixels)")
+    args = parser.parse_args()
+    from tasks import paths, services
+    from tests import browser
+
+    if reason := browser.missing():
+        raise SystemExit(reason)
+    down = [name for name, report in services.status().items() if not report.startswith("up")]
+    if down:
+        raise SystemExit(f"not up for this checkout: {', '.join(down)} (spikelab services up)")
+    flow_run = newest_pipeline_run(paths.prefect_url())
+    deployment = prefect_api(f"{paths.prefect_url()}/deployments/name/pipeline/spikelab-pipeline")
+    args.out.mkdir(parents=True, exist_ok=True)
+    driver = browser.chrome(1280, args.height)
+    try:
+        for name, url in pages(paths.prefect_ui_url(), paths.mlflow_url(), flow_run, deployment["id"]).items():
+            driver.get(url)
+            time.sleep(args.settle)
+            tidy(driver, name)
+            size = save_small(driver.get_screenshot_as_png(), args.out / f"{name}.png")
+            print(f"{args.out / name}.png  {size / 1000:.0f} KB  <- {url}")
+    finally:
+        driver.quit()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""A headless Chromium driven by Selenium, for the browser tests and scripts/screenshots.py.
+
+Debian's ``chromium`` and ``chromium-driver`` packages (scripts/setup.sh installs them where apt
+is available); :func:`missing` says why a browser cannot be had, for a clear skip reason."""
+
+from __future__ import annotations
+
+import shutil
+
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+DRIVERS = ("chromedriver",)
+
+
+def missing() -> str | None:
+    """Why no browser can run here, or None."""
+    if not any(shutil.which(b) for b in BROWSERS):
+        return "no Chromium on PATH (apt-get install chromium chromium-driver)"
+    if not any(shutil.which(d) for d in DRIVERS):
+        return "no chromedriver on PATH (apt-get install chromium-driver)"
+    return None
+
+
+def chrome(width: int = 1280, height: int = 800) -> webdriver.Chrome:
+    options = Options()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                f"--window-size={width},{height}", "--hide-scrollbars"):
+        options.add_argument(arg)
+    binary = next(b for b in map(shutil.which, BROWSERS) if b)
+    options.binary_location = binary
+    return webdriver.Chrome(options=options, service=Service(next(d for d in map(shutil.which, DRIVERS) if d)))
+
+
+def page_text(driver: webdriver.Chrome) -> str:
+    return driver.find_element(By.TAG_NAME, "body").text
+
+
+def wait_for_text(driver: webdriver.Chrome, *needles: str, timeout: float = 60) -> str:
+    """Wait until the page shows every needle; returns the page text."""
+    WebDriverWait(driver, timeout).until(lambda d: all(n in page_text(d) for n in needles))
+    return page_text(driver)
+
+
+def image_loads(driver: webdriver.Chrome, url: str) -> bool:
+    """Open an image by URL: it loads when the browser decoded it to a non-empty size."""
+    driver.get(url)
+    return bool(driver.execute_script(
+        "const img = document.images[0]; return img && img.complete && img.naturalWidth > 0"))

@@ -1,0 +1,70 @@
+"""The command line: help answers at once without heavy imports, reads cleanly and shows
+examples; --set values are typed as YAML scalars."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "prefect", "mlflow", "dvc", "optuna")
+
+
+def test_help_answers_within_half_a_second_without_importing_heavy_libraries():
+    probe = ("import sys, contextlib, io\nfrom flows.__main__ import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    try: main(['--help'])\n    except SystemExit: pass\n"
+             f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    elapsed = time.perf_counter() - started
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+    assert elapsed < 0.5, f"spikelab --help took {elapsed:.2f} s"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"]])
+def test_help_text_has_examples_and_no_raw_markup(argv, capsys):
+    from flows.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(argv)
+    out = capsys.readouterr().out
+    assert "``" not in out and ":func:" not in out
+    if argv == ["--help"]:
+        assert "examples:" in out and "spikelab run pretrain --set optim.lr=0.02" in out
+
+
+def test_set_values_are_yaml_scalars_and_a_malformed_pair_is_a_user_error():
+    from flows.__main__ import parse_sets
+    from model.config import UserError
+
+    assert parse_sets(["optim.lr=0.02", "model.qk_norm=true", "train.steps=100", "model.block=post_ln"]) == {
+        "optim.lr": 0.02, "model.qk_norm": True, "train.steps": 100, "model.block": "post_ln"}
+    with pytest.raises(UserError, match="expected key=value"):
+        parse_sets(["optim.lr"])
+
+
+def test_a_bad_set_value_exits_2_naming_the_key(capsys):
+    from flows.__main__ import main
+
+    assert main(["run", "pretrain", "--set", "optim.beta2=1.5"]) == 2
+    assert "spikelab: error: optim.beta2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stop, code", [("Preempted", 75), ("Diverged", 3), ("Stopped", 4)])
+def test_a_run_that_did_not_complete_exits_with_its_code_and_one_line_saying_what_next(monkeypatch, capsys,
+                                                                                      stop, code):
+    import flows.__main__ as cli
+    from model import stops
+
+    def run_stage(*_):
+        raise getattr(stops, stop)(12, "why")
+
+    monkeypatch.setattr(cli, "run_stage", run_stage)
+    assert cli.main(["run", "pretrain"]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"spikelab: {getattr(stops, stop).status} at step 12: why (")

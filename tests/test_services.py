@@ -1,0 +1,77 @@
+"""Servers belong to a checkout: a stage uses a server only when it provably serves this
+checkout's state directory, and ``services down`` stops only what it can prove it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def foreign_server(tmp_path):
+    """Another checkout's server: something on the port that answers the health check."""
+    (tmp_path / "www/api").mkdir(parents=True)
+    (tmp_path / "www/api/health").write_text("true")
+    (tmp_path / "www/health").write_text("OK")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                            cwd=tmp_path / "www", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from tasks.paths import answers
+
+    deadline = time.monotonic() + 30
+    while not answers(f"http://127.0.0.1:{port}/api/health"):
+        assert time.monotonic() < deadline, "test server did not start"
+        time.sleep(0.1)
+    yield port, proc
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture()
+def checkout(tmp_path, monkeypatch, foreign_server):
+    """This checkout: its own state directory, its ports pointing at the foreign server."""
+    port, _ = foreign_server
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_HOME")}
+    env.update(SPIKELAB_STATE=str(tmp_path / "state"), SPIKELAB_PREFECT_PORT=str(port),
+               SPIKELAB_MLFLOW_PORT=str(port))
+    monkeypatch.setattr(os, "environ", env)
+    return tmp_path / "state"
+
+
+def test_a_server_of_another_checkout_is_not_used_and_the_stage_says_so(checkout, capsys):
+    from tasks import paths
+
+    chosen = paths.configure_environment()
+    assert chosen == {"prefect": "temporary server", "mlflow": f"sqlite:///{checkout / 'mlflow.db'}"}
+    assert "answers but does not serve this checkout's state" in capsys.readouterr().err
+
+
+def test_a_pid_record_of_another_process_proves_nothing(checkout, foreign_server):
+    from tasks import services
+
+    port, proc = foreign_server
+    (checkout / "services").mkdir(parents=True)
+    (checkout / "services/prefect.json").write_text(json.dumps({"pid": proc.pid, "create_time": 0.0, "port": port}))
+    assert not services.serves_this_checkout("prefect")
+    assert "serves another checkout" in services.status()["prefect"]
+
+
+def test_down_leaves_a_server_it_did_not_start_running(checkout, foreign_server, capsys):
+    from tasks import services
+
+    _, proc = foreign_server
+    services.down()
+    assert proc.poll() is None
+    assert "was not started by this checkout; left running" in capsys.readouterr().out
