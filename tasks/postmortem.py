@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tasks.figures import draw
 from tasks.spike import CAUSES, Study, summary_metrics, symptoms, trailing_mean
 from tasks.stage_io import POSTMORTEMS, SPIKE_FIGURES, SPIKE_METRICS, staged, write_json
 
@@ -221,38 +222,18 @@ def write_postmortems(study: Study, train_tokens: np.ndarray, out_dir: Path,
 
 
 def spike_figures(study: Study, out_dir: Path) -> list[Path]:
-    """Per injection: the control and every policy's smoothed loss and pre-clip grad norm around
-    the spike (the injection's first step marked)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Per injection: the control and every policy's smoothed loss and pre-clip grad norm."""
     smooth = study.cfg.recovery.smooth_steps
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for kind, by_policy in study.branches.items():
-        fig, (loss_ax, grad_ax) = plt.subplots(1, 2, figsize=(11, 3.6), dpi=90)
-        for name, branch in [("control", study.control), *by_policy.items()]:
-            steps = [row["step"] for row in branch.rows]
-            style = {"color": "black", "linewidth": 2} if name == "control" else {"linewidth": 1}
-            losses = trailing_mean(np.array([row["loss"] for row in branch.rows]), smooth)
-            loss_ax.plot(steps, losses, label=name, **style)
-            grad_ax.plot(steps, [row["grad_norm"] for row in branch.rows], label=name, **style)
-        for ax in (loss_ax, grad_ax):
-            ax.axvline(study.injections[kind].start, color="red", linestyle=":", linewidth=1)
-            ax.set_xlabel("step")
-            ax.grid(alpha=0.3)
-        loss_ax.set_title(f"Training loss (trailing mean of {smooth} steps)", fontsize=10)
-        grad_ax.set_title("Gradient norm before clipping", fontsize=10)
-        grad_ax.set_yscale("log")
-        loss_ax.legend(fontsize=7)
-        fig.suptitle(f"{kind} spike at step {study.injections[kind].start}: control and every policy", fontsize=11)
-        fig.tight_layout()
-        path = out_dir / f"{kind}.png"
-        fig.savefig(path)
-        plt.close(fig)
-        paths.append(path)
+        branches = {"control": study.control, **by_policy}
+        curves = {name: {"step": [row["step"] for row in b.rows],
+                         "loss": list(trailing_mean(np.array([row["loss"] for row in b.rows]), smooth)),
+                         "grad_norm": [row["grad_norm"] for row in b.rows]} for name, b in branches.items()}
+        panels = [(f"Training loss (trailing mean of {smooth} steps)", [(n, "loss") for n in branches], False),
+                  ("Gradient norm before clipping", [(n, "grad_norm") for n in branches], True)]
+        title = f"{kind} spike injected at step {study.injections[kind].start}: the control and every policy"
+        paths.append(draw(curves, panels, out_dir / f"{kind}.png", title))
     return paths
 
 

@@ -161,7 +161,8 @@ def test_stages_run_in_dependency_order_and_a_target_brings_only_its_ancestors()
     from flows.pipeline import dvc_stages, stage_order
 
     stages = dvc_stages(REPO)
-    assert stage_order(stages) == ["prepare", "filter", "tokenize", "pretrain"]
+    assert stage_order(stages) == ["params", "prepare", "filter", "tokenize", "pretrain", "spike"]
+    assert stage_order(stages, "spike") == ["prepare", "filter", "tokenize", "pretrain", "spike"]
     assert stage_order(stages, "tokenize") == ["prepare", "filter", "tokenize"]
     assert stage_order(stages, "prepare") == ["prepare"]
 
