@@ -308,8 +308,9 @@ class SpikeConfig:
     warm_steps: int = 64
     """Steps of clean training from the milestone before the injection: the detector's warm-up
     (at least ``detect_warmup``) and the pre-spike checkpoints a rollback goes back to."""
-    magnitude: float = 30.0
-    """Multiplier of ``lr``, ``grad`` and ``param`` injections."""
+    magnitude: float = 100.0
+    """Multiplier of ``lr``, ``grad`` and ``param`` injections (x30 on the default model at its
+    milestone: every policy back within 40 steps; x100 leaves a lasting gap)."""
     duration: int = 3
     """Batches of the stream window an injection is tied to (the steps that consume them get the
     LR or gradient multiplier; ``data`` replaces them; ``param`` strikes at the first)."""
@@ -350,11 +351,11 @@ class RecoveryConfig:
     """``rollback``: rollbacks after the first before the branch gives up (status ``stopped``)."""
     checkpoint_every: int = 10
     """Checkpoint cadence of the control and the branches (rollback targets)."""
-    eval_steps: int = 100
+    eval_steps: int = 60
     """Steps after the injection every branch runs and is scored over."""
     recover_epsilon: float = 0.03
     """A branch is back when its smoothed loss is within this fraction of the control's."""
-    recover_steps: int = 60
+    recover_steps: int = 40
     """Type 1 (recoverable): back within ``recover_epsilon`` at most this many steps after the
     injection; later or never, with a settled gap: type 2; non-finite or still climbing: type 3."""
     smooth_steps: int = 10
