@@ -302,7 +302,7 @@ class SpikeConfig:
     """Injections of the study, each scored against the clean control with every policy:
     ``data`` replaces the next batches with poison-pool sequences, ``lr`` multiplies the LR,
     ``grad`` multiplies the gradients before clipping, ``param`` multiplies every weight matrix
-    of one block once."""
+    of one block once. Empty: no spike study (runs that never study one, e.g. unit tests)."""
     at_step: int = 200
     """The pretrain milestone (``checkpoint.milestones``) every branch starts from."""
     warm_steps: int = 64
@@ -562,11 +562,9 @@ def _check_values(c: Config) -> None:
 
 def _check_spike(c: Config) -> None:
     sp, r = c.spike, c.recovery
-    if sp.at_step not in c.checkpoint.milestones:
+    if sp.kinds and sp.at_step not in c.checkpoint.milestones:
         raise ConfigError(f"spike.at_step: {sp.at_step} is not a pretrain milestone "
                           f"(checkpoint.milestones={c.checkpoint.milestones}); the study starts from one")
-    if not sp.kinds:
-        raise ConfigError("spike.kinds: must not be empty")
     for key in ("magnitude", "duration", "detect_window", "detect_zscore", "detect_ratio", "gpu_hour_usd",
                 "sample_tokens"):
         _positive(f"spike.{key}", getattr(sp, key))

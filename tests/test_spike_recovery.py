@@ -16,6 +16,7 @@ SPIKE = SpikeConfig(at_step=1, warm_steps=16, detect_window=16, detect_warmup=8,
 RECOVERY = RecoveryConfig(skip_batches=3, rollback_steps=4, checkpoint_every=2, eval_steps=12,
                           recover_steps=8, smooth_steps=3, max_retries=1)
 CFG = tiny_config(**{"train.steps": 40, "checkpoint.every_steps": 2, "checkpoint.keep_last": 50,
+                     "checkpoint.milestones": [1],
                      "optim.lr": 3e-3, "schedule.kind": "constant"})
 ORIGIN = 17  # the milestone is step 1; warm-up to 17; injection from step 18
 RARE = 256   # a token the Markov data never reaches through its permutation walk this early

@@ -117,3 +117,14 @@ def test_the_postmortem_has_every_template_section_and_the_numbers_of_the_run(fi
     for policy, scores in metrics["data"].items():
         if policy in study.cfg.recovery.policies:
             assert f"  | {policy} | {scores['type']} | {scores['peak_ratio']:.2f} |" in text
+
+
+@pytest.mark.parametrize(("dotted", "key"), [
+    ({"spike.at_step": 11}, "spike.at_step"),                   # not a milestone
+    ({"spike.data_reasons": ["too_short"]}, "spike.data_reasons"),  # harmless headings never injected
+    ({"spike.warm_steps": 4}, "spike.warm_steps"),              # the detector would be blind
+])
+def test_the_spike_config_is_refused_naming_the_key(dotted, key):
+    from model.config import ConfigError
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}:"):
+        tiny_config(**{**STUDY, **dotted})
