@@ -278,7 +278,7 @@ class SwapData(Policy):
         if self.data is not None and not self.data.excluded:
             self.data.exclude()
             self.record(step, "poison source excluded from the stream; continue")
-        elif self.data is None:
+        elif self.data is None and not self.actions:
             self.record(step, "no data source to exclude (not a data spike); continue")
 
 

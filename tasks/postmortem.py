@@ -168,7 +168,15 @@ def render(study: Study, kind: str, number: int, run_uris: dict[str, str], histo
 
 
 def _actions(actions: list[dict[str, Any]]) -> str:
-    return "; ".join(f"step {a['step']}: {a['action']}" for a in actions)
+    """Actions in order, a run of one action on consecutive steps as one range."""
+    runs: list[list[Any]] = []  # [first step, last step, action]
+    for a in actions:
+        if runs and runs[-1][2] == a["action"] and a["step"] == runs[-1][1] + 1:
+            runs[-1][1] = a["step"]
+        else:
+            runs.append([a["step"], a["step"], a["action"]])
+    return "; ".join(f"step {first}: {action}" if first == last else f"steps {first}–{last}: {action}"
+                     for first, last, action in runs)
 
 
 def _outcome(policy: str, s: dict[str, Any], start: int) -> str:
