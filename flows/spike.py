@@ -16,6 +16,8 @@ from prefect import flow, task
 from flows.artifacts import publish_summary
 from flows.forms import Profile
 from model.checkpoint import checkpoint_path
+from model.config import InputError
+from model.data import open_split
 from model.stops import MLFLOW_STATUS
 from tasks.paths import project_config
 from tasks.postmortem import publish
@@ -31,7 +33,6 @@ CURVE = (("loss/train", "loss"), ("train/grad_norm", "grad_norm"), ("train/skipp
 def milestone_file(project: Path, step: int) -> Path:
     path = checkpoint_path(project / PRETRAIN_MILESTONES, step)
     if not path.is_file():
-        from model.config import InputError
         raise InputError(f"{path}: missing; run the pretrain stage with spike.at_step={step} among "
                          f"checkpoint.milestones (dvc repro pretrain)")
     return path
@@ -78,7 +79,6 @@ def spike_flow(profile: Profile | None = None, overrides: dict[str, Any] | None 
         for kind, by_policy in study.branches.items():
             for policy in by_policy:
                 uris[study.branch_name(kind, policy)] = track_branch(study, kind, policy)
-        from model.data import open_split
         metrics = publish(project, study, open_split(project / MANIFEST, "train"), uris)
         log_summary({"false_positives": metrics["false_positives"], "cpu_seconds": study.cpu_seconds})
         mlflow.log_artifact(str(project / SPIKE_METRICS))
