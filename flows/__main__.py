@@ -18,6 +18,7 @@ STAGES = {
     "filter": "flows.data:filter_flow",
     "tokenize": "flows.data:tokenize_flow",
     "pretrain": "flows.pretrain:pretrain_flow",
+    "spike": "flows.spike:spike_flow",
 }
 """Stage name -> the flow that runs it. dvc.yaml calls ``spikelab run <stage>`` for each."""
 

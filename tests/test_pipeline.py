@@ -93,8 +93,8 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     client = mlflow.MlflowClient(live_services["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("spikelab-smoke")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
-    runs = {r.data.tags["spikelab.stage"]: r for r in client.search_runs(
-        [experiment.experiment_id], f"attributes.start_time >= {started}")}
+    found = client.search_runs([experiment.experiment_id], f"attributes.start_time >= {started}")
+    runs = {r.data.tags["spikelab.stage"]: r for r in found if "spikelab.branch" not in r.data.tags}
     assert set(STAGE_OUTS) <= runs.keys()
     for stage in ("prepare", "filter", "tokenize"):
         assert runs[stage].info.status == "FINISHED" and len(runs[stage].data.tags["dataset_digest"]) == 64
@@ -120,6 +120,8 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     summary = json.loads((project / "metrics/pretrain.json").read_text())
     assert summary["steps"] == 30 and summary["skipped"] == 0
 
+    assert_spike_stage(project, runs["spike"], [r for r in found if "spikelab.branch" in r.data.tags], client)
+
     assert ran(repro(project, live_services)) == set()
     assert "up to date" in run(["dvc", "status"], project, live_services).stdout
 
@@ -127,11 +129,29 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     params = project / "params.yaml"
     params.write_text(params.read_text().replace("  min_chars: 64\n", "  min_chars: 100\n", 1))
     output = repro(project, live_services)
-    assert ran(output) == {"filter", "tokenize", "pretrain"}
+    assert ran(output) == {"filter", "tokenize", "pretrain", "spike"}
     assert "Stage 'prepare' didn't change" in output
     assert (project / "data/raw/docs.jsonl").stat().st_mtime_ns == raw_mtime
     assert "and starting run" in output, "new data must not resume the old run's checkpoints"
     assert json.loads((project / "metrics/pretrain.json").read_text())["start_step"] == 0
+
+
+def assert_spike_stage(project: Path, parent, children, client) -> None:
+    """The spike stage through DVC: its outputs, a parent run and a child per branch, tagged."""
+    metrics = json.loads((project / "metrics/spike.json").read_text())
+    resolved = yaml.safe_load((project / "params/resolved.yaml").read_text())
+    kinds, policies = resolved["spike"]["kinds"], resolved["recovery"]["policies"]
+    assert metrics["false_positives"] == 0
+    for number, kind in enumerate(kinds, start=1):
+        assert set(policies) <= metrics[kind].keys()
+        assert (project / f"reports/spike/{kind}.png").is_file()
+        assert (project / f"reports/postmortems/spike_{number}_{kind}.md").is_file()
+    assert parent.info.status == "FINISHED"
+    names = sorted(r.info.run_name for r in children)
+    assert names == sorted(["control", *(f"{k}/{p}" for k in kinds for p in policies)])
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
+    assert all({"spikelab.checkpoint", "spikelab.injection", "spikelab.policy"} <= r.data.tags.keys() for r in children)
+    assert any(a.path == "postmortems" for a in client.list_artifacts(parent.info.run_id))
 
 
 @pytest.mark.e2e
@@ -160,7 +180,8 @@ def test_stages_run_in_dependency_order_and_a_target_brings_only_its_ancestors()
     from flows.pipeline import dvc_stages, stage_order
 
     stages = dvc_stages(REPO)
-    assert stage_order(stages) == ["params", "prepare", "filter", "tokenize", "pretrain"]
+    assert stage_order(stages) == ["params", "prepare", "filter", "tokenize", "pretrain", "spike"]
+    assert stage_order(stages, "spike") == ["params", "prepare", "filter", "tokenize", "pretrain", "spike"]
     assert stage_order(stages, "tokenize") == ["params", "prepare", "filter", "tokenize"]
     assert stage_order(stages, "params") == ["params"]
 
