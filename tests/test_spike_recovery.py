@@ -7,7 +7,7 @@ import torch
 
 from model.callbacks import Callback
 from model.config import RecoveryConfig, SpikeConfig
-from model.spike import Injection, injection_callback, make_detector, run_branch, warm_up
+from model.spike import Injection, run_branch, warm_up
 from model.train import Trainer
 from tests.trainer_kit import markov_tokens, tiny_config
 
