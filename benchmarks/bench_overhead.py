@@ -64,7 +64,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/overhead.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from tasks import paths
 
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
     if args.without_services:

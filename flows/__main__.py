@@ -19,6 +19,7 @@ STAGES = {
     "tokenize": "flows.data:tokenize_flow",
     "search": "flows.search:search_flow",
     "pretrain": "flows.pretrain:pretrain_flow",
+    "spike": "flows.spike:spike_flow",
 }
 """Stage name -> the flow that runs it. dvc.yaml calls ``spikelab run <stage>`` for each."""
 
@@ -154,6 +155,9 @@ def _changes(entries: list) -> str:
 
 
 def newest_runs(limit: int = 5) -> list[str]:
+    uri = os.environ["MLFLOW_TRACKING_URI"]
+    if uri.startswith("sqlite:///") and not os.path.exists(uri.removeprefix("sqlite:///")):
+        return ["(none: no MLflow store yet)"]  # opening one would create it
     import mlflow
 
     client = mlflow.MlflowClient()

@@ -62,7 +62,7 @@ def stage_order(stages: dict[str, dict[str, Any]], target: str = "all") -> list[
     """Stages in dependency order (a stage after every stage whose outputs it reads); for a
     target, only it and its ancestors."""
     producer = {out: name for name, spec in stages.items() for out in _outs(spec)}
-    upstream = {name: {producer[d] for d in spec.get("deps", []) if d in producer} for name, spec in stages.items()}
+    upstream = {name: {producer[d] for d in _inputs(spec) if d in producer} for name, spec in stages.items()}
     order: list[str] = []
 
     def visit(name: str) -> None:
@@ -74,6 +74,13 @@ def stage_order(stages: dict[str, dict[str, Any]], target: str = "all") -> list[
     for name in ([target] if target != "all" else stages):
         visit(name)
     return order
+
+
+def _inputs(spec: dict[str, Any]) -> list[str]:
+    """What a stage reads: its deps, and the params files it names (``{file: [keys]}`` entries;
+    the ``params`` stage writes params/resolved.yaml, which the others read)."""
+    files = [next(iter(p)) for p in spec.get("params", []) if isinstance(p, dict)]
+    return [*spec.get("deps", []), *files]
 
 
 def dvc_bin() -> str:

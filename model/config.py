@@ -31,8 +31,14 @@ ScheduleKind = Literal["cosine", "linear", "constant"]
 DataSource = Literal["stdlib_docs", "text", "jsonl", "hf"]
 Device = Literal["auto", "cpu", "cuda"]
 Emulation = Literal["auto", "always", "never"]
-SpikeKind = Literal["lr", "grad", "data"]
-RecoveryPolicy = Literal["continue", "skip_batch", "rollback", "lower_lr", "swap_data"]
+SpikeKind = Literal["data", "lr", "grad", "param"]
+RecoveryPolicy = Literal["continue", "skip_step", "skip_batch", "rollback", "lower_lr", "swap_data"]
+
+SPIKE_CAUSING_POISON = ("generated_binary", "generated_space_run", "generated_rare_tokens", "char_run",
+                        "nonprintable", "invalid_utf8", "repeated_ngram")
+"""Poison-pool reasons (``data/poison/<reason>.jsonl``) whose documents cause large gradients: long
+single-token runs, binary read as text, rare characters. The pool also holds harmless text the
+length filter drops (headings: ``too_short``), which must never be injected."""
 
 FP32_SMALLEST_NORMAL = 2.0 ** -126
 """The smallest fp32 number with full precision; ``optim.eps`` must not be below it."""
@@ -286,40 +292,74 @@ class CheckpointConfig:
     """Also save when this many wall-clock minutes passed since the last save (0 = off)."""
     keep_last: int = 2
     """Rolling checkpoints kept; milestones are never deleted."""
-    milestones: list[int] = field(default_factory=list)
-    """Steps whose checkpoints are pinned (e.g. the ones spike injection starts from)."""
+    milestones: list[int] = field(default_factory=lambda: [200])
+    """Steps whose checkpoints are pinned and exported (the spike study starts from one)."""
 
 
 @dataclass(frozen=True)
 class SpikeConfig:
-    kind: SpikeKind = "lr"
-    """How the spike is injected: ``lr`` multiplies the LR, ``grad`` scales gradients, ``data``
-    feeds batches from the poison pool."""
+    kinds: list[SpikeKind] = field(default_factory=lambda: ["data", "lr"])
+    """Injections of the study, each scored against the clean control with every policy:
+    ``data`` replaces the next batches with poison-pool sequences, ``lr`` multiplies the LR,
+    ``grad`` multiplies the gradients before clipping, ``param`` multiplies every weight matrix
+    of one block once. Empty: no spike study (runs that never study one, e.g. unit tests)."""
     at_step: int = 200
-    """Step at which injection starts (resumed from the checkpoint at or before it)."""
-    magnitude: float = 30.0
-    """LR / gradient multiplier for ``lr`` and ``grad``."""
+    """The pretrain milestone (``checkpoint.milestones``) every branch starts from."""
+    warm_steps: int = 64
+    """Steps of clean training from the milestone before the injection: the detector's warm-up
+    (at least ``detect_warmup``) and the pre-spike checkpoints a rollback goes back to."""
+    magnitude: float = 100.0
+    """Multiplier of ``lr``, ``grad`` and ``param`` injections (x30 on the default model at its
+    milestone: every policy back within 40 steps; x100 leaves a lasting gap)."""
     duration: int = 3
-    """Steps the injection lasts."""
-    detect_window: int = 64
-    """Trailing window of losses for the z-score detector."""
+    """Batches of the stream window an injection is tied to (the steps that consume them get the
+    LR or gradient multiplier; ``data`` replaces them; ``param`` strikes at the first)."""
+    data_reasons: list[str] = field(default_factory=lambda: list(SPIKE_CAUSING_POISON))
+    """Poison-pool reasons ``data`` injection draws from (only spike-causing ones allowed)."""
+    param_block: int = 0
+    """Block whose weight matrices a ``param`` injection scales."""
+    detect_window: int = 128
+    """Trailing values of loss and pre-clip grad norm the z-score detector keeps (OLMo-core: 128)."""
+    detect_warmup: int = 64
+    """Values in the window before the z-score and ratio rules may fire (OLMo-core: 64)."""
     detect_zscore: float = 6.0
-    """A loss this many standard deviations above the trailing mean is a spike."""
+    """A value this many standard deviations above the trailing mean is a spike (one-sided)."""
+    detect_ratio: float = 10.0
+    """A pre-clip grad norm this many times its trailing mean is a spike (seed 000)."""
+    gpu_hour_usd: float = 1.10
+    """Price of one GPU-hour, for an incident's cost (seed 004's post-mortem template)."""
+    sample_prompts: int = 4
+    """Collapse check (seed 000): generations sampled before the spike and after each branch."""
+    sample_tokens: int = 32
+    """Tokens per generation of the collapse check."""
 
 
 @dataclass(frozen=True)
 class RecoveryConfig:
     policies: list[RecoveryPolicy] = field(
-        default_factory=lambda: ["continue", "skip_batch", "rollback", "lower_lr"])
-    """Policies compared after a detected spike (seed playbook A-E)."""
+        default_factory=lambda: ["continue", "skip_step", "skip_batch", "rollback", "lower_lr", "swap_data"])
+    """Policies compared after a detected spike (seed 004 playbook A-E, plus OLMo-core's skip-step);
+    each is a branch with the same injection, fired by the detector alone."""
     skip_batches: int = 10
-    """``skip_batch``: batches skipped after the spike."""
+    """``skip_batch``: batches skipped from the detected step on (PaLM: 5-20)."""
     rollback_steps: int = 50
-    """``rollback``: restart from the checkpoint at least this many steps before the spike."""
+    """``rollback``: restart from the newest checkpoint at least this many steps before the
+    detected step (the n-th retry: n+1 times as far)."""
     lr_factor: float = 0.5
-    """``lower_lr``: multiply the LR by this after rolling back."""
-    eval_steps: int = 100
-    """Steps after the spike over which recovery is scored."""
+    """``rollback`` (per attempt, compounding) and ``lower_lr``: LR multiplier from then on."""
+    max_retries: int = 2
+    """``rollback``: rollbacks after the first before the branch gives up (status ``stopped``)."""
+    checkpoint_every: int = 10
+    """Checkpoint cadence of the control and the branches (rollback targets)."""
+    eval_steps: int = 60
+    """Steps after the injection every branch runs and is scored over."""
+    recover_epsilon: float = 0.03
+    """A branch is back when its smoothed loss is within this fraction of the control's."""
+    recover_steps: int = 40
+    """Type 1 (recoverable): back within ``recover_epsilon`` at most this many steps after the
+    injection; later or never, with a settled gap: type 2; non-finite or still climbing: type 3."""
+    smooth_steps: int = 10
+    """Trailing mean over which per-step losses are compared (batches differ between branches)."""
 
 
 @dataclass(frozen=True)
@@ -524,16 +564,7 @@ def _check_values(c: Config) -> None:
     _positive("filter.dedup_shingle", f.dedup_shingle)
     _positive("filter.perplexity_zscore", f.perplexity_zscore)
     _non_negative("filter.poison_generated", f.poison_generated)
-    _positive("spike.magnitude", c.spike.magnitude)
-    _positive("spike.duration", c.spike.duration)
-    _positive("spike.detect_window", c.spike.detect_window)
-    _positive("spike.detect_zscore", c.spike.detect_zscore)
-    if not 0 < c.spike.at_step < t.steps:
-        raise ConfigError(f"spike.at_step: {c.spike.at_step} is outside 1..train.steps-1={t.steps - 1}")
-    _in_open_unit("recovery.lr_factor", c.recovery.lr_factor)
-    _non_negative("recovery.skip_batches", c.recovery.skip_batches)
-    _non_negative("recovery.rollback_steps", c.recovery.rollback_steps)
-    _positive("recovery.eval_steps", c.recovery.eval_steps)
+    _check_spike(c)
     if c.search.log2_lr_min >= c.search.log2_lr_max:
         raise ConfigError(f"search.log2_lr_min: {c.search.log2_lr_min} must be below "
                           f"search.log2_lr_max={c.search.log2_lr_max}")
@@ -558,6 +589,37 @@ def _check_values(c: Config) -> None:
         section, name = key.split(".")
         if not getattr(getattr(c, section), name):
             raise ConfigError(f"{key}: must not be empty")
+
+
+def _check_spike(c: Config) -> None:
+    sp, r = c.spike, c.recovery
+    if sp.kinds and sp.at_step not in c.checkpoint.milestones:
+        raise ConfigError(f"spike.at_step: {sp.at_step} is not a pretrain milestone "
+                          f"(checkpoint.milestones={c.checkpoint.milestones}); the study starts from one")
+    for key in ("magnitude", "duration", "detect_window", "detect_zscore", "detect_ratio", "gpu_hour_usd",
+                "sample_tokens"):
+        _positive(f"spike.{key}", getattr(sp, key))
+    _non_negative("spike.sample_prompts", sp.sample_prompts)
+    if not 2 <= sp.detect_warmup <= sp.detect_window:
+        raise ConfigError(f"spike.detect_warmup: need 2 <= {sp.detect_warmup} <= spike.detect_window="
+                          f"{sp.detect_window}")
+    if sp.warm_steps < sp.detect_warmup:
+        raise ConfigError(f"spike.warm_steps: {sp.warm_steps} is below spike.detect_warmup="
+                          f"{sp.detect_warmup}; the detector would be blind at the injection")
+    harmless = sorted(set(sp.data_reasons) - set(SPIKE_CAUSING_POISON))
+    if harmless or not sp.data_reasons:
+        raise ConfigError(f"spike.data_reasons: {harmless or 'empty'}; choose among the spike-causing "
+                          f"poison reasons {list(SPIKE_CAUSING_POISON)}")
+    if not 0 <= sp.param_block < c.model.n_layer:
+        raise ConfigError(f"spike.param_block: {sp.param_block} is outside 0..model.n_layer-1")
+    _in_open_unit("recovery.lr_factor", r.lr_factor)
+    _in_open_unit("recovery.recover_epsilon", r.recover_epsilon)
+    for key in ("skip_batches", "rollback_steps", "checkpoint_every", "eval_steps", "recover_steps",
+                "smooth_steps"):
+        _positive(f"recovery.{key}", getattr(r, key))
+    _non_negative("recovery.max_retries", r.max_retries)
+    if r.recover_steps > r.eval_steps:
+        raise ConfigError(f"recovery.recover_steps: {r.recover_steps} exceeds recovery.eval_steps={r.eval_steps}")
 
 
 # --------------------------------------------------------------------------------------------

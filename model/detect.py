@@ -8,10 +8,12 @@ Three rules, each evaluated every step on the step's loss and pre-clip gradient 
   ratio      grad norm > ``ratio`` × its running mean over the window (seed 000: "> 10x average")
   nonfinite  a non-finite loss or gradient norm
 
+It decides in ``on_before_optimizer``, before the update, so a policy that runs after it in the
+same event (``order`` > 30) can veto the very step it flags through :attr:`SpikeDetector.now`.
 A flagged value does not enter the window, so a spike does not raise its own baseline. The
-detector keeps its window, the step of its first detection and a per-rule count as device
-tensors (part of checkpoints); :meth:`detections` reads them on the host, at a log point or
-after the run.
+detector keeps its window, the step of its first and newest detection and a per-rule count as
+device tensors (part of checkpoints); :meth:`detections` reads them on the host, at a log point or
+after the run, and :meth:`flagged_steps` every step this run flagged (one sync, after the run).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class SpikeDetector(Callback):
             raise ValueError(f"spike detector: need 2 <= warmup ({warmup}) <= window ({window})")
         self.window, self.warmup, self.z, self.ratio, self.name = window, warmup, zscore, ratio, name
         self.history: torch.Tensor | None = None  # (2, window): loss, grad norm; NaN = empty slot
+        self.now: torch.Tensor | None = None      # bool scalar: this step is flagged
+        self.flags: list[tuple[int, torch.Tensor]] = []  # (step, flag) of this run, read after it
 
     def _init_state(self, device: torch.device) -> None:
         self.history = torch.full((2, self.window), float("nan"), device=device)
@@ -45,8 +49,8 @@ class SpikeDetector(Callback):
         self.counts = torch.zeros(len(RULES), dtype=torch.long, device=device)
 
     @torch.no_grad()
-    def on_after_step(self, trainer, result) -> None:
-        values = torch.stack([result.loss, result.grad_norm]).float()  # (2,)
+    def on_before_optimizer(self, trainer, pending) -> None:
+        values = torch.stack([pending.loss, pending.grad_norm]).float()  # (2,)
         if self.history is None:
             self._init_state(values.device)
         elif self.history.device != values.device:  # restored from a checkpoint, which loads on the CPU
@@ -54,9 +58,11 @@ class SpikeDetector(Callback):
                 setattr(self, key, value.to(values.device))
         hits = self.rules(values)  # (3,) bool
         spike = hits.any()
+        self.now = spike
+        self.flags.append((pending.step, spike))
         self.counts += hits.long()
-        self.first = torch.where((self.first < 0) & spike, trainer.step, self.first)
-        self.last = torch.where(spike, trainer.step, self.last)
+        self.first = torch.where((self.first < 0) & spike, pending.step, self.first)
+        self.last = torch.where(spike, pending.step, self.last)
         # Only unflagged, finite values extend the baseline (an index_copy keeps it sync-free).
         keep = ~spike & torch.isfinite(values).all()
         slot = self.cursor % self.window
@@ -83,6 +89,13 @@ class SpikeDetector(Callback):
         first, last = int(self.first), int(self.last)
         return {"first": first if first >= 0 else None, "last": last if last >= 0 else None,
                 **dict(zip(RULES, self.counts.tolist()))}
+
+    def flagged_steps(self) -> list[int]:
+        """Every step this run flagged (not those of the checkpoint it started from)."""
+        if not self.flags:
+            return []
+        hits = torch.stack([flag for _, flag in self.flags]).tolist()
+        return [step for (step, _), hit in zip(self.flags, hits) if hit]
 
     def state_dict(self) -> dict[str, Any]:
         if self.history is None:

@@ -45,9 +45,11 @@ class Attention(nn.Module):
         self.k_norm = make_norm(cfg.norm, self.d_head, cfg.bias) if cfg.qk_norm else nn.Identity()
         self.scale = attn_scale
         self.dropout = cfg.dropout
-        # Set by the trainer at stats steps: the max pre-softmax logit costs an explicit q·kᵀ.
+        # Set by the trainer at stats steps: the max pre-softmax logit and the attention entropy
+        # cost an explicit q·kᵀ.
         self.record_logit_max = False
         self.logit_max: torch.Tensor | None = None
+        self.entropy: torch.Tensor | None = None  # mean over heads and queries, in nats
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -60,7 +62,11 @@ class Attention(nn.Module):
             with torch.no_grad():
                 logits = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, T, T)
                 causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-                self.logit_max = logits.masked_fill(~causal, float("-inf")).amax().float()
+                masked = logits.masked_fill(~causal, float("-inf")).float()
+                self.logit_max = masked.amax()
+                # Entropy collapse (Zhai et al. 2023, seed 002): attention onto one token is ~0 nats.
+                p = masked.softmax(dim=-1)
+                self.entropy = -(p * p.clamp_min(1e-30).log()).sum(dim=-1).mean()
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, Dh)

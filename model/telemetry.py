@@ -120,6 +120,7 @@ def record_forward_stats(model: GPT) -> Iterator[dict[str, torch.Tensor]]:
 
     stats/act_l2/blockI     mean over tokens of the L2 norm of the residual stream after block I
     stats/attn_logit_max/blockI  largest pre-softmax attention logit (Wortsman et al. 2023)
+    stats/attn_entropy/blockI    mean attention entropy in nats, every block (seed 002: collapse)
     stats/logits/{mean,std,max,log_z}  output logits; log_z = mean log Σ exp(logits) (PaLM z-loss)
     """
     stats: dict[str, torch.Tensor] = {}
@@ -149,4 +150,5 @@ def record_forward_stats(model: GPT) -> Iterator[dict[str, torch.Tensor]]:
             block.attn.record_logit_max = False
             if block.attn.logit_max is not None:
                 stats[f"stats/attn_logit_max/block{i}"] = block.attn.logit_max
-                block.attn.logit_max = None
+                stats[f"stats/attn_entropy/block{i}"] = block.attn.entropy
+                block.attn.logit_max = block.attn.entropy = None

@@ -54,8 +54,7 @@ def project_config(profile: str | None = None,
     """The validated config of the project a stage runs in (``overrides``: dotted keys, highest
     precedence), and that project's directory."""
     project = project_dir()
-    cfg = load_config(project / "params.yaml", profile)
-    return (cfg.replace(**overrides) if overrides else cfg), project
+    return load_config(project / "params.yaml", profile, overrides), project
 
 
 def repo_root(project: Path | None = None) -> Path:

@@ -66,6 +66,9 @@ PRETRAIN_SET_ASIDE = PRETRAIN_RUN / "set-aside"
 training config or data change; ``<identity>/``."""
 PRETRAIN_MODEL = Path("models/pretrain.pt")
 """pretrain: final weights and the resolved config (``torch.load(weights_only=True)``)."""
+PRETRAIN_MILESTONES = Path("models/milestones")
+"""pretrain: the milestone checkpoints (``checkpoint.milestones``) with their sha256 sidecars, a
+cached out: the spike study starts from one (model/checkpoint.py names the files)."""
 PRETRAIN_METRICS = Path("metrics/pretrain.json")
 """pretrain: the run summary (a DVC metric)."""
 PRETRAIN_PLOTS = Path("plots/pretrain")
@@ -73,12 +76,23 @@ PRETRAIN_PLOTS = Path("plots/pretrain")
 PRETRAIN_REPORTS = Path("reports/pretrain")
 """pretrain: the curves drawn as PNG figures (tasks/figures.py), offline."""
 
+SPIKE_RUN = Path("runs/spike")
+"""spike: the study's scratch checkpoints (warm-up, rollback segments), rebuilt on a rerun."""
+SPIKE_METRICS = Path("metrics/spike.json")
+"""spike: scores per injection and policy, detection latency, false alarms, replay (a DVC metric)."""
+SPIKE_FIGURES = Path("reports/spike")
+"""spike: per injection, the control and every policy's loss and grad norm around the spike (PNG)."""
+POSTMORTEMS = Path("reports/postmortems")
+"""spike: one seed-004 post-mortem per injected spike (markdown) and its token histogram (PNG)."""
+
 STAGE_OUTS = {
     "prepare": [RAW_DIR],
     "filter": [CLEAN_DIR, POISON_DIR, FILTER_REPORT],
     "tokenize": [TOKENS_DIR],
     "search": [SEARCH_LR, SEARCH_METRICS, SEARCH_REPORTS],
-    "pretrain": [PRETRAIN_CHECKPOINTS, PRETRAIN_MODEL, PRETRAIN_METRICS, PRETRAIN_PLOTS, PRETRAIN_REPORTS],
+    "pretrain": [PRETRAIN_CHECKPOINTS, PRETRAIN_MODEL, PRETRAIN_MILESTONES, PRETRAIN_METRICS, PRETRAIN_PLOTS,
+                 PRETRAIN_REPORTS],
+    "spike": [SPIKE_METRICS, SPIKE_FIGURES, POSTMORTEMS],
 }
 """Every output of every stage, relative to the project; dvc.yaml declares exactly these."""
 

@@ -232,7 +232,8 @@ def child_run(name: str, tags: dict[str, str] | None = None,
     if parent is None:
         raise RuntimeError("child_run needs an active stage_run")
     inherited = {k: v for k, v in parent.data.tags.items() if k.startswith(("spikelab.", "prefect.", "mlflow.source.git"))}
-    run = mlflow.start_run(run_name=name, nested=True, experiment_id=parent.info.experiment_id,
+    # In the parent's experiment: stage_run names it on its own run only, not as the active one.
+    run = mlflow.start_run(experiment_id=parent.info.experiment_id, run_name=name, nested=True,
                            tags={**inherited, **owner_tags(), **(tags or {}), "mlflow.parentRunId": parent.info.run_id})
     with _ends_with_its_status():
         yield run

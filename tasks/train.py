@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -23,14 +24,14 @@ import yaml
 from prefect import task
 
 from model.callbacks import CSVLogger, ProgressBar
-from model.checkpoint import RunLock, list_checkpoints, load_latest, remove_orphans
+from model.checkpoint import RunLock, checkpoint_path, list_checkpoints, load_latest, remove_orphans
 from model.config import Config, InputError
 from model.data import open_split
 from model.identity import RunIdentity, run_identity
 from model.stops import raise_for_status
 from model.train import Trainer, resolve_device
-from tasks.stage_io import (MANIFEST, PRETRAIN_CHECKPOINTS, PRETRAIN_METRICS, PRETRAIN_MODEL, PRETRAIN_PLOTS,
-                            PRETRAIN_RUN, PRETRAIN_SET_ASIDE, SEARCH_LR, read_json, staged, write_json)
+from tasks.stage_io import (MANIFEST, PRETRAIN_CHECKPOINTS, PRETRAIN_METRICS, PRETRAIN_MILESTONES, PRETRAIN_MODEL,
+                            PRETRAIN_PLOTS, PRETRAIN_RUN, PRETRAIN_SET_ASIDE, SEARCH_LR, read_json, staged, write_json)
 from tasks.tracking import MLflowMetrics
 
 IDENTITY_FILE = "run.json"
@@ -151,7 +152,18 @@ def publish(project: Path, trainer: Trainer, summary: dict[str, Any]) -> None:
         with staged(project / PRETRAIN_METRICS) as (metrics,):
             write_json(metrics, summary)
         return
-    with staged(project / PRETRAIN_MODEL, project / PRETRAIN_METRICS) as (weights, metrics):
+    with staged(project / PRETRAIN_MODEL, project / PRETRAIN_MILESTONES, project / PRETRAIN_METRICS) as \
+            (weights, milestones, metrics):
         torch.save({"model": trainer.model.state_dict(), "config": dataclasses.asdict(trainer.cfg),
                     "step": trainer.step, "identity": trainer.identity}, weights)
+        export_milestones(project / PRETRAIN_CHECKPOINTS, trainer.cfg.checkpoint.milestones, milestones)
         write_json(metrics, summary)
+
+
+def export_milestones(checkpoints: Path, steps: list[int], out_dir: Path) -> None:
+    """Copy the milestone checkpoints and their sidecars (the run keeps them: never pruned)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        path = checkpoint_path(checkpoints, step)
+        for source in (path, path.with_name(path.name + ".sha256")):
+            shutil.copy2(source, out_dir / source.name)

@@ -161,10 +161,10 @@ def test_dvc_repro_shows_resolved_values_reruns_only_readers_and_stops_at_a_bad_
     subprocess.run(["git", "add", "-A"], cwd=root, check=True)
     subprocess.run(["git", "commit", "-qm", "smoke"], cwd=root, check=True)
 
-    # An explicit value under a profile: only the stage that reads it reruns, and DVC shows
+    # An explicit value under a profile: only the stages that read it rerun, and DVC shows
     # the value it ran with (the profile alone would have run 30 steps).
     dvc_set(root / "params.yaml", **{"train.steps": 100})
-    assert repro(root) == ["pretrain"]
+    assert repro(root) == ["pretrain", "spike"]  # both read train.*
     diff = json.loads(dvc(root, "params", "diff", "--json").stdout)
     assert diff[str(RESOLVED)]["train.steps"] == {"old": 30, "new": 100, "diff": 70}
 

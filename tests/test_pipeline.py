@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -94,8 +93,9 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     client = mlflow.MlflowClient(live_services["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("spikelab-smoke")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
-    runs = {r.data.tags["spikelab.stage"]: r for r in client.search_runs(  # stage runs, not search trials
-        [experiment.experiment_id], f"attributes.start_time >= {started}") if "optuna.trial" not in r.data.tags}
+    found = client.search_runs([experiment.experiment_id], f"attributes.start_time >= {started}")
+    runs = {r.data.tags["spikelab.stage"]: r for r in found  # stage runs: not spike branches, not search trials
+            if "spikelab.branch" not in r.data.tags and "optuna.trial" not in r.data.tags}
     assert set(STAGE_OUTS) <= runs.keys()
     for stage in ("prepare", "filter", "tokenize"):
         assert runs[stage].info.status == "FINISHED" and len(runs[stage].data.tags["dataset_digest"]) == 64
@@ -122,13 +122,14 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     assert summary["steps"] == 30 and summary["skipped"] == 0
 
     search = runs["search"]
-    found = json.loads((project / "metrics/search.json").read_text())
+    findings = json.loads((project / "metrics/search.json").read_text())
     trials = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{search.info.run_id}'")
-    assert search.info.status == "FINISHED" and found["trials"]["run"] == len(trials) == 2 * 2 * 3 + 1
+    assert search.info.status == "FINISHED" and findings["trials"]["run"] == len(trials) == 2 * 2 * 3 + 1
     assert all({"optuna.study", "optuna.trial", "search.width", "search.parametrization"} <= t.data.tags.keys()
                for t in trials)
     transferred = yaml.safe_load((project / "search/lr.yaml").read_text())["optim"]["lr"]
-    assert transferred == found["transfer"]["lr"] == float(pretrain.data.params["optim.lr"]) == trained_lr(project)
+    assert transferred == findings["transfer"]["lr"] == float(pretrain.data.params["optim.lr"]) == trained_lr(project)
+    assert_spike_stage(project, runs["spike"], [r for r in found if "spikelab.branch" in r.data.tags], client)
 
     assert ran(repro(project, live_services)) == set()
     assert "up to date" in run(["dvc", "status"], project, live_services).stdout
@@ -142,7 +143,7 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     params = project / "params.yaml"
     params.write_text(params.read_text().replace("  min_chars: 64\n", "  min_chars: 100\n", 1))
     output = repro(project, live_services)
-    assert ran(output) == {"filter", "tokenize", "search", "pretrain"}
+    assert ran(output) == {"filter", "tokenize", "search", "pretrain", "spike"}
     assert "Stage 'prepare' didn't change" in output
     assert (project / "data/raw/docs.jsonl").stat().st_mtime_ns == raw_mtime
     assert "and starting run" in output, "new data must not resume the old run's checkpoints"
@@ -152,6 +153,24 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
 def trained_lr(project: Path) -> float:
     """The peak LR of the pretrain run whose checkpoints are in the project (its identity)."""
     return json.loads((project / "runs/pretrain/checkpoints/run.json").read_text())["config"]["optim.lr"]
+
+
+def assert_spike_stage(project: Path, parent, children, client) -> None:
+    """The spike stage through DVC: its outputs, a parent run and a child per branch, tagged."""
+    metrics = json.loads((project / "metrics/spike.json").read_text())
+    resolved = yaml.safe_load((project / "params/resolved.yaml").read_text())
+    kinds, policies = resolved["spike"]["kinds"], resolved["recovery"]["policies"]
+    assert metrics["false_positives"] == 0
+    for number, kind in enumerate(kinds, start=1):
+        assert set(policies) <= metrics[kind].keys()
+        assert (project / f"reports/spike/{kind}.png").is_file()
+        assert (project / f"reports/postmortems/spike_{number}_{kind}.md").is_file()
+    assert parent.info.status == "FINISHED"
+    names = sorted(r.info.run_name for r in children)
+    assert names == sorted(["control", *(f"{k}/{p}" for k in kinds for p in policies)])
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
+    assert all({"spikelab.checkpoint", "spikelab.injection", "spikelab.policy"} <= r.data.tags.keys() for r in children)
+    assert any(a.path == "postmortems" for a in client.list_artifacts(parent.info.run_id))
 
 
 @pytest.mark.e2e
@@ -181,9 +200,10 @@ def test_stages_run_in_dependency_order_and_a_target_brings_only_its_ancestors()
     from flows.pipeline import dvc_stages, stage_order
 
     stages = dvc_stages(REPO)
-    assert stage_order(stages) == ["params", "prepare", "filter", "tokenize", "search", "pretrain"]
-    assert stage_order(stages, "tokenize") == ["prepare", "filter", "tokenize"]
-    assert stage_order(stages, "prepare") == ["prepare"]
+    assert stage_order(stages) == ["params", "prepare", "filter", "tokenize", "search", "pretrain", "spike"]
+    assert stage_order(stages, "spike") == ["params", "prepare", "filter", "tokenize", "search", "pretrain", "spike"]
+    assert stage_order(stages, "tokenize") == ["params", "prepare", "filter", "tokenize"]
+    assert stage_order(stages, "params") == ["params"]
 
 
 def test_form_values_are_written_to_params_keeping_its_comments(tmp_path):

@@ -108,6 +108,7 @@ def test_child_runs_nest_under_the_stage_run_with_its_lineage_and_their_own_stat
             raise Diverged(3, "loss above bound")
     ok, bad = store.get_run(ok.info.run_id), store.get_run(bad.info.run_id)
     assert ok.data.tags["mlflow.parentRunId"] == bad.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert ok.info.experiment_id == parent.info.experiment_id  # not the default experiment
     assert ok.data.tags["spikelab.stage"] == "ablate" and ok.data.tags["spikelab.arm"] == "post_ln"
     assert (ok.info.status, bad.info.status) == ("FINISHED", "FAILED")
     assert store.get_run(parent.info.run_id).info.status == "FINISHED"

@@ -18,7 +18,7 @@ TINY: dict[str, Any] = {
     "tokenizer.vocab_size": 257, "optim.lr": 1e-2, "schedule.warmup_steps": 2,
     "train.steps": 12, "train.batch_size": 4, "train.log_every": 1, "train.layer_stats_every": 100,
     "train.eval_every": 0, "train.eval_batches": 2, "train.cpu_threads": 1,
-    "checkpoint.every_steps": 0, "spike.at_step": 1,
+    "checkpoint.every_steps": 0, "checkpoint.milestones": [], "spike.kinds": [],
 }
 
 

@@ -1,0 +1,100 @@
+"""The spike stage as a Prefect flow: from a pretrain milestone, a clean control and one branch per
+injection and recovery policy (tasks/spike.py), tracked as one parent MLflow run with a child per
+branch; post-mortems, figures and ``metrics/spike.json`` published (tasks/postmortem.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.entities import Metric
+from prefect import flow, task
+
+from flows.artifacts import publish_summary
+from flows.forms import Profile
+from model.checkpoint import checkpoint_path
+from model.config import InputError
+from model.data import open_split
+from model.stops import MLFLOW_STATUS
+from tasks.paths import project_config
+from tasks.postmortem import publish
+from tasks.spike import Study, run_study
+from tasks.stage_io import MANIFEST, POSTMORTEMS, PRETRAIN_MILESTONES, SPIKE_FIGURES, SPIKE_METRICS, SPIKE_RUN
+from tasks.tracking import child_run, log_summary, run_url, stage_run
+
+
+CURVE = (("loss/train", "loss"), ("train/grad_norm", "grad_norm"), ("train/skipped", "skipped"))
+"""A branch's per-step curve in its MLflow run: metric name, trace field."""
+
+
+def milestone_file(project: Path, step: int) -> Path:
+    path = checkpoint_path(project / PRETRAIN_MILESTONES, step)
+    if not path.is_file():
+        raise InputError(f"{path}: missing; run the pretrain stage with spike.at_step={step} among "
+                         f"checkpoint.milestones (dvc repro pretrain)")
+    return path
+
+
+@task(name="spike-study")
+def study_task(cfg, project: Path) -> Study:
+    """Warm-up, control, every injection x policy branch, replays (one process: runs set global
+    RNG and thread state, and branches are short)."""
+    return run_study(cfg, project, milestone_file(project, cfg.spike.at_step), project / SPIKE_RUN)
+
+
+def track_branch(study: Study, kind: str | None, policy: str) -> str:
+    """A child run per branch: its per-step curve, scores and actions; returns where it is."""
+    name = study.branch_name(kind, policy)
+    branch = study.control if kind is None else study.branches[kind][policy]
+    injection = study.injections[kind].spec() if kind else None
+    tags = {"spikelab.branch": name, "spikelab.policy": policy, "spikelab.run_identity": study.identities[name],
+            "spikelab.checkpoint": f"pretrain milestone {study.cfg.spike.at_step}, origin step {study.origin_step}",
+            "spikelab.injection": json.dumps(injection) if injection else "none"}
+    with child_run(name, tags) as run:
+        now = int(time.time() * 1000)
+        curve = [Metric(key, float(row[field]), now, row["step"]) for row in branch.rows
+                 for key, field in CURVE]
+        client = mlflow.MlflowClient()
+        for i in range(0, len(curve), 900):  # MLflow takes at most 1000 metrics per batch
+            client.log_batch(run.info.run_id, metrics=curve[i:i + 900])
+        scores = study.scores[kind][policy] if kind else {"val_loss": branch.val_loss}
+        log_summary({k: v for k, v in scores.items() if v is not None})
+        mlflow.log_dict({"actions": branch.actions, "detections": branch.detections,
+                         "status": branch.status, "stop_reason": branch.stop_reason}, "branch.json")
+    if branch.status != "completed":  # the branch's own stop kind (gave up: stopped; diverged: FAILED)
+        mlflow.MlflowClient().set_terminated(run.info.run_id, MLFLOW_STATUS[branch.status])
+    return run_url(run) or f"runs:/{run.info.run_id}"
+
+
+@flow(name="spike")
+def spike_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
+    """Inject, detect, recover and write the post-mortems, from the milestone ``spike.at_step``."""
+    cfg, project = project_config(profile, overrides)
+    with stage_run(cfg, "spike") as run:
+        study = study_task(cfg, project)
+        uris = {"control": track_branch(study, None, "continue")}
+        for kind, by_policy in study.branches.items():
+            for policy in by_policy:
+                uris[study.branch_name(kind, policy)] = track_branch(study, kind, policy)
+        metrics = publish(project, study, open_split(project / MANIFEST, "train"), uris)
+        log_summary({"false_positives": metrics["false_positives"], "cpu_seconds": study.cpu_seconds})
+        mlflow.log_artifact(str(project / SPIKE_METRICS))
+        mlflow.log_artifacts(str(project / POSTMORTEMS), artifact_path="postmortems")
+        figures = sorted((project / SPIKE_FIGURES).glob("*.png"))
+        for figure in figures:
+            mlflow.log_artifact(str(figure), artifact_path="figures")
+        publish_summary("spike", run, headline(study), figures)
+
+
+def headline(study: Study) -> dict[str, str]:
+    """One line per injection and policy for the Prefect artifact."""
+    out = {"false alarms on the control": str(len(study.false_positives))}
+    for kind, by_policy in study.scores.items():
+        out[f"{kind}: replay"] = "spiked (data)" if study.replays[kind]["spiked"] else "no spike (data and state)"
+        for policy, s in by_policy.items():
+            out[f"{kind} / {policy}"] = (f"type {s['type']}, peak x{s['peak_ratio']:.2f}, recover "
+                                         f"{s['steps_to_recover']}, gap {s['final_gap']:+.3f}, ${s['cost_usd']:.5f}")
+    return out

@@ -1,0 +1,130 @@
+"""The spike study's logic (tasks/spike.py, tasks/postmortem.py): classification on synthetic
+curves, and a whole study on a tiny synthetic project, read back from its post-mortems."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import numpy as np
+import pytest
+
+from model.train import Trainer
+from tasks.postmortem import SECTIONS, publish
+from tasks.spike import classify, run_study
+from tests.trainer_kit import markov_tokens, tiny_config
+
+CONTROL = [3.0 - 0.002 * t for t in range(100)]
+
+
+def curve(shape) -> list[float]:
+    return [c * shape(t) for t, c in enumerate(CONTROL)]
+
+
+@pytest.mark.parametrize(("shape", "expected"), [
+    (lambda t: 1 + 1.5 * np.exp(-t / 5), 1),                   # spikes 2.5x, back in ~20 steps
+    (lambda t: 1.0, 1),                                         # no visible loss spike at all
+    (lambda t: 1 + 1.5 * np.exp(-t / 5) + 0.1, 2),              # settles 10 % above
+    (lambda t: 1 + 1.5 * np.exp(-t / 40), 2),                   # back, but long after W
+    (lambda t: 1 + 0.02 * t, 3),                                # still climbing
+    (lambda t: float("nan") if t > 50 else 2.0, 3),             # non-finite
+])
+def test_classification_of_synthetic_curves(shape, expected):
+    result = classify(curve(shape), CONTROL, epsilon=0.03, within=60, smooth=5)
+    assert result.type == expected, result.why
+
+
+def test_a_recoverable_spike_reports_when_it_came_back():
+    result = classify(curve(lambda t: 1 + 1.5 * np.exp(-t / 5)), CONTROL, epsilon=0.03, within=60, smooth=5)
+    assert 15 <= result.steps_to_recover <= 30 and abs(result.final_gap) < 0.03
+
+
+STUDY = {
+    "train.steps": 40, "checkpoint.milestones": [10], "checkpoint.every_steps": 5, "optim.lr": 3e-3,
+    "schedule.kind": "constant", "spike.at_step": 10, "spike.warm_steps": 12, "spike.detect_window": 16,
+    "spike.detect_warmup": 8, "spike.magnitude": 100.0, "spike.duration": 2, "spike.kinds": ["data", "lr"],
+    "spike.sample_prompts": 2, "spike.sample_tokens": 4, "spike.data_reasons": ["generated_space_run"],
+    "recovery.eval_steps": 12, "recovery.recover_steps": 8, "recovery.smooth_steps": 3,
+    "recovery.checkpoint_every": 2, "recovery.rollback_steps": 4, "recovery.skip_batches": 3,
+    "recovery.max_retries": 1,
+}
+
+
+def write_shard(path, tokens) -> dict:
+    path.write_bytes(tokens.astype(np.uint16).tobytes())
+    return {"path": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "tokens": len(tokens)}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A tokenized project (Markov text, a poison pool of single-token runs), a pretrain milestone
+    at step 10, and the study run from it."""
+    project = tmp_path_factory.mktemp("project")
+    tokens_dir = project / "data" / "tokens"
+    tokens_dir.mkdir(parents=True)
+    train, val = markov_tokens(30_000), markov_tokens(4_000, seed=1)
+    poison = np.concatenate([np.full(500, 256), np.arange(500) % 7])  # a run, then harmless text
+    splits = {"train": write_shard(tokens_dir / "train.bin", train), "val": write_shard(tokens_dir / "val.bin", val),
+              "poison": {**write_shard(tokens_dir / "poison.bin", poison),
+                         "reasons": {"generated_space_run": {"offset": 0, "tokens": 500},
+                                     "too_short": {"offset": 500, "tokens": 500}}}}
+    (tokens_dir / "manifest.json").write_text(json.dumps({"dtype": "uint16", "eot_id": 0, "vocab_size": 257,
+                                                          "splits": splits}))
+    cfg = tiny_config(**STUDY)
+    Trainer(cfg, train, val, [], project / "pretrain", identity="pretrain-id").run(until=10)
+    study = run_study(cfg, project, project / "pretrain" / "step_00000010.pt", project / "runs" / "spike")
+    uris = {name: f"runs:/{name.replace('/', '-')}" for name in study.identities}
+    metrics = publish(project, study, train, uris)
+    return study, project, metrics
+
+
+def test_the_study_scores_every_policy_of_every_injection_against_the_control(finished):
+    study, project, metrics = finished
+    assert set(study.scores) == {"data", "lr"}
+    assert all(set(s) == set(study.cfg.recovery.policies) for s in study.scores.values())
+    assert metrics["false_positives"] == 0
+    assert all(metrics[k][p]["latency"] is not None for k in ("data", "lr") for p in study.cfg.recovery.policies)
+    assert sorted(p.name for p in (project / "reports" / "spike").iterdir()) == ["data.png", "lr.png"]
+
+
+def test_data_injection_serves_only_spike_causing_poison(finished):
+    study, _, _ = finished
+    batch = study.branches["data"]["continue"].batches[study.injections["data"].start]
+    assert set(batch[0].unique().tolist()) == {256}  # the run, never the harmless range
+
+
+def test_the_postmortem_has_every_template_section_and_the_numbers_of_the_run(finished):
+    study, project, metrics = finished
+    text = (project / "reports" / "postmortems" / "spike_1_data.md").read_text()
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert headings == list(SECTIONS)
+    assert re.match(r"# Spike #1 — \d{4}-\d\d-\d\d \d\d:\d\d UTC", text)
+    s = metrics["data"]["symptoms"]
+
+    def quoted(label):
+        return float(re.search(rf"^- {re.escape(label)}: ([-\d.]+)", text, flags=re.M).group(1))
+
+    assert quoted("Pre-spike loss") == round(s["pre_spike_loss"], 4)
+    assert quoted("Peak loss") == round(s["peak_loss"], 4)
+    assert quoted(f"Recovery loss ({study.cfg.recovery.recover_steps} steps later)") == round(s["recovery_loss"], 4)
+    assert quoted("Grad norm peak") == round(s["grad_norm_peak"], 4)
+    assert "runs:/data-continue" in text and "Batch index range:" in text
+    assert (project / "reports" / "postmortems" / "spike_1_data_tokens.png").stat().st_size > 0
+    assert json.loads((project / "metrics" / "spike.json").read_text())["data"]["symptoms"] == s
+    observed = metrics["data"]["continue"]
+    assert f"- Type: {observed['type']} (" in text
+    for policy, scores in metrics["data"].items():
+        if policy in study.cfg.recovery.policies:
+            assert f"  | {policy} | {scores['type']} | {scores['peak_ratio']:.2f} |" in text
+
+
+@pytest.mark.parametrize(("dotted", "key"), [
+    ({"spike.at_step": 11}, "spike.at_step"),                   # not a milestone
+    ({"spike.data_reasons": ["too_short"]}, "spike.data_reasons"),  # harmless headings never injected
+    ({"spike.warm_steps": 4}, "spike.warm_steps"),              # the detector would be blind
+])
+def test_the_spike_config_is_refused_naming_the_key(dotted, key):
+    from model.config import ConfigError
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}:"):
+        tiny_config(**{**STUDY, **dotted})
