@@ -20,7 +20,7 @@ from tests.test_pipeline import VENV_BIN, copy_project, run
 
 pytestmark = pytest.mark.e2e
 TRIGGER = Path(__file__).with_name("trigger_deployment.py")
-TYPED_OVERRIDE = {"overrides": {"optim": {"lr": 0.02}}}
+TYPED_OVERRIDE = {"overrides": {"optim": {"beta2": 0.98}}}  # not lr: pretrain takes the searched LR
 FAILING_OVERRIDE = {"extra_overrides": {"data.source": "jsonl", "data.path": "corpus/missing.jsonl"}}
 
 
@@ -111,7 +111,8 @@ def test_every_stage_and_the_pipeline_publish_a_summary_linking_their_mlflow_run
     artifacts = prefect(env, "artifacts/filter", {"artifacts": {"flow_run_id": {"any_": ids}}})
     assert sorted(a["key"] for a in artifacts) == sorted(["pipeline-summary", *(f"{s}-summary" for s in STAGES)])
     mlflow_ui = env["MLFLOW_TRACKING_URI"]
-    assert all(f"]({mlflow_ui}/#/experiments/" in a["data"] and a["type"] == "markdown" for a in artifacts)
+    unlinked = [a["key"] for a in artifacts if f"]({mlflow_ui}/#/experiments/" not in a["data"] or a["type"] != "markdown"]
+    assert not unlinked, f"artifacts without an MLflow link: {unlinked}"
     pretrain = next(a["data"] for a in artifacts if a["key"] == "pretrain-summary")
     assert "| final_loss |" in pretrain and "loss.png" in pretrain and "/artifacts/figures/loss.png" in pretrain
 
@@ -131,7 +132,7 @@ def test_mlflow_nests_each_stage_run_under_the_pipeline_run_with_its_lineage(ser
         assert tags["prefect.pipeline_run_id"] == pipeline_run["id"]
         assert tags["prefect.flow_run_url"].startswith(env["PREFECT_API_URL"].removesuffix("/api") + "/runs/flow-run/")
         assert len(tags["spikelab.dvc_inputs"]) == 16
-    assert children["pretrain"].data.params["optim.lr"] == "0.02", "the typed form value reached the stage"
+    assert children["pretrain"].data.params["optim.beta2"] == "0.98", "the typed form value reached the stage"
     assert experiment in run(["dvc", "exp", "list", "--names-only"], project, env).stdout
 
 
@@ -202,5 +203,6 @@ def test_every_figure_under_reports_opens_offline(served, pipeline_run, browser)
     from tests.browser import image_loads
 
     figures = sorted((served[0] / "reports").rglob("*.png"))
-    assert [f.name for f in figures] == ["loss.png", "optimizer.png", "stability.png"]
+    assert {"pretrain/loss.png", "pretrain/optimizer.png", "pretrain/stability.png", "search/mu_transfer.png"} <= {
+        f.relative_to(served[0] / "reports").as_posix() for f in figures}
     assert all(image_loads(browser, f.as_uri()) for f in figures)
