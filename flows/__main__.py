@@ -20,6 +20,8 @@ STAGES = {
     "search": "flows.search:search_flow",
     "pretrain": "flows.pretrain:pretrain_flow",
     "spike": "flows.spike:spike_flow",
+    "ablate": "flows.ablate:ablate_flow",
+    "report": "flows.report:report_flow",
 }
 """Stage name -> the flow that runs it. dvc.yaml calls ``spikelab run <stage>`` for each."""
 

@@ -32,6 +32,9 @@ DataSource = Literal["stdlib_docs", "text", "jsonl", "hf"]
 Device = Literal["auto", "cpu", "cuda"]
 Emulation = Literal["auto", "always", "never"]
 SpikeKind = Literal["data", "lr", "grad", "param"]
+PrecisionVariant = Literal["fp32", "bf16", "fp16", "fp16_unscaled"]
+Stabilizer = Literal["none", "qk_norm", "z_loss"]
+ArmInjection = Literal["lr", "grad", "param"]
 RecoveryPolicy = Literal["continue", "skip_step", "skip_batch", "rollback", "lower_lr", "swap_data"]
 
 SPIKE_CAUSING_POISON = ("generated_binary", "generated_space_run", "generated_rare_tokens", "char_run",
@@ -405,16 +408,60 @@ class SearchConfig:
 
 @dataclass(frozen=True)
 class AblationConfig:
+    """The ablation grid (tasks/ablate.py: expand). Every arm trains from scratch at the arm scale
+    below and takes one injected spike. The first value of each factor list is the base arm's;
+    each family varies its factors from the base, the rest held there:
+
+      block x warmup       blocks x warmups               (Xiong et al. 2020)
+      precision            precisions                     (Micikevicius et al. 2017)
+      beta2                beta2s                         (PaLM; Bai et al. 2025)
+      stabilizer x LR      stabilizers x lrs              (Wortsman et al. 2023, LR sensitivity)
+
+    all of them x seeds. An arm in two families (the base arm is in all) runs once."""
+
     blocks: list[Block] = field(default_factory=lambda: ["pre_ln", "post_ln"])
-    """Block placements compared."""
-    precisions: list[Precision] = field(default_factory=lambda: ["fp32", "bf16", "fp16"])
-    """Precisions compared."""
+    """Block placements compared (``model.block``)."""
+    precisions: list[PrecisionVariant] = field(default_factory=lambda: ["bf16", "fp32", "fp16", "fp16_unscaled"])
+    """Precisions compared: ``fp16`` with dynamic loss scaling, ``fp16_unscaled`` without."""
     beta2s: list[float] = field(default_factory=lambda: [0.95, 0.999])
     """Adam β₂ values compared."""
-    seeds: list[int] = field(default_factory=lambda: [0, 1])
-    """Seeds per arm."""
-    steps: int = 200
+    warmups: list[int] = field(default_factory=lambda: [20, 0])
+    """LR warmup lengths in steps compared (0: none)."""
+    stabilizers: list[Stabilizer] = field(default_factory=lambda: ["none", "qk_norm", "z_loss"])
+    """What the LR-sensitivity family compares: nothing, ``model.qk_norm``, ``model.z_loss``."""
+    lrs: list[float] = field(default_factory=lambda: [3e-4, 3e-3, 3e-2, 3e-1])
+    """The LR grid of the stabilizer family, the range Wortsman et al. measure LR sensitivity on."""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    """Seeds of every arm (``train.seed``: init and data order)."""
+    lr: float = 0.01
+    """Peak LR of every family but the stabilizer one."""
+    z_loss: float = 1e-4
+    """``model.z_loss`` coefficient of the ``z_loss`` stabilizer (PaLM's)."""
+    steps: int = 300
     """Training steps per arm."""
+    d_model: int = 64
+    """Arm scale: width (``model.d_model``)."""
+    n_layer: int = 2
+    """Arm scale: blocks (``model.n_layer``)."""
+    n_head: int = 2
+    """Arm scale: attention heads (``model.n_head``)."""
+    seq_len: int = 64
+    """Arm scale: context length (``model.seq_len``)."""
+    batch_size: int = 8
+    """Arm scale: sequences per step (``train.batch_size``)."""
+    inject: ArmInjection = "lr"
+    """The spike every arm takes (model/spike.py): ``lr`` (LR x magnitude), ``grad`` (pre-clip
+    gradients x magnitude), ``param`` (block 0's matrices x magnitude)."""
+    inject_step: int = 150
+    """The first step that takes the injection."""
+    inject_magnitude: float = 10.0
+    """Its factor."""
+    inject_duration: int = 3
+    """Steps it lasts."""
+    workers: int = 0
+    """Arms trained at once, each in its own process on one thread (0: the cores available)."""
+    retries: int = 1
+    """Retries of an arm whose process crashed (a diverged arm is a result, never retried)."""
 
 
 @dataclass(frozen=True)
@@ -581,14 +628,38 @@ def _check_values(c: Config) -> None:
     if c.mup.parametrization not in c.search.parametrizations:
         raise ConfigError(f"search.parametrizations: {c.search.parametrizations} lacks "
                           f"mup.parametrization={c.mup.parametrization!r}, whose LR pretrain takes")
-    for b2 in c.ablation.beta2s:
-        _in_open_unit("ablation.beta2s", b2)
-    _positive("ablation.steps", c.ablation.steps)
+    _check_ablation(c.ablation)
     for key in ("search.widths", "search.seeds", "search.parametrizations", "ablation.blocks",
-                "ablation.precisions", "ablation.beta2s", "ablation.seeds", "recovery.policies"):
+                "ablation.precisions", "ablation.beta2s", "ablation.warmups", "ablation.stabilizers",
+                "ablation.lrs", "ablation.seeds", "recovery.policies"):
         section, name = key.split(".")
         if not getattr(getattr(c, section), name):
             raise ConfigError(f"{key}: must not be empty")
+
+
+def _check_ablation(a: AblationConfig) -> None:
+    for b2 in a.beta2s:
+        _in_open_unit("ablation.beta2s", b2)
+    for key in ("lr", "z_loss", "steps", "d_model", "n_layer", "n_head", "seq_len", "batch_size",
+                "inject_magnitude", "inject_duration"):
+        _positive(f"ablation.{key}", getattr(a, key))
+    for lr in a.lrs:
+        _positive("ablation.lrs", lr)
+    _non_negative("ablation.workers", a.workers)
+    _non_negative("ablation.retries", a.retries)
+    if a.d_model % (2 * a.n_head):
+        raise ConfigError(f"ablation.d_model: {a.d_model} is not a multiple of 2·ablation.n_head={2 * a.n_head} "
+                          f"(heads of even size)")
+    for w in a.warmups:
+        if not 0 <= w < a.steps:
+            raise ConfigError(f"ablation.warmups: {w} is outside 0..ablation.steps-1={a.steps - 1}")
+    if not 0 < a.inject_step or a.inject_step + a.inject_duration > a.steps:
+        raise ConfigError(f"ablation.inject_step: the injection (steps {a.inject_step}.."
+                          f"{a.inject_step + a.inject_duration - 1}) must end within ablation.steps={a.steps}")
+    for key in ("blocks", "precisions", "beta2s", "warmups", "stabilizers", "lrs", "seeds"):
+        values = getattr(a, key)
+        if len(set(values)) != len(values):
+            raise ConfigError(f"ablation.{key}: {values} repeats a value (an arm would run twice)")
 
 
 def _check_spike(c: Config) -> None:

@@ -607,13 +607,14 @@ def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
 
 def train(cfg: Config, train_tokens: np.ndarray, val_tokens: np.ndarray,
           out_dir: str | Path | None = None, callbacks: Sequence[Any] = (),
-          init_from: str | Path | None = None, load: Load = Load()) -> dict[str, Any]:
+          init_from: str | Path | None = None, load: Load = Load(), identity: str | None = None) -> dict[str, Any]:
     """Train one model; returns a summary dict.
 
     ``out_dir``: the run directory, locked for the run; checkpoints go to ``<out_dir>/checkpoints``
     and the run resumes from the newest valid one of its identity. None (an LR-search trial, a
     benchmark) writes nothing. ``init_from``: a checkpoint to start from (taking ``load``) when
-    the run has none of its own. After SIGTERM/SIGINT the current step finishes, a checkpoint is
+    the run has none of its own. ``identity``: the run's identity when more than config and data
+    make it (an ablation arm's injection); default computed from them. After SIGTERM/SIGINT the current step finishes, a checkpoint is
     written and :class:`Preempted` (exit code 75) is raised.
 
     Summary: status (completed | stopped | diverged), stop_reason, diverged_at, steps, start_step,
@@ -626,7 +627,7 @@ def train(cfg: Config, train_tokens: np.ndarray, val_tokens: np.ndarray,
         checkpoint_dir = Path(out_dir) / "checkpoints" if out_dir is not None else None
         if checkpoint_dir is not None:
             remove_orphans(checkpoint_dir)
-        trainer = Trainer(cfg, train_tokens, val_tokens, callbacks, checkpoint_dir)
+        trainer = Trainer(cfg, train_tokens, val_tokens, callbacks, checkpoint_dir, identity)
         if not trainer.resume() and init_from is not None:
             trainer.start_from(init_from, load)
         return trainer.run()

@@ -25,7 +25,7 @@ from model.config import Config, InputError, RecoveryConfig
 from model.data import TokenLoader, open_split
 from model.identity import run_identity
 from model.spike import (Branch, Injection, Warm, collapse_stats, cpu_copy, injection_callback, make_detector,
-                         replay, rollback_target, run_branch, sample, warm_up)
+                         replay, rollback_target, run_branch, sample, trailing_mean, warm_up)
 from model.telemetry import record_forward_stats, to_floats
 from model.train import Load, Trainer
 from tasks.stage_io import MANIFEST, read_json
@@ -90,14 +90,6 @@ class Classification(NamedTuple):
     steps_to_recover: int | None   # steps after the injection until back within ε for good
     final_gap: float               # smoothed relative gap to the control at the end
     why: str
-
-
-def trailing_mean(values: np.ndarray, n: int) -> np.ndarray:
-    """Mean of the last ``n`` values at each index (fewer at the start)."""
-    sums = np.cumsum(np.insert(values, 0, 0.0))
-    idx = np.arange(1, len(values) + 1)
-    lo = np.maximum(0, idx - n)
-    return (sums[idx] - sums[lo]) / (idx - lo)
 
 
 def classify(branch: Sequence[float], control: Sequence[float], epsilon: float, within: int,

@@ -85,6 +85,22 @@ SPIKE_FIGURES = Path("reports/spike")
 POSTMORTEMS = Path("reports/postmortems")
 """spike: one seed-004 post-mortem per injected spike (markdown) and its token histogram (PNG)."""
 
+ABLATE_ARMS = Path("runs/ablate/arms")
+"""ablate: one directory per arm, named by its key (tasks/ablate.py: arm_key): its checkpoints (a
+retried arm resumes) and ``result.json``. A persistent out: unchanged arms are not trained again."""
+ABLATE_METRICS = Path("metrics/ablate.json")
+"""ablate: every arm (failed ones too) with its figures and command, and per variant the mean,
+SD and 95 % interval of each figure over seeds (a DVC metric)."""
+ABLATE_FIGURES = Path("reports/ablate")
+"""ablate: one figure per family: loss curves with seeds as bands, LR sensitivity (PNG)."""
+
+REPORT_MD = Path("reports/REPORT.md")
+"""report: the findings table with verdicts, the stages' key results, links to every run."""
+REPORT_HTML = Path("reports/report.html")
+"""report: the same, one self-contained page (figures embedded), opens offline."""
+REPORT_METRICS = Path("metrics/report.json")
+"""report: each finding's verdict, numbers and test (a DVC metric)."""
+
 STAGE_OUTS = {
     "prepare": [RAW_DIR],
     "filter": [CLEAN_DIR, POISON_DIR, FILTER_REPORT],
@@ -93,6 +109,8 @@ STAGE_OUTS = {
     "pretrain": [PRETRAIN_CHECKPOINTS, PRETRAIN_MODEL, PRETRAIN_MILESTONES, PRETRAIN_METRICS, PRETRAIN_PLOTS,
                  PRETRAIN_REPORTS],
     "spike": [SPIKE_METRICS, SPIKE_FIGURES, POSTMORTEMS],
+    "ablate": [ABLATE_ARMS, ABLATE_METRICS, ABLATE_FIGURES],
+    "report": [REPORT_MD, REPORT_HTML, REPORT_METRICS],
 }
 """Every output of every stage, relative to the project; dvc.yaml declares exactly these."""
 

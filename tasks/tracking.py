@@ -289,3 +289,19 @@ class MLflowMetrics:
     def on_train_end(self, *_: Any, **__: Any) -> None:
         if self.asynchronous:
             mlflow.flush_async_logging()
+
+
+def latest_stage_runs(experiment: str, stages: list[str]) -> dict[str, str]:
+    """The newest finished run of each stage in ``experiment``, as a UI link (or ``runs:/<id>``)."""
+    client = mlflow.MlflowClient()
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return {}
+    out = {}
+    for stage in stages:
+        runs = client.search_runs([found.experiment_id], f"tags.`spikelab.stage` = '{stage}' and "
+                                  "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
+                                  max_results=1)
+        if runs:
+            out[stage] = run_url(runs[0]) or f"runs:/{runs[0].info.run_id}"
+    return out

@@ -1,0 +1,214 @@
+"""The ablate stage as a Prefect flow: the grid in ``ablation`` (tasks/ablate.py: expand) fanned
+out as one Prefect task per arm, ``ablation.workers`` at a time, each arm a process of its own
+(``python -m tasks.arm``: the trainer sets global RNG and thread state), a crashed arm retried
+``ablation.retries`` times, then reported as failed while the others go on. An arm whose result
+is in ``runs/ablate/arms/<key>/`` (same config, data, injection and code) is not trained again.
+
+MLflow: the stage's run with a child per arm (its factors, its command, the figures the study
+compares, its per-step loss). Outputs: ``metrics/ablate.json`` (every arm, failed ones
+included, and per variant the mean, SD and 95 % interval of each figure) and the per-family
+figures in ``reports/ablate/``; the findings are the report stage's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.entities import Metric
+from prefect import flow, get_run_logger, task
+from prefect.futures import as_completed
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from flows.artifacts import publish_summary
+from flows.forms import Profile
+from model.config import Config, ConfigError
+from tasks.ablate import (Arm, arm_config, arm_key, arm_metrics, base_arm, code_digest, data_hashes,
+                          expand, overrides, read_result)
+from tasks.ablate_figures import family_figures
+from tasks.ablate_stats import variant_table
+from tasks.paths import project_config
+from tasks.stage_io import ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST, write_json
+from tasks.tracking import child_run, log_params, log_summary, run_url, stage_run
+
+
+class ArmCrashed(RuntimeError):
+    """The arm's process ended without a result (killed, out of memory, an exception)."""
+
+
+def arm_command(arm: Arm, cfg: Config, project: Path, directory: Path,
+                stage_overrides: dict[str, Any]) -> list[str]:
+    """The command that trains ``arm`` by itself: the stage's own overrides, then the arm's."""
+    sets = {**stage_overrides, **overrides(arm, cfg.ablation)}
+    return [sys.executable, "-m", "tasks.arm", "--profile", cfg.profile, "--out", str(directory.relative_to(project)),
+            *[f"--set={k}={_yaml(v)}" for k, v in sets.items()]]
+
+
+def shown(command: list[str]) -> str:
+    """The command as a user types it in the project directory."""
+    return " ".join(["python", *command[1:]])
+
+
+def _yaml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_yaml, value)) + "]"
+    return str(value)
+
+
+def _not_a_config_error(task, task_run, state) -> bool:
+    """Retry crashes only: a bad config fails the same way every time."""
+    try:
+        state.result()
+    except ConfigError:
+        return False
+    except Exception:
+        return True
+    return False
+
+
+@task(retry_condition_fn=_not_a_config_error)
+def train_arm(name: str, command: list[str], directory: Path, project: Path) -> dict[str, Any]:
+    """Run one arm's process, its output streamed to this task's log; its result, or
+    :class:`ArmCrashed` (retried) / :class:`ConfigError` (not)."""
+    logger = get_run_logger()
+    directory.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with subprocess.Popen(command, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace") as proc:
+        tail = []
+        for line in proc.stdout:
+            line = line.rstrip()
+            if line and "\r" not in line:  # progress bars redraw with \r: keep the log readable
+                logger.info("%s: %s", name, line)
+                tail = [*tail[-20:], line]
+    if proc.returncode == 2:
+        raise ConfigError(f"arm {name}: {tail[-1] if tail else 'bad config'}")
+    result = read_result(directory)
+    if proc.returncode not in (0, 3) or result is None:
+        raise ArmCrashed(f"arm {name}: exit code {proc.returncode}, no result; last output: {tail[-3:]}")
+    return result
+
+
+def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str) -> str | None:
+    """The arm's child run: factors as params, its figures as metrics, its per-step loss."""
+    tags = {"spikelab.arm": row["name"], "spikelab.variant": row["variant"], "spikelab.families": ",".join(row["families"]),
+            "spikelab.run_identity": row["key"], "spikelab.command": shown(row["command"]),
+            "spikelab.cached": str(row["cached"]).lower()}
+    with child_run(f"ablate {row['name']}", tags, parent_id=parent_id) as run:
+        log_params({**row["factors"], "seed": row["seed"]})
+        if result is not None:
+            log_summary(row["metrics"])
+            now = int(time.time() * 1000)
+            curve = [Metric("loss/train", r["loss"], now, r["step"]) for r in result["rows"] if r["loss"] is not None]
+            client = mlflow.MlflowClient()
+            for i in range(0, len(curve), 900):  # at most 1000 metrics per batch
+                client.log_batch(run.info.run_id, metrics=curve[i:i + 900])
+    status = row["status"]
+    if status in ("diverged", "failed"):
+        mlflow.MlflowClient().set_terminated(run.info.run_id, "FAILED")
+    return run_url(run) or f"runs:/{run.info.run_id}"
+
+
+def plan(cfg: Config, project: Path, stage_overrides: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every arm with its key, directory, command, and its result where one is stored."""
+    data, code = data_hashes(project / MANIFEST), code_digest(project)
+    base = base_arm(cfg.ablation, 0)
+    rows = []
+    for arm in expand(cfg.ablation):
+        key = arm_key(arm_config(cfg, arm), data, code)
+        directory = project / ABLATE_ARMS / key
+        stored = read_result(directory)
+        rows.append({"name": arm.name(base), "variant": arm.variant(base), "seed": arm.seed,
+                     "families": list(arm.families), "factors": arm.factors, "key": key,
+                     "directory": directory, "command": arm_command(arm, cfg, project, directory, stage_overrides),
+                     "cached": stored is not None and stored.get("key") == key,
+                     "result": stored if stored is not None and stored.get("key") == key else None})
+    return rows
+
+
+@flow(name="ablate")
+def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
+    """Train every arm of the ablation grid (those not stored already), each with one injected
+    spike; write metrics/ablate.json and the per-family figures."""
+    cfg, project = project_config(profile, overrides)
+    logger = get_run_logger()
+    started = time.perf_counter()
+    rows = plan(cfg, project, overrides or {})
+    todo = [row for row in rows if not row["cached"]]
+    workers = cfg.ablation.workers or len(os.sched_getaffinity(0))
+    logger.info("%d arms: %d stored, %d to train, %d at a time", len(rows), len(rows) - len(todo), len(todo), workers)
+    with stage_run(cfg, "ablate") as run:
+        log_summary({"arms": len(rows), "arms_cached": len(rows) - len(todo), "workers": workers})
+        fan_out(cfg, project, rows, todo, workers, run.info.run_id)
+        for row in rows:
+            if row["cached"]:
+                row["mlflow"] = track_arm(row, row["result"], run.info.run_id)
+        metrics = write_outputs(cfg, project, rows, time.perf_counter() - started)
+        headline = {"arms": len(rows), "trained now": len(todo), "stored (not rerun)": len(rows) - len(todo),
+                    "diverged": metrics["counts"]["diverged"], "failed (crashed after retries)": metrics["counts"]["failed"],
+                    "wall_s": metrics["wall_s"]}
+        log_summary({k.split(" ")[0]: v for k, v in headline.items()})
+        figures = sorted((project / ABLATE_FIGURES).glob("*.png"))
+        mlflow.log_artifact(str(project / ABLATE_METRICS))
+        for figure in figures:
+            mlflow.log_artifact(str(figure), artifact_path="figures")
+        publish_summary("ablate", run, headline, figures)
+    if metrics["counts"]["failed"]:
+        logger.warning("arms that failed after %d retries: %s", cfg.ablation.retries, metrics["failed"])
+
+
+def fan_out(cfg: Config, project: Path, rows: list[dict[str, Any]], todo: list[dict[str, Any]], workers: int,
+            parent_id: str) -> None:
+    """One task per arm to train, ``workers`` at a time; each arm tracked as it finishes."""
+    logger = get_run_logger()
+    arm_task = train_arm.with_options(retries=cfg.ablation.retries, retry_delay_seconds=1)
+    with ThreadPoolTaskRunner(max_workers=workers) as runner:
+        futures = {}
+        for row in todo:
+            named = arm_task.with_options(task_run_name=f"arm {row['name']}")
+            futures[runner.submit(named, {"name": row["name"], "command": row["command"],
+                                          "directory": row["directory"], "project": project})] = row
+        for future in as_completed(list(futures)):
+            row = futures[future]
+            try:
+                row["result"] = future.result()
+            except ConfigError:
+                raise
+            except Exception as e:  # crashed on every try: reported, the others go on
+                row["error"] = str(e)
+                logger.error("arm %s failed: %s", row["name"], e)
+            finalize(row, cfg)
+            row["mlflow"] = track_arm(row, row["result"], parent_id)
+    for row in rows:
+        if row["cached"]:
+            finalize(row, cfg)
+
+
+def finalize(row: dict[str, Any], cfg: Config) -> None:
+    result = row["result"]
+    row["metrics"] = arm_metrics(result, cfg) if result is not None else {}
+    row["status"] = row["metrics"]["status"] if result is not None else "failed"
+
+
+def write_outputs(cfg: Config, project: Path, rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    """metrics/ablate.json and the figures, from every arm (failed ones are listed, not dropped)."""
+    arms = [{k: (str(v) if isinstance(v, Path) else v) for k, v in row.items() if k not in ("result", "directory")}
+            | {"command": shown(row["command"]), "rows": row["result"]["rows"] if row["result"] else []}
+            for row in rows]
+    counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("completed", "diverged", "stopped", "failed")}
+    metrics = {"arms": [{k: v for k, v in a.items() if k != "rows"} for a in arms],
+               "variants": variant_table(arms),
+               "counts": counts, "failed": [r["name"] for r in rows if r["status"] == "failed"],
+               "cached": sum(1 for r in rows if r["cached"]), "wall_s": wall_s,
+               "injection": {"kind": cfg.ablation.inject, "step": cfg.ablation.inject_step,
+                             "magnitude": cfg.ablation.inject_magnitude, "duration": cfg.ablation.inject_duration}}
+    write_json(project / ABLATE_METRICS, metrics)
+    family_figures(cfg, arms, project / ABLATE_FIGURES)
+    return metrics

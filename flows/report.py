@@ -1,0 +1,54 @@
+"""The report stage as a Prefect flow: the findings (tasks/findings.py) and the report
+(tasks/report.py) from the stages' outputs, written atomically, logged to MLflow and linked from
+the stage's Prefect artifact; ends by printing where the report is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from prefect import flow
+
+from flows.artifacts import publish_summary
+from flows.forms import Profile
+from model.config import InputError
+from tasks.findings import evaluate
+from tasks.params_stage import RESOLVED
+from tasks.paths import project_config
+from tasks.report import provenance, render_html, render_markdown, verdicts
+from tasks.stage_io import (ABLATE_METRICS, PRETRAIN_METRICS, REPORT_HTML, REPORT_MD, REPORT_METRICS, SEARCH_METRICS,
+                            SPIKE_METRICS, read_json, staged, write_json)
+from tasks.tracking import git_lineage, latest_stage_runs, log_summary, stage_run
+
+STAGES_REPORTED = ["search", "pretrain", "spike", "ablate"]
+
+
+def optional(path: Path) -> dict[str, Any] | None:
+    return read_json(path) if path.is_file() else None
+
+
+@flow(name="report")
+def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
+    """Build reports/REPORT.md, reports/report.html and metrics/report.json from the stages' outputs."""
+    cfg, project = project_config(profile, overrides)
+    if not (project / ABLATE_METRICS).is_file():
+        raise InputError(f"{project / ABLATE_METRICS}: missing; run the ablate stage first (dvc repro ablate)")
+    ablate = read_json(project / ABLATE_METRICS)
+    search, spike, pretrain = (optional(project / p) for p in (SEARCH_METRICS, SPIKE_METRICS, PRETRAIN_METRICS))
+    with stage_run(cfg, "report") as run:
+        findings = evaluate(cfg, ablate, search, spike)
+        origin = provenance(project, RESOLVED, git_lineage().get("mlflow.source.git.commit"))
+        runs = latest_stage_runs(cfg.tracking.experiment, STAGES_REPORTED)
+        text = render_markdown(cfg, project, findings, ablate, search, spike, pretrain, origin, runs)
+        with staged(project / REPORT_MD, project / REPORT_HTML) as (md, page):
+            md.write_text(text, encoding="utf-8")
+            page.write_text(render_html(text, (project / REPORT_MD).parent), encoding="utf-8")
+        summary = verdicts(findings)
+        write_json(project / REPORT_METRICS, summary)
+        log_summary({k.replace(" ", "_"): v for k, v in summary["counts"].items()})
+        for path in (REPORT_MD, REPORT_HTML, REPORT_METRICS):
+            mlflow.log_artifact(str(project / path))
+        publish_summary("report", run, {f.claim: f.verdict for f in findings})
+    print(f"[spikelab] report: {project / REPORT_MD} and {project / REPORT_HTML} "
+          f"({', '.join(f'{n} {v}' for v, n in summary['counts'].items())})")
