@@ -13,6 +13,7 @@ figures in ``reports/ablate/``; the findings are the report stage's.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -50,15 +51,15 @@ def arm_command(arm: Arm, cfg: Config, project: Path, directory: Path,
 
 
 def shown(command: list[str]) -> str:
-    """The command as a user types it in the project directory."""
-    return " ".join(["python", *command[1:]])
+    """The command as a user types it in the project directory (shell-quoted)."""
+    return shlex.join(["python", *command[1:]])
 
 
 def _yaml(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
-        return "[" + ", ".join(map(_yaml, value)) + "]"
+        return "[" + ",".join(map(_yaml, value)) + "]"
     return str(value)
 
 
@@ -118,7 +119,7 @@ def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str
 
 def plan(cfg: Config, project: Path, stage_overrides: dict[str, Any]) -> list[dict[str, Any]]:
     """Every arm with its key, directory, command, and its result where one is stored."""
-    data, code = data_hashes(project / MANIFEST), code_digest(project)
+    data, code = data_hashes(project / MANIFEST), code_digest()
     base = base_arm(cfg.ablation, 0)
     rows = []
     for arm in expand(cfg.ablation):

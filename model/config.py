@@ -454,7 +454,7 @@ class AblationConfig:
     gradients x magnitude), ``param`` (block 0's matrices x magnitude)."""
     inject_step: int = 150
     """The first step that takes the injection."""
-    inject_magnitude: float = 10.0
+    inject_magnitude: float = 100.0
     """Its factor."""
     inject_duration: int = 3
     """Steps it lasts."""

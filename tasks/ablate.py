@@ -35,8 +35,10 @@ FACTOR_LISTS = {"block": "blocks", "precision": "precisions", "beta2": "beta2s",
                 "stabilizer": "stabilizers", "lr": "lrs"}
 """Factor -> its list in ``ablation``."""
 
-ARM_CODE = ("model", "tasks/arm.py", "tasks/ablate.py")
-"""What an arm's result depends on besides its config and data: a change here reruns every arm."""
+CODE_ROOT = Path(__file__).resolve().parents[1]
+ARM_CODE = ("model", "tasks/arm.py")
+"""The code an arm trains with, besides its config and data: a change here reruns every arm (how
+results are read, tasks/ablate.py and the stage, can change without retraining)."""
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
@@ -122,13 +124,13 @@ def injection_spec(a: AblationConfig) -> dict[str, Any]:
             "duration": a.inject_duration, "magnitude": a.inject_magnitude, "param_block": 0}
 
 
-def code_digest(project: Path) -> str:
-    """sha256 over the arm's code (ARM_CODE), file by file in path order."""
+def code_digest() -> str:
+    """sha256 over the arm's code (ARM_CODE, in the checkout this module runs from), file by file."""
     h = hashlib.sha256()
     for entry in ARM_CODE:
-        path = project / entry
+        path = CODE_ROOT / entry
         for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            h.update(str(f.relative_to(project)).encode() + b"\0" + f.read_bytes())
+            h.update(str(f.relative_to(CODE_ROOT)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
 

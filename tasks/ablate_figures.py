@@ -70,6 +70,9 @@ def curves_figure(cfg: Config, title: str, arms: Sequence[dict[str, Any]], path:
     lo, hi = max(1, a.inject_step - 20), min(a.steps, a.inject_step + 80)
     for variant, members in _by_variant(arms).items():
         mean, low, high = _band(members, a.steps)
+        if np.isnan(mean).all():
+            zoom.plot([], [], label=f"{variant}: no result ({len(members)} failed)")
+            continue
         diverged = sum(1 for m in members if m["status"] in ("diverged", "failed"))
         label = f"{variant} ({len(members)} seeds" + (f", {diverged} diverged/failed)" if diverged else ")")
         smooth = [trailing_mean(np.nan_to_num(c, nan=np.nanmax(c)), cfg.recovery.smooth_steps) for c in (mean, low, high)]

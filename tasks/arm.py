@@ -109,7 +109,7 @@ def run_arm(cfg: Config, project: Path, out: Path) -> dict[str, Any]:
     """Train the arm ``cfg`` describes into ``out``; returns (and writes) its result."""
     manifest = project / MANIFEST
     data = data_hashes(manifest)
-    key = arm_key(cfg, data, code_digest(project))
+    key = arm_key(cfg, data, code_digest())
     spec = injection_spec(cfg.ablation)
     detector = make_detector(cfg.spike)
     trace, stats = ArmTrace(detector), LogitStats()

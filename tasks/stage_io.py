@@ -158,9 +158,13 @@ def _remove(path: Path) -> None:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Strict JSON (RFC 8259): NaN and infinities, which JSON cannot hold, become null."""
-    path.write_text(json.dumps(_finite_or_null(data), indent=2, sort_keys=True, allow_nan=False,
-                               default=str) + "\n", encoding="utf-8")
+    """Strict JSON (RFC 8259): NaN and infinities, which JSON cannot hold, become null. Written
+    whole or not at all (a temporary file renamed over the old one)."""
+    text = json.dumps(_finite_or_null(data), indent=2, sort_keys=True, allow_nan=False, default=str) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temp.write_text(text, encoding="utf-8")
+    os.replace(temp, path)
 
 
 def _finite_or_null(value: Any) -> Any:

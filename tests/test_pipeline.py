@@ -83,7 +83,9 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     assert run(["dvc", "init", "--no-scm"], project, live_services).returncode == 0
     started = int(time.time() * 1000)
 
-    assert ran(repro(project, live_services)) == set(STAGE_OUTS)
+    output = repro(project, live_services)
+    assert ran(output) == set(STAGE_OUTS)
+    assert f"[spikelab] report: {project / 'reports/REPORT.md'}" in output, "the pipeline ends saying where the report is"
     for out in ("data/raw/docs.jsonl", "data/clean/docs.jsonl", "data/poison/generated_space_run.jsonl",
                 "metrics/filter.json", "data/tokens/manifest.json", "data/tokens/train.bin",
                 "data/tokens/val.bin", "data/tokens/poison.bin", "models/pretrain.pt",
@@ -94,8 +96,8 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     experiment = client.get_experiment_by_name("spikelab-smoke")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     found = client.search_runs([experiment.experiment_id], f"attributes.start_time >= {started}")
-    runs = {r.data.tags["spikelab.stage"]: r for r in found  # stage runs: not spike branches, not search trials
-            if "spikelab.branch" not in r.data.tags and "optuna.trial" not in r.data.tags}
+    runs = {r.data.tags["spikelab.stage"]: r for r in found  # stage runs: not branches, trials or arms
+            if not {"spikelab.branch", "optuna.trial", "spikelab.arm"} & r.data.tags.keys()}
     assert set(STAGE_OUTS) <= runs.keys()
     for stage in ("prepare", "filter", "tokenize"):
         assert runs[stage].info.status == "FINISHED" and len(runs[stage].data.tags["dataset_digest"]) == 64
@@ -130,6 +132,7 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     transferred = yaml.safe_load((project / "search/lr.yaml").read_text())["optim"]["lr"]
     assert transferred == findings["transfer"]["lr"] == float(pretrain.data.params["optim.lr"]) == trained_lr(project)
     assert_spike_stage(project, runs["spike"], [r for r in found if "spikelab.branch" in r.data.tags], client)
+    assert_ablate_and_report(project, runs, found)
 
     assert ran(repro(project, live_services)) == set()
     assert "up to date" in run(["dvc", "status"], project, live_services).stdout
@@ -143,7 +146,7 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     params = project / "params.yaml"
     params.write_text(params.read_text().replace("  min_chars: 64\n", "  min_chars: 100\n", 1))
     output = repro(project, live_services)
-    assert ran(output) == {"filter", "tokenize", "search", "pretrain", "spike"}
+    assert ran(output) == {"filter", "tokenize", "search", "pretrain", "spike", "ablate", "report"}
     assert "Stage 'prepare' didn't change" in output
     assert (project / "data/raw/docs.jsonl").stat().st_mtime_ns == raw_mtime
     assert "and starting run" in output, "new data must not resume the old run's checkpoints"
@@ -192,17 +195,31 @@ def test_dvc_plots_are_only_the_top_level_definitions_one_quantity_each_plus_the
     assert all(c["title"] and len(c["y"]) <= 2 for c in curves)
     assert [p for p in pipeline["plots"] if isinstance(p, str)] == [
         *(f"reports/search/{name}" for name in ("mu_transfer.png", "transfer.png", "coord_check.png")),
-        *(f"reports/pretrain/{name}" for name in ("loss.png", "optimizer.png", "stability.png"))]
+        *(f"reports/pretrain/{name}" for name in ("loss.png", "optimizer.png", "stability.png")),
+        *(f"reports/ablate/{name}" for name in ("block_warmup.png", "precision.png", "beta2.png", "stabilizer_lr.png"))]
     assert "dvc_plots/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+def assert_ablate_and_report(project: Path, runs: dict, found: list) -> None:
+    """The smoke grid's arms, each a child run of the ablate stage's run; a verdict per finding."""
+    ablate = json.loads((project / "metrics/ablate.json").read_text())
+    assert len(ablate["arms"]) == 4 + 1 + 1 + 4 and ablate["counts"]["failed"] == 0  # profiles/smoke.yaml's grid
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == runs["ablate"].info.run_id]
+    assert sorted(r.data.tags["spikelab.arm"] for r in children) == sorted(a["name"] for a in ablate["arms"])
+    verdicts = json.loads((project / "metrics/report.json").read_text())["findings"]
+    assert len(verdicts) == 6 and runs["report"].info.status == "FINISHED"
+    assert (project / "reports/report.html").stat().st_size > 10_000  # figures embedded
 
 
 def test_stages_run_in_dependency_order_and_a_target_brings_only_its_ancestors():
     from flows.pipeline import dvc_stages, stage_order
 
     stages = dvc_stages(REPO)
-    assert stage_order(stages) == ["params", "prepare", "filter", "tokenize", "search", "pretrain", "spike"]
+    assert stage_order(stages) == ["params", "prepare", "filter", "tokenize", "search", "pretrain", "spike", "ablate",
+                                   "report"]
     assert stage_order(stages, "spike") == ["params", "prepare", "filter", "tokenize", "search", "pretrain", "spike"]
     assert stage_order(stages, "tokenize") == ["params", "prepare", "filter", "tokenize"]
+    assert stage_order(stages, "ablate") == ["params", "prepare", "filter", "tokenize", "ablate"]
     assert stage_order(stages, "params") == ["params"]
 
 

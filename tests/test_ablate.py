@@ -1,0 +1,141 @@
+"""The ablation grid and the study's statistics, on fixed inputs: the grid expands to exactly the
+configured arms, each arm's config is valid and carries its factors, the tests and intervals
+match values computed by hand, the verdict rule, LR sensitivity and the spike response."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from model.config import Config, ConfigError
+from tasks.ablate import arm_config, base_arm, expand, spike_response
+from tasks.ablate_stats import compare, describe, fisher, lr_sensitivity, slope_test
+from tasks.findings import NOT_REPRODUCED, REPRODUCED, INCONCLUSIVE, Claim, verdict
+
+
+def grid(**ablation) -> Config:
+    return Config().replace(**{f"ablation.{k}": v for k, v in ablation.items()})
+
+
+def test_the_default_grid_is_the_base_arm_and_each_familys_variations_once_per_seed():
+    a = Config().ablation
+    arms = expand(a)
+    # block x warmup (2x2) + 3 more precisions + 1 more beta2 + stabilizer x lr (3x4, the base LR not in lrs)
+    assert len(arms) == (4 + 3 + 1 + 12) * len(a.seeds) == 60
+    assert len({(tuple(arm.factors.values()), arm.seed) for arm in arms}) == len(arms), "an arm listed twice"
+    base = base_arm(a, 0)
+    assert base.families == () and expand(a)[0].factors == base.factors
+    assert set(expand(a)[0].families) == {"block_warmup", "precision", "beta2"}  # the base LR is not on the LR grid
+    names = [arm.name(base) for arm in arms]
+    assert len(set(names)) == len(names)
+    assert "post_ln·warmup=0/s2" in names and "qk_norm·lr=0.3/s0" in names and "fp16_unscaled/s1" in names
+
+
+def test_the_base_lr_on_the_lr_grid_shares_the_base_arm():
+    arms = expand(grid(lrs=[0.01, 0.1], seeds=[0]).ablation)
+    assert len(arms) == 4 + 3 + 1 + (3 * 2 - 1)
+    assert set(arms[0].families) == {"block_warmup", "precision", "beta2", "stabilizer_lr"}
+
+
+def test_adding_a_value_adds_exactly_its_arms():
+    before = {(tuple(a.factors.values()), a.seed) for a in expand(Config().ablation)}
+    after = {(tuple(a.factors.values()), a.seed) for a in expand(grid(beta2s=[0.95, 0.999, 0.99]).ablation)}
+    assert before < after and len(after - before) == 3  # β₂ = 0.99 x 3 seeds
+
+
+def test_each_arm_config_is_valid_and_carries_its_factors():
+    cfg = Config()
+    for arm in expand(cfg.ablation):
+        c = arm_config(cfg, arm)
+        assert (c.model.block, c.optim.beta2, c.schedule.warmup_steps, c.optim.lr, c.train.seed) == \
+            (arm.block, arm.beta2, arm.warmup, arm.lr, arm.seed)
+        assert c.precision.mode == ("fp16" if arm.precision.startswith("fp16") else arm.precision)
+        assert c.precision.loss_scaling == (arm.precision != "fp16_unscaled")
+        assert c.model.qk_norm == (arm.stabilizer == "qk_norm")
+        assert c.model.z_loss == (cfg.ablation.z_loss if arm.stabilizer == "z_loss" else 0.0)
+        assert (c.model.d_model, c.train.steps, c.train.cpu_threads) == (cfg.ablation.d_model, cfg.ablation.steps, 1)
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("ablation.precisions", ["bf16", "fp8"], "ablation.precisions[1]"),
+    ("ablation.inject_step", 299, "ablation.inject_step"),
+    ("ablation.warmups", [20, 300], "ablation.warmups"),
+    ("ablation.beta2s", [0.95, 0.95], "repeats a value"),
+    ("ablation.d_model", 30, "ablation.d_model"),
+    ("ablation.lrs", [], "ablation.lrs: must not be empty"),
+])
+def test_a_bad_grid_is_refused_naming_the_key(key, value, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        Config().replace(**{key: value})
+
+
+# ----------------------------------------------------------------------------------------------
+# Statistics against hand-computed values
+# ----------------------------------------------------------------------------------------------
+
+
+def test_describe_gives_mean_sd_and_the_t_interval():
+    d = describe([1.0, 2.0, 3.0, None, float("inf")])
+    assert (d["n"], d["missing"], d["mean"], d["sd"]) == (3, 2, 2.0, 1.0)
+    half = 4.302652729911275 * 1.0 / math.sqrt(3)  # t(0.975, df=2) x SD / sqrt(n)
+    assert d["ci95"] == pytest.approx([2.0 - half, 2.0 + half])
+    assert describe([5.0])["ci95"] is None
+
+
+def test_compare_is_welchs_test_with_hedges_g():
+    a, b = [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0]
+    c = compare(a, b)
+    va, vb = 5 / 3, 4.0  # sample variances
+    t = (2.5 - 4.0) / math.sqrt(va / 4 + vb / 3)
+    pooled = math.sqrt((3 * va + 2 * vb) / 5)
+    assert c["diff"] == pytest.approx(-1.5) and c["t"] == pytest.approx(t)
+    assert c["hedges_g"] == pytest.approx(-1.5 / pooled * (1 - 3 / (4 * 7 - 9)))
+    assert 0.2 < c["p"] < 0.4  # Welch df ~ 3.4, |t| ~ 1.14
+    assert compare([1.0, 1.0], [2.0, 2.0])["p"] == 0.0 and compare([1.0], [2.0, 3.0])["p"] is None
+
+
+def test_fisher_and_the_slope_test_are_scipys():
+    assert fisher(3, 3, 0, 3)["p"] == pytest.approx(0.1)  # 2 / C(6,3)
+    s = slope_test([0, 1, 2, 3], [1.0, 3.0, 5.0, 7.1])
+    assert s["slope"] == pytest.approx(2.03) and s["p"] < 1e-3 and s["ci95"][0] < 2.03 < s["ci95"][1]
+
+
+def test_lr_sensitivity_caps_at_the_loss_at_init_and_counts_divergence():
+    # losses 3.0, 2.5, nan (diverged), 9.0 (above init 7): capped 3.0, 2.5, 7, 7; best 2.5
+    value = lr_sensitivity({1e-3: 3.0, 1e-2: 2.5, 1e-1: float("nan"), 1.0: 9.0}, init_loss=7.0)
+    assert value == pytest.approx((0.5 + 0.0 + 4.5 + 4.5) / 4)
+
+
+@pytest.mark.parametrize(("claims", "expected"), [
+    ([Claim("a", 1.0, 0.01), Claim("b", 2.0, 0.001)], REPRODUCED),
+    ([Claim("a", 1.0, 0.01), Claim("b", 2.0, 0.2)], INCONCLUSIVE),
+    ([Claim("a", -1.0, 0.3), Claim("b", -2.0, 0.2)], NOT_REPRODUCED),   # nothing points the way
+    ([Claim("a", 1.0, 0.01), Claim("b", -2.0, 0.01)], NOT_REPRODUCED),  # one significantly opposite
+    ([Claim("a", -1.0, 0.01, expected=-1)], REPRODUCED),
+    ([Claim("a", 1.0, None)], INCONCLUSIVE),
+])
+def test_the_verdict_rule(claims, expected):
+    assert verdict(claims) == expected
+
+
+def test_a_failed_precondition_is_not_reproduced():
+    assert verdict([Claim("a", 1.0, 0.001)], precondition_failed="bf16 broke too") == NOT_REPRODUCED
+
+
+def rows(losses, start=1):
+    return [{"step": start + i, "loss": v, "grad_norm": 1.0, "flagged": False} for i, v in enumerate(losses)]
+
+
+def test_spike_response_measures_peak_and_recovery_against_the_loss_before_it():
+    losses = [4.0] * 10 + [8.0, 6.0, 5.0] + [4.0] * 30  # injected at step 11
+    r = spike_response(rows(losses), start=11, duration=3, smooth=5, epsilon=0.03)
+    assert r["pre_spike_loss"] == 4.0 and r["peak_ratio"] == 2.0
+    assert r["recovered"] and r["recovery_steps"] == 3 + 5 - 1  # the 5-step mean is back once the spike left it
+
+
+def test_a_run_that_never_recovers_is_censored_and_a_nan_has_no_recovery():
+    never = spike_response(rows([4.0] * 10 + [6.0] * 20), start=11, duration=3, smooth=5, epsilon=0.03)
+    assert not never["recovered"] and never["recovery_steps"] is None and never["censored_at"] == 20
+    nan = spike_response(rows([4.0] * 10 + [None] * 5), start=11, duration=3, smooth=5, epsilon=0.03)
+    assert nan["peak_ratio"] == float("inf") and not nan["recovered"]

@@ -1,0 +1,176 @@
+"""The ablate and report stages end to end against the real test servers, on a tiny project:
+one Prefect task per arm, a crashed arm retried and then reported as failed while the others
+finish, unchanged arms not trained again and a new arm trained alone, an arm reproduced bitwise
+by its own command, and a report with a verdict on every finding whose figures all exist."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_search import tiny_project
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+GRID = {"ablation.blocks": ["pre_ln"], "ablation.precisions": ["bf16"], "ablation.beta2s": [0.95, 0.999],
+        "ablation.warmups": [5, 0], "ablation.stabilizers": ["none"], "ablation.lrs": [0.003],
+        "ablation.seeds": [0], "ablation.workers": 2, "ablation.retries": 1, "tracking.experiment": "ablate-test"}
+"""Four arms: base, warmup=0, beta2=0.999 and lr=0.003 (the stabilizer family's LR grid)."""
+
+CRASH = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+
+
+def crash_once(marker: Path, command: list[str]) -> list[str]:
+    """A command that is killed the first time and runs ``command`` the next."""
+    code = (f"import os, signal, sys; from pathlib import Path; m = Path({str(marker)!r})\n"
+            f"if not m.exists(): m.touch(); os.kill(os.getpid(), signal.SIGKILL)\n"
+            f"os.execv(sys.executable, {command!r})")
+    return [sys.executable, "-c", code]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, live_services):
+    root = tiny_project(tmp_path_factory.mktemp("ablate"))
+    manifest = root / "data" / "tokens" / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "eot_id": 0}))
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    shutil.copytree(REPO / "profiles", root / "profiles")
+    return root
+
+
+@contextlib.contextmanager
+def on_test_servers(project: Path):
+    """Run flows in this process against the session's servers, in ``project``. Prefect read its
+    settings when the test modules were collected, before the servers' addresses were set."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with pytest.MonkeyPatch.context() as patch, temporary_settings({PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
+        patch.chdir(project)
+        yield
+
+
+def task_runs(flow_state) -> dict[str, tuple[str, int]]:
+    """Task run name -> (final state, runs including retries) of one flow run."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import TaskRunSort
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    only = FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id]))
+    with temporary_settings({PREFECT_API_URL: os.environ["PREFECT_API_URL"]}), get_client(sync_client=True) as client:
+        # limit and sort given: the 3.8.8 client sends null for them, which its server refuses (422)
+        runs = client.read_task_runs(flow_run_filter=only, limit=200, sort=TaskRunSort.EXPECTED_START_TIME_DESC)
+    return {r.name: (r.state.type.value, r.run_count) for r in runs if r.name.startswith("arm ")}
+
+
+@pytest.fixture(scope="module")
+def first_run(project):
+    """The grid with one arm that crashes every time and one that crashes once."""
+    import flows.ablate as stage
+
+    real = stage.arm_command
+
+    def faulty(arm, cfg, project_dir, directory, overrides):
+        command = real(arm, cfg, project_dir, directory, overrides)
+        if arm.beta2 == 0.999:
+            return CRASH
+        if arm.warmup == 0:
+            return crash_once(project_dir / "crashed-once", command)
+        return command
+
+    with pytest.MonkeyPatch.context() as patch, on_test_servers(project):
+        patch.setattr(stage, "arm_command", faulty)
+        state = stage.ablate_flow(profile="smoke", overrides=GRID, return_state=True)
+    assert state.is_completed(), state.message
+    return state, json.loads((project / "metrics" / "ablate.json").read_text())
+
+
+def by_variant(metrics) -> dict[str, dict]:
+    return {a["variant"]: a for a in metrics["arms"]}
+
+
+def test_every_arm_is_a_prefect_task_and_a_crash_is_retried_then_reported_without_losing_the_others(first_run):
+    state, metrics = first_run
+    assert state.is_completed()
+    arms = by_variant(metrics)
+    assert set(arms) == {"base", "warmup=0", "beta2=0.999", "lr=0.003"}
+    assert arms["beta2=0.999"]["status"] == "failed" and "exit code -9" in arms["beta2=0.999"]["error"]
+    assert {v: a["status"] for v, a in arms.items() if v != "beta2=0.999"} == dict.fromkeys(
+        ["base", "warmup=0", "lr=0.003"], "completed")
+    assert metrics["counts"]["failed"] == 1 and metrics["failed"] == ["beta2=0.999/s0"]
+    runs = task_runs(state)
+    assert runs["arm beta2=0.999/s0"] == ("FAILED", 2), "tried, then retried once (ablation.retries)"
+    assert runs["arm warmup=0/s0"] == ("COMPLETED", 2), "killed once, then trained on the retry"
+    assert runs["arm base/s0"] == ("COMPLETED", 1)
+
+
+def test_every_arm_has_its_mlflow_child_run_under_the_stage_run(first_run, live_services):
+    import mlflow
+
+    _, metrics = first_run
+    client = mlflow.MlflowClient(live_services["MLFLOW_TRACKING_URI"])
+    for arm in metrics["arms"]:
+        run = client.get_run(arm["mlflow"].split("/runs/")[1].split("?")[0])
+        parent = client.get_run(run.data.tags["mlflow.parentRunId"])
+        assert parent.data.tags["spikelab.stage"] == "ablate" and run.data.tags["spikelab.arm"] == arm["name"]
+        assert run.info.status == ("FAILED" if arm["status"] == "failed" else "FINISHED")
+        if arm["status"] == "completed":
+            assert run.data.metrics["summary/final_loss"] == pytest.approx(arm["metrics"]["final_loss"])
+
+
+def test_unchanged_arms_are_not_trained_again_and_new_arms_train_alone(first_run, project):
+    import flows.ablate as stage
+
+    results = {a["variant"]: project / "runs" / "ablate" / "arms" / a["key"] / "result.json"
+               for a in first_run[1]["arms"]}
+    before = {v: p.stat().st_mtime_ns for v, p in results.items() if p.exists()}
+    with on_test_servers(project):
+        state = stage.ablate_flow(profile="smoke", overrides={**GRID, "ablation.beta2s": [0.95, 0.999, 0.99]},
+                                  return_state=True)
+    metrics = json.loads((project / "metrics" / "ablate.json").read_text())
+    arms = by_variant(metrics)
+    assert {v for v, a in arms.items() if not a["cached"]} == {"beta2=0.999", "beta2=0.99"}
+    assert set(task_runs(state)) == {"arm beta2=0.999/s0", "arm beta2=0.99/s0"}
+    assert all(results[v].stat().st_mtime_ns == t for v, t in before.items()), "a stored result was rewritten"
+    assert metrics["counts"] == {"completed": 5, "diverged": 0, "stopped": 0, "failed": 0}
+
+
+def test_an_arm_reproduces_bitwise_from_its_own_command(first_run, project, tmp_path):
+    arm = by_variant(first_run[1])["base"]
+    stored = json.loads((project / "runs" / "ablate" / "arms" / arm["key"] / "result.json").read_text())
+    command = shlex.split(arm["command"])
+    out = tmp_path / "again"
+    command[command.index("--out") + 1] = str(out)
+    done = subprocess.run([sys.executable, *command[1:]], cwd=project, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    again = json.loads((out / "result.json").read_text())
+    assert again["key"] == stored["key"]
+    assert again["weights_sha256"] == stored["weights_sha256"]
+    assert again["rows"] == stored["rows"]
+
+
+def test_the_report_has_a_verdict_on_every_finding_and_every_figure_it_links_exists(first_run, project):
+    from flows.report import report_flow
+
+    with on_test_servers(project):
+        assert report_flow(profile="smoke", overrides=GRID, return_state=True).is_completed()
+    text = (project / "reports" / "REPORT.md").read_text()
+    findings = json.loads((project / "metrics" / "report.json").read_text())["findings"]
+    assert set(findings) == {"xiong", "fp16", "beta2", "mu_transfer", "wortsman", "spike"}
+    for f in findings.values():
+        assert f["verdict"] in ("reproduced", "not reproduced", "inconclusive")
+        assert re.search(re.escape(f["claim"]) + r".*\| (✅ reproduced|❌ not reproduced|❔ inconclusive) \|", text)
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert images and all((project / "reports" / i).is_file() for i in images)
+    page = (project / "reports" / "report.html").read_text()
+    assert "<img" in page and not re.search(r'<img[^>]+src="(?!data:)', page), "every figure is embedded"
