@@ -66,11 +66,13 @@ def parse_sets(pairs: list[str]) -> dict[str, Any]:
 
 def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
     from tasks import paths
+    from tasks.startup import imports_without_gc
 
     started = time.perf_counter()
     cfg, _ = paths.project_config(profile, sets)  # fail fast, before any import cost
     where = paths.configure_environment()  # before prefect is imported
-    flow = load_flow(stage)
+    with imports_without_gc():
+        flow = load_flow(stage)
     params = {"profile": cfg.profile, **({"overrides": sets} if sets else {})}
     name = f"{stage} {cfg.profile}"
     parent = os.environ.get(paths.PARENT_TASK_RUN_ENV)
