@@ -145,7 +145,19 @@ def stage_status() -> list[str]:
         return [f"dvc status failed: {(done.stderr or done.stdout).strip()[-200:]}"]
     changed = json.loads(done.stdout or "{}")
     return [f"{stage:9} {'changed: ' + _changes(changed[stage]) if stage in changed else 'up to date'}"
-            for stage in STAGES]
+            for stage in pipeline_stages()]
+
+
+def pipeline_stages() -> list[str]:
+    """Every stage of the project's dvc.yaml in its order (``params`` first: it has no flow, so
+    it is not in STAGES), or ``params`` and the flows when there is no dvc.yaml."""
+    import yaml
+
+    from tasks.paths import project_dir
+
+    path = project_dir() / "dvc.yaml"
+    stages = (yaml.safe_load(path.read_text()) or {}).get("stages") if path.is_file() else None
+    return list(stages) if stages else ["params", *STAGES]
 
 
 def _changes(entries: list) -> str:

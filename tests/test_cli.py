@@ -68,3 +68,15 @@ def test_a_run_that_did_not_complete_exits_with_its_code_and_one_line_saying_wha
     assert cli.main(["run", "pretrain"]) == code
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"spikelab: {getattr(stops, stop).status} at step 12: why (")
+
+
+def test_status_lists_every_dvc_stage_params_included(monkeypatch):
+    import flows.__main__ as cli
+
+    changed = '{"params": [{"changed deps": {"params.yaml": "modified"}}]}'
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, changed, ""))
+    monkeypatch.chdir(REPO)
+    lines = cli.stage_status()
+    assert [line.split()[0] for line in lines][:len(cli.STAGES) + 1] == ["params", *cli.STAGES]
+    assert lines[0].split(None, 1)[1] == "changed: changed deps (params.yaml)"
+    assert all(line.endswith("up to date") for line in lines[1:])
