@@ -65,6 +65,7 @@ def parse_sets(pairs: list[str]) -> dict[str, Any]:
 
 
 def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
+    from model.stops import RunEnded
     from tasks import paths
     from tasks.startup import imports_without_gc
 
@@ -76,12 +77,33 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
     params = {"profile": cfg.profile, **({"overrides": sets} if sets else {})}
     name = f"{stage} {cfg.profile}"
     parent = os.environ.get(paths.PARENT_TASK_RUN_ENV)
-    if parent:
-        run_under_task(flow, params, name, parent)
-    else:
-        flow.with_options(flow_run_name=name)(**params)
+    crashed: list[Any] = []  # the flow run Prefect marked Crashed: a typed stop is a SystemExit
+    flow = flow.with_options(on_crashed=[lambda _flow, flow_run, _state: crashed.append(flow_run.id)])
+    try:
+        if parent:
+            run_under_task(flow, params, name, parent)
+        else:
+            flow.with_options(flow_run_name=name)(**params)
+    except RunEnded as stop:
+        if crashed:
+            mark_stopped(crashed[-1], stop)
+        raise
     print(f"[spikelab] {stage} done in {time.perf_counter() - started:.1f} s "
           f"(prefect: {where['prefect']}, mlflow: {where['mlflow']})", file=sys.stderr)
+
+
+def mark_stopped(flow_run_id: Any, stop: RunEnded) -> None:
+    """A typed stop in the Prefect UI as what it was, not "Crashed": preempted or stopped runs
+    are Cancelled, a divergence Failed, with the line the command prints (what to do next)."""
+    from prefect import get_client
+    from prefect.states import Cancelled, Failed
+
+    state = (Failed if stop.status == "diverged" else Cancelled)(message=f"{stop} ({NEXT_STEP[stop.status]})")
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run_id, state, force=True)
+    except Exception as e:  # the stop and its exit code matter more than the label
+        print(f"spikelab: could not mark flow run {flow_run_id} {state.name}: {e}", file=sys.stderr)
 
 
 def run_under_task(flow, params: dict[str, Any], name: str, task_run_id: str) -> None:
