@@ -67,21 +67,45 @@ def parse_sets(pairs: list[str]) -> dict[str, Any]:
 
 
 def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
+    from model.stops import RunEnded
     from tasks import paths
+    from tasks.startup import imports_without_gc
 
     started = time.perf_counter()
     cfg, _ = paths.project_config(profile, sets)  # fail fast, before any import cost
     where = paths.configure_environment()  # before prefect is imported
-    flow = load_flow(stage)
+    with imports_without_gc():
+        flow = load_flow(stage)
     params = {"profile": cfg.profile, **({"overrides": sets} if sets else {})}
     name = f"{stage} {cfg.profile}"
     parent = os.environ.get(paths.PARENT_TASK_RUN_ENV)
-    if parent:
-        run_under_task(flow, params, name, parent)
-    else:
-        flow.with_options(flow_run_name=name)(**params)
+    crashed: list[Any] = []  # the flow run Prefect marked Crashed: a typed stop is a SystemExit
+    flow = flow.with_options(on_crashed=[lambda _flow, flow_run, _state: crashed.append(flow_run.id)])
+    try:
+        if parent:
+            run_under_task(flow, params, name, parent)
+        else:
+            flow.with_options(flow_run_name=name)(**params)
+    except RunEnded as stop:
+        if crashed:
+            mark_stopped(crashed[-1], stop)
+        raise
     print(f"[spikelab] {stage} done in {time.perf_counter() - started:.1f} s "
           f"(prefect: {where['prefect']}, mlflow: {where['mlflow']})", file=sys.stderr)
+
+
+def mark_stopped(flow_run_id: Any, stop: RunEnded) -> None:
+    """A typed stop in the Prefect UI as what it was, not "Crashed": preempted or stopped runs
+    are Cancelled, a divergence Failed, with the line the command prints (what to do next)."""
+    from prefect import get_client
+    from prefect.states import Cancelled, Failed
+
+    state = (Failed if stop.status == "diverged" else Cancelled)(message=f"{stop} ({NEXT_STEP[stop.status]})")
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run_id, state, force=True)
+    except Exception as e:  # the stop and its exit code matter more than the label
+        print(f"spikelab: could not mark flow run {flow_run_id} {state.name}: {e}", file=sys.stderr)
 
 
 def run_under_task(flow, params: dict[str, Any], name: str, task_run_id: str) -> None:
@@ -145,7 +169,19 @@ def stage_status() -> list[str]:
         return [f"dvc status failed: {(done.stderr or done.stdout).strip()[-200:]}"]
     changed = json.loads(done.stdout or "{}")
     return [f"{stage:9} {'changed: ' + _changes(changed[stage]) if stage in changed else 'up to date'}"
-            for stage in STAGES]
+            for stage in pipeline_stages()]
+
+
+def pipeline_stages() -> list[str]:
+    """Every stage of the project's dvc.yaml in its order (``params`` first: it has no flow, so
+    it is not in STAGES), or ``params`` and the flows when there is no dvc.yaml."""
+    import yaml
+
+    from tasks.paths import project_dir
+
+    path = project_dir() / "dvc.yaml"
+    stages = (yaml.safe_load(path.read_text()) or {}).get("stages") if path.is_file() else None
+    return list(stages) if stages else ["params", *STAGES]
 
 
 def _changes(entries: list) -> str:

@@ -4,7 +4,8 @@
 pipeline flow's deployments). Wiring only: load the config, open the stage's MLflow run, run the
 tasks on staged (temporary) output paths that are published only when every task succeeded,
 then record the outputs (counts, report, dataset digest) in MLflow and publish a summary.
-These stages never import torch.
+These stages never import torch, and each imports only its own tasks (the filter's MinHash and
+scipy, the tokenizer's library): a stage process pays for what it runs.
 """
 
 from __future__ import annotations
@@ -17,9 +18,6 @@ from prefect import flow
 
 from flows.artifacts import publish_summary
 from flows.forms import Profile
-from tasks.data_filters import drop_perplexity_outliers, screen_documents
-from tasks.data_sources import read_corpus
-from tasks.data_tokenize import encode_shards, train_tokenizer
 from tasks.paths import project_config
 from tasks.stage_io import (CLEAN_DIR, FILTER_REPORT, MANIFEST, POISON_DIR, RAW_DIR, SOURCE_FILE, STAGE_OUTS,
                             TOKENS_DIR, record_outputs, staged)
@@ -29,6 +27,8 @@ from tasks.tracking import stage_run
 @flow(name="prepare")
 def prepare_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Read the configured corpus into data/raw."""
+    from tasks.data_sources import read_corpus
+
     cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "prepare") as run:
         with staged(project / RAW_DIR) as (raw,):
@@ -40,6 +40,8 @@ def prepare_flow(profile: Profile | None = None, overrides: dict[str, Any] | Non
 @flow(name="filter")
 def filter_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Filter data/raw into data/clean, the poison pool and the filter report."""
+    from tasks.data_filters import drop_perplexity_outliers, screen_documents
+
     cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "filter") as run:
         with staged(project / CLEAN_DIR, project / POISON_DIR, project / FILTER_REPORT) as (clean, poison, report), \
@@ -54,6 +56,8 @@ def filter_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
 @flow(name="tokenize")
 def tokenize_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Train the BPE on data/clean and write the token shards and manifest to data/tokens."""
+    from tasks.data_tokenize import encode_shards, train_tokenizer
+
     cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "tokenize") as run:
         with staged(project / TOKENS_DIR) as (tokens,):

@@ -64,14 +64,24 @@ def _section_model(section: str, keys: list[str]) -> type[BaseModel]:
     return create_model(f"{section.capitalize()}Overrides", __config__=ConfigDict(extra="forbid"), **fields)
 
 
-SECTION_MODELS = {section: _section_model(section, keys) for section, keys in FORM_KEYS.items()}
+def _overrides_model() -> type[BaseModel]:
+    sections = {section: _section_model(section, keys) for section, keys in FORM_KEYS.items()}
+    return create_model(
+        "Overrides", __config__=ConfigDict(extra="forbid"),
+        __doc__="Values that override params.yaml and the profile for this run; empty fields keep them.",
+        **{section: (model, Field(default_factory=model, description=f"The `{section}` keys."))
+           for section, model in sections.items()},
+    )
 
-Overrides = create_model(
-    "Overrides", __config__=ConfigDict(extra="forbid"),
-    __doc__="Values that override params.yaml and the profile for this run; empty fields keep them.",
-    **{section: (model, Field(default_factory=model, description=f"The `{section}` keys."))
-       for section, model in SECTION_MODELS.items()},
-)
+
+def __getattr__(name: str) -> Any:
+    """``Overrides``, the pipeline's form model, is built on first use (it parses model/config.py
+    for the field docs: a tenth of a second or more that the stage flows, which take only
+    ``Profile``, do not pay)."""
+    if name == "Overrides":
+        globals()[name] = model = _overrides_model()
+        return model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def dotted(overrides: BaseModel | None, free_form: dict[str, Any] | None = None) -> dict[str, Any]:

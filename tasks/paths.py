@@ -154,16 +154,22 @@ def answers(url: str, timeout: float = 0.5) -> bool:
         return False
 
 
-def dashboard_up() -> bool:
-    return answers(f"{dashboard_url()}/api/meta")
+def dashboard_up(timeout: float = 0.5) -> bool:
+    return answers(f"{dashboard_url()}/api/meta", timeout)
 
 
-def prefect_up() -> bool:
-    return answers(f"{prefect_url()}/health")
+def prefect_up(timeout: float = 0.5) -> bool:
+    return answers(f"{prefect_url()}/health", timeout)
 
 
-def mlflow_up() -> bool:
-    return answers(f"{mlflow_url()}/health")
+def mlflow_up(timeout: float = 0.5) -> bool:
+    return answers(f"{mlflow_url()}/health", timeout)
+
+
+OWN_SERVER_PATIENCE_S = 30.0
+"""How long a stage waits for a server this checkout provably started to answer (just started:
+MLflow's workers take seconds to serve their first requests; or busy) before it falls back to
+the local stores, saying so. A single short probe made whole test sessions log to SQLite."""
 
 
 def configure_environment() -> dict[str, str]:
@@ -171,7 +177,8 @@ def configure_environment() -> dict[str, str]:
 
     Explicit user settings (``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI``) win. A server that
     answers but belongs to another checkout is never used (its store is not ours); that is said
-    on stderr. Returns what was chosen, for logging.
+    on stderr. This checkout's own server is waited for (:data:`OWN_SERVER_PATIENCE_S`), not
+    dropped because one health check was slow. Returns what was chosen, for logging.
     """
     s = state()
     os.environ.setdefault("PREFECT_HOME", str(s.prefect_home))
@@ -187,11 +194,16 @@ def configure_environment() -> dict[str, str]:
 
 
 def _use_server(name: str) -> bool:
-    from tasks.services import service, serves_this_checkout  # services builds on this module
+    from tasks.services import answers_within, service, started_process  # services builds on this module
 
-    if serves_this_checkout(name):
-        return True
-    if service(name).is_up():
+    svc = service(name)
+    own = started_process(name)  # local evidence first: no network round trip for a foreign server
+    if own is not None:
+        if answers_within(svc, OWN_SERVER_PATIENCE_S):
+            return True
+        print(f"spikelab: this checkout's {name} server (pid {own.pid}) did not answer within "
+              f"{OWN_SERVER_PATIENCE_S:.0f} s; using local stores instead", file=sys.stderr)
+    elif svc.is_up():
         print(f"spikelab: the {name} server on {HOST} answers but does not serve this checkout's state "
               f"({state_dir()}); using local stores instead", file=sys.stderr)
     return False

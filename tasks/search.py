@@ -351,7 +351,7 @@ def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: 
     payload = json.dumps({"config": dataclasses.asdict(cfg), "project": str(project),
                           "specs": [dataclasses.asdict(s) for s in specs]})
     env = {**os.environ, **({PARENT_RUN_ENV: parent_run} if parent_run else {})}
-    procs = [subprocess.Popen([sys.executable, "-m", "tasks.search"], stdin=subprocess.PIPE, env=env,
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER_START], stdin=subprocess.PIPE, env=env,
                               preexec_fn=_die_with_parent) for _ in range(n)]
     for proc in procs:
         proc.stdin.write(payload.encode())
@@ -359,6 +359,17 @@ def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: 
     failed = [p.pid for p in procs if p.wait() != 0]
     if failed:
         raise RuntimeError(f"search workers {failed} failed; their trials are queued again at the next run")
+
+
+WORKER_START = """
+import sys
+from tasks.startup import imports_without_gc
+with imports_without_gc():
+    from tasks.search import worker_main
+sys.exit(worker_main())
+"""
+"""What a worker process runs: ``python -m tasks.search``'s ``worker_main``, its imports (torch,
+optuna, mlflow) loaded without the cyclic GC (tasks/startup.py)."""
 
 
 def worker_count(cfg: Config) -> int:

@@ -34,7 +34,8 @@ class Service:
     command: list[str]
     env: dict[str, str]
     port: int
-    is_up: Callable[[], bool]
+    is_up: Callable[..., bool]
+    """``is_up(timeout=0.5)``: its health check answers 2xx within ``timeout`` seconds."""
     url: str
     """The address of its UI."""
 
@@ -73,8 +74,9 @@ def _record_file(name: str) -> Path:
     return paths.state().services / f"{name}.json"
 
 
-def _started_process(name: str):
-    """The live process ``up`` started for ``name`` in this state directory, or None."""
+def started_process(name: str):
+    """The live process ``up`` started for ``name`` in this state directory, or None (no
+    network: the pid record, the process's start time, environment and command line)."""
     import psutil
 
     record_file = _record_file(name)
@@ -91,10 +93,22 @@ def _started_process(name: str):
         return None
 
 
-def serves_this_checkout(name: str) -> bool:
-    """The server answers on its port and is provably the one started for this state directory."""
-    svc = service(name)
-    return svc.is_up() and _started_process(name) is not None
+def serves_this_checkout(name: str, patience: float = 0.0) -> bool:
+    """The server is provably the one started for this state directory and answers on its port
+    (within ``patience`` seconds: one just started may take a while to serve its first requests)."""
+    return started_process(name) is not None and answers_within(service(name), patience)
+
+
+def answers_within(svc: Service, patience: float) -> bool:
+    """``svc`` answers its health check, asking again until ``patience`` seconds have passed."""
+    deadline = time.monotonic() + patience
+    while True:
+        remaining = deadline - time.monotonic()
+        if svc.is_up(timeout=min(max(remaining, 0.5), 5.0)):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
 
 
 def listener(port: int) -> str:
@@ -119,8 +133,8 @@ def up(timeout: float = 180.0) -> None:
     paths.state().services.mkdir(parents=True, exist_ok=True)
     paths.state().mlflow_artifacts.mkdir(parents=True, exist_ok=True)
     for svc in services():
-        if serves_this_checkout(svc.name):
-            print(f"{svc.name}: already up at {svc.url}")
+        if started_process(svc.name) is not None:
+            print(f"{svc.name}: already started for this checkout ({svc.url})")
             continue
         if svc.is_up():
             raise SystemExit(f"{svc.name}: port {svc.port} is taken by another checkout's server "
@@ -145,7 +159,7 @@ def down() -> None:
     """Stop the servers ``up`` started for this state directory (their whole process groups);
     a server this checkout cannot prove it started is left alone."""
     for svc in services():
-        proc = _started_process(svc.name)
+        proc = started_process(svc.name)
         if proc is None:
             if svc.is_up():
                 print(f"{svc.name}: the server on port {svc.port} was not started by this checkout; left running")
@@ -161,8 +175,10 @@ def status() -> dict[str, str]:
     """Each server in words: ours and up, someone else's, or down."""
     report = {}
     for svc in services():
-        if serves_this_checkout(svc.name):
-            report[svc.name] = f"up at {svc.url} (this checkout)"
+        own = started_process(svc.name)
+        if own is not None:
+            report[svc.name] = (f"up at {svc.url} (this checkout)" if svc.is_up(timeout=3.0)
+                                else f"started for this checkout (pid {own.pid}) but not answering on port {svc.port}")
         elif svc.is_up():
             report[svc.name] = f"port {svc.port} answers but serves another checkout ({listener(svc.port)})"
         else:

@@ -32,7 +32,8 @@ def live_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
 
     services.up(timeout=240)
     chosen = paths.configure_environment()
-    assert chosen["prefect"] == paths.prefect_url(), "stages must use the running Prefect server"
+    assert chosen == {"prefect": paths.prefect_url(), "mlflow": paths.mlflow_url()}, \
+        f"stages must use the running servers, not the local stores: {chosen}"
     try:
         yield dict(os.environ)
     finally:

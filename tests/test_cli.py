@@ -68,3 +68,48 @@ def test_a_run_that_did_not_complete_exits_with_its_code_and_one_line_saying_wha
     assert cli.main(["run", "pretrain"]) == code
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"spikelab: {getattr(stops, stop).status} at step 12: why (")
+
+
+def test_status_lists_every_dvc_stage_params_included(monkeypatch):
+    import flows.__main__ as cli
+
+    changed = '{"params": [{"changed deps": {"params.yaml": "modified"}}]}'
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, changed, ""))
+    monkeypatch.chdir(REPO)
+    lines = cli.stage_status()
+    assert [line.split()[0] for line in lines][:len(cli.STAGES) + 1] == ["params", *cli.STAGES]
+    assert lines[0].split(None, 1)[1] == "changed: changed deps (params.yaml)"
+    assert all(line.endswith("up to date") for line in lines[1:])
+
+
+STOPPED_STAGE = """
+import sys
+import flows.__main__ as cli
+from prefect import flow
+from model import stops
+
+@flow(name="probe-typed-stop")
+def stage(profile=None, overrides=None):
+    raise getattr(stops, sys.argv[1])(12, "SIGTERM/SIGINT")
+
+cli.load_flow = lambda _: stage
+sys.exit(cli.main(["run", "pretrain", "--profile", "smoke"]))
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("stop, code, state", [("Preempted", 75, "Cancelled"), ("Diverged", 3, "Failed")])
+def test_a_typed_stop_shows_in_prefect_as_what_it_was_with_what_to_do_next(live_services, stop, code, state):
+    import json
+    import urllib.request
+
+    done = subprocess.run([sys.executable, "-c", STOPPED_STAGE, stop], cwd=REPO, capture_output=True, text=True,
+                          env={**live_services, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert done.returncode == code, done.stderr[-3000:]
+    body = {"flows": {"name": {"any_": ["probe-typed-stop"]}}, "sort": "START_TIME_DESC", "limit": 1}
+    request = urllib.request.Request(f"{live_services['PREFECT_API_URL']}/flow_runs/filter",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        (flow_run,) = json.load(response)
+    assert flow_run["state"]["name"] == state, flow_run["state"]
+    assert flow_run["state"]["message"].startswith(f"{stop.lower()} at step 12") and "(" in flow_run["state"]["message"]

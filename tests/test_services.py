@@ -75,3 +75,60 @@ def test_down_leaves_a_server_it_did_not_start_running(checkout, foreign_server,
     services.down()
     assert proc.poll() is None
     assert "was not started by this checkout; left running" in capsys.readouterr().out
+
+
+SLOW_SERVER = """
+import http.server, sys, time
+class Slow(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(1.0)  # a server that just started (MLflow's workers) or is busy: slower than one probe
+        try:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"OK")
+        except OSError:  # the client gave up
+            pass
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Slow).serve_forever()
+"""
+
+
+@pytest.fixture()
+def own_slow_servers(tmp_path, monkeypatch):
+    """This checkout's servers, started as ``services up`` records them, answering only after 1 s."""
+    import psutil
+
+    state = tmp_path / "state"
+    (state / "services").mkdir(parents=True)
+    ports = {"prefect": free_port(), "mlflow": free_port()}
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_HOME")}
+    env.update(SPIKELAB_STATE=str(state), SPIKELAB_PREFECT_PORT=str(ports["prefect"]),
+               SPIKELAB_MLFLOW_PORT=str(ports["mlflow"]))
+    procs = []
+    for name, port in ports.items():
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVER, str(port)], env=env, stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        record = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "port": port}
+        (state / "services" / f"{name}.json").write_text(json.dumps(record))
+    monkeypatch.setattr(os, "environ", env)
+    from tasks.paths import answers
+
+    deadline = time.monotonic() + 30
+    while not all(answers(f"http://127.0.0.1:{port}/health", timeout=5) for port in ports.values()):
+        assert time.monotonic() < deadline, "test servers did not start"
+    yield ports
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_stage_waits_for_this_checkouts_own_server_when_it_answers_slowly(own_slow_servers, capsys):
+    """One slow health check (a server just started, or busy) must not send a stage, or a whole
+    test session, to the local stores: their runs would carry no links to the MLflow UI."""
+    from tasks import paths, services
+
+    chosen = paths.configure_environment()
+    assert chosen == {"prefect": paths.prefect_url(), "mlflow": paths.mlflow_url()}, capsys.readouterr().err
+    assert services.serves_this_checkout("mlflow", patience=5)
+    assert services.status()["mlflow"].endswith("(this checkout)")

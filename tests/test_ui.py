@@ -103,9 +103,6 @@ def test_the_pipeline_shows_one_task_per_stage_with_live_logs_and_each_stage_flo
     assert len(stamps) > len(logs) // 2, "lines are logged as they arrive, not all at the end"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known, open: fails only after the whole suite has filled the test servers (twice in fresh clones), "
-    "passes when tests/test_ui.py runs alone (7 passed); see the closing note of the stop that added it"))
 def test_every_stage_and_the_pipeline_publish_a_summary_linking_their_mlflow_runs(served, pipeline_run):
     _, env = served
     children = prefect(env, "flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"operator": "and_",
@@ -188,9 +185,6 @@ def test_the_prefect_ui_lists_the_deployments_and_shows_a_pipeline_run_with_its_
     assert "Can't connect to Server API" not in text
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known, open: fails only after the whole suite has filled the test servers (twice in fresh clones), "
-    "passes when tests/test_ui.py runs alone (7 passed); see the closing note of the stop that added it"))
 def test_the_mlflow_ui_opens_the_experiment_for_model_training_with_stage_runs_nested(
         served, pipeline_run, browser, mlflow_client):
     from tests.browser import wait_for_text
