@@ -55,6 +55,16 @@ probe()
 config, services check, imports without the cyclic GC, flow + task, the MLflow stage run with
 its lineage, the Prefect artifact. No torch, like the data stages."""
 HELP = "from flows.__main__ import main; main(['--help'])"
+LAUNCHED = f"""
+import sys
+from tasks.launcher import run_in_launcher
+code = run_in_launcher([], code={STAGE!r})
+if code is None:
+    sys.exit("no launcher serves this environment")
+sys.exit(code)
+"""
+"""The same empty stage forked from this checkout's launcher (tasks/launcher.py), as
+``spikelab run`` does when one is up: a small client process, the stage in a forked child."""
 
 
 def time_process(code: str, env: dict[str, str]) -> tuple[float, float]:
@@ -94,9 +104,15 @@ def main() -> None:
     mode = "services up" if servers_up else "no services (temporary Prefect server, SQLite MLflow)"
     (bare, bare_cpu), (imports, imports_cpu), (stage, stage_cpu), (cli_help, help_cpu) = (
         median_times(code, env, args.repeats) for code in (BARE, IMPORTS, STAGE, HELP))
+    from tasks import launcher
+
+    launched = None
+    if servers_up and launcher.started_process() is not None:
+        launched, _ = median_times(LAUNCHED, env, args.repeats)  # CPU: the forked stage is not our child
     load = os.getloadavg()
     result = {"mode": mode, "bare_s": bare, "imports_s": imports, "stage_s": stage,
               "overhead_s": stage - bare, "orchestration_s": stage - imports, "help_s": cli_help,
+              "launched_stage_s": launched, "launched_overhead_s": None if launched is None else launched - bare,
               "cpu": {"bare_s": bare_cpu, "imports_s": imports_cpu, "stage_s": stage_cpu,
                       "overhead_s": stage_cpu - bare_cpu, "orchestration_s": stage_cpu - imports_cpu,
                       "help_s": help_cpu},
@@ -107,6 +123,11 @@ def main() -> None:
     print(f"  CPU (user+sys): bare {bare_cpu:.2f} s, imports {imports_cpu:.2f} s, empty stage {stage_cpu:.2f} s: "
           f"overhead {stage_cpu - bare_cpu:.2f} s, of which {stage_cpu - imports_cpu:.2f} s beyond the imports; "
           f"--help {help_cpu:.2f} s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    if launched is not None:
+        print(f"  through this checkout's launcher (spikelab run's path when it is up): empty stage {launched:.2f} s, "
+              f"overhead {launched - bare:.2f} s per stage (median of {args.repeats})")
+    else:
+        print("  launcher not up for this checkout: the launched path was not measured (spikelab services up)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     key = "up" if servers_up else "down"
     existing = json.loads(args.out.read_text()) if args.out.is_file() else {}

@@ -11,7 +11,10 @@ import importlib
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from model.stops import RunEnded
 
 STAGES = {
     "prepare": "flows.data:prepare_flow",
@@ -33,7 +36,7 @@ NEXT_STEP = {"preempted": "a checkpoint was saved; run the same command again to
 
 EXAMPLES = """\
 examples:
-  spikelab services up                    start this checkout's Prefect and MLflow servers
+  spikelab services up                    start this checkout's servers and its stage launcher
   spikelab ui                             print the address of every UI that is up
   dvc repro                               run the whole study, cached (each stage calls spikelab run)
   spikelab run pretrain --profile smoke   run one stage directly, outside DVC's cache
@@ -153,6 +156,7 @@ def show_status() -> None:
     print("servers:")
     for name, report in services.status().items():
         print(f"  {name:8} {report}")
+    print(f"  {'launcher':8} {services.launcher.status()}")
     paths.configure_environment()
     print(f"newest MLflow runs ({os.environ['MLFLOW_TRACKING_URI']}):")
     for line in newest_runs():
@@ -231,7 +235,14 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "run":
-            run_stage(args.stage, args.profile, parse_sets(args.sets))
+            sets = parse_sets(args.sets)
+            from tasks import launcher, paths
+
+            paths.project_config(args.profile, sets)  # a bad key or value fails here, before a fork
+            code = launcher.run_in_launcher(sys.argv[1:] if argv is None else argv, module="flows")
+            if code is not None:
+                return code
+            run_stage(args.stage, args.profile, sets)
         elif args.command == "status":
             show_status()
         elif args.command == "ui":
@@ -243,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.action == "status":
                 for name, report in services.status().items():
                     print(f"{name}: {report}")
+                print(f"launcher: {services.launcher.status()}")
             else:
                 getattr(services, args.action)()
     except UserError as e:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import paths
+from tasks import launcher, paths
 
 STATE_ENV = "SPIKELAB_STATE"
 
@@ -153,11 +153,13 @@ def up(timeout: float = 180.0) -> None:
                                  f"see {paths.state().services / (svc.name + '.log')}")
             time.sleep(0.5)
         print(f"{svc.name}: up at {svc.url}")
+    launcher.start()
 
 
 def down() -> None:
     """Stop the servers ``up`` started for this state directory (their whole process groups);
     a server this checkout cannot prove it started is left alone."""
+    launcher.stop()
     for svc in services():
         proc = started_process(svc.name)
         if proc is None:
