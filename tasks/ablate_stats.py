@@ -78,11 +78,17 @@ def variant_table(arms: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     """Group ``a`` against group ``b``: the mean difference a - b, Hedges' g (pooled SD, small-sample
     corrected), and Welch's t-test (unequal variances), two-sided. With a zero spread in both
-    groups the test is undefined: p is 0 if the means differ, 1 if not."""
+    groups the test is undefined: p is 0 if the means differ, 1 if not. An infinite value (a spike
+    whose loss never came back finite) leaves only the sign of the difference, untested."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    diff = float(a.mean() - b.mean())
+    with np.errstate(invalid="ignore"):
+        diff = float(a.mean() - b.mean())  # inf where one side has an infinite value, nan where both
     out: dict[str, Any] = {"test": "Welch t-test", "n": [len(a), len(b)], "mean_a": float(a.mean()),
-                           "mean_b": float(b.mean()), "diff": diff, "hedges_g": None, "t": None, "p": None}
+                           "mean_b": float(b.mean()), "diff": None if math.isnan(diff) else diff,
+                           "hedges_g": None, "t": None, "p": None}
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        out["test"] = "none (a non-finite value: no t-test)"
+        return out
     if len(a) < 2 or len(b) < 2:
         out["test"] = "none (fewer than 2 seeds a side)"
         return out

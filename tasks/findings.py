@@ -90,26 +90,38 @@ class Grid:
 
     def values(self, figure: str, **factors: Any) -> list[float]:
         """``figure`` of every seed of the variant; a failed arm (no result) is left out and listed."""
-        return [derived(a["metrics"])[figure] for a in self.select(**factors) if a.get("metrics")]
+        return [arm_figures(a["metrics"])[figure] for a in self.select(**factors) if a.get("metrics")]
 
     def names(self, **factors: Any) -> list[str]:
         return [a["name"] for a in self.select(**factors)]
 
     def by_seed(self, figure: str, **factors: Any) -> dict[int, float]:
-        return {a["seed"]: derived(a["metrics"])[figure] for a in self.select(**factors) if a.get("metrics")}
+        return {a["seed"]: arm_figures(a["metrics"])[figure] for a in self.select(**factors) if a.get("metrics")}
+
+
+def arm_figures(metrics: dict[str, Any]) -> dict[str, Any]:
+    """An arm's figures as read back from metrics/ablate.json, where strict JSON wrote an infinite
+    peak ratio (the loss went non-finite after the injection: tasks/ablate.py, spike_response) as
+    null: restored to inf, so such an arm counts as the worst spike, not as a missing one."""
+    figures = derived(metrics)
+    if figures.get("peak_ratio") is None and figures.get("pre_spike_loss") is not None:
+        figures["peak_ratio"] = math.inf
+    return figures
 
 
 def _fmt(values: Sequence[float]) -> str:
+    """Mean and count of the finite values, and how many were not finite (never dropped silently)."""
     if not values:
         return "no runs"
-    mean = sum(values) / len(values)
-    return f"{mean:.3f} (n={len(values)})"
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    text = f"{sum(finite) / len(finite):.3f} (n={len(finite)})" if finite else "none finite"
+    return text + (f" + {len(values) - len(finite)} non-finite" if len(finite) < len(values) else "")
 
 
 def _cmp_text(c: dict[str, Any]) -> str:
     g = f", g={c['hedges_g']:.2f}" if c.get("hedges_g") is not None else ""
-    p = f", p={c['p']:.3g}" if c.get("p") is not None else ", no test"
-    return f"Δ={c['diff']:+.3f}{g}{p}"
+    p = f", p={c['p']:.3g}" if c.get("p") is not None else f", {c['test']}"
+    return (f"Δ={c['diff']:+.3f}" if c.get("diff") is not None else "Δ undefined") + g + p
 
 
 def xiong(grid: Grid) -> Finding:
@@ -195,7 +207,7 @@ def lr_sensitivities(grid: Grid, stabilizer: str) -> dict[int, float]:
     by_seed: dict[int, dict[float, float]] = {}
     for lr in a.lrs:
         for arm in grid.select(stabilizer=stabilizer, lr=lr):
-            loss = derived(arm["metrics"])["capped_loss"] if arm.get("metrics") else math.inf
+            loss = arm_figures(arm["metrics"])["capped_loss"] if arm.get("metrics") else math.inf
             by_seed.setdefault(arm["seed"], {})[lr] = loss
     init = math.log(grid.cfg.tokenizer.vocab_size)
     return {s: lr_sensitivity(losses, init) for s, losses in sorted(by_seed.items()) if len(losses) == len(a.lrs)}

@@ -41,7 +41,7 @@ def _interval(d: dict[str, Any], fmt: str) -> str:
     if d.get("ci95"):
         lo, hi = d["ci95"]
         text += f" [{fmt.format(lo)}, {fmt.format(hi)}]"
-    return text + (f" ({d['missing']} missing)" if d.get("missing") else "")
+    return text + (f" ({d['missing']} not finite)" if d.get("missing") else "")
 
 
 def _figures(directory: Path, project: Path) -> list[str]:
@@ -118,7 +118,8 @@ def _spike_section(project: Path, spike: dict[str, Any] | None) -> list[str]:
         if isinstance(by_policy, dict) and "continue" in by_policy:
             for policy, s in by_policy.items():
                 if isinstance(s, dict) and "type" in s:
-                    rows.append([kind, policy, str(s["type"]), f"{s['peak_ratio']:.2f}", str(s["steps_to_recover"]),
+                    peak = "not finite" if s["peak_ratio"] is None else f"{s['peak_ratio']:.2f}"  # JSON null
+                    rows.append([kind, policy, str(s["type"]), peak, str(s["steps_to_recover"]),
                                  f"{s['final_gap']:+.2%}", str(s.get("latency")), f"{s['cost_usd']:.5f}"])
     lines += _table(["injection", "policy", "type", "peak ratio", "steps to recover", "final gap", "detection latency",
                      "cost (USD)"], rows)

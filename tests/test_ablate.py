@@ -4,6 +4,7 @@ match values computed by hand, the verdict rule, LR sensitivity and the spike re
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -11,7 +12,8 @@ import pytest
 from model.config import Config, ConfigError
 from tasks.ablate import arm_config, base_arm, expand, spike_response
 from tasks.ablate_stats import compare, describe, fisher, lr_sensitivity, slope_test
-from tasks.findings import NOT_REPRODUCED, REPRODUCED, INCONCLUSIVE, Claim, verdict
+from tasks.findings import NOT_REPRODUCED, REPRODUCED, INCONCLUSIVE, Claim, evaluate, verdict
+from tasks.stage_io import _finite_or_null
 
 
 def grid(**ablation) -> Config:
@@ -93,6 +95,34 @@ def test_compare_is_welchs_test_with_hedges_g():
     assert c["hedges_g"] == pytest.approx(-1.5 / pooled * (1 - 3 / (4 * 7 - 9)))
     assert 0.2 < c["p"] < 0.4  # Welch df ~ 3.4, |t| ~ 1.14
     assert compare([1.0, 1.0], [2.0, 2.0])["p"] == 0.0 and compare([1.0], [2.0, 3.0])["p"] is None
+
+
+def test_compare_with_an_infinite_value_keeps_the_sign_and_runs_no_test():
+    c = compare([1.0, math.inf, 2.0], [1.0, 1.1, 0.9])
+    assert c["diff"] == math.inf and c["p"] is None and c["test"].startswith("none")
+    assert compare([math.inf, 1.0], [math.inf, 2.0])["diff"] is None  # inf - inf: no sign either
+
+
+def json_round_trip(data):
+    """What a later stage reads back from metrics/*.json (tasks/stage_io.py: write_json)."""
+    return json.loads(json.dumps(_finite_or_null(data), allow_nan=False))
+
+
+def test_a_spike_whose_loss_never_came_back_finite_counts_as_infinite_after_the_json_round_trip():
+    cfg = Config()
+    base = base_arm(cfg.ablation, 0)
+    rows_ = rows([5.0] * 150 + [None] * 150)
+    arms = []
+    for arm in expand(cfg.ablation):
+        broken = arm.precision == "fp16" or arm.beta2 == 0.999
+        response = spike_response(rows_ if broken else rows([5.0] * 300), 150, 3, 10, 0.03)
+        metrics = {"val_loss": 5.0, "init_loss": 6.0, "diverged": False, "nonfinite_steps": 0, **response}
+        arms.append({"name": arm.name(base), "seed": arm.seed, "factors": arm.factors, "status": "completed",
+                     "metrics": metrics})
+    findings = {f.key: f for f in evaluate(cfg, json_round_trip({"arms": arms}), None, None)}
+    assert "scaled none finite + 3 non-finite" in findings["fp16"].numbers  # not "no runs", not a crash
+    assert "(Δ=+inf, none (a non-finite value: no t-test))" in findings["beta2"].numbers  # the worst, not missing
+    assert findings["beta2"].verdict == INCONCLUSIVE  # the right direction, untested
 
 
 def test_fisher_and_the_slope_test_are_scipys():
