@@ -151,6 +151,13 @@ def xiong(grid: Grid) -> Finding:
                    {"post_ln": post, "pre_ln": pre, "interaction": interaction})
 
 
+def is_broken(m: dict[str, Any]) -> bool:
+    """Diverged (the trainer's rule), or ended with no finite validation loss (e.g. scaled fp16 whose
+    forward overflows every step after a spike: the scaler skips them all). A step skipped on an
+    overflow is not breakage: dynamic loss scaling probes its scale that way by design."""
+    return bool(m["diverged"]) or m.get("val_loss") is None or not math.isfinite(m["val_loss"])
+
+
 def fp16(grid: Grid) -> Finding:
     a = grid.cfg.ablation
     needed = {"bf16", "fp16", "fp16_unscaled"}
@@ -158,7 +165,7 @@ def fp16(grid: Grid) -> Finding:
         return _missing("fp16", f"ablation.precisions needs {sorted(needed)}")
     loss = {p: grid.values("capped_loss", precision=p) for p in needed}
     ran = {p: [arm["metrics"] for arm in grid.select(precision=p) if arm.get("metrics")] for p in needed}
-    broken = {p: sum(1 for m in ms if m["diverged"] or m["nonfinite_steps"]) for p, ms in ran.items()}
+    broken = {p: sum(1 for m in ms if is_broken(m)) for p, ms in ran.items()}
     runs = {p: len(ms) for p, ms in ran.items()}
     vs_bf16, vs_scaled = (compare(loss["fp16_unscaled"], loss[p]) for p in ("bf16", "fp16"))
     breaks = fisher(broken["fp16_unscaled"], runs["fp16_unscaled"], broken["bf16"], runs["bf16"])
@@ -169,7 +176,8 @@ def fp16(grid: Grid) -> Finding:
                     if broken["bf16"] or broken["fp16"] else None)
     numbers = (f"final val loss (capped): unscaled fp16 {_fmt(loss['fp16_unscaled'])}, bf16 {_fmt(loss['bf16'])}, "
                f"scaled fp16 {_fmt(loss['fp16'])}; vs bf16 {_cmp_text(vs_bf16)}, vs scaled {_cmp_text(vs_scaled)}; "
-               f"runs broken (diverged or a non-finite step): unscaled {broken['fp16_unscaled']}/{runs['fp16_unscaled']}, "
+               f"runs broken (diverged, or no finite loss at the end): unscaled "
+               f"{broken['fp16_unscaled']}/{runs['fp16_unscaled']}, "
                f"bf16 {broken['bf16']}/{runs['bf16']}, scaled {broken['fp16']}/{runs['fp16']} (Fisher vs bf16 "
                f"p={breaks['p']:.3g}); spike peak ratio: unscaled {_fmt(peak['fp16_unscaled'])}, bf16 "
                f"{_fmt(peak['bf16'])}, scaled {_fmt(peak['fp16'])}"

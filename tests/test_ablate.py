@@ -12,7 +12,7 @@ import pytest
 from model.config import Config, ConfigError
 from tasks.ablate import arm_config, base_arm, expand, spike_response
 from tasks.ablate_stats import compare, describe, fisher, lr_sensitivity, slope_test
-from tasks.findings import NOT_REPRODUCED, REPRODUCED, INCONCLUSIVE, Claim, evaluate, verdict
+from tasks.findings import NOT_REPRODUCED, REPRODUCED, INCONCLUSIVE, Claim, evaluate, is_broken, verdict
 from tasks.stage_io import _finite_or_null
 
 
@@ -123,6 +123,12 @@ def test_a_spike_whose_loss_never_came_back_finite_counts_as_infinite_after_the_
     assert "scaled none finite + 3 non-finite" in findings["fp16"].numbers  # not "no runs", not a crash
     assert "(Δ=+inf, none (a non-finite value: no t-test))" in findings["beta2"].numbers  # the worst, not missing
     assert findings["beta2"].verdict == INCONCLUSIVE  # the right direction, untested
+
+
+def test_a_loss_scalers_overflow_skip_is_not_breakage_but_no_finite_loss_at_the_end_is():
+    assert not is_broken({"diverged": False, "nonfinite_steps": 1, "val_loss": 5.9})
+    assert is_broken({"diverged": False, "nonfinite_steps": 148, "val_loss": None})  # every step overflowed
+    assert is_broken({"diverged": True, "nonfinite_steps": 28, "val_loss": None})
 
 
 def test_fisher_and_the_slope_test_are_scipys():
