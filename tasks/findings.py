@@ -22,6 +22,18 @@ from tasks.ablate_stats import ALPHA, compare, derived, fisher, lr_sensitivity, 
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 
+CHANGED_AFTER_RESULTS = (
+    "The injected spike's magnitude, set on the base arm alone: x10 for 3 steps (the first choice) gave a "
+    "peak ratio of 1.03, inside step-to-step noise; x30 gave 1.10; x100 (the spike stage's) 1.63, so the "
+    "default is x100.",
+    "What counts as a broken fp16 run: first 'diverged or any non-finite step', which counted the one "
+    "overflow step a dynamic loss scaler skips by design (scaled fp16 seed 2, normal loss) as breakage; "
+    "now 'diverged, or no finite loss at the end'. The verdict is the same under both (scaled fp16 broke "
+    "in 3/3 runs by the first rule, 2/3 by the second: the precondition fails either way).",
+)
+"""Every change made to the study after a result was seen, printed in the report. Nothing else
+(grid, sizes, seeds, thresholds, tests) was changed after seeing results."""
+
 
 @dataclasses.dataclass
 class Claim:

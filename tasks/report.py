@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from model.config import Config
-from tasks.findings import Finding
+from tasks.findings import CHANGED_AFTER_RESULTS, Finding
 
 REPORTS = Path("reports")
 VERDICT_MARK = {"reproduced": "✅ reproduced", "not reproduced": "❌ not reproduced", "inconclusive": "❔ inconclusive"}
@@ -63,7 +63,9 @@ def render_markdown(cfg: Config, project: Path, findings: list[Finding], ablate:
              "fixed before the results (tasks/findings.py): *reproduced* when every claim holds in the expected "
              "direction with p < 0.05, *not reproduced* when a claim goes significantly the other way or no "
              "estimate points the expected way, *inconclusive* otherwise. Diverged runs count, at the loss at "
-             "initialisation; none is dropped.", "", "## Findings", ""]
+             "initialisation; none is dropped.", "",
+             "Changed after seeing results (and nothing else): "
+             + " ".join(f"({i}) {c}" for i, c in enumerate(CHANGED_AFTER_RESULTS, 1)), "", "## Findings", ""]
     lines += _table(["finding", "source", "verdict", "numbers", "test", "arms"],
                     [[f.claim, f.source, VERDICT_MARK[f.verdict], f.numbers, f.test,
                       f"{len(f.arms)}: " + ", ".join(f.arms[:6]) + (" …" if len(f.arms) > 6 else "")] for f in findings])
