@@ -61,7 +61,8 @@ def render_markdown(cfg: Config, project: Path, findings: list[Finding], ablate:
              f"(sha256 of params/resolved.yaml) · built {provenance['built']}", "",
              "Every number below is computed from the stages' outputs (`metrics/*.json`); verdicts follow one rule "
              "fixed before the results (tasks/findings.py): *reproduced* when every claim holds in the expected "
-             "direction with p < 0.05, *not reproduced* when a claim goes significantly the other way or no "
+             "direction with p < 0.05, *not reproduced* when a claim goes significantly the other way, a "
+             "precondition fails (named in the numbers) or no "
              "estimate points the expected way, *inconclusive* otherwise. Diverged runs count, at the loss at "
              "initialisation; none is dropped.", "",
              "Changed after seeing results (and nothing else): "
