@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks import launcher
+
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "prefect", "mlflow", "dvc", "optuna")
 
@@ -65,6 +67,7 @@ def test_a_run_that_did_not_complete_exits_with_its_code_and_one_line_saying_wha
         raise getattr(stops, stop)(12, "why")
 
     monkeypatch.setattr(cli, "run_stage", run_stage)
+    monkeypatch.setenv(launcher.SWITCH_ENV, "0")  # the patch lives in this process, not in a forked stage
     assert cli.main(["run", "pretrain"]) == code
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"spikelab: {getattr(stops, stop).status} at step 12: why (")
@@ -104,7 +107,8 @@ def test_a_typed_stop_shows_in_prefect_as_what_it_was_with_what_to_do_next(live_
     import urllib.request
 
     done = subprocess.run([sys.executable, "-c", STOPPED_STAGE, stop], cwd=REPO, capture_output=True, text=True,
-                          env={**live_services, "PYTHONPATH": str(REPO)}, timeout=300)
+                          env={**live_services, "PYTHONPATH": str(REPO), launcher.SWITCH_ENV: "0"},  # patched flow
+                          timeout=300)
     assert done.returncode == code, done.stderr[-3000:]
     body = {"flows": {"name": {"any_": ["probe-typed-stop"]}}, "sort": "START_TIME_DESC", "limit": 1}
     request = urllib.request.Request(f"{live_services['PREFECT_API_URL']}/flow_runs/filter",
