@@ -193,7 +193,10 @@ def _guarded_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
 
 class DivergenceRule:
     """``train.diverge_after`` consecutive non-finite steps, or the loss above ``train.diverge_loss``.
-    Tracked with device tensors; :meth:`diverged_at` is read at log points only."""
+    A loss-scale overflow counts toward the streak: one is the scaler probing its scale, but
+    ``diverge_after`` in a row have cut the scale by 2^diverge_after, so the run no longer trains
+    (e.g. a forward pass that overflows fp16 every step). Tracked with device tensors;
+    :meth:`diverged_at` is read at log points only."""
 
     def __init__(self, after: int, max_loss: float, device: torch.device):
         self.after, self.max_loss = after, max_loss
@@ -202,7 +205,7 @@ class DivergenceRule:
 
     @torch.no_grad()
     def update(self, step: int, result: StepResult) -> None:
-        self.streak = torch.where(result.skipped, self.streak + 1, 0)
+        self.streak = torch.where(result.skipped | result.overflow, self.streak + 1, 0)
         hit = (self.streak >= self.after) if self.after > 0 else torch.zeros_like(result.skipped)
         if self.max_loss > 0:
             hit = hit | (result.loss > self.max_loss)

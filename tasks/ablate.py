@@ -134,10 +134,17 @@ def code_digest() -> str:
     return h.hexdigest()[:16]
 
 
+ARM_RESULT_KEYS = ("train.diverge_after", "train.diverge_loss", "spike.detect_window", "spike.detect_warmup",
+                   "spike.detect_zscore", "spike.detect_ratio")
+"""Keys outside the run identity that still change an arm's result.json: when it stops as diverged,
+and which steps its detector flags."""
+
+
 def arm_key(cfg: Config, data: dict[str, str], code: str) -> str:
-    """The arm's identity: its config (``cfg`` is the arm's), data, injection and code."""
+    """The arm's cache key: its identity (config, data, injection, code) and ``ARM_RESULT_KEYS``."""
+    flat = cfg.to_flat_dict()
     return run_identity(cfg, data, None, {"study": "ablate", "injection": injection_spec(cfg.ablation),
-                                          "code": code}).digest
+                                          "code": code, "result": {k: flat[k] for k in ARM_RESULT_KEYS}}).digest
 
 
 def data_hashes(manifest: Path) -> dict[str, str]:
@@ -159,7 +166,7 @@ def read_result(directory: Path) -> dict[str, Any] | None:
 
 
 def spike_response(rows: Sequence[dict[str, Any]], start: int, duration: int, smooth: int,
-                   epsilon: float) -> dict[str, Any]:
+                   epsilon: float, end: int) -> dict[str, Any]:
     """How the arm took its injected spike, against its own loss just before it:
 
       pre_spike_loss   mean loss of the ``smooth`` steps before ``start``
@@ -167,7 +174,10 @@ def spike_response(rows: Sequence[dict[str, Any]], start: int, duration: int, sm
                        pre_spike_loss
       recovery_steps   steps from ``start`` until the ``smooth``-step trailing mean is back within
                        ``epsilon`` (relative) of pre_spike_loss; None if never within the run
-                       (then ``recovered`` is false and the count is censored at the run's end)
+                       (then ``recovered`` is false)
+      censored_at      the steps from ``start`` to ``end``, the run's planned last step: what a run
+                       that never recovered counts as (a run that diverged early stopped logging,
+                       and must not look quick to recover for it)
 
     A non-finite loss after ``start`` gives peak_ratio inf and no recovery."""
     steps = np.array([r["step"] for r in rows])
@@ -175,18 +185,19 @@ def spike_response(rows: Sequence[dict[str, Any]], start: int, duration: int, sm
     before = loss[(steps >= start - smooth) & (steps < start)]
     after_mask = steps >= start
     after = loss[after_mask]
+    censored_at = end - start + 1
     if not len(before) or not len(after) or not np.isfinite(before).all():
         return {"pre_spike_loss": None, "peak_ratio": None, "recovery_steps": None, "recovered": False,
-                "censored_at": int(len(after))}
+                "censored_at": censored_at}
     pre = float(before.mean())
     if not np.isfinite(after).all():
         return {"pre_spike_loss": pre, "peak_ratio": float("inf"), "recovery_steps": None, "recovered": False,
-                "censored_at": int(len(after))}
+                "censored_at": censored_at}
     smoothed = trailing_mean(np.concatenate([before, after]), smooth)[len(before):]
     back = np.flatnonzero((smoothed <= pre * (1 + epsilon)) & (np.arange(len(after)) >= duration))
     return {"pre_spike_loss": pre, "peak_ratio": float(after[:duration + smooth].max() / pre),
             "recovery_steps": int(back[0]) if len(back) else None, "recovered": bool(len(back)),
-            "censored_at": int(len(after))}
+            "censored_at": censored_at}
 
 
 def natural_spikes(rows: Sequence[dict[str, Any]], start: int, window: int) -> list[int]:
@@ -199,7 +210,8 @@ def arm_metrics(result: dict[str, Any], cfg: Config) -> dict[str, Any]:
     """The figures the study compares, from an arm's result (tasks/arm.py writes it)."""
     a, r = cfg.ablation, cfg.recovery
     rows = result["rows"]
-    response = spike_response(rows, a.inject_step, a.inject_duration, r.smooth_steps, r.recover_epsilon)
+    response = spike_response(rows, a.inject_step, a.inject_duration, r.smooth_steps, r.recover_epsilon,
+                              end=a.steps)
     summary = result["summary"]
     finals = [row["loss"] for row in rows[-r.smooth_steps:]]
     final = float(np.mean(finals)) if finals and all(v is not None for v in finals) else None

@@ -16,7 +16,7 @@ import numpy as np
 from model.config import Config
 from model.spike import trailing_mean
 from tasks.ablate import FAMILIES
-from tasks.ablate_stats import capped_loss, derived
+from tasks.ablate_stats import capped_loss
 
 TITLES = {"block_warmup": "Block placement x warmup", "precision": "Precision", "beta2": "Adam β₂"}
 
@@ -101,18 +101,18 @@ def lr_sensitivity_figure(arms: Sequence[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     by_stabilizer: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-    init = max(arm["metrics"]["init_loss"] for arm in arms if arm.get("metrics"))
-    for arm in arms:
-        m = derived(arm.get("metrics") or {})
-        loss = capped_loss(m) if m else init
-        by_stabilizer[arm["factors"]["stabilizer"]][arm["factors"]["lr"]].append(loss)
+    ran = [arm for arm in arms if arm.get("metrics")]  # a failed arm has no loss: left out, as in the findings
+    for arm in ran:
+        by_stabilizer[arm["factors"]["stabilizer"]][arm["factors"]["lr"]].append(capped_loss(arm["metrics"]))
     for stabilizer, by_lr in by_stabilizer.items():
         lrs = sorted(by_lr)
         means = [np.mean(by_lr[lr]) for lr in lrs]
         line, = ax.plot(lrs, means, marker="o", label=stabilizer)
         ax.fill_between(lrs, [min(by_lr[lr]) for lr in lrs], [max(by_lr[lr]) for lr in lrs],
                         color=line.get_color(), alpha=0.2, lw=0)
-    ax.axhline(init, color="gray", ls="--", lw=1, label="loss at init (cap; diverged runs sit here)")
+    if ran:
+        init = max(arm["metrics"]["init_loss"] for arm in ran)
+        ax.axhline(init, color="gray", ls="--", lw=1, label="loss at init (cap; diverged runs sit here)")
     ax.set_xscale("log")
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("final validation loss, capped (nats)")

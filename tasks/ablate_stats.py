@@ -92,10 +92,10 @@ def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     if len(a) < 2 or len(b) < 2:
         out["test"] = "none (fewer than 2 seeds a side)"
         return out
-    pooled = math.sqrt(((len(a) - 1) * a.var(ddof=1) + (len(b) - 1) * b.var(ddof=1)) / (len(a) + len(b) - 2))
-    if pooled == 0:
-        out["p"] = 0.0 if diff else 1.0
+    if np.ptp(a) == 0 and np.ptp(b) == 0:  # every seed the same value on both sides (e.g. all at the cap)
+        out["test"] = "none (no spread between seeds: no t-test)"
         return out
+    pooled = math.sqrt(((len(a) - 1) * a.var(ddof=1) + (len(b) - 1) * b.var(ddof=1)) / (len(a) + len(b) - 2))
     correction = 1 - 3 / (4 * (len(a) + len(b)) - 9)
     out["hedges_g"] = diff / pooled * correction
     result = stats.ttest_ind(a, b, equal_var=False)

@@ -30,6 +30,17 @@ CHANGED_AFTER_RESULTS = (
     "overflow step a dynamic loss scaler skips by design (scaled fp16 seed 2, normal loss) as breakage; "
     "now 'diverged, or no finite loss at the end'. The verdict is the same under both (scaled fp16 broke "
     "in 3/3 runs by the first rule, 2/3 by the second: the precondition fails either way).",
+    "Five defects a review found after the first full study, fixed (grid, sizes, seeds and thresholds "
+    "unchanged) and the study rerun. First, the spike-policy verdict had its own rule (any policy not back "
+    "to the control: not reproduced) instead of the one above, under which one run per policy is at best "
+    "inconclusive: it went from not reproduced to inconclusive.",
+    "Second, an arm that diverged after the spike was censored at its last logged step, so it looked quick "
+    "to recover; it now counts every step to the run's planned end.",
+    "Third, the trainer's divergence rule read a run whose fp16 loss scale collapsed (every step an "
+    "overflow, weights frozen) as completed; overflow steps now count toward train.diverge_after, so those "
+    "scaled fp16 arms read diverged (the fp16 finding already counted them broken).",
+    "Fourth, a comparison with no spread between seeds was taken as significant (p = 0); it is now untested.",
+    "Fifth, the arms' cache key lacked the divergence and spike-detector settings; it now has them.",
 )
 """Every change made to the study after a result was seen, printed in the report. Nothing else
 (grid, sizes, seeds, thresholds, tests) was changed after seeing results."""
@@ -149,12 +160,13 @@ def xiong(grid: Grid) -> Finding:
     interaction = compare(harm["post_ln"], harm["pre_ln"])
     claims = [Claim("post-LN: no warmup − warmup", post["diff"], post["p"]),
               Claim("warmup's effect, post-LN − pre-LN (per seed)", interaction["diff"], interaction["p"])]
-    diverged = {b: sum(1 for m in grid.select(block=b, warmup=0) if m.get("status") == "diverged") for b in loss}
+    diverged = {b: sum(1 for m in grid.select(block=b, warmup=0) if m.get("status") == "diverged")
+                for b in ("pre_ln", "post_ln")}
     numbers = (f"final val loss (capped), no warmup vs {warm} steps: post-LN {_fmt(list(loss['post_ln', 0].values()))} "
                f"vs {_fmt(list(loss['post_ln', warm].values()))} ({_cmp_text(post)}); pre-LN "
                f"{_fmt(list(loss['pre_ln', 0].values()))} vs {_fmt(list(loss['pre_ln', warm].values()))} "
                f"({_cmp_text(pre)}); interaction {_cmp_text(interaction)}; diverged without warmup: "
-               f"post-LN {diverged.get('post_ln', 0)}, pre-LN {diverged.get('pre_ln', 0)}; LR {a.lr:g}")
+               f"post-LN {diverged['post_ln']}, pre-LN {diverged['pre_ln']}; LR {a.lr:g}")
     arms = [n for b in ("pre_ln", "post_ln") for w in (0, warm) for n in grid.names(block=b, warmup=w)]
     return Finding("xiong", "Post-LN needs warmup at a learning rate where Pre-LN trains without it",
                    "Xiong et al. 2020", verdict(claims), numbers,
@@ -222,13 +234,13 @@ def beta2(grid: Grid) -> Finding:
 
 
 def lr_sensitivities(grid: Grid, stabilizer: str) -> dict[int, float]:
-    """Per seed, the LR sensitivity of ``stabilizer`` over ``ablation.lrs``."""
+    """Per seed, the LR sensitivity of ``stabilizer`` over ``ablation.lrs``; a seed with a failed arm
+    (no result, as in :meth:`Grid.values`) has no sensitivity."""
     a = grid.cfg.ablation
     by_seed: dict[int, dict[float, float]] = {}
     for lr in a.lrs:
-        for arm in grid.select(stabilizer=stabilizer, lr=lr):
-            loss = arm_figures(arm["metrics"])["capped_loss"] if arm.get("metrics") else math.inf
-            by_seed.setdefault(arm["seed"], {})[lr] = loss
+        for seed, loss in grid.by_seed("capped_loss", stabilizer=stabilizer, lr=lr).items():
+            by_seed.setdefault(seed, {})[lr] = loss
     init = math.log(grid.cfg.tokenizer.vocab_size)
     return {s: lr_sensitivity(losses, init) for s, losses in sorted(by_seed.items()) if len(losses) == len(a.lrs)}
 
@@ -276,13 +288,16 @@ def mu_transfer(search: dict[str, Any] | None) -> Finding:
 
 
 def spike_policies(spike: dict[str, Any] | None, cfg: Config) -> Finding:
+    """Seed 004's classification of each policy's run against the clean control, through the same
+    rule as every finding. Each policy has one run, so no claim is tested (p is None): the verdict
+    is at best inconclusive, and not reproduced when nothing points the expected way."""
     claim = "rollback / skip-batch bring the run back to the clean control; continue leaves a gap after a type-2 spike"
     source = "PaLM §5.1; seed 004"
     test = (f"seed 004's classification against the clean control (ε={cfg.recovery.recover_epsilon:g}, "
             f"W={cfg.recovery.recover_steps}); one run per policy, so no significance test applies")
     if not spike:
         return Finding("spike", claim, source, INCONCLUSIVE, "the spike stage did not run", test, [], {})
-    rows, kinds_with_gap, back = [], [], []
+    rows, gapped, claims = [], [], []
     for kind, by_policy in spike.items():
         if not isinstance(by_policy, dict) or "continue" not in by_policy:
             continue
@@ -290,16 +305,16 @@ def spike_policies(spike: dict[str, Any] | None, cfg: Config) -> Finding:
         rows.append(f"{kind}: continue type {cont['type']} (gap {cont['final_gap']:+.1%})" + "".join(
             f", {p} type {by_policy[p]['type']} (gap {by_policy[p]['final_gap']:+.1%})"
             for p in ("rollback", "skip_batch") if p in by_policy))
-        if cont["type"] == 2:
-            kinds_with_gap.append(kind)
-            back.append(all(by_policy.get(p, {}).get("type") == 1 for p in ("rollback", "skip_batch")))
-    if not kinds_with_gap:
-        result = INCONCLUSIVE
-    else:
-        result = REPRODUCED if all(back) else NOT_REPRODUCED
-    return Finding("spike", claim, source, result, "; ".join(rows) or "no injection with a continue branch", test,
-                   [f"spike stage: {k}/{p}" for k in kinds_with_gap for p in ("continue", "rollback", "skip_batch")],
-                   {"type2_under_continue": kinds_with_gap})
+        if cont["type"] == 2:  # the spike the claim is about: continuing left a gap
+            gapped.append(kind)
+            claims += [Claim(f"{kind}: {p} back to the control (type 1)", 1 if by_policy[p]["type"] == 1 else -1, None)
+                       for p in ("rollback", "skip_batch") if p in by_policy]
+    precondition = None if gapped else "no injection left continue with a gap (type 2)"
+    numbers = "; ".join(rows) or "no injection with a continue branch"
+    return Finding("spike", claim, source, verdict(claims, precondition),
+                   numbers + (f"; {precondition}" if precondition else ""), test,
+                   [f"spike stage: {k}/{p}" for k in gapped for p in ("continue", "rollback", "skip_batch")],
+                   {"type2_under_continue": gapped})
 
 
 def _missing(key: str, why: str) -> Finding:

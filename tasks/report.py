@@ -11,6 +11,7 @@ import base64
 import dataclasses
 import hashlib
 import html
+import math
 import re
 import time
 from pathlib import Path
@@ -85,6 +86,7 @@ def _ablation_section(cfg: Config, project: Path, ablate: dict[str, Any]) -> lis
              f"{a.seq_len}-token context, batch {a.batch_size}, seeds {a.seeds}, with one injected spike "
              f"({a.inject} x{a.inject_magnitude:g} for {a.inject_duration} steps from step {a.inject_step}). "
              "Per variant: mean over seeds [95 % t-interval].", ""]
+    lines += _scale_note(ablate)
     header = ["variant", "seeds", "status", *(h for _, h, _ in VARIANT_COLUMNS)]
     rows = []
     for variant, entry in ablate["variants"].items():
@@ -93,6 +95,20 @@ def _ablation_section(cfg: Config, project: Path, ablate: dict[str, Any]) -> lis
                      *(_interval(entry["figures"][k], fmt) for k, _, fmt in VARIANT_COLUMNS)])
     lines += _table(header, rows)
     return [*lines, "", *_figures(project / REPORTS / "ablate", project), ""]
+
+
+def _scale_note(ablate: dict[str, Any]) -> list[str]:
+    """How far training got at this scale, so a reader can weigh effects the findings look for."""
+    ran = [arm["metrics"] for arm in ablate["arms"] if arm.get("metrics")]
+    finite = [m["val_loss"] for m in ran if not m["diverged"] and m.get("val_loss") is not None
+              and math.isfinite(m["val_loss"])]
+    if not finite:
+        return []
+    init = max(m["init_loss"] for m in ran)
+    return [f"What this scale can show: the {len(finite)} arms that ended with a finite loss ended between "
+            f"{min(finite):.3f} and {max(finite):.3f} nats of validation loss, against {init:.3f} at "
+            "initialisation: every arm is early in training, so the differences the findings test are small "
+            "at this scale, and an inconclusive row lacks power rather than counting against its finding.", ""]
 
 
 def _search_section(project: Path, search: dict[str, Any] | None) -> list[str]:

@@ -296,6 +296,15 @@ def test_a_run_whose_every_step_is_non_finite_ends_diverged_without_corrupting_w
     assert [s for s, _ in list_checkpoints(tmp_path / "checkpoints")] == [3]
 
 
+def test_an_fp16_run_whose_loss_scale_collapses_ends_diverged_not_completed(tmp_path):
+    # Every step overflows, so the scaler skips it and halves its scale: the weights are frozen.
+    cfg = tiny_config(**{"train.steps": 12, "train.diverge_after": 3, "train.log_every": 1,
+                         "precision.mode": "fp16", "precision.emulate": "always"})
+    summary = Trainer(cfg, TOKENS, VAL, [NaNGradients()], tmp_path / "checkpoints").run()
+    assert summary["overflows"] == 3 and summary["skipped"] == 0
+    assert summary["status"] == "diverged" and summary["diverged_at"] == 3
+
+
 def test_the_torch_only_cli_exits_with_the_diverged_code(tmp_path):
     cfg = tiny_config(**{"train.steps": 4})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg)))
