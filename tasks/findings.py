@@ -225,8 +225,8 @@ def beta2(grid: Grid) -> Finding:
               Claim("recovery steps, 0.999 − 0.95", c_rec["diff"], c_rec["p"])]
     numbers = (f"injected spike ({a.inject} x{a.inject_magnitude:g} at step {a.inject_step}): peak ratio "
                f"β₂=0.999 {_fmt(peak[0.999])} vs 0.95 {_fmt(peak[0.95])} ({_cmp_text(c_peak)}); steps to recover "
-               f"{_fmt(rec[0.999])} vs {_fmt(rec[0.95])} ({_cmp_text(c_rec)}; never-recovered runs count their "
-               f"remaining steps)")
+               f"{_fmt(rec[0.999])} vs {_fmt(rec[0.95])} ({_cmp_text(c_rec)}; never-recovered runs count every step "
+               f"to the planned end)")
     return Finding("beta2", "β₂ = 0.999 spikes higher and recovers slower than β₂ = 0.95",
                    "PaLM; Bai et al. 2025; seed 004", verdict(claims), numbers,
                    "Welch t-tests on the peak ratio and on the steps to recover",
