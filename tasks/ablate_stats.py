@@ -77,9 +77,9 @@ def variant_table(arms: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     """Group ``a`` against group ``b``: the mean difference a - b, Hedges' g (pooled SD, small-sample
-    corrected), and Welch's t-test (unequal variances), two-sided. With a zero spread in both
-    groups the test is undefined: p is 0 if the means differ, 1 if not. An infinite value (a spike
-    whose loss never came back finite) leaves only the sign of the difference, untested."""
+    corrected), and Welch's t-test (unequal variances), two-sided. With no spread in either group
+    (every seed the same value) the test is undefined and p is None, as with an infinite value (a
+    spike whose loss never came back finite), which leaves only the sign of the difference."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     with np.errstate(invalid="ignore"):
         diff = float(a.mean() - b.mean())  # inf where one side has an infinite value, nan where both

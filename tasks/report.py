@@ -11,14 +11,13 @@ import base64
 import dataclasses
 import hashlib
 import html
-import math
 import re
 import time
 from pathlib import Path
 from typing import Any
 
 from model.config import Config
-from tasks.findings import CHANGED_AFTER_RESULTS, Finding
+from tasks.findings import CHANGED_AFTER_RESULTS, Finding, is_broken
 
 REPORTS = Path("reports")
 VERDICT_MARK = {"reproduced": "✅ reproduced", "not reproduced": "❌ not reproduced", "inconclusive": "❔ inconclusive"}
@@ -100,8 +99,7 @@ def _ablation_section(cfg: Config, project: Path, ablate: dict[str, Any]) -> lis
 def _scale_note(ablate: dict[str, Any]) -> list[str]:
     """How far training got at this scale, so a reader can weigh effects the findings look for."""
     ran = [arm["metrics"] for arm in ablate["arms"] if arm.get("metrics")]
-    finite = [m["val_loss"] for m in ran if not m["diverged"] and m.get("val_loss") is not None
-              and math.isfinite(m["val_loss"])]
+    finite = [m["val_loss"] for m in ran if not is_broken(m)]
     if not finite:
         return []
     init = max(m["init_loss"] for m in ran)
