@@ -30,17 +30,17 @@ CHANGED_AFTER_RESULTS = (
     "overflow step a dynamic loss scaler skips by design (scaled fp16 seed 2, normal loss) as breakage; "
     "now 'diverged, or no finite loss at the end'. The verdict is the same under both (scaled fp16 broke "
     "in 3/3 runs by the first rule, 2/3 by the second: the precondition fails either way).",
-    "Five defects a review found after the first full study, fixed (grid, sizes, seeds and thresholds "
-    "unchanged) and the study rerun. First, the spike-policy verdict had its own rule (any policy not back "
-    "to the control: not reproduced) instead of the one above, under which one run per policy is at best "
-    "inconclusive: it went from not reproduced to inconclusive.",
-    "Second, an arm that diverged after the spike was censored at its last logged step, so it looked quick "
+    "A review after the first full study found five defects (this one and the next four), fixed with grid, "
+    "sizes, seeds and thresholds unchanged before the study was rerun. The spike-policy verdict had its own "
+    "rule (any policy not back to the control: not reproduced) instead of the one above, under which one "
+    "run per policy is at best inconclusive: it went from not reproduced to inconclusive.",
+    "An arm that diverged after the spike was censored at its last logged step, so it looked quick "
     "to recover; it now counts every step to the run's planned end.",
-    "Third, the trainer's divergence rule read a run whose fp16 loss scale collapsed (every step an "
+    "The trainer's divergence rule read a run whose fp16 loss scale collapsed (every step an "
     "overflow, weights frozen) as completed; overflow steps now count toward train.diverge_after, so those "
     "scaled fp16 arms read diverged (the fp16 finding already counted them broken).",
-    "Fourth, a comparison with no spread between seeds was taken as significant (p = 0); it is now untested.",
-    "Fifth, the arms' cache key lacked the divergence and spike-detector settings; it now has them.",
+    "A comparison with no spread between seeds was taken as significant (p = 0); it is now untested.",
+    "The arms' cache key lacked the divergence and spike-detector settings; it now has them.",
 )
 """Every change made to the study after a result was seen, printed in the report. Nothing else
 (grid, sizes, seeds, thresholds, tests) was changed after seeing results."""

@@ -65,8 +65,8 @@ def render_markdown(cfg: Config, project: Path, findings: list[Finding], ablate:
              "precondition fails (named in the numbers) or no "
              "estimate points the expected way, *inconclusive* otherwise. Diverged runs count, at the loss at "
              "initialisation; none is dropped.", "",
-             "Changed after seeing results (and nothing else): "
-             + " ".join(f"({i}) {c}" for i, c in enumerate(CHANGED_AFTER_RESULTS, 1)), "", "## Findings", ""]
+             "Changed after seeing results (and nothing else):", "",
+             *(f"{i}. {c}" for i, c in enumerate(CHANGED_AFTER_RESULTS, 1)), "", "## Findings", ""]
     lines += _table(["finding", "source", "verdict", "numbers", "test", "arms"],
                     [[f.claim, f.source, VERDICT_MARK[f.verdict], f.numbers, f.test,
                       f"{len(f.arms)}: " + ", ".join(f.arms[:6]) + (" …" if len(f.arms) > 6 else "")] for f in findings])
