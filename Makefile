@@ -1,9 +1,9 @@
 # Two commands for a fresh machine: `make repro` (set up, start the servers, run the study) and
-# `make test` (set up, run the test suite). The rest are conveniences.
+# `make test` (set up, run the test suite). `make lint`: ruff, as CI runs it. The rest are conveniences.
 SHELL := /bin/bash
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: setup repro test services services-down
+.PHONY: setup repro test lint services services-down
 
 .venv/.installed: pyproject.toml constraints.txt scripts/setup.sh
 	scripts/setup.sh
@@ -16,6 +16,10 @@ repro: setup services
 
 test: setup
 	python -m pytest -q
+
+lint: setup
+	ruff check .
+	ruff format --check .
 
 services: setup
 	spikelab services up

@@ -14,7 +14,7 @@
    means the ratio of the peaks stays near 1, not near 10; measured with dedup on and off,
    since its MinHash LSH index is the one thing that grows with the number of kept documents.
 3. Precision and recall of each filter on standard-library docstrings with planted garbage
-   (tasks/data_quality.py).
+   (tasks/data/quality.py).
 """
 
 from __future__ import annotations
@@ -32,12 +32,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model.config import Config, load_config  # noqa: E402
-from tasks.data_filters import drop_perplexity_outliers, screen_documents  # noqa: E402
-from tasks.stage_io import (CLEAN_DIR, DOCS_FILE, FILTER_REPORT, POISON_DIR, RAW_DIR, SOURCE_FILE,  # noqa: E402
-                            TOKENIZER_FILE, TOKENS_DIR, read_docs, read_json, repair_undecodable, write_doc)
-from tasks.data_sources import read_corpus  # noqa: E402
-from tasks.data_tokenize import ENCODE_BATCH, encode_shards, train_tokenizer  # noqa: E402
+from tasks.config import Config, load_config  # noqa: E402
+from tasks.data.docs import read_docs, repair_undecodable, write_doc  # noqa: E402
+from tasks.data.filters import drop_perplexity_outliers, screen_documents  # noqa: E402
+from tasks.data.sources import read_corpus  # noqa: E402
+from tasks.data.tokenize import ENCODE_BATCH, encode_shards, train_tokenizer  # noqa: E402
+from tasks.runtime.files import read_json  # noqa: E402
+from tasks.runtime.outputs import (  # noqa: E402
+    CLEAN_DIR,
+    DOCS_FILE,
+    FILTER_REPORT,
+    POISON_DIR,
+    RAW_DIR,
+    SOURCE_FILE,
+    TOKENIZER_FILE,
+    TOKENS_DIR,
+)
 
 
 def run_stages(cfg: Config, project: Path) -> dict[str, float]:
@@ -142,8 +152,8 @@ def _max_rss_mb() -> float:
 
 
 def filter_quality(cfg: Config) -> dict:
-    from tasks.data_quality import measure_filters
-    from tasks.data_sources import Skips, stdlib_documents
+    from tasks.data.quality import measure_filters
+    from tasks.data.sources import Skips, stdlib_documents
 
     docs = (d.text for d in stdlib_documents(cfg.data.max_doc_bytes, Skips()) if 200 <= len(d.text) <= 5000)
     return measure_filters(cfg.filter, list(itertools.islice(docs, 2000)), per_kind=20)

@@ -23,21 +23,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-BARE = "from model.config import load_config; load_config('params.yaml')"
+BARE = "from tasks.config import load_config; load_config('params.yaml')"
 IMPORTS = BARE + """
-from tasks.startup import imports_without_gc
+from tasks.runtime.startup import imports_without_gc
 with imports_without_gc():
-    import prefect, mlflow, tasks.tracking, flows.artifacts, flows.forms
+    import prefect, mlflow, tasks.runtime.tracking, tasks.runtime.artifacts, flows.forms
 """
 STAGE = """
-from tasks.paths import configure_environment, project_config
-from tasks.startup import imports_without_gc
+from tasks.config import project_config
+from tasks.runtime.services import configure_environment
+from tasks.runtime.startup import imports_without_gc
 configure_environment()
 with imports_without_gc():  # as spikelab run loads a stage's flow
     from prefect import flow, task
-    from flows.artifacts import publish_summary
+    from tasks.runtime.artifacts import publish_summary
     from flows.forms import Profile
-    from tasks.tracking import stage_run
+    from tasks.runtime.tracking import stage_run
 
 @task
 def noop() -> dict:
@@ -55,17 +56,6 @@ probe()
 config, services check, imports without the cyclic GC, flow + task, the MLflow stage run with
 its lineage, the Prefect artifact. No torch, like the data stages."""
 HELP = "from flows.__main__ import main; main(['--help'])"
-LAUNCHED = f"""
-import sys
-from tasks.launcher import run_in_launcher
-code = run_in_launcher([], code={STAGE!r})
-if code is None:
-    sys.exit("no launcher serves this environment")
-sys.exit(code)
-"""
-"""The same empty stage forked from this checkout's launcher (tasks/launcher.py), as
-``spikelab run`` does when one is up: a small client process, the stage in a forked child."""
-
 
 def time_process(code: str, env: dict[str, str]) -> tuple[float, float]:
     """Wall seconds and CPU seconds (user + system, the process and what it waited for)."""
@@ -98,21 +88,15 @@ def main() -> None:
     if args.without_services:
         os.environ.update(SPIKELAB_PREFECT_PORT="9", SPIKELAB_MLFLOW_PORT="9")  # discard port: nothing answers
         env.update(SPIKELAB_PREFECT_PORT="9", SPIKELAB_MLFLOW_PORT="9")
-    from tasks.services import serves_this_checkout
+    from tasks.runtime.services import serves_this_checkout
 
     servers_up = serves_this_checkout("prefect") and serves_this_checkout("mlflow")
     mode = "services up" if servers_up else "no services (temporary Prefect server, SQLite MLflow)"
     (bare, bare_cpu), (imports, imports_cpu), (stage, stage_cpu), (cli_help, help_cpu) = (
         median_times(code, env, args.repeats) for code in (BARE, IMPORTS, STAGE, HELP))
-    from tasks import launcher
-
-    launched = None
-    if servers_up and launcher.started_process() is not None:
-        launched, _ = median_times(LAUNCHED, env, args.repeats)  # CPU: the forked stage is not our child
     load = os.getloadavg()
     result = {"mode": mode, "bare_s": bare, "imports_s": imports, "stage_s": stage,
               "overhead_s": stage - bare, "orchestration_s": stage - imports, "help_s": cli_help,
-              "launched_stage_s": launched, "launched_overhead_s": None if launched is None else launched - bare,
               "cpu": {"bare_s": bare_cpu, "imports_s": imports_cpu, "stage_s": stage_cpu,
                       "overhead_s": stage_cpu - bare_cpu, "orchestration_s": stage_cpu - imports_cpu,
                       "help_s": help_cpu},
@@ -123,11 +107,6 @@ def main() -> None:
     print(f"  CPU (user+sys): bare {bare_cpu:.2f} s, imports {imports_cpu:.2f} s, empty stage {stage_cpu:.2f} s: "
           f"overhead {stage_cpu - bare_cpu:.2f} s, of which {stage_cpu - imports_cpu:.2f} s beyond the imports; "
           f"--help {help_cpu:.2f} s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    if launched is not None:
-        print(f"  through this checkout's launcher (spikelab run's path when it is up): empty stage {launched:.2f} s, "
-              f"overhead {launched - bare:.2f} s per stage (median of {args.repeats})")
-    else:
-        print("  launcher not up for this checkout: the launched path was not measured (spikelab services up)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     key = "up" if servers_up else "down"
     existing = json.loads(args.out.read_text()) if args.out.is_file() else {}

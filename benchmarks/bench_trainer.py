@@ -5,7 +5,7 @@
                  and grad norm every step, on the device), over a bare loop (forward, backward,
                  clip, AdamW step, nothing else); targets >= 0.97 at the default cadence
                  (--steps 100), >= 0.95 with stats and a checkpoint every 15 steps (--steps 30). --mlflow adds the MLflow callback of
-                 tasks/tracking.py (skipped when tasks.tracking or mlflow cannot be imported).
+                 tasks/runtime/tracking.py (skipped when tasks.runtime.tracking or mlflow cannot be imported).
   (b) precision  step time of emulated bf16/fp16 and real bf16 autocast over fp32 on the CPU,
                  and the path ``emulate: auto`` chooses on this CPU.
   (c) checkpoints  time spent saving as a share of the trainer's wall time in (a).
@@ -43,14 +43,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from model.callbacks import Callback, CSVLogger, ProgressBar  # noqa: E402
-from model.config import Config, load_config  # noqa: E402
 from model.data import TokenLoader  # noqa: E402
+from model.detect import SpikeDetector  # noqa: E402
 from model.flops import mfu, model_flops_per_token, peak_flops  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from model.optim import build_adamw, lr_at, set_lr  # noqa: E402
 from model.precision import resolve_precision  # noqa: E402
-from model.detect import SpikeDetector  # noqa: E402
-from model.train import Trainer, TrainModule, resolve_device, train  # noqa: E402
+from model.step import TrainModule  # noqa: E402
+from model.train import Trainer, resolve_device, train  # noqa: E402
+from tasks.config import Config, load_config  # noqa: E402
 
 
 def bench_config(args: argparse.Namespace) -> Config:
@@ -151,10 +152,11 @@ def run_bare(cfg: Config, tokens: np.ndarray, warmup: int) -> dict[str, Any]:
 
 
 def mlflow_callback() -> tuple[Any, Any] | None:
-    """(callback, mlflow module) when tasks.tracking and mlflow import; None otherwise."""
+    """(callback, mlflow module) when tasks.runtime.tracking and mlflow import; None otherwise."""
     try:
         import mlflow
-        from tasks.tracking import MLflowMetrics
+
+        from tasks.runtime.tracking import MLflowMetrics
     except Exception as e:  # noqa: BLE001 -- any import problem means "not available here"
         print(f"--mlflow: skipped ({type(e).__name__}: {e})", file=sys.stderr)
         return None

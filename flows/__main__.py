@@ -7,7 +7,6 @@ so ``spikelab --help`` and ``spikelab ui`` answer at once.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
@@ -15,18 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from model.stops import RunEnded
-
-STAGES = {
-    "prepare": "flows.data:prepare_flow",
-    "filter": "flows.data:filter_flow",
-    "tokenize": "flows.data:tokenize_flow",
-    "search": "flows.search:search_flow",
-    "pretrain": "flows.pretrain:pretrain_flow",
-    "spike": "flows.spike:spike_flow",
-    "ablate": "flows.ablate:ablate_flow",
-    "report": "flows.report:report_flow",
-}
-"""Stage name -> the flow that runs it. dvc.yaml calls ``spikelab run <stage>`` for each."""
 
 USER_ERROR_EXIT = 2
 NEXT_STEP = {"preempted": "a checkpoint was saved; run the same command again to resume",
@@ -36,7 +23,7 @@ NEXT_STEP = {"preempted": "a checkpoint was saved; run the same command again to
 
 EXAMPLES = """\
 examples:
-  spikelab services up                    start this checkout's servers and its stage launcher
+  spikelab services up                    start this checkout's servers (Prefect, MLflow, optuna-dashboard)
   spikelab ui                             print the address of every UI that is up
   dvc repro                               run the whole study, cached (each stage calls spikelab run)
   spikelab run pretrain --profile smoke   run one stage directly, outside DVC's cache
@@ -49,36 +36,18 @@ exit codes: 0 done, 2 bad config or input (the message names the key or file), 3
 """
 
 
-def load_flow(stage: str):
-    module, name = STAGES[stage].split(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def parse_sets(pairs: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs as dotted overrides; values are YAML scalars, as with ``dvc exp run -S``."""
-    import yaml
-
-    from model.config import ConfigError
-
-    sets = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {pair!r}: expected key=value, e.g. optim.lr=0.01")
-        sets[key.strip()] = yaml.safe_load(value)
-    return sets
-
-
 def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
+    from flows.stages import STAGES
     from model.stops import RunEnded
-    from tasks import paths
-    from tasks.startup import imports_without_gc
+    from tasks.config import project_config
+    from tasks.runtime import paths, services
+    from tasks.runtime.startup import imports_without_gc
 
     started = time.perf_counter()
-    cfg, _ = paths.project_config(profile, sets)  # fail fast, before any import cost
-    where = paths.configure_environment()  # before prefect is imported
+    cfg, _ = project_config(profile, sets)  # fail fast, before any import cost
+    where = services.configure_environment()  # before prefect is imported
     with imports_without_gc():
-        flow = load_flow(stage)
+        flow = STAGES[stage].load_flow()
     params = {"profile": cfg.profile, **({"overrides": sets} if sets else {})}
     name = f"{stage} {cfg.profile}"
     parent = os.environ.get(paths.PARENT_TASK_RUN_ENV)
@@ -128,15 +97,15 @@ def run_under_task(flow, params: dict[str, Any], name: str, task_run_id: str) ->
 
 
 def serve() -> None:
-    from tasks import paths
+    from tasks.runtime import services
 
-    paths.configure_environment()
+    services.configure_environment()
     from flows.deployments import serve_all
     serve_all()
 
 
 def show_ui() -> None:
-    from tasks import services
+    from tasks.runtime import services
 
     found = False
     for name, report in services.status().items():
@@ -148,7 +117,7 @@ def show_ui() -> None:
 
 
 def show_status() -> None:
-    from tasks import paths, services
+    from tasks.runtime import services
 
     print("stages (dvc status):")
     for line in stage_status():
@@ -156,8 +125,7 @@ def show_status() -> None:
     print("servers:")
     for name, report in services.status().items():
         print(f"  {name:8} {report}")
-    print(f"  {'launcher':8} {services.launcher.status()}")
-    paths.configure_environment()
+    services.configure_environment()
     print(f"newest MLflow runs ({os.environ['MLFLOW_TRACKING_URI']}):")
     for line in newest_runs():
         print(f"  {line}")
@@ -181,11 +149,12 @@ def pipeline_stages() -> list[str]:
     it is not in STAGES), or ``params`` and the flows when there is no dvc.yaml."""
     import yaml
 
-    from tasks.paths import project_dir
+    from flows.stages import PARAMS_STAGE, STAGES
+    from tasks.runtime.paths import project_dir
 
     path = project_dir() / "dvc.yaml"
     stages = (yaml.safe_load(path.read_text()) or {}).get("stages") if path.is_file() else None
-    return list(stages) if stages else ["params", *STAGES]
+    return list(stages) if stages else [PARAMS_STAGE, *STAGES]
 
 
 def _changes(entries: list) -> str:
@@ -210,6 +179,8 @@ def newest_runs(limit: int = 5) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
+    from flows.stages import STAGES
+
     p = argparse.ArgumentParser(prog="spikelab", description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -230,19 +201,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from model.config import UserError
     from model.stops import RunEnded
+    from model.typed_config import UserError, parse_sets
 
     try:
         if args.command == "run":
-            sets = parse_sets(args.sets)
-            from tasks import launcher, paths
-
-            paths.project_config(args.profile, sets)  # a bad key or value fails here, before a fork
-            code = launcher.run_in_launcher(sys.argv[1:] if argv is None else argv, module="flows")
-            if code is not None:
-                return code
-            run_stage(args.stage, args.profile, sets)
+            run_stage(args.stage, args.profile, parse_sets(args.sets))
         elif args.command == "status":
             show_status()
         elif args.command == "ui":
@@ -250,11 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "serve":
             serve()
         else:
-            from tasks import services
+            from tasks.runtime import services
             if args.action == "status":
                 for name, report in services.status().items():
                     print(f"{name}: {report}")
-                print(f"launcher: {services.launcher.status()}")
             else:
                 getattr(services, args.action)()
     except UserError as e:

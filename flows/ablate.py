@@ -1,6 +1,6 @@
-"""The ablate stage as a Prefect flow: the grid in ``ablation`` (tasks/ablate.py: expand) fanned
+"""The ablate stage as a Prefect flow: the grid in ``ablation`` (tasks/ablate/grid.py: expand) fanned
 out as one Prefect task per arm, ``ablation.workers`` at a time, each arm a process of its own
-(``python -m tasks.arm``: the trainer sets global RNG and thread state), a crashed arm retried
+(``python -m tasks.ablate.arm``: the trainer sets global RNG and thread state), a crashed arm retried
 ``ablation.retries`` times, then reported as failed while the others go on. An arm whose result
 is in ``runs/ablate/arms/<key>/`` (same config, data, injection and code) is not trained again.
 
@@ -26,16 +26,27 @@ from prefect import flow, get_run_logger, task
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.artifacts import publish_summary
 from flows.forms import Profile
-from model.config import Config, ConfigError
-from tasks.ablate import (Arm, arm_config, arm_key, arm_metrics, base_arm, code_digest, data_hashes,
-                          expand, overrides, read_result)
-from tasks.ablate_figures import family_figures
-from tasks.ablate_stats import variant_table
-from tasks.paths import project_config
-from tasks.stage_io import ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST, write_json
-from tasks.tracking import child_run, log_params, log_summary, run_url, stage_run
+from model.typed_config import ConfigError
+from tasks.ablate.figures import family_figures
+from tasks.ablate.grid import (
+    Arm,
+    arm_config,
+    arm_key,
+    arm_metrics,
+    base_arm,
+    code_digest,
+    data_hashes,
+    expand,
+    overrides,
+    read_result,
+)
+from tasks.ablate.stats import variant_table
+from tasks.config import Config, project_config
+from tasks.runtime.artifacts import publish_summary
+from tasks.runtime.files import write_json
+from tasks.runtime.outputs import ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST
+from tasks.runtime.tracking import child_run, log_params, log_summary, run_url, stage_run
 
 
 class ArmCrashed(RuntimeError):
@@ -46,7 +57,7 @@ def arm_command(arm: Arm, cfg: Config, project: Path, directory: Path,
                 stage_overrides: dict[str, Any]) -> list[str]:
     """The command that trains ``arm`` by itself: the stage's own overrides, then the arm's."""
     sets = {**stage_overrides, **overrides(arm, cfg.ablation)}
-    return [sys.executable, "-m", "tasks.arm", "--profile", cfg.profile, "--out", str(directory.relative_to(project)),
+    return [sys.executable, "-m", "tasks.ablate.arm", "--profile", cfg.profile, "--out", str(directory.relative_to(project)),
             *[f"--set={k}={_yaml(v)}" for k, v in sets.items()]]
 
 

@@ -16,31 +16,32 @@ from typing import Any
 
 from prefect import flow
 
-from flows.artifacts import publish_summary
 from flows.forms import Profile
-from tasks.paths import project_config
-from tasks.stage_io import (CLEAN_DIR, FILTER_REPORT, MANIFEST, POISON_DIR, RAW_DIR, SOURCE_FILE, STAGE_OUTS,
-                            TOKENS_DIR, record_outputs, staged)
-from tasks.tracking import stage_run
+from flows.stages import STAGES
+from tasks.config import project_config
+from tasks.runtime.artifacts import publish_summary
+from tasks.runtime.files import staged
+from tasks.runtime.outputs import CLEAN_DIR, FILTER_REPORT, MANIFEST, POISON_DIR, RAW_DIR, SOURCE_FILE, TOKENS_DIR
+from tasks.runtime.tracking import record_outputs, stage_run
 
 
 @flow(name="prepare")
 def prepare_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Read the configured corpus into data/raw."""
-    from tasks.data_sources import read_corpus
+    from tasks.data.sources import read_corpus
 
     cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "prepare") as run:
         with staged(project / RAW_DIR) as (raw,):
             counts = read_corpus(cfg.data, project, raw)
-        digest = record_outputs(run.info.run_id, project, STAGE_OUTS["prepare"], counts, [RAW_DIR / SOURCE_FILE])
+        digest = record_outputs(run.info.run_id, project, list(STAGES["prepare"].outs), counts, [RAW_DIR / SOURCE_FILE])
         publish_summary("prepare", run, {**counts, "dataset digest": digest[:16]})
 
 
 @flow(name="filter")
 def filter_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Filter data/raw into data/clean, the poison pool and the filter report."""
-    from tasks.data_filters import drop_perplexity_outliers, screen_documents
+    from tasks.data.filters import drop_perplexity_outliers, screen_documents
 
     cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "filter") as run:
@@ -49,19 +50,19 @@ def filter_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
             counts = screen_documents(cfg.filter, project / RAW_DIR, poison, Path(work))
             metrics = drop_perplexity_outliers(cfg.filter, counts, project / RAW_DIR, Path(work),
                                                clean, poison, report)
-        digest = record_outputs(run.info.run_id, project, STAGE_OUTS["filter"], metrics, [FILTER_REPORT])
+        digest = record_outputs(run.info.run_id, project, list(STAGES["filter"].outs), metrics, [FILTER_REPORT])
         publish_summary("filter", run, {**metrics, "dataset digest": digest[:16]})
 
 
 @flow(name="tokenize")
 def tokenize_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Train the BPE on data/clean and write the token shards and manifest to data/tokens."""
-    from tasks.data_tokenize import encode_shards, train_tokenizer
+    from tasks.data.tokenize import encode_shards, train_tokenizer
 
     cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "tokenize") as run:
         with staged(project / TOKENS_DIR) as (tokens,):
             tokenizer = train_tokenizer(cfg.tokenizer, cfg.data, project / CLEAN_DIR, tokens)
             metrics = encode_shards(cfg.tokenizer, cfg.data, tokenizer, project / CLEAN_DIR, project / POISON_DIR)
-        digest = record_outputs(run.info.run_id, project, STAGE_OUTS["tokenize"], metrics, [MANIFEST])
+        digest = record_outputs(run.info.run_id, project, list(STAGES["tokenize"].outs), metrics, [MANIFEST])
         publish_summary("tokenize", run, {**metrics, "dataset digest": digest[:16]})

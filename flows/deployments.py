@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from prefect import serve
 
-from flows.__main__ import STAGES
 from flows.pipeline import pipeline_flow
+from flows.stages import STAGES
 
 THROUGH_DVC = ("Runs through DVC (`dvc repro --single-item`, one task per stage, logs live): cached and "
                "versioned. Form values are written to params.yaml as `dvc exp run -S` would and the run is "

@@ -1,21 +1,21 @@
 """Typed parameter forms for the Prefect UI, generated from the config so they cannot drift:
 ``Profile`` is a choice among the overlays in ``profiles/``; ``Overrides`` holds the keys a user
-sets for an ablation arm, typed as declared in model/config.py and described by the docstring
-written under each field there. Choices default to ``KEEP`` (params.yaml's value), other fields
-to empty."""
+sets for an ablation arm, typed as declared in the config (tasks/config.py names where each
+section lives) and described by the docstring written under each field there. Choices default
+to ``KEEP`` (params.yaml's value), other fields to empty."""
 
 from __future__ import annotations
 
 import ast
 import inspect
 import typing
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from model import config as config_module
-from model.config import PROFILES_DIR, Config
-from tasks.paths import project_dir
+from model.typed_config import PROFILES_DIR
+from tasks.config import Config
+from tasks.runtime.paths import project_dir
 
 FORM_KEYS = {
     "model": ["block", "norm", "mlp", "qk_norm", "z_loss"],
@@ -54,12 +54,12 @@ def _form_field(hint: Any, description: str | None) -> tuple[Any, Any]:
     """A choice (a select) keeps params.yaml's value by default; any other field is empty (None)."""
     if typing.get_origin(hint) is Literal:
         return Literal[(KEEP, *typing.get_args(hint))], Field(KEEP, description=description)
-    return Optional[hint], Field(None, description=description)
+    return hint | None, Field(None, description=description)
 
 
 def _section_model(section: str, keys: list[str]) -> type[BaseModel]:
-    cls = typing.get_type_hints(Config, vars(config_module))[section]
-    hints, docs = typing.get_type_hints(cls, vars(config_module)), field_docs(cls)
+    cls = typing.get_type_hints(Config)[section]
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
     fields = {key: _form_field(hints[key], docs.get(key)) for key in keys}
     return create_model(f"{section.capitalize()}Overrides", __config__=ConfigDict(extra="forbid"), **fields)
 
@@ -75,7 +75,7 @@ def _overrides_model() -> type[BaseModel]:
 
 
 def __getattr__(name: str) -> Any:
-    """``Overrides``, the pipeline's form model, is built on first use (it parses model/config.py
+    """``Overrides``, the pipeline's form model, is built on first use (it parses the config's source
     for the field docs: a tenth of a second or more that the stage flows, which take only
     ``Profile``, do not pay)."""
     if name == "Overrides":

@@ -30,13 +30,13 @@ import yaml
 from prefect import flow, get_run_logger, task
 from prefect.context import FlowRunContext, TaskRunContext
 
-from flows.__main__ import STAGES
-from flows.artifacts import publish_pipeline_summary
 from flows.forms import KEEP, Overrides, ProfileChoice, dotted
-from tasks.paths import (DVC_EXP_ENV, MLFLOW_PARENT_ENV, PARENT_TASK_RUN_ENV, PIPELINE_RUN_ENV, project_config,
-                         project_dir)
-from tasks.stage_io import PRETRAIN_CHECKPOINTS
-from tasks.tracking import stage_run
+from flows.stages import STAGES
+from tasks.config import project_config
+from tasks.runtime.artifacts import publish_pipeline_summary
+from tasks.runtime.outputs import PRETRAIN_CHECKPOINTS
+from tasks.runtime.paths import DVC_EXP_ENV, MLFLOW_PARENT_ENV, PARENT_TASK_RUN_ENV, PIPELINE_RUN_ENV, project_dir
+from tasks.runtime.tracking import stage_run
 
 ERROR_LINES = (re.compile(r"^(spikelab: error|ERROR)\b"), re.compile(r"error|exception|failed", re.IGNORECASE))
 """Where a stage's own error is, best first: the CLI's one-line message and DVC's verdict, else
@@ -208,7 +208,7 @@ def experiment_name(sets: dict[str, Any]) -> str | None:
 
 
 @flow(name="pipeline", log_prints=True)
-def pipeline_flow(target: Target = "all", profile: ProfileChoice = KEEP, overrides: Overrides = Overrides(),
+def pipeline_flow(target: Target = "all", profile: ProfileChoice = KEEP, overrides: Overrides = Overrides(),  # noqa: B008 (Prefect builds the form from it)
                   extra_overrides: dict[str, Any] | None = None) -> None:
     """Reproduce the study (or one stage and what it needs) through DVC, one task per stage.
     Form values are written to params.yaml (as `dvc exp run -S`); a failed run leaves params.yaml

@@ -1,5 +1,5 @@
 """The pretrain stage as a Prefect flow: bf16 pretraining with scheduled checkpoints at the LR the
-search stage transferred (tasks/train.py: pretrain_config), tracked in one MLflow run named by the run identity (params, telemetry every ``train.log_every`` steps, the
+search stage transferred (tasks/pretrain/train.py: pretrain_config), tracked in one MLflow run named by the run identity (params, telemetry every ``train.log_every`` steps, the
 token shards as its dataset input, summary metrics, curves and figures, the weights as a model)."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import Any
 import mlflow
 from prefect import flow, task
 
-from flows.artifacts import publish_summary
 from flows.forms import Profile
-from tasks.figures import pretrain_figures
-from tasks.paths import project_config
-from tasks.stage_io import MANIFEST, PRETRAIN_METRICS, PRETRAIN_MODEL, PRETRAIN_PLOTS, PRETRAIN_REPORTS
-from tasks.tracking import log_summary, stage_run
-from tasks.train import pretrain, pretrain_config, pretrain_identity, read_manifest
+from tasks.config import project_config
+from tasks.pretrain.figures import pretrain_figures
+from tasks.pretrain.train import pretrain, pretrain_config, pretrain_identity, read_manifest
+from tasks.runtime.artifacts import publish_summary
+from tasks.runtime.outputs import MANIFEST, PRETRAIN_METRICS, PRETRAIN_MODEL, PRETRAIN_PLOTS, PRETRAIN_REPORTS
+from tasks.runtime.tracking import log_summary, stage_run
 
 SUMMARY_FIGURES = ("steps", "final_loss", "val_loss", "tokens_per_s", "wall_s", "skipped", "precision")
 """What the Prefect artifact shows of the summary."""

@@ -1,5 +1,5 @@
-"""The report stage as a Prefect flow: the findings (tasks/findings.py) and the report
-(tasks/report.py) from the stages' outputs, written atomically, logged to MLflow and linked from
+"""The report stage as a Prefect flow: the findings (tasks/report/findings.py) and the report
+(tasks/report/render.py) from the stages' outputs, written atomically, logged to MLflow and linked from
 the stage's Prefect artifact; ends by printing where the report is."""
 
 from __future__ import annotations
@@ -10,16 +10,24 @@ from typing import Any
 import mlflow
 from prefect import flow
 
-from flows.artifacts import publish_summary
 from flows.forms import Profile
-from model.config import InputError
-from tasks.findings import evaluate
-from tasks.params_stage import RESOLVED
-from tasks.paths import project_config
-from tasks.report import provenance, render_html, render_markdown, verdicts
-from tasks.stage_io import (ABLATE_METRICS, PRETRAIN_METRICS, REPORT_HTML, REPORT_MD, REPORT_METRICS, SEARCH_METRICS,
-                            SPIKE_METRICS, read_json, staged, write_json)
-from tasks.tracking import git_lineage, latest_stage_runs, log_summary, stage_run
+from model.typed_config import InputError
+from tasks.config import project_config
+from tasks.params import RESOLVED
+from tasks.report.findings import evaluate
+from tasks.report.render import provenance, render_html, render_markdown, verdicts
+from tasks.runtime.artifacts import publish_summary
+from tasks.runtime.files import read_json, staged, write_json
+from tasks.runtime.outputs import (
+    ABLATE_METRICS,
+    PRETRAIN_METRICS,
+    REPORT_HTML,
+    REPORT_MD,
+    REPORT_METRICS,
+    SEARCH_METRICS,
+    SPIKE_METRICS,
+)
+from tasks.runtime.tracking import git_lineage, latest_stage_runs, log_summary, stage_run
 
 STAGES_REPORTED = ["search", "pretrain", "spike", "ablate"]
 

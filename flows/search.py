@@ -13,12 +13,12 @@ from typing import Any
 import mlflow
 from prefect import flow
 
-from flows.artifacts import publish_summary
 from flows.forms import Profile
-from tasks.paths import project_config
-from tasks.search import publish, search
-from tasks.stage_io import SEARCH_LR, SEARCH_METRICS
-from tasks.tracking import log_summary, stage_run
+from tasks.config import project_config
+from tasks.runtime.artifacts import publish_summary
+from tasks.runtime.outputs import SEARCH_LR, SEARCH_METRICS
+from tasks.runtime.tracking import log_summary, stage_run
+from tasks.search.study import publish, search
 
 
 @flow(name="search")

@@ -1,6 +1,6 @@
 """The spike stage as a Prefect flow: from a pretrain milestone, a clean control and one branch per
-injection and recovery policy (tasks/spike.py), tracked as one parent MLflow run with a child per
-branch; post-mortems, figures and ``metrics/spike.json`` published (tasks/postmortem.py)."""
+injection and recovery policy (tasks/spike/study.py), tracked as one parent MLflow run with a child per
+branch; post-mortems, figures and ``metrics/spike.json`` published (tasks/spike/postmortem.py)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,17 @@ import mlflow
 from mlflow.entities import Metric
 from prefect import flow, task
 
-from flows.artifacts import publish_summary
 from flows.forms import Profile
 from model.checkpoint import checkpoint_path
-from model.config import InputError
 from model.data import open_split
 from model.stops import MLFLOW_STATUS
-from tasks.paths import project_config
-from tasks.postmortem import publish
-from tasks.spike import Study, run_study
-from tasks.stage_io import MANIFEST, POSTMORTEMS, PRETRAIN_MILESTONES, SPIKE_FIGURES, SPIKE_METRICS, SPIKE_RUN
-from tasks.tracking import child_run, log_summary, run_url, stage_run
-
+from model.typed_config import InputError
+from tasks.config import project_config
+from tasks.runtime.artifacts import publish_summary
+from tasks.runtime.outputs import MANIFEST, POSTMORTEMS, PRETRAIN_MILESTONES, SPIKE_FIGURES, SPIKE_METRICS, SPIKE_RUN
+from tasks.runtime.tracking import child_run, log_summary, run_url, stage_run
+from tasks.spike.postmortem import publish
+from tasks.spike.study import Study, run_study
 
 CURVE = (("loss/train", "loss"), ("train/grad_norm", "grad_norm"), ("train/skipped", "skipped"))
 """A branch's per-step curve in its MLflow run: metric name, trace field."""

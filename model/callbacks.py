@@ -51,8 +51,12 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from model.checkpoint import checkpoint_path, list_checkpoints, remove_checkpoint, save_checkpoint
+from model.config import CheckpointConfig
+
 if TYPE_CHECKING:
-    from model.train import Batch, PendingStep, StepResult, Trainer
+    from model.step import Batch, PendingStep, StepResult
+    from model.train import Trainer
 
 
 @dataclass(frozen=True)
@@ -197,3 +201,44 @@ def _hms(seconds: float) -> str:
         return "?"
     minutes, s = divmod(int(seconds), 60)
     return f"{minutes // 60}:{minutes % 60:02d}:{s:02d}"
+
+
+# ----------------------------------------------------------------------------------------------
+# The checkpointing callback
+# ----------------------------------------------------------------------------------------------
+
+
+class Checkpointer(Callback):
+    """Saves at the end of a step when due: every ``every_steps`` steps, after ``every_minutes``
+    of wall clock since the last save, at a milestone, at the last step, or when the run is asked
+    to stop (preemption). Keeps the newest ``keep_last`` rolling checkpoints; milestones are never
+    deleted. Runs last so the checkpoint holds every other callback's state after the step."""
+
+    order = 100
+
+    def __init__(self, directory: str | Path, cfg: CheckpointConfig, total_steps: int):
+        self.directory, self.cfg, self.total_steps = Path(directory), cfg, total_steps
+        self.last_save = time.monotonic()
+        self.seconds = 0.0  # time spent saving, for the checkpoint share of wall time
+
+    def due(self, step: int, stopping: bool) -> bool:
+        c = self.cfg
+        return (stopping or step == self.total_steps or step in c.milestones
+                or (c.every_steps > 0 and step % c.every_steps == 0)
+                or (c.every_minutes > 0 and time.monotonic() - self.last_save >= 60 * c.every_minutes))
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        if not self.due(trainer.step, trainer.stopping):
+            return
+        start = time.perf_counter()
+        path = checkpoint_path(self.directory, trainer.step)
+        save_checkpoint(path, trainer.snapshot())
+        self._prune()
+        self.last_save = time.monotonic()
+        self.seconds += time.perf_counter() - start
+        trainer.fire("on_checkpoint", trainer.step, path)
+
+    def _prune(self) -> None:
+        rolling = [p for step, p in list_checkpoints(self.directory) if step not in self.cfg.milestones]
+        for path in rolling[:-self.cfg.keep_last]:
+            remove_checkpoint(path)

@@ -15,18 +15,13 @@ import os
 import random
 import re
 import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from model.callbacks import Callback
-from model.config import CheckpointConfig, UserError
-
-if TYPE_CHECKING:
-    from model.train import Trainer
+from model.typed_config import UserError
 
 _NAME = re.compile(r"step_(\d+)\.pt")
 
@@ -222,44 +217,3 @@ def restore_rng(state: dict[str, Any]) -> None:
                          n["cached_gaussian"]))
     p = state["python"]
     random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
-
-
-# ----------------------------------------------------------------------------------------------
-# The checkpointing callback
-# ----------------------------------------------------------------------------------------------
-
-
-class Checkpointer(Callback):
-    """Saves at the end of a step when due: every ``every_steps`` steps, after ``every_minutes``
-    of wall clock since the last save, at a milestone, at the last step, or when the run is asked
-    to stop (preemption). Keeps the newest ``keep_last`` rolling checkpoints; milestones are never
-    deleted. Runs last so the checkpoint holds every other callback's state after the step."""
-
-    order = 100
-
-    def __init__(self, directory: str | Path, cfg: CheckpointConfig, total_steps: int):
-        self.directory, self.cfg, self.total_steps = Path(directory), cfg, total_steps
-        self.last_save = time.monotonic()
-        self.seconds = 0.0  # time spent saving, for the checkpoint share of wall time
-
-    def due(self, step: int, stopping: bool) -> bool:
-        c = self.cfg
-        return (stopping or step == self.total_steps or step in c.milestones
-                or (c.every_steps > 0 and step % c.every_steps == 0)
-                or (c.every_minutes > 0 and time.monotonic() - self.last_save >= 60 * c.every_minutes))
-
-    def on_step_end(self, trainer: Trainer) -> None:
-        if not self.due(trainer.step, trainer.stopping):
-            return
-        start = time.perf_counter()
-        path = checkpoint_path(self.directory, trainer.step)
-        save_checkpoint(path, trainer.snapshot())
-        self._prune()
-        self.last_save = time.monotonic()
-        self.seconds += time.perf_counter() - start
-        trainer.fire("on_checkpoint", trainer.step, path)
-
-    def _prune(self) -> None:
-        rolling = [p for step, p in list_checkpoints(self.directory) if step not in self.cfg.milestones]
-        for path in rolling[:-self.cfg.keep_last]:
-            remove_checkpoint(path)

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from model.config import Config, ConfigError, flatten
+from model.config import TrainingConfig
+from model.typed_config import ConfigError, flatten
 
 IDENTITY_SECTIONS = ("tokenizer", "model", "mup", "optim", "schedule", "precision", "train")
 """Config sections that shape a training run's numbers."""
@@ -54,14 +55,14 @@ class RunIdentity:
     spec: dict[str, Any]
 
 
-def identity_config(cfg: Config) -> dict[str, Any]:
+def identity_config(cfg: TrainingConfig) -> dict[str, Any]:
     """The flat config keys that are part of the identity, sorted."""
     flat = cfg.to_flat_dict()
     return {k: flat[k] for k in sorted(flat)
             if k.split(".", 1)[0] in IDENTITY_SECTIONS and k not in NOT_IDENTITY}
 
 
-def run_identity(cfg: Config, data: Mapping[str, str], parent: str | None = None,
+def run_identity(cfg: TrainingConfig, data: Mapping[str, str], parent: str | None = None,
                  extra: Mapping[str, Any] | None = None) -> RunIdentity:
     """The identity of a run of ``cfg`` on ``data`` (split -> content hash), started from the
     checkpoint whose identity is ``parent`` (None: from scratch), with ``extra`` interventions."""
@@ -76,7 +77,7 @@ def differing_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list
     return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
 
 
-def check_loadable(saved_config: Mapping[str, Any], cfg: Config, source: str,
+def check_loadable(saved_config: Mapping[str, Any], cfg: TrainingConfig, source: str,
                    allowed: Iterable[str] = LOADABLE) -> list[str]:
     """Refuse to start ``cfg`` from a checkpoint whose config (nested, as saved) differs in a key
     outside ``allowed``; returns the allowed differences (for the run's log)."""

@@ -107,7 +107,7 @@ Measured on an AMD EPYC with avx512_bf16: real bf16 autocast 0.70x the fp32 step
 1.10x; without such a flag real autocast ran ~3x slower than fp32 and emulation is the fast path."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

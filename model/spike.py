@@ -25,14 +25,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from model.callbacks import Callback
 from model.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint, save_checkpoint
-from model.config import RecoveryConfig, SpikeConfig
 from model.detect import SpikeDetector
 from model.identity import LOADABLE
 from model.train import Load
@@ -40,6 +39,32 @@ from model.train import Load
 # ----------------------------------------------------------------------------------------------
 # Injections
 # ----------------------------------------------------------------------------------------------
+
+
+class InjectionSettings(Protocol):
+    """What an injection reads; the study's ``spike`` section (tasks/spike/config.py) has these."""
+
+    duration: int
+    magnitude: float
+    param_block: int
+
+
+class DetectorSettings(Protocol):
+    """What the spike detector reads; the study's ``spike`` section has these."""
+
+    detect_window: int
+    detect_warmup: int
+    detect_zscore: float
+    detect_ratio: float
+
+
+class RecoverySettings(Protocol):
+    """What the recovery policies read; the study's ``recovery`` section has these."""
+
+    skip_batches: int
+    rollback_steps: int
+    lr_factor: float
+    max_retries: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +80,7 @@ class Injection:
     param_block: int = 0
 
     @classmethod
-    def from_config(cls, kind: str, cfg: SpikeConfig, origin_step: int, origin_position: int) -> Injection:
+    def from_config(cls, kind: str, cfg: InjectionSettings, origin_step: int, origin_position: int) -> Injection:
         return cls(kind, origin_step + 1, origin_position, cfg.duration,
                    1.0 if kind == "data" else cfg.magnitude, cfg.param_block)
 
@@ -221,7 +246,7 @@ class Policy(Callback):
     kind = "continue"
     acts_on_host = False
 
-    def __init__(self, detector: SpikeDetector, cfg: RecoveryConfig):
+    def __init__(self, detector: SpikeDetector, cfg: RecoverySettings):
         self.detector, self.cfg = detector, cfg
         self.actions: list[dict[str, Any]] = []
         self.restart: Restart | None = None
@@ -261,7 +286,7 @@ class LowerLR(Policy):
 
     kind, acts_on_host = "lower_lr", True
 
-    def __init__(self, detector: SpikeDetector, cfg: RecoveryConfig):
+    def __init__(self, detector: SpikeDetector, cfg: RecoverySettings):
         super().__init__(detector, cfg)
         self.factor = 1.0
 
@@ -279,7 +304,7 @@ class SwapData(Policy):
 
     kind, acts_on_host = "swap_data", True
 
-    def __init__(self, detector: SpikeDetector, cfg: RecoveryConfig, data: DataSpike | None):
+    def __init__(self, detector: SpikeDetector, cfg: RecoverySettings, data: DataSpike | None):
         super().__init__(detector, cfg)
         self.data = data
 
@@ -323,7 +348,7 @@ class ScaleLR(Callback):
         trainer.scale_lr(self.factor)
 
 
-def make_policy(kind: str, detector: SpikeDetector, cfg: RecoveryConfig, data: DataSpike | None) -> Policy:
+def make_policy(kind: str, detector: SpikeDetector, cfg: RecoverySettings, data: DataSpike | None) -> Policy:
     if kind == "swap_data":
         return SwapData(detector, cfg, data)
     return {"continue": Policy, "skip_step": SkipStep, "lower_lr": LowerLR, "skip_batch": SkipBatch,
@@ -373,7 +398,7 @@ MakeTrainer = Callable[[list[Any], Path | None], Any]
 
 
 def run_branch(make_trainer: MakeTrainer, origin: tuple[Path, dict[str, Any]], until: int,
-               policy: str, cfg: RecoveryConfig, spike: SpikeConfig,
+               policy: str, cfg: RecoverySettings, spike: DetectorSettings,
                injection: Injection | None = None, poison=(), timeline: Sequence[tuple[int, Path]] = (),
                checkpoint_dir: Path | None = None, probe: Callable[[Any], dict] | None = None) -> Branch:
     """Run one branch from ``origin`` (path, checkpoint state) to step ``until``: segments until
@@ -465,7 +490,7 @@ class Warm:
         return path, load_checkpoint(path)
 
 
-def warm_up(make_trainer: MakeTrainer, milestone: Path, until: int, spike: SpikeConfig,
+def warm_up(make_trainer: MakeTrainer, milestone: Path, until: int, spike: DetectorSettings,
             checkpoint_dir: Path) -> Warm:
     """Clean training from a pretrain milestone (everything loaded: the continuation is bitwise
     pretrain's) to step ``until`` with the detector on, so its window is warm at the injection.
@@ -497,7 +522,7 @@ class ServeBatches(Callback):
 
 
 def replay(make_trainer: MakeTrainer, start: tuple[Path, dict[str, Any]], baseline: dict[str, Any],
-           batches: Sequence[tuple[torch.Tensor, torch.Tensor]], spike: SpikeConfig) -> dict[str, Any]:
+           batches: Sequence[tuple[torch.Tensor, torch.Tensor]], spike: DetectorSettings) -> dict[str, Any]:
     """PaLM §5.1, automated: feed the offending ``batches`` again from an earlier state ``start``,
     nothing else injected, and see whether the detector (its window taken from ``baseline``, the
     detector state just before the spike) flags them. Flags: the data alone causes the spike."""
@@ -518,7 +543,7 @@ def rollback_target(history: Sequence[tuple[int, Path]], detected: int, back: in
     return max(eligible) if eligible else min(history)
 
 
-def make_detector(cfg: SpikeConfig) -> SpikeDetector:
+def make_detector(cfg: DetectorSettings) -> SpikeDetector:
     return SpikeDetector(window=cfg.detect_window, warmup=cfg.detect_warmup, zscore=cfg.detect_zscore,
                          ratio=cfg.detect_ratio)
 

@@ -1,10 +1,6 @@
-"""The training step, the loop around it, and ``train()``, the entry point a bare box calls.
+"""The training loop and ``train()``, the entry point a bare box calls (``python -m model.train``).
 
-    TrainModule  the step (OLMo-core's TrainModule): forward/backward over the micro-batches
-                 (precision context, loss scaling), unscale, gradient multiplier, pre-clip global
-                 norm; then, apart, the optimizer step: clipping, a skip decided on the device
-                 (non-finite values or a callback's veto), AdamW, loss-scale update.
-    Trainer      the loop: schedule, data, callbacks and their events, telemetry, evaluation,
+    Trainer      the loop around the step (model/step.py: TrainModule): schedule, data, callbacks and their events, telemetry, evaluation,
                  checkpoint state, explicit and selective loading, typed stops.
     train()      one run in a locked directory: resume or start, run, return the summary.
 
@@ -32,32 +28,35 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
-import yaml
-from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
-from model.callbacks import Callback, CSVLogger, ProgressBar, RunInfo, callback_name
-from model.checkpoint import (Checkpointer, CheckpointError, RunLock, capture_rng, load_checkpoint,
-                              load_latest, remove_orphans, restore_rng)
-from model.config import Config, UserError, check_device, load_config
+from model.callbacks import Callback, Checkpointer, CSVLogger, ProgressBar, RunInfo, callback_name
+from model.checkpoint import (
+    CheckpointError,
+    RunLock,
+    capture_rng,
+    load_checkpoint,
+    load_latest,
+    remove_orphans,
+    restore_rng,
+)
+from model.config import TrainingConfig, check_device, load_config
 from model.data import TokenLoader, open_tokens
 from model.flops import mfu, model_flops_per_token, peak_flops
 from model.gpt import GPT
 from model.identity import LOADABLE, RESUMABLE, check_loadable, run_identity
-from model.optim import build_adamw, lr_at, param_groups, set_lr
-from model.precision import Precision, resolve_precision
+from model.optim import build_adamw, lr_at, set_lr
+from model.precision import resolve_precision
+from model.step import Batch, StepResult, TrainModule
 from model.stops import Preempted, RunStatus
-from model.telemetry import (Telemetry, layer_grad_norms, optimizer_norms, record_forward_stats,
-                             to_floats)
+from model.telemetry import Telemetry, optimizer_norms, record_forward_stats, to_floats
+from model.typed_config import UserError, parse_sets
 
 CHECKPOINT_FORMAT = 2
 """2: checkpoints carry the run identity; format-1 files (no identity) are never resumed."""
-
-Batch = tuple[torch.Tensor, torch.Tensor]  # (x, y), each (B, T) token ids
-
 
 def resolve_device(name: str) -> torch.device:
     """``auto``: CUDA when available. An explicit device that is not there is a ConfigError
@@ -66,124 +65,6 @@ def resolve_device(name: str) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     check_device(name)
     return torch.device(name)
-
-
-# ----------------------------------------------------------------------------------------------
-# The step
-# ----------------------------------------------------------------------------------------------
-
-
-class PendingStep:
-    """A step between backward and the optimizer update, as ``on_before_optimizer`` sees it.
-    Every field is a device tensor: reading one on the host (``.item()``, ``bool()``) costs a sync
-    per step, which the hot path must not have; decide on the device and call :meth:`veto`."""
-
-    def __init__(self, step: int, loss: torch.Tensor, z_loss: torch.Tensor, grad_norm: torch.Tensor,
-                 layer_grad_norms: dict[str, torch.Tensor]):
-        self.step = step                  # the optimizer step this update would complete (1-based)
-        self.loss = loss                  # mean cross-entropy over the micro-batches
-        self.z_loss = z_loss              # mean z-loss term (0 when model.z_loss is 0)
-        self.grad_norm = grad_norm        # global pre-clip norm (unscaled, after the grad multiplier)
-        self.layer_grad_norms = layer_grad_norms  # per layer, at layer-stats steps only
-        self.vetoed = torch.zeros((), dtype=torch.bool, device=loss.device)
-
-    def veto(self, condition: torch.Tensor | bool = True) -> None:
-        """Skip the optimizer update where ``condition`` holds (a bool scalar tensor): weights and
-        Adam state stay bitwise untouched. Vetoes of several callbacks combine with OR."""
-        self.vetoed = self.vetoed | torch.as_tensor(condition, device=self.vetoed.device)
-
-
-class StepResult(NamedTuple):
-    """What a step did, as device tensors (no host sync); flags are bool scalars."""
-
-    loss: torch.Tensor
-    z_loss: torch.Tensor
-    grad_norm: torch.Tensor
-    skipped: torch.Tensor     # non-finite loss or gradient: weights and Adam state untouched
-    overflow: torch.Tensor    # fp16 loss-scale overflow (also untouched; counted apart from skipped)
-    vetoed: torch.Tensor      # a callback vetoed a finite update (untouched too)
-    update_ratio: torch.Tensor | None          # ‖Δθ‖/‖θ‖ of this step, when asked for
-    layer_grad_norms: dict[str, torch.Tensor]
-
-
-class TrainModule:
-    """The model, its optimizer and loss scaler, and the two halves of a step. The learning rate is
-    whatever the param groups hold (the loop sets it)."""
-
-    def __init__(self, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                 precision: Precision, clip: float, compiled: torch.nn.Module | None = None):
-        self.model, self.optimizer, self.scaler = model, optimizer, scaler
-        self.precision, self.clip = precision, clip
-        self.compiled = compiled  # torch.compile(model), or None
-
-    def forward_backward(self, step: int, batches: Sequence[Batch], grad_scale: float = 1.0,
-                         eager: bool = False, watch_layers: bool = False) -> PendingStep:
-        """Accumulate gradients over ``batches``; unscale, multiply by ``grad_scale`` (before the
-        norm, so the norm shows it), and take the global pre-clip norm."""
-        model = self.model if eager or self.compiled is None else self.compiled
-        self.optimizer.zero_grad(set_to_none=True)
-        device = self._device()
-        ce_sum = z_sum = torch.zeros((), device=device)
-        for x, y in batches:
-            with self.precision.autocast():
-                _, ce, z = model(x, y)
-            self.scaler.scale((ce + z) / len(batches)).backward()
-            ce_sum, z_sum = ce_sum + ce.detach(), z_sum + z.detach()
-        n = max(1, len(batches))
-        self.scaler.unscale_(self.optimizer)  # no-op unless fp16 loss scaling
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if grad_scale != 1.0:
-            torch._foreach_mul_(grads, grad_scale)
-        grad_norm = get_total_norm(grads) if grads else torch.zeros((), device=device)
-        layer_norms = layer_grad_norms(self.model) if watch_layers else {}
-        return PendingStep(step, ce_sum / n, z_sum / n, grad_norm, layer_norms)
-
-    def optimizer_step(self, pending: PendingStep, watch_update: bool = False) -> StepResult:
-        """Clip and update, unless the step is non-finite or vetoed (decided on the device)."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if self.clip > 0 and params:
-            clip_grads_with_norm_(params, self.clip, pending.grad_norm)
-        grads_finite = torch.isfinite(pending.grad_norm)
-        overflow = ~grads_finite if self.scaler.is_enabled() else torch.zeros_like(grads_finite)
-        nonfinite = ~(grads_finite & torch.isfinite(pending.loss + pending.z_loss))
-        before = [p.detach().clone() for p in params] if watch_update else None
-        _guarded_step(self.optimizer, nonfinite | pending.vetoed)
-        self.scaler.update()  # backs the loss scale off after an overflow, grows it after a clean stretch
-        ratio = None
-        if before is not None:
-            with torch.no_grad():
-                ratio = get_total_norm([p - b for p, b in zip(params, before)]) / get_total_norm(before)
-        return StepResult(pending.loss, pending.z_loss, pending.grad_norm, nonfinite & ~overflow,
-                          overflow, pending.vetoed & ~nonfinite, ratio, pending.layer_grad_norms)
-
-    def step(self, step: int, batches: Sequence[Batch], watch_update: bool = False) -> StepResult:
-        """Both halves with no callback in between (benchmarks, simple loops)."""
-        return self.optimizer_step(self.forward_backward(step, batches), watch_update)
-
-    def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    def apply_hyperparameters(self, cfg: Config) -> None:
-        """Put the current config's AdamW settings (β₁, β₂, ε, weight decay, μP multipliers) into
-        the param groups: ``optimizer.load_state_dict`` restores the saved run's values."""
-        wanted = {g["name"]: g for g in param_groups(self.model, cfg.optim)}
-        for group in self.optimizer.param_groups:
-            spec = wanted[group["name"]]
-            group.update(betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
-                         weight_decay=spec["weight_decay"], lr_mult=spec["lr_mult"])
-
-
-def _guarded_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
-    """Step unless ``skip``. Fused AdamW takes ``found_inf`` (the GradScaler protocol) and skips on
-    the device: no update, no moment change, step count restored. Other kernels need one host sync."""
-    if optimizer.defaults.get("fused"):
-        optimizer.found_inf = skip.float()
-        try:
-            optimizer.step()
-        finally:
-            del optimizer.found_inf
-    elif not skip.item():
-        optimizer.step()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -272,7 +153,7 @@ class Trainer:
       loader.skip(n)               skip n batches of the training stream
     """
 
-    def __init__(self, cfg: Config, train_tokens: np.ndarray, val_tokens: np.ndarray,
+    def __init__(self, cfg: TrainingConfig, train_tokens: np.ndarray, val_tokens: np.ndarray,
                  callbacks: Sequence[Any] = (), checkpoint_dir: str | Path | None = None,
                  identity: str | None = None):
         self.cfg = cfg
@@ -608,7 +489,7 @@ def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
 # ----------------------------------------------------------------------------------------------
 
 
-def train(cfg: Config, train_tokens: np.ndarray, val_tokens: np.ndarray,
+def train(cfg: TrainingConfig, train_tokens: np.ndarray, val_tokens: np.ndarray,
           out_dir: str | Path | None = None, callbacks: Sequence[Any] = (),
           init_from: str | Path | None = None, load: Load = Load(), identity: str | None = None) -> dict[str, Any]:
     """Train one model; returns a summary dict.
@@ -639,6 +520,7 @@ def train(cfg: Config, train_tokens: np.ndarray, val_tokens: np.ndarray,
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m model.train``: one run on a bare box (no orchestration, no tracking)."""
     from model.stops import EXIT_CODES
+
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--params", default="params.yaml", help="params.yaml (default: %(default)s)")
     p.add_argument("--profile", help="overlay in profiles/ (default: the file's `profile` key)")
@@ -647,12 +529,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dtype", default="uint16", help="token id dtype of the shards (default: %(default)s)")
     p.add_argument("--out", required=True, help="run directory: checkpoints/, plots/*.csv")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a dotted config key, value parsed as YAML (repeatable)")
+                   help="override a dotted config key, typed as the key is (repeatable)")
     args = p.parse_args(argv)
     try:
-        cfg = load_config(args.params, args.profile)
-        if args.set:
-            cfg = cfg.replace(**{k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)})
+        cfg = load_config(args.params, args.profile, parse_sets(args.set))  # the training sections only
         out = Path(args.out)
         summary = train(cfg, open_tokens(args.train_tokens, args.dtype), open_tokens(args.val_tokens, args.dtype),
                         out, [ProgressBar(), CSVLogger(out / "plots")])

@@ -48,7 +48,7 @@ def pages(prefect_ui: str, mlflow_ui: str, flow_run: dict, deployment_id: str) -
     """Screenshot name -> page, for the pipeline run ``flow_run`` and its MLflow runs."""
     import mlflow
 
-    from tasks.paths import MLFLOW_TRAINING_VIEW
+    from tasks.runtime.paths import MLFLOW_TRAINING_VIEW
 
     client = mlflow.MlflowClient(mlflow_ui)
     (parent,) = client.search_runs([e.experiment_id for e in client.search_experiments()],
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=8.0, help="seconds a page gets to render")
     parser.add_argument("--height", type=int, default=1000, help="browser window height (pixels)")
     args = parser.parse_args()
-    from tasks import paths, services
+    from tasks.runtime import paths, services
     from tests import browser
 
     if reason := browser.missing():

@@ -28,10 +28,10 @@ def live_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
     os.environ.update({"SPIKELAB_STATE": str(state), **TEST_PORTS})
     for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_HOME"):
         os.environ.pop(key, None)
-    from tasks import paths, services
+    from tasks.runtime import paths, services
 
     services.up(timeout=240)
-    chosen = paths.configure_environment()
+    chosen = services.configure_environment()
     assert chosen == {"prefect": paths.prefect_url(), "mlflow": paths.mlflow_url()}, \
         f"stages must use the running servers, not the local stores: {chosen}"
     try:

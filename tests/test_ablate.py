@@ -9,11 +9,12 @@ import math
 
 import pytest
 
-from model.config import Config, ConfigError
-from tasks.ablate import arm_config, arm_key, base_arm, expand, spike_response
-from tasks.ablate_stats import compare, describe, fisher, lr_sensitivity, recovery_censored, slope_test
-from tasks.findings import NOT_REPRODUCED, REPRODUCED, INCONCLUSIVE, Claim, evaluate, is_broken, verdict
-from tasks.stage_io import _finite_or_null
+from model.typed_config import ConfigError
+from tasks.ablate.grid import arm_config, arm_key, base_arm, expand, spike_response
+from tasks.ablate.stats import compare, describe, fisher, lr_sensitivity, recovery_censored, slope_test
+from tasks.config import Config
+from tasks.report.findings import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim, evaluate, is_broken, verdict
+from tasks.runtime.files import _finite_or_null
 
 
 def grid(**ablation) -> Config:
@@ -104,7 +105,7 @@ def test_compare_with_an_infinite_value_keeps_the_sign_and_runs_no_test():
 
 
 def json_round_trip(data):
-    """What a later stage reads back from metrics/*.json (tasks/stage_io.py: write_json)."""
+    """What a later stage reads back from metrics/*.json (tasks/runtime/files.py: write_json)."""
     return json.loads(json.dumps(_finite_or_null(data), allow_nan=False))
 
 

@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from trainer_kit import Recorder, float_bits, markov_tokens, tiny_config
 
 from model.callbacks import Callback, CSVLogger
-from model.checkpoint import (capture_rng, list_checkpoints, load_checkpoint, load_latest,
-                              restore_rng, save_checkpoint)
+from model.checkpoint import capture_rng, list_checkpoints, load_checkpoint, load_latest, restore_rng, save_checkpoint
 from model.stops import EXIT_CODES, Preempted
 from model.train import main, train
-from trainer_kit import Recorder, float_bits, markov_tokens, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS, VAL = np.split(markov_tokens(24_000, vocab=64), [20_000])
@@ -169,7 +168,7 @@ def test_keeps_the_last_k_rolling_checkpoints_and_every_milestone(tmp_path):
 HARNESS = """
 import sys, time
 from model.callbacks import Callback, ProgressBar
-from model.config import load_config
+from tasks.config import load_config
 from model.data import open_tokens
 from model.train import train
 

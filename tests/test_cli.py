@@ -1,5 +1,5 @@
 """The command line: help answers at once without heavy imports, reads cleanly and shows
-examples; --set values are typed as YAML scalars."""
+examples; --set values are typed by their keys."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import launcher
+from flows.stages import PARAMS_STAGE, STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "prefect", "mlflow", "dvc", "optuna")
@@ -40,14 +40,18 @@ def test_help_text_has_examples_and_no_raw_markup(argv, capsys):
         assert "examples:" in out and "spikelab run pretrain --set optim.lr=0.02" in out
 
 
-def test_set_values_are_yaml_scalars_and_a_malformed_pair_is_a_user_error():
-    from flows.__main__ import parse_sets
-    from model.config import UserError
+def test_set_values_are_typed_by_their_key_and_a_malformed_pair_is_a_user_error():
+    from model.typed_config import UserError, parse_sets
+    from tasks.config import load_config
 
-    assert parse_sets(["optim.lr=0.02", "model.qk_norm=true", "train.steps=100", "model.block=post_ln"]) == {
-        "optim.lr": 0.02, "model.qk_norm": True, "train.steps": 100, "model.block": "post_ln"}
-    with pytest.raises(UserError, match="expected key=value"):
-        parse_sets(["optim.lr"])
+    sets = parse_sets(["optim.lr=0.02", "model.qk_norm=true", "train.steps=450", "model.block=post_ln",
+                       "data.path=007"])
+    cfg = load_config(REPO / "params.yaml", overrides=sets)
+    assert (cfg.optim.lr, cfg.model.qk_norm, cfg.train.steps, cfg.model.block) == (0.02, True, 450, "post_ln")
+    assert cfg.data.path == "007"  # a string-typed key keeps its text, not YAML's 7
+    for bad in ("optim.lr", "=3"):
+        with pytest.raises(UserError, match="expected key=value"):
+            parse_sets([bad])
 
 
 def test_a_bad_set_value_exits_2_naming_the_key(capsys):
@@ -67,7 +71,6 @@ def test_a_run_that_did_not_complete_exits_with_its_code_and_one_line_saying_wha
         raise getattr(stops, stop)(12, "why")
 
     monkeypatch.setattr(cli, "run_stage", run_stage)
-    monkeypatch.setenv(launcher.SWITCH_ENV, "0")  # the patch lives in this process, not in a forked stage
     assert cli.main(["run", "pretrain"]) == code
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"spikelab: {getattr(stops, stop).status} at step 12: why (")
@@ -80,7 +83,7 @@ def test_status_lists_every_dvc_stage_params_included(monkeypatch):
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, changed, ""))
     monkeypatch.chdir(REPO)
     lines = cli.stage_status()
-    assert [line.split()[0] for line in lines][:len(cli.STAGES) + 1] == ["params", *cli.STAGES]
+    assert [line.split()[0] for line in lines][:len(STAGES) + 1] == [PARAMS_STAGE, *STAGES]
     assert lines[0].split(None, 1)[1] == "changed: changed deps (params.yaml)"
     assert all(line.endswith("up to date") for line in lines[1:])
 
@@ -107,7 +110,7 @@ def test_a_typed_stop_shows_in_prefect_as_what_it_was_with_what_to_do_next(live_
     import urllib.request
 
     done = subprocess.run([sys.executable, "-c", STOPPED_STAGE, stop], cwd=REPO, capture_output=True, text=True,
-                          env={**live_services, "PYTHONPATH": str(REPO), launcher.SWITCH_ENV: "0"},  # patched flow
+                          env={**live_services, "PYTHONPATH": str(REPO)},
                           timeout=300)
     assert done.returncode == code, done.stderr[-3000:]
     body = {"flows": {"name": {"any_": ["probe-typed-stop"]}}, "sort": "START_TIME_DESC", "limit": 1}

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from model.config import Config, ConfigError, check_runtime, flatten, from_dict, load_config, resolve
 from params_kit import dvc_set
+
+from model.typed_config import ConfigError, flatten
+from tasks.config import Config, check_runtime, config_from_dict, load_config, resolve_study
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_PARAMS = REPO / "params.yaml"
@@ -56,7 +57,7 @@ def test_a_partial_params_file_takes_the_documented_defaults_for_the_rest(tmp_pa
 
 
 def test_defaults_pass_their_own_validation():
-    assert from_dict({}) == Config().validate()
+    assert config_from_dict({}) == Config().validate()
 
 
 def test_numeric_strings_are_accepted_as_floats(tmp_path):
@@ -230,7 +231,7 @@ def test_cuda_device_where_cuda_is_unavailable_is_rejected_naming_the_key(monkey
 
 
 def test_config_and_its_runtime_check_stay_torch_free_unless_cuda_is_asked_for():
-    code = ("import sys; from model.config import Config, check_runtime; check_runtime(Config()); "
+    code = ("import sys; from tasks.config import Config, check_runtime; check_runtime(Config()); "
             "check_runtime(Config().replace(**{'train.device': 'cpu'})); assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
@@ -348,7 +349,7 @@ def test_shipped_params_lists_every_key_at_the_default_profiles_value():
     # default profile's is what tells "not set by the user" apart from "set".
     listed = flatten(yaml.safe_load(SHIPPED_PARAMS.read_text(encoding="utf-8")))
     default_overlay = yaml.safe_load((REPO / "profiles/default.yaml").read_text(encoding="utf-8"))
-    assert listed == from_dict(default_overlay).to_flat_dict()
+    assert listed == config_from_dict(default_overlay).to_flat_dict()
 
 
 # --------------------------------------------------------------------------------------------
@@ -365,14 +366,14 @@ def test_an_explicit_value_wins_over_the_profile_as_with_dvc_set_profile_smoke_a
 
 def test_a_value_set_back_to_the_default_profiles_gives_way_to_the_profile_and_is_named(tmp_path):
     params = dvc_set(copy_shipped(tmp_path), profile="smoke", **{"train.steps": 500})
-    resolved = resolve(params)
+    resolved = resolve_study(params)
     assert resolved.config.train.steps == 30
     assert resolved.from_profile["train.steps"] == 30
     assert "profile 'smoke' set" in resolved.notice() and "train.steps=30" in resolved.notice()
 
 
 def test_the_default_profile_names_no_keys(tmp_path):
-    assert resolve(copy_shipped(tmp_path)).notice() == ""
+    assert resolve_study(copy_shipped(tmp_path)).notice() == ""
 
 
 def test_explicit_means_different_from_the_default_profile_not_from_the_declared_default(tmp_path):
@@ -388,7 +389,7 @@ def test_overrides_win_over_params_and_profile(tmp_path):
     params = dvc_set(copy_shipped(tmp_path), profile="smoke", **{"train.steps": 100})
     cfg = load_config(params, overrides={"train.steps": 25, "model.d_model": 64})
     assert (cfg.train.steps, cfg.model.d_model) == (25, 64)
-    assert "train.steps" not in resolve(params, overrides={"train.steps": 25}).from_profile
+    assert "train.steps" not in resolve_study(params, overrides={"train.steps": 25}).from_profile
 
 
 def test_override_strings_are_read_like_dvc_set_except_for_string_keys(tmp_path):

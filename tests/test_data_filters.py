@@ -11,13 +11,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.config import FilterConfig, InputError
-from tasks.data_filters import (GENERATED, Deduplicator, Screen, drop_perplexity_outliers, generated_garbage,
-                                has_char_run, has_repeated_ngram, nonprintable_ratio, screen_documents)
-from tasks.stage_io import DOCS_FILE, SOURCE_FILE, read_docs, write_doc
-from tasks.data_perplexity import ByteNgramModel, robust_zscores
-from tasks.data_quality import PLANTED, measure_filters, planted_corpus
-from tasks.data_sources import Skips, stdlib_documents
+from model.typed_config import InputError
+from tasks.data.config import FilterConfig
+from tasks.data.docs import read_docs, write_doc
+from tasks.data.filters import (
+    GENERATED,
+    Deduplicator,
+    Screen,
+    drop_perplexity_outliers,
+    generated_garbage,
+    has_char_run,
+    has_repeated_ngram,
+    nonprintable_ratio,
+    screen_documents,
+)
+from tasks.data.perplexity import ByteNgramModel, robust_zscores
+from tasks.data.quality import PLANTED, measure_filters, planted_corpus
+from tasks.data.sources import Skips, stdlib_documents
+from tasks.runtime.outputs import DOCS_FILE, SOURCE_FILE
 
 PROSE = ("The quick brown fox jumps over the lazy dog. Return a new list containing all items from "
          "the iterable in ascending order; a custom key function can be supplied to customise the sort order.")

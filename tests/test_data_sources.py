@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from model.config import DataConfig, InputError, UserError
-from tasks.stage_io import DOCS_FILE, SOURCE_FILE, read_docs, staged
-from tasks.data_sources import bounded_lines, read_corpus
+from model.typed_config import InputError, UserError
+from tasks.data.config import DataConfig
+from tasks.data.docs import read_docs
+from tasks.data.sources import bounded_lines, read_corpus
+from tasks.runtime.files import staged
+from tasks.runtime.outputs import DOCS_FILE, SOURCE_FILE
 
 
 def prepare(tmp_path: Path, **data) -> tuple[dict[str, int], list[dict[str, str]]]:

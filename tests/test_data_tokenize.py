@@ -9,12 +9,16 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from model.config import DataConfig, FilterConfig, InputError, TokenizerConfig
+from model.config import TokenizerConfig
 from model.data import open_split
-from tasks.data_filters import drop_perplexity_outliers, screen_documents
-from tasks.stage_io import DOCS_FILE, MANIFEST, TOKENIZER_FILE, digest, file_sha256, read_docs, read_json
-from tasks.data_sources import read_corpus
-from tasks.data_tokenize import encode_shards, is_validation, shard_dtype, train_tokenizer
+from model.typed_config import InputError
+from tasks.data.config import DataConfig, FilterConfig
+from tasks.data.docs import read_docs
+from tasks.data.filters import drop_perplexity_outliers, screen_documents
+from tasks.data.sources import read_corpus
+from tasks.data.tokenize import encode_shards, is_validation, shard_dtype, train_tokenizer
+from tasks.runtime.files import digest, file_sha256, read_json
+from tasks.runtime.outputs import DOCS_FILE, MANIFEST, TOKENIZER_FILE
 
 DATA = DataConfig(max_docs=400, val_fraction=0.1)
 TOKENIZER = TokenizerConfig(vocab_size=400)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from trainer_kit import tiny_config
 
 from model import flops
 from model.gpt import GPT
-from trainer_kit import tiny_config
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from params_kit import dvc_set
 from ruamel.yaml import YAML
 
-from model.config import load_config
-from params_kit import dvc_set
-from tasks.params_stage import RESOLVED
+from tasks.config import load_config
+from tasks.params import RESOLVED
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -39,7 +39,7 @@ def project(tmp_path: Path, *extra: str) -> Path:
 
 
 def run_stage(project: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tasks.params_stage"], cwd=project, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tasks.params"], cwd=project, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(project)})
 
 
@@ -91,7 +91,7 @@ def test_a_bad_value_exits_2_naming_the_key_and_keeps_the_previous_resolved_file
 
 def test_the_params_stage_depends_on_every_config_file_and_keeps_its_output_when_it_fails():
     stage = PIPELINE["params"]
-    assert {"params.yaml", "profiles/", "model/config.py", "tasks/params_stage.py"} <= set(stage["deps"])
+    assert {"params.yaml", "profiles/", "model/config.py", "tasks/params.py"} <= set(stage["deps"])
     (out,) = stage["outs"]
     assert out == {str(RESOLVED): {"cache": False, "persist": True}}
 

@@ -14,19 +14,27 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.stage_io import STAGE_OUTS
+from flows.stages import PARAMS_STAGE, STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 PROJECT_FILES = ["flows", "tasks", "model", "profiles", "params.yaml", "dvc.yaml", ".dvcignore"]
 
 
+def test_the_stage_registry_names_every_dvc_stage_in_order_and_each_runs_its_registered_flow():
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert list(stages) == [PARAMS_STAGE, *STAGES], "dvc.yaml and flows/stages.py: STAGES disagree"
+    for name, stage in STAGES.items():
+        assert stages[name]["cmd"] == f"spikelab run {name}", name
+        assert callable(stage.load_flow()), name
+
+
 def test_dvc_yaml_declares_exactly_the_outputs_the_code_writes():
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    for stage, outs in STAGE_OUTS.items():
-        entries = [e for kind in ("outs", "metrics", "plots") for e in stages[stage].get(kind, [])]
+    for name, stage in STAGES.items():
+        entries = [e for kind in ("outs", "metrics", "plots") for e in stages[name].get(kind, [])]
         declared = [e if isinstance(e, str) else next(iter(e)) for e in entries]
-        assert sorted(declared) == sorted(str(p) for p in outs), stage
+        assert sorted(declared) == sorted(str(p) for p in stage.outs), name
 
 
 def test_pretrain_keeps_its_checkpoints_and_curves_across_reruns_so_a_resumed_run_continues_them():
@@ -38,9 +46,9 @@ def test_pretrain_keeps_its_checkpoints_and_curves_across_reruns_so_a_resumed_ru
 
 def test_each_data_stage_depends_on_its_code_and_upstream_outputs_and_reads_only_its_params():
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    assert {"tasks/data_sources.py", "flows/data.py"} <= set(stages["prepare"]["deps"])
-    assert {"tasks/data_filters.py", "tasks/data_perplexity.py", "data/raw"} <= set(stages["filter"]["deps"])
-    assert {"tasks/data_tokenize.py", "data/clean", "data/poison"} <= set(stages["tokenize"]["deps"])
+    assert {"tasks/data/sources.py", "flows/data.py"} <= set(stages["prepare"]["deps"])
+    assert {"tasks/data/filters.py", "tasks/data/perplexity.py", "data/raw"} <= set(stages["filter"]["deps"])
+    assert {"tasks/data/tokenize.py", "data/clean", "data/poison"} <= set(stages["tokenize"]["deps"])
     reads = {s: stages[s]["params"][0]["params/resolved.yaml"] for s in ("prepare", "filter", "tokenize")}
     assert reads["filter"] == ["filter"]
     assert not any(key.startswith("filter") for key in reads["prepare"] + reads["tokenize"])
@@ -71,7 +79,7 @@ def repro(project: Path, env: dict[str, str]) -> str:
 
 
 def ran(output: str) -> set[str]:
-    return {s for s in STAGE_OUTS if f"Running stage '{s}'" in output}
+    return {s for s in STAGES if f"Running stage '{s}'" in output}
 
 
 @pytest.mark.e2e
@@ -84,7 +92,7 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     started = int(time.time() * 1000)
 
     output = repro(project, live_services)
-    assert ran(output) == set(STAGE_OUTS)
+    assert ran(output) == set(STAGES)
     assert f"[spikelab] report: {project / 'reports/REPORT.md'}" in output, "the pipeline ends saying where the report is"
     for out in ("data/raw/docs.jsonl", "data/clean/docs.jsonl", "data/poison/generated_space_run.jsonl",
                 "metrics/filter.json", "data/tokens/manifest.json", "data/tokens/train.bin",
@@ -98,7 +106,7 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     found = client.search_runs([experiment.experiment_id], f"attributes.start_time >= {started}")
     runs = {r.data.tags["spikelab.stage"]: r for r in found  # stage runs: not branches, trials or arms
             if not {"spikelab.branch", "optuna.trial", "spikelab.arm"} & r.data.tags.keys()}
-    assert set(STAGE_OUTS) <= runs.keys()
+    assert set(STAGES) <= runs.keys()
     for stage in ("prepare", "filter", "tokenize"):
         assert runs[stage].info.status == "FINISHED" and len(runs[stage].data.tags["dataset_digest"]) == 64
         assert runs[stage].info.run_name.startswith(f"{stage} smoke ")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from trainer_kit import Recorder, markov_tokens, tiny_config
 
 from model.config import PrecisionConfig
 from model.gpt import GPT
 from model.precision import resolve_precision
 from model.train import train
-from trainer_kit import Recorder, markov_tokens, tiny_config
 
 TOKENS = markov_tokens(20_000, vocab=64)  # a 64-token language in a 257-token vocabulary
 

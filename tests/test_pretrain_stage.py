@@ -10,14 +10,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from trainer_kit import markov_tokens, tiny_config
 
 from model.checkpoint import list_checkpoints, load_checkpoint
-from model.config import Config, InputError
 from model.train import Trainer, train
-from tasks.stage_io import PRETRAIN_METRICS, PRETRAIN_MODEL
-from tasks.train import (IDENTITY_FILE, _with_previous_figures, backfill_milestones, claim_checkpoints,
-                         pretrain_identity, publish, read_manifest)
-from trainer_kit import markov_tokens, tiny_config
+from model.typed_config import InputError
+from tasks.config import Config
+from tasks.pretrain.train import (
+    IDENTITY_FILE,
+    _with_previous_figures,
+    backfill_milestones,
+    claim_checkpoints,
+    pretrain_identity,
+    publish,
+    read_manifest,
+)
+from tasks.runtime.outputs import PRETRAIN_METRICS, PRETRAIN_MODEL
 
 MANIFEST = {"vocab_size": 4096, "splits": {"train": {"sha256": "aa"}, "val": {"sha256": "bb"}}}
 TOKENS, VAL = np.split(markov_tokens(24_000, vocab=64), [20_000])

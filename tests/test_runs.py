@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -17,16 +18,18 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from trainer_kit import Recorder, markov_tokens, tiny_config
 
 from model import precision as precision_mod
 from model.callbacks import Callback
 from model.checkpoint import RunLock, RunLocked, list_checkpoints, load_checkpoint
-from model.config import ConfigError, PrecisionConfig
+from model.config import PrecisionConfig
 from model.stops import EXIT_CODES
 from model.train import Load, Trainer, main, train
-from trainer_kit import Recorder, markov_tokens, tiny_config
+from model.typed_config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]
 TOKENS, VAL = np.split(markov_tokens(24_000, vocab=64), [20_000])
 
 
@@ -255,9 +258,8 @@ def test_one_writer_per_run_directory_and_a_killed_holder_releases_it(tmp_path):
                               text=True, env=env)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(RunLocked, match=f"pid {holder.pid}"):
-            with RunLock(tmp_path):
-                pass
+        with pytest.raises(RunLocked, match=f"pid {holder.pid}"), RunLock(tmp_path):
+            pass
         cfg = tiny_config(**{"train.steps": 2})
         with pytest.raises(RunLocked):
             train(cfg, TOKENS, VAL, tmp_path)
@@ -407,3 +409,24 @@ def test_the_detector_catches_an_injected_gradient_spike_and_stays_silent_withou
     trainer = Trainer(cfg, TOKENS, VAL, [resumed, GradSpikeAt(30, 1000.0)], tmp_path / "spiked/checkpoints")
     trainer.resume()
     assert resumed.detections() == found
+
+
+def test_the_bare_trainer_on_the_studys_params_needs_no_study_key(tmp_path):
+    """params.yaml pins milestones and a spike step past 20 steps; those are the study's rules
+    (tasks/config.py), not the trainer's, so a short bare run needs only the key it changes."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):  # ids below 257: any vocabulary holds the bytes
+        rng.integers(0, 257, 60_000, dtype=np.uint16).tofile(tmp_path / f"{split}.bin")
+    done = subprocess.run([sys.executable, "-m", "model.train", "--train-tokens", str(tmp_path / "train.bin"),
+                           "--val-tokens", str(tmp_path / "val.bin"), "--out", str(tmp_path / "run"),
+                           "--set", "train.steps=20"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout[done.stdout.index("{\n"):])  # after the progress lines
+    assert summary["status"] == "completed" and summary["steps"] == 20
+    assert [s for s, _ in list_checkpoints(tmp_path / "run" / "checkpoints")] == [20]
+
+
+@pytest.mark.parametrize("bad", ["train.steps", "=20"])
+def test_the_bare_trainer_refuses_a_set_without_key_and_value(tmp_path, capsys, bad):
+    code = main(["--train-tokens", "x", "--val-tokens", "y", "--out", str(tmp_path), "--set", bad])
+    assert code == 2 and "expected key=value" in capsys.readouterr().err

@@ -21,8 +21,8 @@ import pytest
 from optuna.trial import TrialState
 
 from model.train import train
-from tasks import search
-from tasks.search_fit import Point, fit_optimum, slope, width_summary
+from tasks.search import study as search
+from tasks.search.fit import Point, fit_optimum, slope, width_summary
 from tests.trainer_kit import markov_tokens, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,10 +109,10 @@ def test_a_killed_search_resumes_keeping_finished_trials_and_retrying_interrupte
     specs = search.sweep_specs(cfg, "d")[:1]
     storage = search.open_storage(search.optuna_storage(cfg))
     search.prepare_study(storage, specs[0])
-    job = ("import json, sys, pathlib; from model.config import from_dict; from tasks import search; "
+    job = ("import json, sys, pathlib; from tasks.config import config_from_dict; from tasks.search import study as search; "
            "specs = [search.StudySpec(**{**s, 'points': tuple(map(tuple, s['points']))}) "
            "for s in json.loads(sys.argv[3])]; "
-           "search.run_workers(from_dict(json.loads(sys.argv[1])), pathlib.Path(sys.argv[2]), specs, None)")
+           "search.run_workers(config_from_dict(json.loads(sys.argv[1])), pathlib.Path(sys.argv[2]), specs, None)")
     proc = subprocess.Popen([sys.executable, "-c", job, json.dumps(dataclasses.asdict(cfg)), str(project),
                              json.dumps([dataclasses.asdict(s) for s in specs])], cwd=REPO, start_new_session=True)
     deadline = time.monotonic() + 120
@@ -152,9 +152,9 @@ def test_slope_of_optima_halving_per_doubling_is_minus_one_with_spread_over_seed
 
 
 def test_pretrain_trains_with_the_lr_the_search_wrote_unless_told_not_to(tmp_path):
-    from model.config import InputError
-    from tasks.stage_io import SEARCH_LR
-    from tasks.train import pretrain_config
+    from model.typed_config import InputError
+    from tasks.pretrain.train import pretrain_config
+    from tasks.runtime.outputs import SEARCH_LR
 
     cfg = tiny_config()
     with pytest.raises(InputError, match="run the search stage first"):
@@ -167,13 +167,13 @@ def test_pretrain_trains_with_the_lr_the_search_wrote_unless_told_not_to(tmp_pat
 
 @pytest.mark.e2e
 def test_the_dashboard_service_shows_the_search_studies_in_a_browser(live_services):
-    from tasks import paths
+    from tasks.runtime import paths
     from tests import browser
 
     if reason := browser.missing():
         pytest.skip(reason)
     spec = search.StudySpec("test/search/mup/w16/dashboard", "sweep", "mup", 16, ((-7.0, 0), (-5.0, 0)))
-    search.prepare_study(search.open_storage(paths.optuna_storage(tiny_config())), spec)  # the state's journal
+    search.prepare_study(search.open_storage(search.optuna_storage(tiny_config())), spec)  # the state's journal
     driver = browser.chrome()
     try:
         driver.get(paths.dashboard_url())

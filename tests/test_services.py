@@ -28,7 +28,7 @@ def foreign_server(tmp_path):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
                             cwd=tmp_path / "www", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    from tasks.paths import answers
+    from tasks.runtime.services import answers
 
     deadline = time.monotonic() + 30
     while not answers(f"http://127.0.0.1:{port}/api/health"):
@@ -51,15 +51,15 @@ def checkout(tmp_path, monkeypatch, foreign_server):
 
 
 def test_a_server_of_another_checkout_is_not_used_and_the_stage_says_so(checkout, capsys):
-    from tasks import paths
+    from tasks.runtime import services
 
-    chosen = paths.configure_environment()
+    chosen = services.configure_environment()
     assert chosen == {"prefect": "temporary server", "mlflow": f"sqlite:///{checkout / 'mlflow.db'}"}
     assert "answers but does not serve this checkout's state" in capsys.readouterr().err
 
 
 def test_a_pid_record_of_another_process_proves_nothing(checkout, foreign_server):
-    from tasks import services
+    from tasks.runtime import services
 
     port, proc = foreign_server
     (checkout / "services").mkdir(parents=True)
@@ -69,7 +69,7 @@ def test_a_pid_record_of_another_process_proves_nothing(checkout, foreign_server
 
 
 def test_down_leaves_a_server_it_did_not_start_running(checkout, foreign_server, capsys):
-    from tasks import services
+    from tasks.runtime import services
 
     _, proc = foreign_server
     services.down()
@@ -112,7 +112,7 @@ def own_slow_servers(tmp_path, monkeypatch):
         record = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "port": port}
         (state / "services" / f"{name}.json").write_text(json.dumps(record))
     monkeypatch.setattr(os, "environ", env)
-    from tasks.paths import answers
+    from tasks.runtime.services import answers
 
     deadline = time.monotonic() + 30
     while not all(answers(f"http://127.0.0.1:{port}/health", timeout=5) for port in ports.values()):
@@ -126,9 +126,9 @@ def own_slow_servers(tmp_path, monkeypatch):
 def test_a_stage_waits_for_this_checkouts_own_server_when_it_answers_slowly(own_slow_servers, capsys):
     """One slow health check (a server just started, or busy) must not send a stage, or a whole
     test session, to the local stores: their runs would carry no links to the MLflow UI."""
-    from tasks import paths, services
+    from tasks.runtime import paths, services
 
-    chosen = paths.configure_environment()
+    chosen = services.configure_environment()
     assert chosen == {"prefect": paths.prefect_url(), "mlflow": paths.mlflow_url()}, capsys.readouterr().err
     assert services.serves_this_checkout("mlflow", patience=5)
     assert services.status()["mlflow"].endswith("(this checkout)")

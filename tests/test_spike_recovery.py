@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from model.callbacks import Callback
-from model.config import RecoveryConfig, SpikeConfig
 from model.spike import Injection, run_branch, warm_up
 from model.train import Trainer
+from tasks.spike.config import RecoveryConfig, SpikeConfig
 from tests.trainer_kit import markov_tokens, tiny_config
 
 TOKENS, VAL = markov_tokens(30_000), markov_tokens(4_000, seed=1)

@@ -1,4 +1,4 @@
-"""The spike study's logic (tasks/spike.py, tasks/postmortem.py): classification on synthetic
+"""The spike study's logic (tasks/spike/study.py, tasks/spike/postmortem.py): classification on synthetic
 curves, and a whole study on a tiny synthetic project, read back from its post-mortems."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from model.train import Trainer
-from tasks.postmortem import SECTIONS, publish
-from tasks.spike import classify, run_study
+from tasks.spike.postmortem import SECTIONS, publish
+from tasks.spike.study import classify, run_study
 from tests.trainer_kit import markov_tokens, tiny_config
 
 CONTROL = [3.0 - 0.002 * t for t in range(100)]
@@ -125,6 +125,6 @@ def test_the_postmortem_has_every_template_section_and_the_numbers_of_the_run(fi
     ({"spike.warm_steps": 4}, "spike.warm_steps"),              # the detector would be blind
 ])
 def test_the_spike_config_is_refused_naming_the_key(dotted, key):
-    from model.config import ConfigError
+    from model.typed_config import ConfigError
     with pytest.raises(ConfigError, match=rf"^{re.escape(key)}:"):
         tiny_config(**{**STUDY, **dotted})

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from model.config import Config
 from model.stops import Diverged, Preempted
+from tasks.config import Config
 
 REPO = Path(__file__).resolve().parents[1]
 CFG = Config().replace(**{"tracking.experiment": "tracking-test"})
@@ -38,12 +38,11 @@ def store(tmp_path_factory):
 
 
 def stage_run_status(client, exc: BaseException | None) -> str:
-    from tasks.tracking import stage_run
+    from tasks.runtime.tracking import stage_run
 
-    with pytest.raises(type(exc)) if exc else nullcontext():
-        with stage_run(CFG, "probe") as run:
-            if exc:
-                raise exc
+    with pytest.raises(type(exc)) if exc else nullcontext(), stage_run(CFG, "probe") as run:
+        if exc:
+            raise exc
     return client.get_run(run.info.run_id).info.status
 
 
@@ -54,7 +53,7 @@ def test_a_stage_run_ends_with_the_status_of_how_it_stopped(store, exc, status):
 
 
 def test_the_experiment_opens_as_model_training_and_runs_say_what_ran(store):
-    from tasks.tracking import stage_run
+    from tasks.runtime.tracking import stage_run
 
     with stage_run(CFG, "pretrain", identity="0123456789abcdef") as run:
         pass
@@ -69,7 +68,7 @@ def test_the_experiment_opens_as_model_training_and_runs_say_what_ran(store):
 
 
 def test_the_data_digest_follows_the_resolved_config_not_the_params_file(store):
-    from tasks.tracking import dvc_inputs_digest
+    from tasks.runtime.tracking import dvc_inputs_digest
 
     assert dvc_inputs_digest("filter", CFG) != dvc_inputs_digest("filter", CFG.replace(**{"filter.min_chars": 7}))
     assert dvc_inputs_digest("filter", CFG) == dvc_inputs_digest("filter", CFG.replace(**{"optim.lr": 0.5}))
@@ -77,8 +76,8 @@ def test_the_data_digest_follows_the_resolved_config_not_the_params_file(store):
 
 KILLED_MIDWAY = """
 import os, signal
-from model.config import Config
-from tasks.tracking import stage_run
+from tasks.config import Config
+from tasks.runtime.tracking import stage_run
 with stage_run(Config().replace(**{"tracking.experiment": "tracking-test"}), "pretrain") as run:
     print(run.info.run_id, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -86,7 +85,7 @@ with stage_run(Config().replace(**{"tracking.experiment": "tracking-test"}), "pr
 
 
 def test_a_run_left_running_by_a_killed_process_is_closed_as_killed_when_a_stage_next_starts(store):
-    from tasks.tracking import stage_run
+    from tasks.runtime.tracking import stage_run
 
     done = subprocess.run([sys.executable, "-c", KILLED_MIDWAY], cwd=REPO, env=os.environ, capture_output=True,
                           text=True, timeout=120)
@@ -99,7 +98,7 @@ def test_a_run_left_running_by_a_killed_process_is_closed_as_killed_when_a_stage
 
 
 def test_child_runs_nest_under_the_stage_run_with_its_lineage_and_their_own_status(store):
-    from tasks.tracking import child_run, stage_run
+    from tasks.runtime.tracking import child_run, stage_run
 
     with stage_run(CFG, "ablate") as parent:
         with child_run("arm post_ln seed 0", {"spikelab.arm": "post_ln"}) as ok:
@@ -115,7 +114,7 @@ def test_child_runs_nest_under_the_stage_run_with_its_lineage_and_their_own_stat
 
 
 def test_losses_are_named_to_sort_before_the_other_metric_groups():
-    from tasks.tracking import metric_name
+    from tasks.runtime.tracking import metric_name
 
     names = sorted(metric_name(n) for n in ["train/loss", "val/loss", "stats/act_l2/block0", "train/grad_norm"])
     assert names[:2] == ["loss/train", "loss/val"]

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from trainer_kit import Recorder, markov_tokens, tiny_config
 
 from model.callbacks import Callback
 from model.checkpoint import load_checkpoint
@@ -15,8 +16,8 @@ from model.config import PrecisionConfig
 from model.gpt import GPT
 from model.optim import build_adamw, lr_at
 from model.precision import resolve_precision
-from model.train import TrainModule, train
-from trainer_kit import Recorder, markov_tokens, tiny_config
+from model.step import TrainModule
+from model.train import train
 
 TOKENS, VAL = np.split(markov_tokens(24_000, vocab=64), [20_000])
 BAD_STEP = 3  # the step (1-based) whose loss or gradient is made non-finite

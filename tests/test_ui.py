@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.__main__ import STAGES
+from flows.stages import STAGES
 from tests.test_pipeline import VENV_BIN, copy_project, run
 
 pytestmark = pytest.mark.e2e

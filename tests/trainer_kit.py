@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from model.callbacks import Callback
-from model.config import Config
+from tasks.config import Config
 
 torch.set_num_threads(1)  # 2 shared cores: one intra-op thread is ~10x faster than two here
 

@@ -1,0 +1,140 @@
+"""The training step (OLMo-core's TrainModule), apart from the loop that drives it (model/train.py).
+
+    TrainModule  forward/backward over the micro-batches (precision context, loss scaling),
+                 unscale, gradient multiplier, pre-clip global norm; then, apart, the optimizer
+                 step: clipping, a skip decided on the device (non-finite values or a callback's
+                 veto), AdamW, loss-scale update.
+    PendingStep  a step between backward and the update, as ``on_before_optimizer`` sees it.
+    StepResult   what a step did, as device tensors.
+
+Nothing here reads a device value on the host, except the skip decision of a non-fused AdamW.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch.nn.utils import clip_grads_with_norm_, get_total_norm
+
+from model.config import TrainingConfig
+from model.gpt import GPT
+from model.optim import param_groups
+from model.precision import Precision
+from model.telemetry import layer_grad_norms
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # (x, y), each (B, T) token ids
+
+
+class PendingStep:
+    """A step between backward and the optimizer update, as ``on_before_optimizer`` sees it.
+    Every field is a device tensor: reading one on the host (``.item()``, ``bool()``) costs a sync
+    per step, which the hot path must not have; decide on the device and call :meth:`veto`."""
+
+    def __init__(self, step: int, loss: torch.Tensor, z_loss: torch.Tensor, grad_norm: torch.Tensor,
+                 layer_grad_norms: dict[str, torch.Tensor]):
+        self.step = step                  # the optimizer step this update would complete (1-based)
+        self.loss = loss                  # mean cross-entropy over the micro-batches
+        self.z_loss = z_loss              # mean z-loss term (0 when model.z_loss is 0)
+        self.grad_norm = grad_norm        # global pre-clip norm (unscaled, after the grad multiplier)
+        self.layer_grad_norms = layer_grad_norms  # per layer, at layer-stats steps only
+        self.vetoed = torch.zeros((), dtype=torch.bool, device=loss.device)
+
+    def veto(self, condition: torch.Tensor | bool = True) -> None:
+        """Skip the optimizer update where ``condition`` holds (a bool scalar tensor): weights and
+        Adam state stay bitwise untouched. Vetoes of several callbacks combine with OR."""
+        self.vetoed = self.vetoed | torch.as_tensor(condition, device=self.vetoed.device)
+
+
+class StepResult(NamedTuple):
+    """What a step did, as device tensors (no host sync); flags are bool scalars."""
+
+    loss: torch.Tensor
+    z_loss: torch.Tensor
+    grad_norm: torch.Tensor
+    skipped: torch.Tensor     # non-finite loss or gradient: weights and Adam state untouched
+    overflow: torch.Tensor    # fp16 loss-scale overflow (also untouched; counted apart from skipped)
+    vetoed: torch.Tensor      # a callback vetoed a finite update (untouched too)
+    update_ratio: torch.Tensor | None          # ‖Δθ‖/‖θ‖ of this step, when asked for
+    layer_grad_norms: dict[str, torch.Tensor]
+
+
+class TrainModule:
+    """The model, its optimizer and loss scaler, and the two halves of a step. The learning rate is
+    whatever the param groups hold (the loop sets it)."""
+
+    def __init__(self, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                 precision: Precision, clip: float, compiled: torch.nn.Module | None = None):
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.precision, self.clip = precision, clip
+        self.compiled = compiled  # torch.compile(model), or None
+
+    def forward_backward(self, step: int, batches: Sequence[Batch], grad_scale: float = 1.0,
+                         eager: bool = False, watch_layers: bool = False) -> PendingStep:
+        """Accumulate gradients over ``batches``; unscale, multiply by ``grad_scale`` (before the
+        norm, so the norm shows it), and take the global pre-clip norm."""
+        model = self.model if eager or self.compiled is None else self.compiled
+        self.optimizer.zero_grad(set_to_none=True)
+        device = self._device()
+        ce_sum = z_sum = torch.zeros((), device=device)
+        for x, y in batches:
+            with self.precision.autocast():
+                _, ce, z = model(x, y)
+            self.scaler.scale((ce + z) / len(batches)).backward()
+            ce_sum, z_sum = ce_sum + ce.detach(), z_sum + z.detach()
+        n = max(1, len(batches))
+        self.scaler.unscale_(self.optimizer)  # no-op unless fp16 loss scaling
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grad_scale != 1.0:
+            torch._foreach_mul_(grads, grad_scale)
+        grad_norm = get_total_norm(grads) if grads else torch.zeros((), device=device)
+        layer_norms = layer_grad_norms(self.model) if watch_layers else {}
+        return PendingStep(step, ce_sum / n, z_sum / n, grad_norm, layer_norms)
+
+    def optimizer_step(self, pending: PendingStep, watch_update: bool = False) -> StepResult:
+        """Clip and update, unless the step is non-finite or vetoed (decided on the device)."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.clip > 0 and params:
+            clip_grads_with_norm_(params, self.clip, pending.grad_norm)
+        grads_finite = torch.isfinite(pending.grad_norm)
+        overflow = ~grads_finite if self.scaler.is_enabled() else torch.zeros_like(grads_finite)
+        nonfinite = ~(grads_finite & torch.isfinite(pending.loss + pending.z_loss))
+        before = [p.detach().clone() for p in params] if watch_update else None
+        _guarded_step(self.optimizer, nonfinite | pending.vetoed)
+        self.scaler.update()  # backs the loss scale off after an overflow, grows it after a clean stretch
+        ratio = None
+        if before is not None:
+            with torch.no_grad():
+                ratio = get_total_norm([p - b for p, b in zip(params, before)]) / get_total_norm(before)
+        return StepResult(pending.loss, pending.z_loss, pending.grad_norm, nonfinite & ~overflow,
+                          overflow, pending.vetoed & ~nonfinite, ratio, pending.layer_grad_norms)
+
+    def step(self, step: int, batches: Sequence[Batch], watch_update: bool = False) -> StepResult:
+        """Both halves with no callback in between (benchmarks, simple loops)."""
+        return self.optimizer_step(self.forward_backward(step, batches), watch_update)
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def apply_hyperparameters(self, cfg: TrainingConfig) -> None:
+        """Put the current config's AdamW settings (β₁, β₂, ε, weight decay, μP multipliers) into
+        the param groups: ``optimizer.load_state_dict`` restores the saved run's values."""
+        wanted = {g["name"]: g for g in param_groups(self.model, cfg.optim)}
+        for group in self.optimizer.param_groups:
+            spec = wanted[group["name"]]
+            group.update(betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
+                         weight_decay=spec["weight_decay"], lr_mult=spec["lr_mult"])
+
+
+def _guarded_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """Step unless ``skip``. Fused AdamW takes ``found_inf`` (the GradScaler protocol) and skips on
+    the device: no update, no moment change, step count restored. Other kernels need one host sync."""
+    if optimizer.defaults.get("fused"):
+        optimizer.found_inf = skip.float()
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+    elif not skip.item():
+        optimizer.step()

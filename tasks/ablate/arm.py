@@ -1,0 +1,195 @@
+"""One ablation arm in its own process: the trainer on one thread, with the arm's injected spike,
+the spike detector and a per-step trace; writes ``<out>/result.json``.
+
+    python -m tasks.ablate.arm --profile default --out runs/ablate/arms/manual \\
+        --set model.block=post_ln --set schedule.warmup_steps=0 ...
+
+The ablate stage runs exactly this command for every arm (the overrides are in the arm's MLflow
+run, tag ``spikelab.command``), so any arm reproduces by itself, bitwise on the CPU. Imports only
+torch and model/ (no tracking, no orchestration): it starts in a second. Exit codes are the
+trainer's (model/stops.py): 0 completed, 3 diverged (a result), 2 a bad config, anything else a
+crash the stage retries; a rerun resumes from the arm's newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from model.callbacks import Callback
+from model.data import open_split
+from model.spike import Injection, Trace, collapse_stats, injection_callback, make_detector, sample
+from model.stops import EXIT_CODES
+from model.train import train
+from model.typed_config import UserError, parse_sets
+from tasks.ablate.grid import arm_key, code_digest, data_hashes, injection_spec
+from tasks.config import Config, load_config
+
+MANIFEST = Path("data/tokens/manifest.json")
+
+
+class ArmTrace(Trace):
+    """The trace of every step (loss, pre-clip grad norm, skipped, flagged by the detector), kept
+    in checkpoints so a resumed arm still has its whole curve."""
+
+    name = "arm_trace"
+
+    def __init__(self, detector) -> None:
+        super().__init__()
+        self.detector, self.saved = detector, []
+
+    def on_after_step(self, trainer, result) -> None:
+        skipped = (result.vetoed | result.skipped | result.overflow).float()
+        flagged = self.detector.now.float()
+        self.rows.append((trainer.step, torch.stack([result.loss.float(), result.grad_norm.float(), skipped,
+                                                     flagged])))
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.rows:
+            return list(self.saved)
+        values = torch.stack([v for _, v in self.rows]).tolist()
+        fresh = [{"step": s, "loss": _finite(v[0]), "grad_norm": _finite(v[1]), "skipped": bool(v[2]),
+                  "flagged": bool(v[3])} for (s, _), v in zip(self.rows, values)]
+        return [*self.saved, *fresh]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": json.dumps(self.read())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.saved, self.rows = json.loads(state["rows"]), []
+
+
+class LogitStats(Callback):
+    """The extremes over the run of what Wortsman et al. watch: the largest attention logit, the
+    largest output logit and log Z, the lowest attention entropy (seed 002's collapse)."""
+
+    name = "logit_stats"
+
+    def __init__(self) -> None:
+        self.stats: dict[str, float] = {}
+
+    def on_log(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value, pick in (("attn_logit_max", _max_of(metrics, "stats/attn_logit_max/"), max),
+                                 ("logits_max", metrics.get("stats/logits/max"), max),
+                                 ("log_z_max", metrics.get("stats/logits/log_z"), max),
+                                 ("attn_entropy_min", _min_of(metrics, "stats/attn_entropy/"), min)):
+            if value is not None and math.isfinite(value):
+                self.stats[key] = pick(self.stats.get(key, value), value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.stats)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stats = {k: float(v) for k, v in state.items()}
+
+
+def _max_of(metrics: dict[str, float], prefix: str) -> float | None:
+    values = [v for k, v in metrics.items() if k.startswith(prefix)]
+    return max(values) if values else None
+
+
+def _min_of(metrics: dict[str, float], prefix: str) -> float | None:
+    values = [v for k, v in metrics.items() if k.startswith(prefix)]
+    return min(values) if values else None
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def run_arm(cfg: Config, project: Path, out: Path) -> dict[str, Any]:
+    """Train the arm ``cfg`` describes into ``out``; returns (and writes) its result."""
+    manifest = project / MANIFEST
+    data = data_hashes(manifest)
+    key = arm_key(cfg, data, code_digest())
+    spec = injection_spec(cfg.ablation)
+    detector = make_detector(cfg.spike)
+    trace, stats = ArmTrace(detector), LogitStats()
+    train_tokens, val_tokens = open_split(manifest, "train"), open_split(manifest, "val")
+    end = EndProbe(val_tokens, json.loads(manifest.read_text())["eot_id"])
+    summary = train(cfg, train_tokens, val_tokens, out, [injection_callback(Injection(**spec)), detector, trace,
+                                                         stats, end], identity=key)
+    result = {"key": key, "summary": summary, "rows": trace.read(), "stats": stats.stats, "injection": spec,
+              "init_loss": math.log(cfg.tokenizer.vocab_size), "collapse": end.collapse,
+              "weights_sha256": end.weights_sha256}
+    write_result(out / "result.json", result)
+    return result
+
+
+class EndProbe(Callback):
+    """After the run: a digest of the final weights (bitwise reproduction is checked on it) and,
+    for a run that completed, the collapse of greedy samples from validation prompts (seed 000:
+    repetitive or empty generations)."""
+
+    name = "end_probe"
+
+    def __init__(self, val_tokens, eot: int, prompts: int = 4, tokens: int = 32) -> None:
+        self.val_tokens, self.eot, self.prompts, self.tokens = val_tokens, eot, prompts, tokens
+        self.completed, self.collapse, self.weights_sha256 = False, {}, None
+
+    def on_train_end(self, summary: dict[str, Any]) -> None:
+        self.completed = summary["status"] == "completed"
+
+    def on_close(self, trainer) -> None:
+        self.weights_sha256 = weights_digest(trainer.model)
+        if self.completed:
+            span = trainer.cfg.model.seq_len + 1
+            starts = np.stack([self.val_tokens[i * span: i * span + 8].astype(np.int64) for i in range(self.prompts)])
+            generations = sample(trainer.model, torch.from_numpy(starts).to(trainer.device), self.tokens)
+            self.collapse = collapse_stats(generations, self.eot)
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode() + tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """Strict JSON (NaN and inf as null), written whole or not at all."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_strict(result), indent=1, allow_nan=False))
+    os.replace(tmp, path)
+
+
+def _strict(value: Any) -> Any:
+    if isinstance(value, float):
+        return _finite(value)
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tasks.ablate.arm", description=__doc__.split("\n\n")[0])
+    p.add_argument("--params", default="params.yaml", help="params.yaml (default: %(default)s)")
+    p.add_argument("--profile", help="overlay in profiles/ (default: the file's `profile` key)")
+    p.add_argument("--out", required=True, help="the arm's directory: checkpoints/ and result.json")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a dotted config key, typed as the key is (repeatable)")
+    args = p.parse_args(argv)
+    try:
+        params = Path(args.params)
+        cfg = load_config(params, args.profile, parse_sets(args.set))
+        summary = run_arm(cfg, params.resolve().parent, Path(args.out))["summary"]
+    except UserError as e:
+        print(f"spikelab: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: summary[k] for k in ("status", "diverged_at", "steps", "final_loss", "val_loss")}))
+    return EXIT_CODES[summary["status"]]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The study's config: the trainer's sections (model/config.py) plus each stage's own section,
+loaded from ``params.yaml`` and a profile overlay, and the rules that tie the study together.
+
+Where each section is declared, with its checks beside its fields:
+
+  tokenizer model mup optim schedule precision train checkpoint   model/config.py
+  data filter                                                     tasks/data/config.py
+  spike recovery                                                  tasks/spike/config.py
+  search                                                          tasks/search/config.py
+  ablation                                                        tasks/ablate/config.py
+  tracking                                                        tasks/runtime/config.py
+
+The rules across them (:meth:`Config.check_across`) are the study's, not the trainer's: a bare
+``python -m model.train`` never sees them. The ``params`` stage (tasks/params.py) loads this
+config first, so ``dvc repro`` fails on a broken rule before any stage's output is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model.config import TrainingConfig, check_device
+from model.typed_config import ConfigError, Resolved, from_dict, resolve
+from tasks.ablate.config import AblationConfig
+from tasks.data.config import DataConfig, FilterConfig
+from tasks.runtime.config import TrackingConfig
+from tasks.runtime.paths import project_dir
+from tasks.search.config import SearchConfig
+from tasks.spike.config import RecoveryConfig, SpikeConfig
+
+
+@dataclass(frozen=True)
+class Config(TrainingConfig):
+    """Everything a stage reads: the training sections, then the study's."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    filter: FilterConfig = field(default_factory=FilterConfig)
+    spike: SpikeConfig = field(default_factory=SpikeConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    ablation: AblationConfig = field(default_factory=AblationConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def check_across(self) -> None:
+        super().check_across()
+        for step in self.checkpoint.milestones:
+            if step > self.train.steps:
+                raise ConfigError(f"checkpoint.milestones: step {step} is outside 1..train.steps={self.train.steps}")
+        if self.data.max_doc_bytes < self.filter.max_chars:
+            raise ConfigError(f"data.max_doc_bytes: {self.data.max_doc_bytes} is below "
+                              f"filter.max_chars={self.filter.max_chars}")
+        if self.spike.kinds and self.spike.at_step not in self.checkpoint.milestones:
+            raise ConfigError(f"spike.at_step: {self.spike.at_step} is not a pretrain milestone "
+                              f"(checkpoint.milestones={self.checkpoint.milestones}); the study starts from one")
+        if not 0 <= self.spike.param_block < self.model.n_layer:
+            raise ConfigError(f"spike.param_block: {self.spike.param_block} is outside 0..model.n_layer-1")
+        for width in self.search.widths:
+            if width <= 0 or width % (2 * self.model.n_head):
+                raise ConfigError(f"search.widths: width {width} is not a positive multiple of 2·model.n_head="
+                                  f"{2 * self.model.n_head} (heads of even size)")
+        if self.mup.parametrization not in self.search.parametrizations:
+            raise ConfigError(f"search.parametrizations: {self.search.parametrizations} lacks "
+                              f"mup.parametrization={self.mup.parametrization!r}, whose LR pretrain takes")
+
+
+def resolve_study(params: str | Path = "params.yaml", profile: str | None = None,
+                  overrides: dict[str, Any] | None = None) -> Resolved:
+    """The study's config and where its values came from (precedence: model/typed_config.py: resolve)."""
+    return resolve(Config, params, profile, overrides)
+
+
+def load_config(params: str | Path = "params.yaml", profile: str | None = None,
+                overrides: dict[str, Any] | None = None) -> Config:
+    """The validated study config of ``params`` under a profile, with ``overrides`` (dotted keys) on top."""
+    return resolve_study(params, profile, overrides).config
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
+    """A study config from a nested dict; missing keys take their defaults."""
+    return from_dict(Config, raw, source)
+
+
+def project_config(profile: str | None = None,
+                   overrides: dict[str, Any] | None = None) -> tuple[Config, Path]:
+    """The validated config of the project a stage runs in (``overrides``: dotted keys, highest
+    precedence), and that project's directory."""
+    project = project_dir()
+    return load_config(project / "params.yaml", profile, overrides), project
+
+
+def check_runtime(cfg: Config) -> None:
+    """The checks that need this machine, not just the files: call before anything is deleted
+    or moved."""
+    check_device(cfg.train.device)

@@ -1,0 +1,104 @@
+"""The data stages' sections of the study config: ``data`` (prepare, and tokenize's split) and
+``filter``. Each checks its own fields; ``data.max_doc_bytes`` against ``filter.max_chars`` is a
+rule across the two (tasks/config.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from model.typed_config import ConfigError, Section, in_open_unit, non_negative, positive
+
+DataSource = Literal["stdlib_docs", "text", "jsonl", "hf"]
+
+
+@dataclass(frozen=True)
+class DataConfig(Section):
+    source: DataSource = "stdlib_docs"
+    """Where documents come from. ``stdlib_docs``: docstrings and help topics of the running
+    Python's standard library (offline everywhere, PSF licence). ``text``: ``path`` is a UTF-8
+    file or a folder of ``*.txt`` files (one document per file; a single file is split on blank
+    lines). ``jsonl``: ``path`` is a JSON-lines file, text under ``jsonl_field``. ``hf``: a Hugging
+    Face dataset (needs network and the ``hf`` extra)."""
+    path: str = ""
+    """File or folder for ``text``/``jsonl``; relative paths are relative to the project."""
+    jsonl_field: str = "text"
+    """Field holding the document text in each JSON line (and in each Hugging Face record)."""
+    hf_dataset: str = ""
+    """Hugging Face dataset name for ``source: hf``, e.g. ``wikitext``."""
+    hf_config: str = ""
+    """Optional Hugging Face dataset config name, e.g. ``wikitext-2-raw-v1``."""
+    hf_split: str = "train"
+    """Hugging Face split to stream."""
+    max_docs: int = 0
+    """Keep at most this many source documents (0 = all)."""
+    max_doc_bytes: int = 4_194_304
+    """Reading guard: a document (or JSON line) longer than this many bytes is skipped and counted
+    while it streams past in bounded chunks, never held in memory whole (a 1 GB single line costs
+    at most this much). Must be at least ``filter.max_chars``, so the length filter decides first."""
+    val_fraction: float = 0.05
+    """Fraction of filtered documents held out for validation (split by document)."""
+    seed: int = 1234
+    """Seed of the deterministic document split."""
+
+    def check(self) -> None:
+        in_open_unit("data.val_fraction", self.val_fraction)
+        non_negative("data.max_docs", self.max_docs)
+        if self.source in ("text", "jsonl") and not self.path:
+            raise ConfigError(f"data.path: required when data.source={self.source!r}")
+        if self.source == "hf" and not self.hf_dataset:
+            raise ConfigError("data.hf_dataset: required when data.source='hf'")
+
+
+@dataclass(frozen=True)
+class FilterConfig(Section):
+    invalid_utf8: bool = True
+    """Drop documents whose bytes are not valid UTF-8."""
+    nonprintable: bool = True
+    """Drop documents with too many binary / non-printable characters."""
+    max_nonprintable_ratio: float = 0.05
+    """Largest tolerated share of non-printable characters."""
+    length: bool = True
+    """Drop length outliers."""
+    min_chars: int = 64
+    """Shorter documents are dropped."""
+    max_chars: int = 200_000
+    """Longer documents are dropped."""
+    char_run: bool = True
+    """Drop documents containing a long run of one repeated character."""
+    max_char_run: int = 200
+    """Longest tolerated run of a single repeated character."""
+    repeated_ngram: bool = True
+    """Drop documents with a short token pattern repeated many times in a row (OLMo-core rule)."""
+    ngram_max_period: int = 13
+    """Longest repeating period (in whitespace tokens) that is checked."""
+    ngram_min_repeats: int = 32
+    """Consecutive repeats of one period that mark a document as degenerate."""
+    dedup: bool = True
+    """Drop exact and near-duplicate documents (MinHash LSH)."""
+    dedup_threshold: float = 0.8
+    """Estimated Jaccard similarity of word shingles above which a document is a near duplicate."""
+    dedup_num_perm: int = 128
+    """MinHash permutations."""
+    dedup_shingle: int = 5
+    """Word shingle size for near-duplicate detection."""
+    perplexity: bool = True
+    """Drop perplexity outliers scored by a small model trained on the corpus itself."""
+    perplexity_zscore: float = 6.0
+    """Drop documents whose per-character log-perplexity is this many robust z-scores above the
+    median. The scores are right-skewed (code-heavy prose sits high), so 3 drops ~4 % of the
+    standard-library corpus; planted garbage scores above 20."""
+    poison_generated: int = 64
+    """Generated garbage documents (binary bytes, space runs, rare-token runs) added to the poison pool."""
+
+    def check(self) -> None:
+        if not 0 <= self.max_nonprintable_ratio <= 1:
+            raise ConfigError(f"filter.max_nonprintable_ratio: must be in [0, 1], got {self.max_nonprintable_ratio!r}")
+        non_negative("filter.min_chars", self.min_chars)
+        if self.max_chars <= self.min_chars:
+            raise ConfigError(f"filter.max_chars: {self.max_chars} must exceed filter.min_chars={self.min_chars}")
+        for key in ("max_char_run", "ngram_max_period", "ngram_min_repeats", "dedup_num_perm", "dedup_shingle",
+                    "perplexity_zscore"):
+            positive(f"filter.{key}", getattr(self, key))
+        in_open_unit("filter.dedup_threshold", self.dedup_threshold)
+        non_negative("filter.poison_generated", self.poison_generated)

@@ -1,0 +1,273 @@
+"""prepare: stream documents from the configured source into ``data/raw/docs.jsonl``.
+
+Sources: the running Python's standard-library docstrings and help topics (the offline default),
+a user's text file or folder, a JSON-lines file, or a Hugging Face dataset (the ``hf`` extra).
+Everything is read in bounded pieces: a document longer than ``data.max_doc_bytes`` is skipped
+and counted as it streams past, so even a 1 GB single line never sits in memory whole. A single
+bad document or line is skipped and counted; only a source with no usable document at all is an
+error, and it names the file and the key to look at.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import logging
+import platform
+import pydoc_data.topics
+import sysconfig
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from prefect import task
+
+from model.typed_config import InputError, UserError
+from tasks.data.config import DataConfig
+from tasks.data.docs import write_doc
+from tasks.runtime.files import write_json
+from tasks.runtime.outputs import DOCS_FILE, SOURCE_FILE
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK = 1 << 20
+"""Largest piece read at once; with ``data.max_doc_bytes`` it bounds the memory of reading."""
+STDLIB_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages"}
+"""Test suites are code and fixtures, not prose; installed packages are not the standard library."""
+DOCSTRING_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+@dataclass(frozen=True)
+class Doc:
+    id: str
+    text: str
+
+
+@dataclass
+class Skips:
+    """What the source could not turn into a document: counts per reason, and the first few places."""
+
+    counts: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, reason: str, where: str, detail: str = "") -> None:
+        self.counts[reason] += 1
+        if len(self.examples) < 3:
+            self.examples.append(f"{where}: {detail or reason}")
+
+
+# --------------------------------------------------------------------------------------------
+# Bounded reading
+# --------------------------------------------------------------------------------------------
+
+
+def bounded_lines(f: BinaryIO, limit: int) -> Iterator[tuple[bytes, int]]:
+    """(first ``limit`` bytes, full length) of each line, reading at most READ_CHUNK at a time."""
+    while True:
+        kept: list[bytes] = []
+        length = 0
+        while True:
+            part = f.readline(READ_CHUNK)
+            if not part:
+                break
+            if length < limit:
+                kept.append(part[:limit - length])
+            length += len(part)
+            if part.endswith(b"\n"):
+                break
+        if not length:
+            return
+        yield b"".join(kept), length
+
+
+def decode(raw: bytes) -> str:
+    """Undecodable bytes survive as surrogate escapes for the invalid-UTF-8 filter to judge."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+# --------------------------------------------------------------------------------------------
+# Sources
+# --------------------------------------------------------------------------------------------
+
+
+def stdlib_documents(limit: int, skips: Skips) -> Iterator[Doc]:
+    """Docstrings of the standard library's modules, classes and functions, then the help topics
+    of ``pydoc_data`` (what ``help("topic")`` shows): English prose written by people, PSF licence,
+    on every machine with Python; it varies a little between Python versions."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        if STDLIB_SKIP_DIRS.intersection(relative.parts[:-1]):
+            continue
+        module = ".".join(relative.with_suffix("").parts).removesuffix(".__init__")
+        try:
+            tree = ast.parse(path.read_bytes(), filename=str(path))
+        except (SyntaxError, ValueError):
+            skips.add("unparseable", str(path))
+            continue
+        for node in ast.walk(tree):
+            text = ast.get_docstring(node) if isinstance(node, DOCSTRING_NODES) else None
+            if text:
+                name = module if isinstance(node, ast.Module) else f"{module}:{node.name}@{node.lineno}"
+                if _fits(name, text, limit, skips):
+                    yield Doc(name, text)
+    for topic, text in sorted(pydoc_data.topics.topics.items()):
+        if _fits(topic, text, limit, skips):
+            yield Doc(f"pydoc_data.topics:{topic}", text)
+
+
+def _fits(where: str, text: str, limit: int, skips: Skips) -> bool:
+    """For sources that hand over whole strings: is the text within ``data.max_doc_bytes``?"""
+    if len(text.encode("utf-8", "surrogatepass")) <= limit:
+        return True
+    skips.add("oversize", where, "longer than data.max_doc_bytes")
+    return False
+
+
+def text_documents(path: Path, limit: int, skips: Skips) -> Iterator[Doc]:
+    """A folder: one document per ``*.txt`` file. A file: one document per blank-line separated block."""
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        if not files:
+            raise InputError(f"data.path: folder {path} holds no *.txt files")
+        for file in files:
+            if file.stat().st_size > limit:
+                skips.add("oversize", str(file), "longer than data.max_doc_bytes")
+                continue
+            yield Doc(file.relative_to(path).as_posix(), decode(file.read_bytes()))
+        return
+    with open(path, "rb") as f:
+        for first_line, block in _blocks(f, limit):
+            if block is None:
+                skips.add("oversize", f"{path}:{first_line}", "longer than data.max_doc_bytes")
+            else:
+                yield Doc(f"{path.name}:{first_line}", decode(block).strip("\r\n"))
+
+
+def _blocks(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
+    """(first line number, bytes) of each blank-line separated block; None for a block over ``limit``,
+    whose lines are dropped as they stream past."""
+    parts: list[bytes] = []
+    size = first = 0
+    for number, (line, length) in enumerate(bounded_lines(f, limit), start=1):
+        if length == len(line) and not line.strip():
+            if size:
+                yield first, b"".join(parts) if size <= limit else None
+            parts, size = [], 0
+            continue
+        if not size:
+            first = number
+        size += length
+        if size <= limit:
+            parts.append(line)
+        else:
+            parts.clear()
+    if size:
+        yield first, b"".join(parts) if size <= limit else None
+
+
+def jsonl_documents(path: Path, key: str, limit: int, skips: Skips) -> Iterator[Doc]:
+    """The string under ``key`` of each JSON object line; other lines are skipped and counted."""
+    with open(path, "rb") as f:
+        for number, (line, length) in enumerate(bounded_lines(f, limit), start=1):
+            where = f"{path}:{number}"
+            if length > limit:
+                skips.add("oversize", where, "longer than data.max_doc_bytes")
+                continue
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(decode(line))
+            except ValueError:
+                skips.add("bad_json", where, "not JSON")
+                continue
+            text = record.get(key) if isinstance(record, dict) else None
+            if isinstance(text, str):
+                yield Doc(f"{path.name}:{number}", text)
+            else:
+                skips.add("missing_field", where, f"no string field {key!r} (data.jsonl_field)")
+
+
+def hf_documents(cfg: DataConfig, limit: int, skips: Skips) -> Iterator[Doc]:
+    """Stream a Hugging Face dataset (needs network and ``pip install -e '.[hf]'``)."""
+    try:
+        import datasets  # the optional ``hf`` extra
+    except ImportError:
+        raise UserError("data.source: 'hf' needs the optional Hugging Face extra; "
+                        "install it with: pip install -e '.[hf]'") from None
+    stream = datasets.load_dataset(cfg.hf_dataset, cfg.hf_config or None, split=cfg.hf_split,
+                                   streaming=True)
+    for number, record in enumerate(stream):
+        where = f"{cfg.hf_dataset}/{cfg.hf_split}:{number}"
+        text = record.get(cfg.jsonl_field)
+        if not isinstance(text, str):
+            skips.add("missing_field", where, f"no string field {cfg.jsonl_field!r} (data.jsonl_field)")
+        elif _fits(where, text, limit, skips):
+            yield Doc(where, text)
+
+
+def documents(cfg: DataConfig, project: Path, skips: Skips) -> Iterator[Doc]:
+    """The configured source's documents, at most ``data.max_docs`` of them."""
+    limit = cfg.max_doc_bytes
+    if cfg.source == "stdlib_docs":
+        docs = stdlib_documents(limit, skips)
+    elif cfg.source == "hf":
+        docs = hf_documents(cfg, limit, skips)
+    else:
+        path = source_path(cfg, project)
+        docs = text_documents(path, limit, skips) if cfg.source == "text" else \
+            jsonl_documents(path, cfg.jsonl_field, limit, skips)
+    return itertools.islice(docs, cfg.max_docs or None)
+
+
+def source_path(cfg: DataConfig, project: Path) -> Path:
+    path = project / cfg.path
+    if not path.exists():
+        raise InputError(f"data.path: {path} does not exist")
+    return path
+
+
+def origin(cfg: DataConfig) -> str:
+    if cfg.source == "stdlib_docs":
+        return f"Python {platform.python_version()} standard library docstrings and pydoc topics"
+    if cfg.source == "hf":
+        return "/".join(filter(None, (cfg.hf_dataset, cfg.hf_config, cfg.hf_split)))
+    return cfg.path
+
+
+# --------------------------------------------------------------------------------------------
+# The stage
+# --------------------------------------------------------------------------------------------
+
+
+@task(name="read-corpus")
+def read_corpus(cfg: DataConfig, project: Path, out_dir: Path) -> dict[str, int]:
+    """Write the source's documents to ``out_dir/docs.jsonl`` and their provenance to
+    ``out_dir/source.json``; return the counts (documents, bytes, skipped per reason)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    skips = Skips()
+    count = size = 0
+    with open(out_dir / DOCS_FILE, "w", encoding="utf-8") as f:
+        for doc in documents(cfg, project, skips):
+            write_doc(f, {"id": doc.id, "text": doc.text})
+            count += 1
+            size += len(doc.text.encode("utf-8", "surrogatepass"))
+    if not count:
+        where = project / cfg.path if cfg.source in ("text", "jsonl") else origin(cfg)
+        raise InputError(f"{where}: no usable document (data.source={cfg.source!r})"
+                         f"{_skip_summary(skips)}")
+    if skips.counts:
+        log.warning("prepare skipped %s%s", dict(skips.counts), _skip_summary(skips))
+    counts = {"documents": count, "bytes": size, **{f"skipped_{k}": v for k, v in sorted(skips.counts.items())}}
+    write_json(out_dir / SOURCE_FILE, {"source": cfg.source, "origin": origin(cfg),
+                                       "python_version": platform.python_version(), **counts})
+    return counts
+
+
+def _skip_summary(skips: Skips) -> str:
+    if not skips.counts:
+        return ""
+    return f" (skipped {dict(skips.counts)}; e.g. {'; '.join(skips.examples)})"

@@ -1,0 +1,250 @@
+"""Start, stop and inspect the local Prefect and MLflow servers and optuna-dashboard (bound to
+127.0.0.1), prove which checkout a running server belongs to, and point a stage at them
+(:func:`configure_environment`: before ``prefect`` is imported, which reads its settings then).
+
+Both write their stores under the state directory (tasks/runtime/paths.py), run detached from the
+terminal that started them, and log to ``<state>/services/<name>.log``.
+
+Ownership: ``up`` records each server in ``<state>/services/<name>.json`` (pid, process start
+time, port) and starts it with ``SPIKELAB_STATE=<state>`` in its environment. A server *serves
+this checkout* only when that record names a live process with the same start time (not a
+recycled pid) whose environment carries this state directory and whose command line names the
+port, and the port answers. Stages use only such servers; ``down`` stops only such processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.runtime import paths
+
+STATE_ENV = "SPIKELAB_STATE"
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    port: int
+    is_up: Callable[..., bool]
+    """``is_up(timeout=0.5)``: its health check answers 2xx within ``timeout`` seconds."""
+    url: str
+    """The address of its UI."""
+
+
+def answers(url: str, timeout: float = 0.5) -> bool:
+    """True when an HTTP server answers 2xx at ``url`` (a short timeout: called at every stage start)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return 200 <= response.status < 300
+    except OSError:
+        return False
+
+
+def dashboard_up(timeout: float = 0.5) -> bool:
+    return answers(f"{paths.dashboard_url()}/api/meta", timeout)
+
+
+def prefect_up(timeout: float = 0.5) -> bool:
+    return answers(f"{paths.prefect_url()}/health", timeout)
+
+
+def mlflow_up(timeout: float = 0.5) -> bool:
+    return answers(f"{paths.mlflow_url()}/health", timeout)
+
+
+def services() -> list[Service]:
+    s = paths.state()
+    bin_dir = Path(sys.executable).parent
+    return [
+        Service("prefect", [str(bin_dir / "prefect"), "server", "start", "--host", paths.HOST,
+                            "--port", str(paths.prefect_port())],
+                {"PREFECT_HOME": str(s.prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                 # the UI's own calls go to this server's port, not to the default 4200
+                 "PREFECT_SERVER_API_HOST": paths.HOST, "PREFECT_SERVER_API_PORT": str(paths.prefect_port()),
+                 "PREFECT_UI_API_URL": paths.prefect_url()},
+                paths.prefect_port(), prefect_up, paths.prefect_ui_url()),
+        Service("mlflow", [str(bin_dir / "mlflow"), "server", "--host", paths.HOST,
+                           "--port", str(paths.mlflow_port()),
+                           "--backend-store-uri", f"sqlite:///{s.mlflow_db}",
+                           "--default-artifact-root", s.mlflow_artifacts.as_uri(),
+                           "--no-serve-artifacts"],
+                {}, paths.mlflow_port(), mlflow_up, f"{paths.mlflow_url()}/#/?{paths.MLFLOW_TRAINING_VIEW}"),
+        # The search's default storage, the journal file; for a `search.storage` URL run
+        # `optuna-dashboard <url>` on it.
+        Service("dashboard", [str(bin_dir / "optuna-dashboard"), "--host", paths.HOST,
+                              "--port", str(paths.dashboard_port()), "--quiet",
+                              "--storage-class", "JournalFileStorage", str(s.optuna_journal)],
+                {}, paths.dashboard_port(), dashboard_up, paths.dashboard_url()),
+    ]
+
+
+def service(name: str) -> Service:
+    return next(svc for svc in services() if svc.name == name)
+
+
+def _record_file(name: str) -> Path:
+    return paths.state().services / f"{name}.json"
+
+
+def started_process(name: str):
+    """The live process ``up`` started for ``name`` in this state directory, or None (no
+    network: the pid record, the process's start time, environment and command line)."""
+    import psutil
+
+    record_file = _record_file(name)
+    if not record_file.is_file():
+        return None
+    record = json.loads(record_file.read_text())
+    try:
+        proc = psutil.Process(record["pid"])
+        same_process = abs(proc.create_time() - record["create_time"]) < 0.01
+        if not same_process or proc.environ().get(STATE_ENV) != str(paths.state_dir()):
+            return None
+        return proc if str(record["port"]) in proc.cmdline() else None
+    except (psutil.Error, KeyError):
+        return None
+
+
+def serves_this_checkout(name: str, patience: float = 0.0) -> bool:
+    """The server is provably the one started for this state directory and answers on its port
+    (within ``patience`` seconds: one just started may take a while to serve its first requests)."""
+    return started_process(name) is not None and answers_within(service(name), patience)
+
+
+def answers_within(svc: Service, patience: float) -> bool:
+    """``svc`` answers its health check, asking again until ``patience`` seconds have passed."""
+    deadline = time.monotonic() + patience
+    while True:
+        remaining = deadline - time.monotonic()
+        if svc.is_up(timeout=min(max(remaining, 0.5), 5.0)):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+
+
+def listener(port: int) -> str:
+    """Who answers on ``port``, in words (for ``spikelab status``)."""
+    import psutil
+
+    try:
+        for conn in psutil.net_connections("tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+                proc = psutil.Process(conn.pid)
+                state = proc.environ().get(STATE_ENV, "unknown state")
+                return f"pid {conn.pid}, state {state}"
+    except psutil.Error:
+        pass
+    return "an unknown process"
+
+
+def up(timeout: float = 180.0) -> None:
+    """Start whichever server does not serve this checkout; wait until both answer."""
+    import psutil
+
+    paths.state().services.mkdir(parents=True, exist_ok=True)
+    paths.state().mlflow_artifacts.mkdir(parents=True, exist_ok=True)
+    for svc in services():
+        if started_process(svc.name) is not None:
+            print(f"{svc.name}: already started for this checkout ({svc.url})")
+            continue
+        if svc.is_up():
+            raise SystemExit(f"{svc.name}: port {svc.port} is taken by another checkout's server "
+                             f"({listener(svc.port)}); set SPIKELAB_{svc.name.upper()}_PORT to another port")
+        log = open(paths.state().services / f"{svc.name}.log", "ab")  # noqa: SIM115 (the detached server keeps it)
+        env = {**os.environ, **svc.env, STATE_ENV: str(paths.state_dir())}
+        proc = subprocess.Popen(svc.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+        record = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "port": svc.port}
+        _record_file(svc.name).write_text(json.dumps(record))
+    deadline = time.monotonic() + timeout
+    for svc in services():
+        while not svc.is_up():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{svc.name} did not answer within {timeout:.0f} s; "
+                                 f"see {paths.state().services / (svc.name + '.log')}")
+            time.sleep(0.5)
+        print(f"{svc.name}: up at {svc.url}")
+
+
+def down() -> None:
+    """Stop the servers ``up`` started for this state directory (their whole process groups);
+    a server this checkout cannot prove it started is left alone."""
+    for svc in services():
+        proc = started_process(svc.name)
+        if proc is None:
+            if svc.is_up():
+                print(f"{svc.name}: the server on port {svc.port} was not started by this checkout; left running")
+            _record_file(svc.name).unlink(missing_ok=True)
+            continue
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        _record_file(svc.name).unlink(missing_ok=True)
+        print(f"{svc.name}: stopped (pid {proc.pid})")
+
+
+def status() -> dict[str, str]:
+    """Each server in words: ours and up, someone else's, or down."""
+    report = {}
+    for svc in services():
+        own = started_process(svc.name)
+        if own is not None:
+            report[svc.name] = (f"up at {svc.url} (this checkout)" if svc.is_up(timeout=3.0)
+                                else f"started for this checkout (pid {own.pid}) but not answering on port {svc.port}")
+        elif svc.is_up():
+            report[svc.name] = f"port {svc.port} answers but serves another checkout ({listener(svc.port)})"
+        else:
+            report[svc.name] = "down"
+    return report
+
+
+OWN_SERVER_PATIENCE_S = 30.0
+"""How long a stage waits for a server this checkout provably started to answer (just started:
+MLflow's workers take seconds to serve their first requests; or busy) before it falls back to
+the local stores, saying so. A single short probe made whole test sessions log to SQLite."""
+
+
+def configure_environment() -> dict[str, str]:
+    """Point Prefect and MLflow at the servers that serve this checkout, else at the local stores.
+
+    Explicit user settings (``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI``) win. A server that
+    answers but belongs to another checkout is never used (its store is not ours); that is said
+    on stderr. This checkout's own server is waited for (:data:`OWN_SERVER_PATIENCE_S`), not
+    dropped because one health check was slow. Returns what was chosen, for logging.
+    """
+    s = paths.state()
+    os.environ.setdefault("PREFECT_HOME", str(s.prefect_home))
+    for key in ("DO_NOT_TRACK", "MLFLOW_DISABLE_TELEMETRY"):  # no usage telemetry from study runs
+        os.environ.setdefault(key, "true")
+    if "PREFECT_API_URL" not in os.environ and _use_server("prefect"):
+        os.environ["PREFECT_API_URL"] = paths.prefect_url()
+    if "MLFLOW_TRACKING_URI" not in os.environ:
+        use = _use_server("mlflow")
+        os.environ["MLFLOW_TRACKING_URI"] = paths.mlflow_url() if use else f"sqlite:///{s.mlflow_db}"
+    return {"prefect": os.environ.get("PREFECT_API_URL", "temporary server"),
+            "mlflow": os.environ["MLFLOW_TRACKING_URI"]}
+
+
+def _use_server(name: str) -> bool:
+    svc = service(name)
+    own = started_process(name)  # local evidence first: no network round trip for a foreign server
+    if own is not None:
+        if answers_within(svc, OWN_SERVER_PATIENCE_S):
+            return True
+        print(f"spikelab: this checkout's {name} server (pid {own.pid}) did not answer within "
+              f"{OWN_SERVER_PATIENCE_S:.0f} s; using local stores instead", file=sys.stderr)
+    elif svc.is_up():
+        print(f"spikelab: the {name} server on {paths.HOST} answers but does not serve this checkout's state "
+              f"({paths.state_dir()}); using local stores instead", file=sys.stderr)
+    return False

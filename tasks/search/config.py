@@ -1,0 +1,61 @@
+"""The search stage's section of the study config. Its widths against ``model.n_head`` and its
+parametrizations against ``mup.parametrization`` are rules across sections (tasks/config.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from model.config import Parametrization
+from model.typed_config import ConfigError, Section, non_negative, not_empty, positive
+
+
+@dataclass(frozen=True)
+class SearchConfig(Section):
+    parametrizations: list[Parametrization] = field(default_factory=lambda: ["sp", "mup"])
+    """Parametrizations whose LR optimum is compared across widths; must include
+    ``mup.parametrization`` (the one pretrain uses, whose optimum is transferred)."""
+    widths: list[int] = field(default_factory=lambda: [32, 64, 128])
+    """Widths (d_model) swept for each parametrization. Those below ``model.d_model`` are the
+    proxies the LR is transferred from; the target width itself is swept directly (added when
+    missing) to check the transfer."""
+    log2_lr_min: float = -13.0
+    """Smallest LR of the grid, as log2 (for μP: the LR at ``mup.base_width``)."""
+    log2_lr_max: float = -5.0
+    """Largest LR of the grid, as log2."""
+    lr_points: int = 5
+    """LR grid points, evenly spaced in log2 from ``log2_lr_min`` to ``log2_lr_max``; each is
+    trained once per seed (an Optuna trial)."""
+    seeds: list[int] = field(default_factory=lambda: [0, 1])
+    """Seeds of every grid point; the optimum is fitted per seed and its spread is over seeds."""
+    steps: int = 150
+    """Training steps per trial (warmup: ``schedule.warmup_steps``, capped at a fifth of these)."""
+    batch_size: int = 4
+    """Sequences per step in a trial (the other training keys are pretrain's)."""
+    eval_every: int = 50
+    """Steps between the validation losses a trial reports to Optuna's pruner."""
+    prune_above: float = 0.0
+    """Optuna's ThresholdPruner stops a trial whose reported validation loss exceeds this;
+    0 = ln(tokenizer.vocab_size) + 1, a nat worse than a uniform guess, which a trial that is
+    learning, however slowly, does not reach. A threshold depends on the trial alone, so what is
+    pruned does not depend on the worker count."""
+    workers: int = 0
+    """Worker processes on the study storage, each training one trial at a time with one torch
+    thread (0 = the cores this process may use)."""
+    storage: str = ""
+    """Optuna storage: an RDB URL (e.g. ``postgresql://...``, workers across nodes) or
+    ``journal:<path>`` (a JournalStorage file, workers on one node); empty = the journal file
+    under the state directory, ``.spikelab/optuna.journal``."""
+    transfer_lr: bool = True
+    """pretrain trains with the LR this stage transfers (``search/lr.yaml``, a DVC dependency of
+    pretrain) instead of ``optim.lr``."""
+
+    def check(self) -> None:
+        if self.log2_lr_min >= self.log2_lr_max:
+            raise ConfigError(f"search.log2_lr_min: {self.log2_lr_min} must be below "
+                              f"search.log2_lr_max={self.log2_lr_max}")
+        for key in ("lr_points", "steps", "batch_size", "eval_every"):
+            positive(f"search.{key}", getattr(self, key))
+        non_negative("search.prune_above", self.prune_above)
+        non_negative("search.workers", self.workers)
+        for key in ("widths", "seeds", "parametrizations"):
+            not_empty(f"search.{key}", getattr(self, key))

@@ -1,0 +1,362 @@
+"""The spike study: from a pretrain milestone, a clean control and, per injection kind, one branch
+per recovery policy; each spike classified and each policy scored against the control; the PaLM
+replay test; the collapse check. Plain functions over model/spike.py (the flow adds tracking);
+post-mortems and figures: tasks/spike/postmortem.py.
+
+Every branch starts bitwise from one origin: the milestone continued cleanly for
+``spike.warm_steps`` (the detector's warm-up), with the data order of pretraining. Scores compare
+per-step training losses, smoothed over ``recovery.smooth_steps`` because a branch that skipped
+batches sees other batches than the control at the same step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from model.data import TokenLoader, open_split
+from model.identity import run_identity
+from model.spike import (
+    Branch,
+    Injection,
+    Warm,
+    collapse_stats,
+    cpu_copy,
+    injection_callback,
+    make_detector,
+    replay,
+    rollback_target,
+    run_branch,
+    sample,
+    trailing_mean,
+    warm_up,
+)
+from model.telemetry import record_forward_stats, to_floats
+from model.train import Load, Trainer
+from model.typed_config import InputError
+from tasks.config import Config
+from tasks.runtime.files import read_json
+from tasks.runtime.outputs import MANIFEST
+from tasks.spike.config import RecoveryConfig
+
+CAUSES = {
+    "data": "rare-token gradient (a batch of spike-causing poison: {reasons})",
+    "lr": "LR too high (x{magnitude:g} for {duration} steps)",
+    "grad": "gradient blow-up (pre-clip gradients x{magnitude:g} for {duration} steps)",
+    "param": "parameter corruption (block {param_block}'s weight matrices x{magnitude:g})",
+}
+"""Root cause of each injection kind, for the post-mortem."""
+
+
+def study_config(cfg: Config) -> Config:
+    """The config branches run with: checkpoints every ``recovery.checkpoint_every`` steps, enough of
+    them kept for the farthest rollback, no wall-clock saves; the milestones as they are."""
+    r = cfg.recovery
+    keep = (cfg.spike.warm_steps + r.eval_steps) // r.checkpoint_every + 2
+    return cfg.replace(**{"checkpoint.every_steps": r.checkpoint_every, "checkpoint.keep_last": keep,
+                          "checkpoint.every_minutes": 0.0})
+
+
+def window(cfg: Config) -> tuple[int, int]:
+    """(origin, end): the step every branch starts from and the step it runs to."""
+    origin = cfg.spike.at_step + cfg.spike.warm_steps
+    return origin, origin + cfg.recovery.eval_steps
+
+
+# ----------------------------------------------------------------------------------------------
+# Poison
+# ----------------------------------------------------------------------------------------------
+
+
+def poison_batches(project: Path, cfg: Config, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n`` batches of ``model.seq_len + 1``-token windows drawn (seeded by ``train.seed``) from the
+    poison-pool ranges of ``spike.data_reasons`` (never the harmless reasons)."""
+    manifest = read_json(project / MANIFEST)
+    ranges = manifest["splits"]["poison"].get("reasons", {})
+    tokens = open_split(project / MANIFEST, "poison")
+    span, batch = cfg.model.seq_len + 1, cfg.train.batch_size
+    windows = [tokens[r["offset"] + i: r["offset"] + i + span].astype(np.int64)
+               for reason in cfg.spike.data_reasons if (r := ranges.get(reason))
+               for i in range(0, r["tokens"] - span + 1, span)]
+    if not windows:
+        raise InputError(f"{project / MANIFEST}: the poison pool holds no window of {span} tokens for "
+                         f"spike.data_reasons={cfg.spike.data_reasons}")
+    rng = np.random.default_rng(cfg.train.seed)
+    out = []
+    for _ in range(n):
+        chunk = torch.from_numpy(np.stack([windows[i] for i in rng.integers(0, len(windows), batch)]))
+        out.append((chunk[:, :-1], chunk[:, 1:]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Classification and scores
+# ----------------------------------------------------------------------------------------------
+
+
+class Classification(NamedTuple):
+    type: int                      # 1 recoverable, 2 lingering, 3 divergent
+    steps_to_recover: int | None   # steps after the injection until back within ε for good
+    final_gap: float               # smoothed relative gap to the control at the end
+    why: str
+
+
+def classify(branch: Sequence[float], control: Sequence[float], epsilon: float, within: int,
+             smooth: int) -> Classification:
+    """The spike type of a branch's per-step losses against the control's over the same steps
+    (index 0: the first injected step); seed 004's three trajectories, with ε and W from
+    ``recovery.recover_epsilon`` and ``recovery.recover_steps``:
+
+      3 divergent    a non-finite loss, or the gap above ε at the end and still widening (the
+                     last ``smooth`` steps' gap above the ``smooth`` before by more than ε)
+      1 recoverable  back within ε of the control (smoothed, relative) at most W steps after
+                     the injection, and within it from then on
+      2 lingering    otherwise: back later than W, or settled more than ε above the control
+
+    A branch with no step in the window (a policy that gave up before it) counts as divergent.
+    """
+    b, c = np.asarray(branch, dtype=float), np.asarray(control, dtype=float)[:len(branch)]
+    if not len(b):
+        return Classification(3, None, float("nan"), "no step in the window: the run gave up before it")
+    if not np.isfinite(b).all():
+        return Classification(3, None, float("nan"), "non-finite loss")
+    gap = trailing_mean(b, smooth) / trailing_mean(c, smooth) - 1.0
+    final = float(gap[-1])
+    above = np.flatnonzero(gap > epsilon)
+    back = 0 if not len(above) else int(above[-1]) + 1
+    back_at = back if back < len(gap) else None
+    late, before = gap[-smooth:].mean(), gap[-2 * smooth:-smooth].mean() if len(gap) >= 2 * smooth else gap[0]
+    if final > epsilon and late > before + epsilon:
+        return Classification(3, None, final, f"gap {final:+.1%} at the end and still widening")
+    if back_at is not None and back_at <= within:
+        return Classification(1, back_at, final, f"back within {epsilon:.0%} of the control after {back_at} steps")
+    if back_at is not None:
+        return Classification(2, back_at, final, f"back within {epsilon:.0%} only after {back_at} steps (> {within})")
+    return Classification(2, None, final, f"settled {final:+.1%} from the control (> {epsilon:.0%})")
+
+
+def aligned_losses(branch: Branch, control: Branch) -> tuple[list[float], list[float]]:
+    """Losses of the steps both ran, in step order (a branch that gave up ends early)."""
+    mine = {r["step"]: r["loss"] for r in branch.rows}
+    steps = [r["step"] for r in control.rows if r["step"] in mine]
+    theirs = {r["step"]: r["loss"] for r in control.rows}
+    return [mine[s] for s in steps], [theirs[s] for s in steps]
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """What one step costs, measured on the control: for tokens, FLOPs and dollars wasted."""
+
+    seconds_per_step: float
+    tokens_per_step: int
+    flops_per_token: float
+    gpu_hour_usd: float
+
+
+def score(branch: Branch, control: Branch, injection: Injection, r: RecoveryConfig, costs: Costs) -> dict[str, Any]:
+    """A policy's scores against the control (seed 004's incident cost included)."""
+    losses, control_losses = aligned_losses(branch, control)
+    kind = classify(losses, control_losses, r.recover_epsilon, r.recover_steps, r.smooth_steps)
+    smooth_control = trailing_mean(np.asarray(control_losses), r.smooth_steps)
+    peak = max(losses[i] / smooth_control[i] for i in range(len(losses))) if losses else float("nan")
+    rerun = branch.steps_run - control.steps_run
+    vetoed = sum(1 for row in branch.rows if row["skipped"])
+    spent = kind.steps_to_recover if kind.type == 1 else r.eval_steps  # steps off the control's track
+    wasted = max(0, rerun) + vetoed + spent
+    detected = [d for d in branch.detections if d >= injection.start]
+    return {
+        "type": kind.type, "why": kind.why, "steps_to_recover": kind.steps_to_recover,
+        "peak_ratio": peak, "peak_loss": max(losses) if losses else float("nan"),
+        "grad_norm_peak": max((row["grad_norm"] for row in branch.rows), default=float("nan")),
+        "final_loss": float(np.mean(losses[-r.smooth_steps:])) if losses else float("nan"),
+        "final_gap": kind.final_gap,
+        "val_loss": branch.val_loss,
+        "val_gap": (branch.val_loss - control.val_loss) if branch.val_loss is not None else None,
+        "detected_at": detected[0] if detected else None,
+        "latency": detected[0] - injection.start if detected else None,
+        "status": branch.status, "stop_reason": branch.stop_reason,
+        "steps_run": branch.steps_run, "rerun_steps": rerun, "vetoed_steps": vetoed,
+        "wasted_steps": wasted, "wasted_tokens": wasted * costs.tokens_per_step,
+        "wasted_flops": wasted * costs.tokens_per_step * costs.flops_per_token,
+        "cost_usd": wasted * costs.seconds_per_step * costs.gpu_hour_usd / 3600,
+        "actions": branch.actions, "segments": branch.segments,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# The study
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Study:
+    """Everything the stage computed; the flow tracks it and writes the reports from it."""
+
+    cfg: Config
+    origin_step: int
+    end_step: int
+    warm: Warm
+    control: Branch
+    branches: dict[str, dict[str, Branch]]       # kind -> policy -> branch
+    injections: dict[str, Injection]
+    scores: dict[str, dict[str, dict[str, Any]]]  # kind -> policy -> scores
+    replays: dict[str, dict[str, Any]]
+    spike_stats: dict[str, dict[str, dict[str, float]]]  # kind -> {pre_spike, at_spike} layer stats
+    collapse_before: dict[str, float]
+    false_positives: list[int]
+    costs: Costs
+    identities: dict[str, str]                    # branch name -> run identity
+    cpu_seconds: float = 0.0
+
+    def branch_name(self, kind: str | None, policy: str) -> str:
+        return "control" if kind is None else f"{kind}/{policy}"
+
+
+class StudyRun:
+    """The inputs of one study and a factory of trainers for its branches."""
+
+    def __init__(self, cfg: Config, project: Path, milestone: Path, run_dir: Path):
+        self.cfg, self.project, self.milestone, self.run_dir = study_config(cfg), project, milestone, run_dir
+        manifest = read_json(project / MANIFEST)
+        self.data = {s: manifest["splits"][s]["sha256"] for s in ("train", "val", "poison")}
+        self.eot = manifest["eot_id"]
+        self.train, self.val = (open_split(project / MANIFEST, s) for s in ("train", "val"))
+        self.parent = torch.load(milestone, map_location="cpu", weights_only=True)["identity"]
+
+    def identity(self, extra: dict[str, Any]) -> str:
+        return run_identity(self.cfg, self.data, self.parent, {"study": "spike", **extra}).digest
+
+    def maker(self, identity: str):
+        return lambda callbacks, directory: Trainer(self.cfg, self.train, self.val, callbacks, directory, identity)
+
+    def prompts(self) -> torch.Tensor:
+        n = self.cfg.spike.sample_prompts
+        span = self.cfg.model.seq_len + 1
+        return torch.from_numpy(np.stack([self.val[i * span: i * span + 8].astype(np.int64) for i in range(n)]))
+
+    def collapse(self, model) -> dict[str, float]:
+        if self.cfg.spike.sample_prompts == 0:
+            return {}
+        return collapse_stats(sample(model, self.prompts(), self.cfg.spike.sample_tokens), self.eot)
+
+
+def layer_stats(model, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
+    """Activation L2 and attention entropy per block (and the logit stats) on one batch."""
+    with torch.no_grad(), record_forward_stats(model) as stats:
+        model(*batch)
+    return to_floats(stats)
+
+
+def run_study(cfg: Config, project: Path, milestone: Path, run_dir: Path) -> Study:
+    """The whole study; ``run_dir`` holds its checkpoints (scratch, rebuilt on a rerun)."""
+    cpu0 = time.process_time()
+    study = StudyRun(cfg, project, milestone, run_dir)
+    cfg, r = study.cfg, study.cfg.recovery
+    origin_step, end = window(cfg)
+    warm = warm_up(study.maker(study.identity({"branch": "warm"})), milestone, origin_step, cfg.spike,
+                   run_dir / "warm")
+    origin = warm.origin
+    position = int(origin[1]["loader"]["batches_served"])
+    identities = {"control": study.identity({"branch": "control"})}
+    started = time.perf_counter()
+    control = run_branch(study.maker(identities["control"]), origin, end, "continue", r, cfg.spike,
+                         probe=lambda t: {"collapse": study.collapse(t.model)})
+    probe_trainer = study.maker(identities["control"])([], None)
+    probe_trainer.load(cpu_copy(origin[1]), origin[0], Load())
+    collapse_before = study.collapse(probe_trainer.model)
+    costs = Costs((time.perf_counter() - started) / max(1, control.steps_run),
+                  probe_trainer.tokens_per_step, float(probe_trainer.flops_per_token), cfg.spike.gpu_hour_usd)
+    poison = poison_batches(project, cfg, cfg.spike.duration) if "data" in cfg.spike.kinds else []
+    branches, injections, scores, replays, stats = {}, {}, {}, {}, {}
+    for kind in cfg.spike.kinds:
+        injection = Injection.from_config(kind, cfg.spike, origin_step, position)
+        injections[kind], branches[kind], scores[kind] = injection, {}, {}
+        for policy in r.policies:
+            name = f"{kind}/{policy}"
+            identities[name] = study.identity({"injection": injection.spec(), "policy": policy})
+            branch = run_branch(study.maker(identities[name]), origin, end, policy, r, cfg.spike, injection,
+                                poison, warm.timeline, run_dir / kind / policy,
+                                probe=lambda t: {"collapse": study.collapse(t.model)})
+            branches[kind][policy] = branch
+            scores[kind][policy] = {**score(branch, control, injection, r, costs),
+                                    "collapse": branch.probe.get("collapse", {})}
+        observed = branches[kind].get("continue") or next(iter(branches[kind].values()))
+        replays[kind], stats[kind] = examine(study, warm, origin, injection, poison, observed)
+    return Study(cfg, origin_step, end, warm, control, branches, injections, scores, replays, stats,
+                 collapse_before, warm.alarms + control.detections, costs, identities,
+                 time.process_time() - cpu0)
+
+
+def offending_steps(branch: Branch, injection: Injection) -> list[int]:
+    """The steps whose batches led to the spike: from the injection to the first detection."""
+    detected = [d for d in branch.detections if d >= injection.start]
+    last = detected[0] if detected else injection.start + injection.duration - 1
+    return list(range(injection.start, last + 1))
+
+
+def examine(study: StudyRun, warm: Warm, origin, injection: Injection, poison, observed: Branch):
+    """The replay test and the layer statistics at the spike, for one injection."""
+    cfg = study.cfg
+    steps = offending_steps(observed, injection)
+    batches = [observed.batches[s] for s in steps if s in observed.batches]
+    target, path = rollback_target(warm.timeline, injection.start, cfg.recovery.rollback_steps)
+    start = (path, torch.load(path, map_location="cpu", weights_only=True))
+    baseline = origin[1]["callbacks"][make_detector(cfg.spike).name]
+    result = replay(study.maker(study.identity({"branch": "replay", "injection": injection.spec()})), start,
+                    baseline, batches, cfg.spike)
+    result["steps"] = steps
+    result["positions"] = [injection.position + (s - injection.start) * cfg.train.grad_accum for s in steps]
+    # The model that met the spiking batch (origin run up to the step before it, injected), on
+    # that batch, against the origin model on the clean batch the control trained on there.
+    trainer = study.maker("probe")([injection_callback(injection, poison)], None)
+    trainer.load(cpu_copy(origin[1]), origin[0], Load())
+    if steps[-1] - 1 > trainer.step:
+        trainer.run(until=steps[-1] - 1)
+    clean = TokenLoader(study.train, cfg.model.seq_len, cfg.train.batch_size, cfg.train.seed)
+    clean.load_state_dict({"batches_served": result["positions"][-1], "seed": cfg.train.seed})
+    pre = study.maker("probe")([], None)
+    pre.load(cpu_copy(origin[1]), origin[0], Load())
+    stats = {"pre_spike": layer_stats(pre.model, clean.next_batch()),
+             "at_spike": layer_stats(trainer.model, batches[-1])} if batches else {}
+    return result, stats
+
+
+def symptoms(study: Study, kind: str) -> dict[str, Any]:
+    """What the spike looked like with nobody intervening (the ``continue`` branch, else the first)."""
+    r, injection = study.cfg.recovery, study.injections[kind]
+    policy = "continue" if "continue" in study.branches[kind] else next(iter(study.branches[kind]))
+    rows = study.branches[kind][policy].rows
+    after = [row for row in rows if row["step"] >= injection.start]
+    before = [row["loss"] for row in study.warm.rows][-r.smooth_steps:]
+    peak = max(after, key=lambda row: row["loss"])
+    grad_peak = max(after, key=lambda row: row["grad_norm"])
+    smoothed = trailing_mean(np.array([row["loss"] for row in after]), r.smooth_steps)
+    later = min(r.recover_steps, len(after) - 1)
+    return {"observed_policy": policy, "pre_spike_loss": float(np.mean(before)),
+            "peak_loss": peak["loss"], "peak_step": peak["step"],
+            "recovery_loss": float(smoothed[later]), "recovery_step": after[later]["step"],
+            "grad_norm_peak": grad_peak["grad_norm"], "grad_norm_peak_step": grad_peak["step"]}
+
+
+def summary_metrics(study: Study) -> dict[str, Any]:
+    """``metrics/spike.json``: per injection and policy, the scores without the action log."""
+    control_losses = [r["loss"] for r in study.control.rows]
+    out: dict[str, Any] = {
+        "origin_step": study.origin_step, "end_step": study.end_step,
+        "false_positives": len(study.false_positives), "false_positive_steps": study.false_positives,
+        "seconds_per_step": study.costs.seconds_per_step, "cpu_seconds": study.cpu_seconds,
+        "control": {"final_loss": float(np.mean(control_losses[-study.cfg.recovery.smooth_steps:])),
+                    "val_loss": study.control.val_loss},
+        "collapse_before": study.collapse_before,
+    }
+    for kind, by_policy in study.scores.items():
+        out[kind] = {"replay_spiked": study.replays[kind]["spiked"], "symptoms": symptoms(study, kind),
+                     **{p: {k: v for k, v in s.items() if k not in ("actions", "why")} for p, s in by_policy.items()}}
+    return json.loads(json.dumps(out, default=str))
