@@ -60,8 +60,15 @@ def run_stages(cfg: Config, project: Path) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as work:
         started = time.perf_counter()
         counts = screen_documents.fn(cfg.filter, project / RAW_DIR, project / POISON_DIR, Path(work))
-        drop_perplexity_outliers.fn(cfg.filter, counts, project / RAW_DIR, Path(work), project / CLEAN_DIR,
-                                    project / POISON_DIR, project / FILTER_REPORT)
+        drop_perplexity_outliers.fn(
+            cfg.filter,
+            counts,
+            project / RAW_DIR,
+            Path(work),
+            project / CLEAN_DIR,
+            project / POISON_DIR,
+            project / FILTER_REPORT,
+        )
         seconds["filter"] = time.perf_counter() - started
     started = time.perf_counter()
     tokenizer = train_tokenizer.fn(cfg.tokenizer, cfg.data, project / CLEAN_DIR, project / TOKENS_DIR)
@@ -90,9 +97,14 @@ def throughput(cfg: Config) -> dict:
         baseline = bare_tokenizer_seconds(project)
         report = read_json(project / FILTER_REPORT)
     total = sum(seconds.values())
-    return {"corpus_mb": megabytes, "documents": report["documents_in"], "seconds": seconds,
-            "mb_per_s": {**{k: megabytes / v for k, v in seconds.items()}, "pipeline": megabytes / total},
-            "baseline_mb_per_s": megabytes / baseline, "ratio": (megabytes / total) / (megabytes / baseline)}
+    return {
+        "corpus_mb": megabytes,
+        "documents": report["documents_in"],
+        "seconds": seconds,
+        "mb_per_s": {**{k: megabytes / v for k, v in seconds.items()}, "pipeline": megabytes / total},
+        "baseline_mb_per_s": megabytes / baseline,
+        "ratio": (megabytes / total) / (megabytes / baseline),
+    }
 
 
 def write_scaled_corpus(project: Path, path: Path, copies: int) -> None:
@@ -122,21 +134,28 @@ def peak_memory(cfg: Config) -> dict:
             corpus = base / f"corpus_x{copies}.jsonl"
             write_scaled_corpus(base, corpus, copies)
             for dedup in ("on", "off"):
-                child = subprocess.run([sys.executable, __file__, "--child", str(corpus), "--dedup", dedup],
-                                       check=True, capture_output=True, text=True)
+                child = subprocess.run(
+                    [sys.executable, __file__, "--child", str(corpus), "--dedup", dedup],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
                 measured = json.loads(child.stdout.splitlines()[-1])
                 result[f"x{copies}_dedup_{dedup}"] = {"corpus_mb": corpus.stat().st_size / 1e6, **measured}
     for dedup in ("on", "off"):
         one, ten = result[f"x1_dedup_{dedup}"], result[f"x10_dedup_{dedup}"]
-        result[f"dedup_{dedup}"] = {"peak_ratio": ten["peak_rss_mb"] / one["peak_rss_mb"],
-                                    "working_set_ratio": ten["working_set_mb"] / one["working_set_mb"]}
+        result[f"dedup_{dedup}"] = {
+            "peak_ratio": ten["peak_rss_mb"] / one["peak_rss_mb"],
+            "working_set_ratio": ten["working_set_mb"] / one["working_set_mb"],
+        }
     return result
 
 
 def child(corpus: Path, dedup: bool) -> None:
     """One process, three stages on ``corpus``; prints its peak RSS (and above the imports)."""
     cfg = load_config(ROOT / "params.yaml", "default").replace(
-        **{"data.source": "jsonl", "data.path": str(corpus), "filter.dedup": dedup})
+        **{"data.source": "jsonl", "data.path": str(corpus), "filter.dedup": dedup}
+    )
     after_imports = _max_rss_mb()
     with tempfile.TemporaryDirectory() as tmp:
         seconds = run_stages(cfg, Path(tmp))
@@ -171,20 +190,28 @@ def main() -> None:
     result = {"throughput": throughput(cfg), "memory": peak_memory(cfg), "filters": filter_quality(cfg)}
     t, m = result["throughput"], result["memory"]
     print(f"corpus: {t['corpus_mb']:.2f} MB, {t['documents']} documents (stdlib_docs, Python {sys.version.split()[0]})")
-    print("stages (plain task functions, no Prefect/MLflow): " + ", ".join(
-        f"{k} {t['seconds'][k]:.1f} s = {t['mb_per_s'][k]:.2f} MB/s" for k in t["seconds"]))
-    print(f"pipeline {t['mb_per_s']['pipeline']:.3f} MB/s vs bare tokenizer {t['baseline_mb_per_s']:.2f} MB/s "
-          f"(read + encode the same bytes): ratio {t['ratio']:.3f}")
+    print(
+        "stages (plain task functions, no Prefect/MLflow): "
+        + ", ".join(f"{k} {t['seconds'][k]:.1f} s = {t['mb_per_s'][k]:.2f} MB/s" for k in t["seconds"])
+    )
+    print(
+        f"pipeline {t['mb_per_s']['pipeline']:.3f} MB/s vs bare tokenizer {t['baseline_mb_per_s']:.2f} MB/s "
+        f"(read + encode the same bytes): ratio {t['ratio']:.3f}"
+    )
     for dedup in ("on", "off"):
         one, ten, ratio = m[f"x1_dedup_{dedup}"], m[f"x10_dedup_{dedup}"], m[f"dedup_{dedup}"]
-        print(f"peak RSS, dedup {dedup:3s}: {one['peak_rss_mb']:.0f} MB on {one['corpus_mb']:.1f} MB, "
-              f"{ten['peak_rss_mb']:.0f} MB on {ten['corpus_mb']:.1f} MB (10x): ratio {ratio['peak_ratio']:.2f}; "
-              f"above imports {one['working_set_mb']:.0f} -> {ten['working_set_mb']:.0f} MB: "
-              f"ratio {ratio['working_set_ratio']:.2f}")
+        print(
+            f"peak RSS, dedup {dedup:3s}: {one['peak_rss_mb']:.0f} MB on {one['corpus_mb']:.1f} MB, "
+            f"{ten['peak_rss_mb']:.0f} MB on {ten['corpus_mb']:.1f} MB (10x): ratio {ratio['peak_ratio']:.2f}; "
+            f"above imports {one['working_set_mb']:.0f} -> {ten['working_set_mb']:.0f} MB: "
+            f"ratio {ratio['working_set_ratio']:.2f}"
+        )
     print("filters on planted garbage (2000 docstrings + 20 per kind):")
     for name, r in result["filters"].items():
-        print(f"  {name:15s} precision {r['precision']:.3f}  recall {r['recall']:.3f}  "
-              f"(removed {r['removed']}, false positives {r['false_positives']})")
+        print(
+            f"  {name:15s} precision {r['precision']:.3f}  recall {r['recall']:.3f}  "
+            f"(removed {r['removed']}, false positives {r['false_positives']})"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
 

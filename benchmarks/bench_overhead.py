@@ -24,11 +24,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 BARE = "from tasks.config import load_config; load_config('params.yaml')"
-IMPORTS = BARE + """
+IMPORTS = (
+    BARE
+    + """
 from tasks.runtime.startup import imports_without_gc
 with imports_without_gc():
     import prefect, mlflow, tasks.runtime.tracking, tasks.runtime.artifacts, flows.forms
 """
+)
 STAGE = """
 from tasks.config import project_config
 from tasks.runtime.services import configure_environment
@@ -57,12 +60,19 @@ config, services check, imports without the cyclic GC, flow + task, the MLflow s
 its lineage, the Prefect artifact. No torch, like the data stages."""
 HELP = "from flows.__main__ import main; main(['--help'])"
 
+
 def time_process(code: str, env: dict[str, str]) -> tuple[float, float]:
     """Wall seconds and CPU seconds (user + system, the process and what it waited for)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -78,8 +88,11 @@ def median_times(code: str, env: dict[str, str], repeats: int) -> tuple[float, f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--without-services", action="store_true",
-                        help="measure the fallback path even if servers are up (points the stage at closed ports)")
+    parser.add_argument(
+        "--without-services",
+        action="store_true",
+        help="measure the fallback path even if servers are up (points the stage at closed ports)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/overhead.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -93,20 +106,38 @@ def main() -> None:
     servers_up = serves_this_checkout("prefect") and serves_this_checkout("mlflow")
     mode = "services up" if servers_up else "no services (temporary Prefect server, SQLite MLflow)"
     (bare, bare_cpu), (imports, imports_cpu), (stage, stage_cpu), (cli_help, help_cpu) = (
-        median_times(code, env, args.repeats) for code in (BARE, IMPORTS, STAGE, HELP))
+        median_times(code, env, args.repeats) for code in (BARE, IMPORTS, STAGE, HELP)
+    )
     load = os.getloadavg()
-    result = {"mode": mode, "bare_s": bare, "imports_s": imports, "stage_s": stage,
-              "overhead_s": stage - bare, "orchestration_s": stage - imports, "help_s": cli_help,
-              "cpu": {"bare_s": bare_cpu, "imports_s": imports_cpu, "stage_s": stage_cpu,
-                      "overhead_s": stage_cpu - bare_cpu, "orchestration_s": stage_cpu - imports_cpu,
-                      "help_s": help_cpu},
-              "load_average": [round(x, 2) for x in load], "repeats": args.repeats}
-    print(f"{mode}: bare process {bare:.2f} s, with prefect+mlflow imported {imports:.2f} s, empty stage "
-          f"{stage:.2f} s: overhead {stage - bare:.2f} s per stage, of which {stage - imports:.2f} s "
-          f"flow + run beyond the imports; spikelab --help {cli_help:.2f} s (median of {args.repeats})")
-    print(f"  CPU (user+sys): bare {bare_cpu:.2f} s, imports {imports_cpu:.2f} s, empty stage {stage_cpu:.2f} s: "
-          f"overhead {stage_cpu - bare_cpu:.2f} s, of which {stage_cpu - imports_cpu:.2f} s beyond the imports; "
-          f"--help {help_cpu:.2f} s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    result = {
+        "mode": mode,
+        "bare_s": bare,
+        "imports_s": imports,
+        "stage_s": stage,
+        "overhead_s": stage - bare,
+        "orchestration_s": stage - imports,
+        "help_s": cli_help,
+        "cpu": {
+            "bare_s": bare_cpu,
+            "imports_s": imports_cpu,
+            "stage_s": stage_cpu,
+            "overhead_s": stage_cpu - bare_cpu,
+            "orchestration_s": stage_cpu - imports_cpu,
+            "help_s": help_cpu,
+        },
+        "load_average": [round(x, 2) for x in load],
+        "repeats": args.repeats,
+    }
+    print(
+        f"{mode}: bare process {bare:.2f} s, with prefect+mlflow imported {imports:.2f} s, empty stage "
+        f"{stage:.2f} s: overhead {stage - bare:.2f} s per stage, of which {stage - imports:.2f} s "
+        f"flow + run beyond the imports; spikelab --help {cli_help:.2f} s (median of {args.repeats})"
+    )
+    print(
+        f"  CPU (user+sys): bare {bare_cpu:.2f} s, imports {imports_cpu:.2f} s, empty stage {stage_cpu:.2f} s: "
+        f"overhead {stage_cpu - bare_cpu:.2f} s, of which {stage_cpu - imports_cpu:.2f} s beyond the imports; "
+        f"--help {help_cpu:.2f} s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     key = "up" if servers_up else "down"
     existing = json.loads(args.out.read_text()) if args.out.is_file() else {}

@@ -60,14 +60,20 @@ def bench_config(args: argparse.Namespace) -> Config:
     steps, device = args.steps, resolve_device(args.device).type
     # A short run still sees every kind of work: layer stats and a checkpoint mid-run, a final
     # checkpoint, evaluation only at the end (and excluded from the timings).
-    return cfg.replace(**{
-        "train.steps": steps, "train.device": device, "train.eval_every": 0,
-        "train.layer_stats_every": min(cfg.train.layer_stats_every, steps // 2),
-        "train.cpu_threads": args.threads if device == "cpu" else 0,
-        "schedule.warmup_steps": min(cfg.schedule.warmup_steps, steps // 4),
-        "checkpoint.every_steps": steps // 2, "checkpoint.every_minutes": 0.0,
-        "checkpoint.milestones": [], "spike.at_step": 1,
-    })
+    return cfg.replace(
+        **{
+            "train.steps": steps,
+            "train.device": device,
+            "train.eval_every": 0,
+            "train.layer_stats_every": min(cfg.train.layer_stats_every, steps // 2),
+            "train.cpu_threads": args.threads if device == "cpu" else 0,
+            "schedule.warmup_steps": min(cfg.schedule.warmup_steps, steps // 4),
+            "checkpoint.every_steps": steps // 2,
+            "checkpoint.every_minutes": 0.0,
+            "checkpoint.milestones": [],
+            "spike.at_step": 1,
+        }
+    )
 
 
 def random_tokens(cfg: Config, steps: int) -> np.ndarray:
@@ -120,8 +126,12 @@ def run_trainer(cfg: Config, tokens: np.ndarray, warmup: int, extra: list) -> di
         # The study attaches a spike detector to every run: it reads loss and grad norm each step.
         callbacks = [ProgressBar(), CSVLogger(Path(tmp) / "plots"), SpikeDetector(), WindowTimer(window), *extra]
         summary = train(cfg, tokens, tokens, Path(tmp) / "run", callbacks)
-    return {**window.rates(), "checkpoint_time_share": summary["checkpoint_time_share"],
-            "checkpoint_s": summary["checkpoint_s"], "wall_s": summary["wall_s"]}
+    return {
+        **window.rates(),
+        "checkpoint_time_share": summary["checkpoint_time_share"],
+        "checkpoint_s": summary["checkpoint_s"],
+        "wall_s": summary["wall_s"],
+    }
 
 
 def run_bare(cfg: Config, tokens: np.ndarray, warmup: int) -> dict[str, Any]:
@@ -181,20 +191,30 @@ def bench_overhead(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
     for name, samples in runs.items():
         if samples:
             best = max(samples, key=lambda m: m[key])
-            out[name] = {**best, "samples": samples,
-                         "ratio_to_bare": best[key] / max(r[key] for r in runs["bare"]),
-                         "wall_ratio_to_bare": best["tokens_per_s"] / max(r["tokens_per_s"] for r in runs["bare"])}
+            out[name] = {
+                **best,
+                "samples": samples,
+                "ratio_to_bare": best[key] / max(r[key] for r in runs["bare"]),
+                "wall_ratio_to_bare": best["tokens_per_s"] / max(r["tokens_per_s"] for r in runs["bare"]),
+            }
     return out
 
 
 def bench_precision(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
     """CPU ms per train_step (fixed batches, after warm-up) of each precision, best of the repeats."""
-    modes = {"fp32": ("fp32", "never"), "bf16 emulated": ("bf16", "always"), "fp16 emulated": ("fp16", "always"),
-             "bf16 autocast (real)": ("bf16", "never"), "bf16 emulate:auto": ("bf16", "auto")}
+    modes = {
+        "fp32": ("fp32", "never"),
+        "bf16 emulated": ("bf16", "always"),
+        "fp16 emulated": ("fp16", "always"),
+        "bf16 autocast (real)": ("bf16", "never"),
+        "bf16 emulate:auto": ("bf16", "auto"),
+    }
     device = resolve_device(cfg.train.device)
     torch.manual_seed(0)
-    batches = [(torch.randint(0, cfg.tokenizer.vocab_size, (cfg.train.batch_size, cfg.model.seq_len),
-                              device=device),) * 2 for _ in range(cfg.train.grad_accum)]
+    batches = [
+        (torch.randint(0, cfg.tokenizer.vocab_size, (cfg.train.batch_size, cfg.model.seq_len), device=device),) * 2
+        for _ in range(cfg.train.grad_accum)
+    ]
     times: dict[str, list[float]] = {name: [] for name in modes}
     for _ in range(args.repeats):
         for name, (mode, emulate) in modes.items():
@@ -211,42 +231,61 @@ def bench_precision(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
                 module.step(i + 1, batches)
             times[name].append(1e3 * (time.process_time() - start) / n)
     fp32 = min(times["fp32"])
-    return {name: {"ms_per_step": min(t), "ratio_to_fp32": min(t) / fp32, "samples": t}
-            for name, t in times.items()}
+    return {name: {"ms_per_step": min(t), "ratio_to_fp32": min(t) / fp32, "samples": t} for name, t in times.items()}
 
 
 def describe(cfg: Config, device: torch.device) -> dict[str, Any]:
     model = GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size)
     m, t = cfg.model, cfg.train
-    return {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
-            else "cpu", "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "profile": cfg.profile, "precision": resolve_precision(cfg.precision, device.type).describe(),
-            "bf16_auto": resolve_precision(cfg.precision.__class__(mode="bf16"), device.type).describe(),
-            "n_layer": m.n_layer, "d_model": m.d_model, "n_head": m.n_head, "seq_len": m.seq_len,
-            "vocab_size": cfg.tokenizer.vocab_size, "batch_size": t.batch_size, "grad_accum": t.grad_accum,
-            "compile": t.compile, "steps": t.steps, "log_every": t.log_every,
-            "layer_stats_every": t.layer_stats_every, "checkpoint_every_steps": cfg.checkpoint.every_steps,
-            "params": model.num_params(non_embedding=False), "flops_per_token": model_flops_per_token(model),
-            "peak_flops": peak_flops(device)}
+    return {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "profile": cfg.profile,
+        "precision": resolve_precision(cfg.precision, device.type).describe(),
+        "bf16_auto": resolve_precision(cfg.precision.__class__(mode="bf16"), device.type).describe(),
+        "n_layer": m.n_layer,
+        "d_model": m.d_model,
+        "n_head": m.n_head,
+        "seq_len": m.seq_len,
+        "vocab_size": cfg.tokenizer.vocab_size,
+        "batch_size": t.batch_size,
+        "grad_accum": t.grad_accum,
+        "compile": t.compile,
+        "steps": t.steps,
+        "log_every": t.log_every,
+        "layer_stats_every": t.layer_stats_every,
+        "checkpoint_every_steps": cfg.checkpoint.every_steps,
+        "params": model.num_params(non_embedding=False),
+        "flops_per_token": model_flops_per_token(model),
+        "peak_flops": peak_flops(device),
+    }
 
 
 def print_table(result: dict[str, Any]) -> None:
     s = result["setup"]
-    print(f"\nspikelab trainer benchmark: {s['device_name']} ({s['device']}, {s['threads']} thread(s)), "
-          f"torch {s['torch']}, profile {s['profile']}, {s['precision']}")
-    print(f"model {s['n_layer']}x{s['d_model']} (heads {s['n_head']}), seq {s['seq_len']}, batch "
-          f"{s['batch_size']}x{s['grad_accum']}, {s['params'] / 1e6:.2f}M params, "
-          f"{s['flops_per_token'] / 1e6:.1f} MFLOP/token, {s['steps']} steps "
-          f"(log every {s['log_every']}, layer stats every {s['layer_stats_every']}, "
-          f"checkpoint every {s['checkpoint_every_steps']})\n")
+    print(
+        f"\nspikelab trainer benchmark: {s['device_name']} ({s['device']}, {s['threads']} thread(s)), "
+        f"torch {s['torch']}, profile {s['profile']}, {s['precision']}"
+    )
+    print(
+        f"model {s['n_layer']}x{s['d_model']} (heads {s['n_head']}), seq {s['seq_len']}, batch "
+        f"{s['batch_size']}x{s['grad_accum']}, {s['params'] / 1e6:.2f}M params, "
+        f"{s['flops_per_token'] / 1e6:.1f} MFLOP/token, {s['steps']} steps "
+        f"(log every {s['log_every']}, layer stats every {s['layer_stats_every']}, "
+        f"checkpoint every {s['checkpoint_every_steps']})\n"
+    )
     o = result["overhead"]
     basis = "CPU time" if s["device"] == "cpu" else "wall time"
     print(f"(a) overhead{'':<16}{'tokens/s':>10}{'tokens/CPU-s':>14}{'ratio':>8}{'wall ratio':>12}")
     for name in ("bare", "trainer", "trainer+mlflow"):
         if name in o:
             m = o[name]
-            print(f"    {name:<24}{m['tokens_per_s']:>10,.0f}{m['tokens_per_cpu_s']:>14,.0f}"
-                  f"{m['ratio_to_bare']:>8.3f}{m['wall_ratio_to_bare']:>12.3f}")
+            print(
+                f"    {name:<24}{m['tokens_per_s']:>10,.0f}{m['tokens_per_cpu_s']:>14,.0f}"
+                f"{m['ratio_to_bare']:>8.3f}{m['wall_ratio_to_bare']:>12.3f}"
+            )
     print(f"    ratio: trainer (+ spike detector) / bare loop by {basis}")
     if "precision" in result:
         print(f"(b) precision{'':<15}{'CPU ms/step':>12}{'ratio to fp32':>16}")
@@ -254,28 +293,42 @@ def print_table(result: dict[str, Any]) -> None:
             print(f"    {name:<24}{p['ms_per_step']:>12.1f}{p['ratio_to_fp32']:>16.2f}")
         print(f"    emulate:auto chose: {result['setup']['bf16_auto']}")
     t = o["trainer"]
-    print(f"(c) checkpoint share         {100 * t['checkpoint_time_share']:.2f} % of wall "
-          f"({t['checkpoint_s']:.3f} s of {t['wall_s']:.2f} s)")
+    print(
+        f"(c) checkpoint share         {100 * t['checkpoint_time_share']:.2f} % of wall "
+        f"({t['checkpoint_s']:.3f} s of {t['wall_s']:.2f} s)"
+    )
     d = result["mfu"]
     if d["mfu"] is None:
-        print(f"(d) MFU                      n/a (no peak for {s['device_name']}); achieved "
-              f"{d['achieved_flops'] / 1e9:.2f} GFLOP/s")
+        print(
+            f"(d) MFU                      n/a (no peak for {s['device_name']}); achieved "
+            f"{d['achieved_flops'] / 1e9:.2f} GFLOP/s"
+        )
     else:
-        print(f"(d) MFU                      {100 * d['mfu']:.1f} % ({d['achieved_flops'] / 1e12:.1f} of "
-              f"{d['peak_flops'] / 1e12:.0f} TFLOP/s)")
+        print(
+            f"(d) MFU                      {100 * d['mfu']:.1f} % ({d['achieved_flops'] / 1e12:.1f} of "
+            f"{d['peak_flops'] / 1e12:.0f} TFLOP/s)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="auto: cuda when available (default: %(default)s)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="auto: cuda when available (default: %(default)s)",
+    )
     p.add_argument("--profile", default=None, help="config profile in profiles/ (default: params.yaml's)")
     p.add_argument("--steps", type=int, default=30, help="steps per timed run (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=5, help="untimed first steps (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="alternating repeats, best kept (default: %(default)s)")
     p.add_argument("--precision-steps", type=int, default=4, help="timed steps per precision (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="CPU intra-op threads (default: %(default)s; shared cores make more slower)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU intra-op threads (default: %(default)s; shared cores make more slower)",
+    )
     p.add_argument("--mlflow", action="store_true", help="also time the trainer with the MLflow callback")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args(argv)
@@ -291,8 +344,12 @@ def main(argv: list[str] | None = None) -> int:
         result["precision"] = bench_precision(cfg, args)
     tokens_per_s = result["overhead"]["trainer"]["tokens_per_s"]
     flops_per_token = result["setup"]["flops_per_token"]
-    result["mfu"] = {"tokens_per_s": tokens_per_s, "achieved_flops": tokens_per_s * flops_per_token,
-                     "peak_flops": peak_flops(device), "mfu": mfu(tokens_per_s, flops_per_token, peak_flops(device))}
+    result["mfu"] = {
+        "tokens_per_s": tokens_per_s,
+        "achieved_flops": tokens_per_s * flops_per_token,
+        "peak_flops": peak_flops(device),
+        "mfu": mfu(tokens_per_s, flops_per_token, peak_flops(device)),
+    }
     print_table(result)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

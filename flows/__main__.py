@@ -16,9 +16,11 @@ if TYPE_CHECKING:
     from model.stops import RunEnded
 
 USER_ERROR_EXIT = 2
-NEXT_STEP = {"preempted": "a checkpoint was saved; run the same command again to resume",
-             "diverged": "no model was published; see the run's curves for where it went wrong",
-             "stopped": "stopped before train.steps; no model was published"}
+NEXT_STEP = {
+    "preempted": "a checkpoint was saved; run the same command again to resume",
+    "diverged": "no model was published; see the run's curves for where it went wrong",
+    "stopped": "stopped before train.steps; no model was published",
+}
 """What a user does next after a run that did not complete (the one-line message's tail)."""
 
 EXAMPLES = """\
@@ -62,8 +64,11 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
         if crashed:
             mark_stopped(crashed[-1], stop)
         raise
-    print(f"[spikelab] {stage} done in {time.perf_counter() - started:.1f} s "
-          f"(prefect: {where['prefect']}, mlflow: {where['mlflow']})", file=sys.stderr)
+    print(
+        f"[spikelab] {stage} done in {time.perf_counter() - started:.1f} s "
+        f"(prefect: {where['prefect']}, mlflow: {where['mlflow']})",
+        file=sys.stderr,
+    )
 
 
 def mark_stopped(flow_run_id: Any, stop: RunEnded) -> None:
@@ -90,9 +95,14 @@ def run_under_task(flow, params: dict[str, Any], name: str, task_run_id: str) ->
     from prefect.states import Pending
 
     with get_client(sync_client=True) as client:
-        flow_run = client.create_flow_run(flow, name=name, parameters=flow.serialize_parameters(params),
-                                          parent_task_run_id=UUID(task_run_id), state=Pending(),
-                                          tags=["pipeline"])
+        flow_run = client.create_flow_run(
+            flow,
+            name=name,
+            parameters=flow.serialize_parameters(params),
+            parent_task_run_id=UUID(task_run_id),
+            state=Pending(),
+            tags=["pipeline"],
+        )
     run_flow(flow, flow_run=flow_run, parameters=params)
 
 
@@ -101,6 +111,7 @@ def serve() -> None:
 
     services.configure_environment()
     from flows.deployments import serve_all
+
     serve_all()
 
 
@@ -135,13 +146,16 @@ def stage_status() -> list[str]:
     import json
     import subprocess
 
-    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "dvc"), "status", "--json"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "dvc"), "status", "--json"], capture_output=True, text=True
+    )
     if done.returncode:
         return [f"dvc status failed: {(done.stderr or done.stdout).strip()[-200:]}"]
     changed = json.loads(done.stdout or "{}")
-    return [f"{stage:9} {'changed: ' + _changes(changed[stage]) if stage in changed else 'up to date'}"
-            for stage in pipeline_stages()]
+    return [
+        f"{stage:9} {'changed: ' + _changes(changed[stage]) if stage in changed else 'up to date'}"
+        for stage in pipeline_stages()
+    ]
 
 
 def pipeline_stages() -> list[str]:
@@ -160,7 +174,7 @@ def pipeline_stages() -> list[str]:
 def _changes(entries: list) -> str:
     kinds = []
     for entry in entries:
-        for kind, what in (entry.items() if isinstance(entry, dict) else [(entry, {})]):
+        for kind, what in entry.items() if isinstance(entry, dict) else [(entry, {})]:
             kinds.append(f"{kind} ({', '.join(what)})" if isinstance(what, dict) and what else str(kind))
     return "; ".join(kinds)
 
@@ -174,23 +188,37 @@ def newest_runs(limit: int = 5) -> list[str]:
     client = mlflow.MlflowClient()
     experiments = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(experiments, order_by=["attributes.start_time DESC"], max_results=limit)
-    return [f"{time.strftime('%m-%d %H:%M', time.localtime(r.info.start_time / 1000))}  {r.info.status:8} "
-            f"{r.info.run_name}" for r in runs] or ["(none)"]
+    return [
+        f"{time.strftime('%m-%d %H:%M', time.localtime(r.info.start_time / 1000))}  {r.info.status:8} {r.info.run_name}"
+        for r in runs
+    ] or ["(none)"]
 
 
 def parser() -> argparse.ArgumentParser:
     from flows.stages import STAGES
 
-    p = argparse.ArgumentParser(prog="spikelab", description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="spikelab",
+        description=__doc__.split("\n\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser("run", help="run one pipeline stage as a Prefect flow (what dvc.yaml calls)",
-                         description="Run one stage directly. For a cached, versioned run use dvc repro "
-                                     "or dvc exp run -S key=value.")
+    run = sub.add_parser(
+        "run",
+        help="run one pipeline stage as a Prefect flow (what dvc.yaml calls)",
+        description="Run one stage directly. For a cached, versioned run use dvc repro or dvc exp run -S key=value.",
+    )
     run.add_argument("stage", choices=list(STAGES))
     run.add_argument("--profile", default=None, help="profile overlay from profiles/ (default: params.yaml's profile)")
-    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                     help="override one dotted config key for this run, e.g. optim.lr=0.02 (repeatable)")
+    run.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one dotted config key for this run, e.g. optim.lr=0.02 (repeatable)",
+    )
     sub.add_parser("status", help="stages up to date or not, servers and whose they are, newest MLflow runs")
     sub.add_parser("ui", help="print the address of every UI that is up for this checkout")
     sub.add_parser("serve", help="serve the pipeline and each stage as Prefect deployments (forms in the UI)")
@@ -215,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             serve()
         else:
             from tasks.runtime import services
+
             if args.action == "status":
                 for name, report in services.status().items():
                     print(f"{name}: {report}")

@@ -53,12 +53,19 @@ class ArmCrashed(RuntimeError):
     """The arm's process ended without a result (killed, out of memory, an exception)."""
 
 
-def arm_command(arm: Arm, cfg: Config, project: Path, directory: Path,
-                stage_overrides: dict[str, Any]) -> list[str]:
+def arm_command(arm: Arm, cfg: Config, project: Path, directory: Path, stage_overrides: dict[str, Any]) -> list[str]:
     """The command that trains ``arm`` by itself: the stage's own overrides, then the arm's."""
     sets = {**stage_overrides, **overrides(arm, cfg.ablation)}
-    return [sys.executable, "-m", "tasks.ablate.arm", "--profile", cfg.profile, "--out", str(directory.relative_to(project)),
-            *[f"--set={k}={_yaml(v)}" for k, v in sets.items()]]
+    return [
+        sys.executable,
+        "-m",
+        "tasks.ablate.arm",
+        "--profile",
+        cfg.profile,
+        "--out",
+        str(directory.relative_to(project)),
+        *[f"--set={k}={_yaml(v)}" for k, v in sets.items()],
+    ]
 
 
 def shown(command: list[str]) -> str:
@@ -92,8 +99,9 @@ def train_arm(name: str, command: list[str], directory: Path, project: Path) -> 
     logger = get_run_logger()
     directory.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    with subprocess.Popen(command, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, errors="replace") as proc:
+    with subprocess.Popen(
+        command, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as proc:
         tail = []
         for line in proc.stdout:
             line = line.rstrip()
@@ -110,9 +118,14 @@ def train_arm(name: str, command: list[str], directory: Path, project: Path) -> 
 
 def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str) -> str | None:
     """The arm's child run: factors as params, its figures as metrics, its per-step loss."""
-    tags = {"spikelab.arm": row["name"], "spikelab.variant": row["variant"], "spikelab.families": ",".join(row["families"]),
-            "spikelab.run_identity": row["key"], "spikelab.command": shown(row["command"]),
-            "spikelab.cached": str(row["cached"]).lower()}
+    tags = {
+        "spikelab.arm": row["name"],
+        "spikelab.variant": row["variant"],
+        "spikelab.families": ",".join(row["families"]),
+        "spikelab.run_identity": row["key"],
+        "spikelab.command": shown(row["command"]),
+        "spikelab.cached": str(row["cached"]).lower(),
+    }
     with child_run(f"ablate {row['name']}", tags, parent_id=parent_id) as run:
         log_params({**row["factors"], "seed": row["seed"]})
         if result is not None:
@@ -121,7 +134,7 @@ def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str
             curve = [Metric("loss/train", r["loss"], now, r["step"]) for r in result["rows"] if r["loss"] is not None]
             client = mlflow.MlflowClient()
             for i in range(0, len(curve), 900):  # at most 1000 metrics per batch
-                client.log_batch(run.info.run_id, metrics=curve[i:i + 900])
+                client.log_batch(run.info.run_id, metrics=curve[i : i + 900])
     status = row["status"]
     if status in ("diverged", "failed"):
         mlflow.MlflowClient().set_terminated(run.info.run_id, "FAILED")
@@ -137,11 +150,20 @@ def plan(cfg: Config, project: Path, stage_overrides: dict[str, Any]) -> list[di
         key = arm_key(arm_config(cfg, arm), data, code)
         directory = project / ABLATE_ARMS / key
         stored = read_result(directory)
-        rows.append({"name": arm.name(base), "variant": arm.variant(base), "seed": arm.seed,
-                     "families": list(arm.families), "factors": arm.factors, "key": key,
-                     "directory": directory, "command": arm_command(arm, cfg, project, directory, stage_overrides),
-                     "cached": stored is not None and stored.get("key") == key,
-                     "result": stored if stored is not None and stored.get("key") == key else None})
+        rows.append(
+            {
+                "name": arm.name(base),
+                "variant": arm.variant(base),
+                "seed": arm.seed,
+                "families": list(arm.families),
+                "factors": arm.factors,
+                "key": key,
+                "directory": directory,
+                "command": arm_command(arm, cfg, project, directory, stage_overrides),
+                "cached": stored is not None and stored.get("key") == key,
+                "result": stored if stored is not None and stored.get("key") == key else None,
+            }
+        )
     return rows
 
 
@@ -163,9 +185,14 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
             if row["cached"]:
                 row["mlflow"] = track_arm(row, row["result"], run.info.run_id)
         metrics = write_outputs(cfg, project, rows, time.perf_counter() - started)
-        headline = {"arms": len(rows), "trained now": len(todo), "stored (not rerun)": len(rows) - len(todo),
-                    "diverged": metrics["counts"]["diverged"], "failed (crashed after retries)": metrics["counts"]["failed"],
-                    "wall_s": metrics["wall_s"]}
+        headline = {
+            "arms": len(rows),
+            "trained now": len(todo),
+            "stored (not rerun)": len(rows) - len(todo),
+            "diverged": metrics["counts"]["diverged"],
+            "failed (crashed after retries)": metrics["counts"]["failed"],
+            "wall_s": metrics["wall_s"],
+        }
         log_summary({k.split(" ")[0]: v for k, v in headline.items()})
         figures = sorted((project / ABLATE_FIGURES).glob("*.png"))
         mlflow.log_artifact(str(project / ABLATE_METRICS))
@@ -176,8 +203,9 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         logger.warning("arms that failed after %d retries: %s", cfg.ablation.retries, metrics["failed"])
 
 
-def fan_out(cfg: Config, project: Path, rows: list[dict[str, Any]], todo: list[dict[str, Any]], workers: int,
-            parent_id: str) -> None:
+def fan_out(
+    cfg: Config, project: Path, rows: list[dict[str, Any]], todo: list[dict[str, Any]], workers: int, parent_id: str
+) -> None:
     """One task per arm to train, ``workers`` at a time; each arm tracked as it finishes."""
     logger = get_run_logger()
     arm_task = train_arm.with_options(retries=cfg.ablation.retries, retry_delay_seconds=1)
@@ -185,8 +213,12 @@ def fan_out(cfg: Config, project: Path, rows: list[dict[str, Any]], todo: list[d
         futures = {}
         for row in todo:
             named = arm_task.with_options(task_run_name=f"arm {row['name']}")
-            futures[runner.submit(named, {"name": row["name"], "command": row["command"],
-                                          "directory": row["directory"], "project": project})] = row
+            futures[
+                runner.submit(
+                    named,
+                    {"name": row["name"], "command": row["command"], "directory": row["directory"], "project": project},
+                )
+            ] = row
         for future in as_completed(list(futures)):
             row = futures[future]
             try:
@@ -211,16 +243,26 @@ def finalize(row: dict[str, Any], cfg: Config) -> None:
 
 def write_outputs(cfg: Config, project: Path, rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     """metrics/ablate.json and the figures, from every arm (failed ones are listed, not dropped)."""
-    arms = [{k: (str(v) if isinstance(v, Path) else v) for k, v in row.items() if k not in ("result", "directory")}
-            | {"command": shown(row["command"]), "rows": row["result"]["rows"] if row["result"] else []}
-            for row in rows]
+    arms = [
+        {k: (str(v) if isinstance(v, Path) else v) for k, v in row.items() if k not in ("result", "directory")}
+        | {"command": shown(row["command"]), "rows": row["result"]["rows"] if row["result"] else []}
+        for row in rows
+    ]
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("completed", "diverged", "stopped", "failed")}
-    metrics = {"arms": [{k: v for k, v in a.items() if k != "rows"} for a in arms],
-               "variants": variant_table(arms),
-               "counts": counts, "failed": [r["name"] for r in rows if r["status"] == "failed"],
-               "cached": sum(1 for r in rows if r["cached"]), "wall_s": wall_s,
-               "injection": {"kind": cfg.ablation.inject, "step": cfg.ablation.inject_step,
-                             "magnitude": cfg.ablation.inject_magnitude, "duration": cfg.ablation.inject_duration}}
+    metrics = {
+        "arms": [{k: v for k, v in a.items() if k != "rows"} for a in arms],
+        "variants": variant_table(arms),
+        "counts": counts,
+        "failed": [r["name"] for r in rows if r["status"] == "failed"],
+        "cached": sum(1 for r in rows if r["cached"]),
+        "wall_s": wall_s,
+        "injection": {
+            "kind": cfg.ablation.inject,
+            "step": cfg.ablation.inject_step,
+            "magnitude": cfg.ablation.inject_magnitude,
+            "duration": cfg.ablation.inject_duration,
+        },
+    }
     write_json(project / ABLATE_METRICS, metrics)
     family_figures(cfg, arms, project / ABLATE_FIGURES)
     return metrics

@@ -45,11 +45,12 @@ def filter_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
 
     cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "filter") as run:
-        with staged(project / CLEAN_DIR, project / POISON_DIR, project / FILTER_REPORT) as (clean, poison, report), \
-                tempfile.TemporaryDirectory(prefix=".filter-", dir=project / RAW_DIR.parent) as work:
+        with (
+            staged(project / CLEAN_DIR, project / POISON_DIR, project / FILTER_REPORT) as (clean, poison, report),
+            tempfile.TemporaryDirectory(prefix=".filter-", dir=project / RAW_DIR.parent) as work,
+        ):
             counts = screen_documents(cfg.filter, project / RAW_DIR, poison, Path(work))
-            metrics = drop_perplexity_outliers(cfg.filter, counts, project / RAW_DIR, Path(work),
-                                               clean, poison, report)
+            metrics = drop_perplexity_outliers(cfg.filter, counts, project / RAW_DIR, Path(work), clean, poison, report)
         digest = record_outputs(run.info.run_id, project, list(STAGES["filter"].outs), metrics, [FILTER_REPORT])
         publish_summary("filter", run, {**metrics, "dataset digest": digest[:16]})
 

@@ -10,19 +10,31 @@ from prefect import serve
 from flows.pipeline import pipeline_flow
 from flows.stages import STAGES
 
-THROUGH_DVC = ("Runs through DVC (`dvc repro --single-item`, one task per stage, logs live): cached and "
-               "versioned. Form values are written to params.yaml as `dvc exp run -S` would and the run is "
-               "saved as a DVC experiment; a failure puts params.yaml and every output back.")
+THROUGH_DVC = (
+    "Runs through DVC (`dvc repro --single-item`, one task per stage, logs live): cached and "
+    "versioned. Form values are written to params.yaml as `dvc exp run -S` would and the run is "
+    "saved as a DVC experiment; a failure puts params.yaml and every output back."
+)
 
 
 def deployments() -> list:
-    found = [pipeline_flow.to_deployment(
-        name="spikelab-pipeline", parameters={"target": "all"}, tags=["spikelab"],
-        description=f"The whole study: {' -> '.join(STAGES)}. {THROUGH_DVC}")]
-    found += [pipeline_flow.to_deployment(
-        name=f"spikelab-{stage}", parameters={"target": stage}, tags=["spikelab", stage],
-        description=f"The {stage} stage, after the stages it needs when they are stale. {THROUGH_DVC}")
-        for stage in STAGES]
+    found = [
+        pipeline_flow.to_deployment(
+            name="spikelab-pipeline",
+            parameters={"target": "all"},
+            tags=["spikelab"],
+            description=f"The whole study: {' -> '.join(STAGES)}. {THROUGH_DVC}",
+        )
+    ]
+    found += [
+        pipeline_flow.to_deployment(
+            name=f"spikelab-{stage}",
+            parameters={"target": stage},
+            tags=["spikelab", stage],
+            description=f"The {stage} stage, after the stages it needs when they are stale. {THROUGH_DVC}",
+        )
+        for stage in STAGES
+    ]
     return found
 
 

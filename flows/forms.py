@@ -44,8 +44,12 @@ def field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body
     docs = {}
     for node, following in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(following, ast.Expr)
-                and isinstance(following.value, ast.Constant) and isinstance(following.value.value, str)):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
             docs[node.target.id] = " ".join(following.value.value.split()).replace("``", "`")
     return docs
 
@@ -67,10 +71,13 @@ def _section_model(section: str, keys: list[str]) -> type[BaseModel]:
 def _overrides_model() -> type[BaseModel]:
     sections = {section: _section_model(section, keys) for section, keys in FORM_KEYS.items()}
     return create_model(
-        "Overrides", __config__=ConfigDict(extra="forbid"),
+        "Overrides",
+        __config__=ConfigDict(extra="forbid"),
         __doc__="Values that override params.yaml and the profile for this run; empty fields keep them.",
-        **{section: (model, Field(default_factory=model, description=f"The `{section}` keys."))
-           for section, model in sections.items()},
+        **{
+            section: (model, Field(default_factory=model, description=f"The `{section}` keys."))
+            for section, model in sections.items()
+        },
     )
 
 
@@ -86,8 +93,10 @@ def __getattr__(name: str) -> Any:
 
 def dotted(overrides: BaseModel | None, free_form: dict[str, Any] | None = None) -> dict[str, Any]:
     """The form's filled-in fields and the free-form entries as ``{"optim.lr": 0.01, ...}``."""
-    keys = {f"{section}.{key}": value
-            for section, values in (overrides.model_dump() if overrides else {}).items()
-            for key, value in values.items() if value not in (None, KEEP)}
+    keys = {
+        f"{section}.{key}": value
+        for section, values in (overrides.model_dump() if overrides else {}).items()
+        for key, value in values.items()
+        if value not in (None, KEEP)
+    }
     return {**keys, **(free_form or {})}
-

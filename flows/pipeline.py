@@ -71,7 +71,7 @@ def stage_order(stages: dict[str, dict[str, Any]], target: str = "all") -> list[
         if name not in order:
             order.append(name)
 
-    for name in ([target] if target != "all" else stages):
+    for name in [target] if target != "all" else stages:
         visit(name)
     return order
 
@@ -114,9 +114,13 @@ def snapshot_paths(project: Path) -> list[Path]:
     (metrics, curves, figures). Checkpoints are left out: many, large, and guarded by run
     identity (a failed run's checkpoints are never resumed as another run's)."""
     stages = dvc_stages(project)
-    uncached = [next(iter(e)) for spec in stages.values()
-                for kind in ("outs", "metrics", "plots") for e in spec.get(kind, [])
-                if isinstance(e, dict) and next(iter(e.values())).get("cache") is False]
+    uncached = [
+        next(iter(e))
+        for spec in stages.values()
+        for kind in ("outs", "metrics", "plots")
+        for e in spec.get(kind, [])
+        if isinstance(e, dict) and next(iter(e.values())).get("cache") is False
+    ]
     return [project / p for p in ("params.yaml", "dvc.lock", *uncached) if p != str(PRETRAIN_CHECKPOINTS)]
 
 
@@ -157,9 +161,13 @@ class StageFailed(RuntimeError):
 
 def stage_env(mlflow_run_id: str) -> dict[str, str]:
     """What the stages inherit: this pipeline run's ids, for their lineage."""
-    return {**os.environ, "PYTHONUNBUFFERED": "1",
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-            PIPELINE_RUN_ENV: str(FlowRunContext.get().flow_run.id), MLFLOW_PARENT_ENV: mlflow_run_id}
+    return {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        PIPELINE_RUN_ENV: str(FlowRunContext.get().flow_run.id),
+        MLFLOW_PARENT_ENV: mlflow_run_id,
+    }
 
 
 @task(task_run_name="{stage}", name="dvc-repro-stage")
@@ -171,8 +179,9 @@ def repro_stage(stage: str, env: dict[str, str]) -> None:
     command = [dvc_bin(), "repro", "--single-item", stage]
     logger.info("$ %s", " ".join(["dvc", *command[1:]]))
     tail: deque[str] = deque(maxlen=60)
-    with subprocess.Popen(command, cwd=project_dir(), env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+    with subprocess.Popen(
+        command, cwd=project_dir(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    ) as proc:
         for line in proc.stdout:
             line = line.rstrip()
             if line:
@@ -194,8 +203,9 @@ def error_lines(lines: Iterable[str], keep: int = 4) -> list[str]:
 def save_experiment(project: Path, name: str) -> None:
     """Save the workspace as DVC experiment ``name`` (needs git; otherwise say why not)."""
     logger = get_run_logger()
-    done = subprocess.run([dvc_bin(), "exp", "save", "--name", name, "--force"], cwd=project,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [dvc_bin(), "exp", "save", "--name", name, "--force"], cwd=project, capture_output=True, text=True
+    )
     if done.returncode:
         logger.warning("not saved as a DVC experiment: %s", (done.stderr or done.stdout).strip()[-300:])
     else:
@@ -208,8 +218,12 @@ def experiment_name(sets: dict[str, Any]) -> str | None:
 
 
 @flow(name="pipeline", log_prints=True)
-def pipeline_flow(target: Target = "all", profile: ProfileChoice = KEEP, overrides: Overrides = Overrides(),  # noqa: B008 (Prefect builds the form from it)
-                  extra_overrides: dict[str, Any] | None = None) -> None:
+def pipeline_flow(
+    target: Target = "all",
+    profile: ProfileChoice = KEEP,
+    overrides: Overrides = Overrides(),  # noqa: B008 (Prefect builds the form from it)
+    extra_overrides: dict[str, Any] | None = None,
+) -> None:
     """Reproduce the study (or one stage and what it needs) through DVC, one task per stage.
     Form values are written to params.yaml (as `dvc exp run -S`); a failed run leaves params.yaml
     and every output as they were.

@@ -47,9 +47,13 @@ def log_pretrained_model(weights: Path, cfg) -> None:
     net = GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size)
     net.load_state_dict(torch.load(weights, weights_only=True)["model"])
     logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)  # the pickle caveat: our own code, our own store
-    mlflow.pytorch.log_model(net, name="model", serialization_format="pickle",
-                             code_paths=[str(Path(__file__).parents[1] / "model")],
-                             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
+    mlflow.pytorch.log_model(
+        net,
+        name="model",
+        serialization_format="pickle",
+        code_paths=[str(Path(__file__).parents[1] / "model")],
+        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+    )
 
 
 @flow(name="pretrain")

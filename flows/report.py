@@ -58,5 +58,7 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         for path in (REPORT_MD, REPORT_HTML, REPORT_METRICS):
             mlflow.log_artifact(str(project / path))
         publish_summary("report", run, {f.claim: f.verdict for f in findings})
-    print(f"[spikelab] report: {project / REPORT_MD} and {project / REPORT_HTML} "
-          f"({', '.join(f'{n} {v}' for v, n in summary['counts'].items())})")
+    print(
+        f"[spikelab] report: {project / REPORT_MD} and {project / REPORT_HTML} "
+        f"({', '.join(f'{n} {v}' for v, n in summary['counts'].items())})"
+    )

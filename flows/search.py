@@ -43,8 +43,10 @@ def search_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
 def stage_time(wall_start: float, cpu_start: float) -> dict[str, float]:
     """Wall and CPU seconds of the search so far, the workers' CPU included."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"wall_s": time.perf_counter() - wall_start,
-            "cpu_s": time.process_time() - cpu_start + children.ru_utime + children.ru_stime}
+    return {
+        "wall_s": time.perf_counter() - wall_start,
+        "cpu_s": time.process_time() - cpu_start + children.ru_utime + children.ru_stime,
+    }
 
 
 def headline(metrics: dict) -> dict[str, float]:

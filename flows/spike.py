@@ -32,8 +32,10 @@ CURVE = (("loss/train", "loss"), ("train/grad_norm", "grad_norm"), ("train/skipp
 def milestone_file(project: Path, step: int) -> Path:
     path = checkpoint_path(project / PRETRAIN_MILESTONES, step)
     if not path.is_file():
-        raise InputError(f"{path}: missing; run the pretrain stage with spike.at_step={step} among "
-                         f"checkpoint.milestones (dvc repro pretrain)")
+        raise InputError(
+            f"{path}: missing; run the pretrain stage with spike.at_step={step} among "
+            f"checkpoint.milestones (dvc repro pretrain)"
+        )
     return path
 
 
@@ -49,20 +51,30 @@ def track_branch(study: Study, kind: str | None, policy: str) -> str:
     name = study.branch_name(kind, policy)
     branch = study.control if kind is None else study.branches[kind][policy]
     injection = study.injections[kind].spec() if kind else None
-    tags = {"spikelab.branch": name, "spikelab.policy": policy, "spikelab.run_identity": study.identities[name],
-            "spikelab.checkpoint": f"pretrain milestone {study.cfg.spike.at_step}, origin step {study.origin_step}",
-            "spikelab.injection": json.dumps(injection) if injection else "none"}
+    tags = {
+        "spikelab.branch": name,
+        "spikelab.policy": policy,
+        "spikelab.run_identity": study.identities[name],
+        "spikelab.checkpoint": f"pretrain milestone {study.cfg.spike.at_step}, origin step {study.origin_step}",
+        "spikelab.injection": json.dumps(injection) if injection else "none",
+    }
     with child_run(name, tags) as run:
         now = int(time.time() * 1000)
-        curve = [Metric(key, float(row[field]), now, row["step"]) for row in branch.rows
-                 for key, field in CURVE]
+        curve = [Metric(key, float(row[field]), now, row["step"]) for row in branch.rows for key, field in CURVE]
         client = mlflow.MlflowClient()
         for i in range(0, len(curve), 900):  # MLflow takes at most 1000 metrics per batch
-            client.log_batch(run.info.run_id, metrics=curve[i:i + 900])
+            client.log_batch(run.info.run_id, metrics=curve[i : i + 900])
         scores = study.scores[kind][policy] if kind else {"val_loss": branch.val_loss}
         log_summary({k: v for k, v in scores.items() if v is not None})
-        mlflow.log_dict({"actions": branch.actions, "detections": branch.detections,
-                         "status": branch.status, "stop_reason": branch.stop_reason}, "branch.json")
+        mlflow.log_dict(
+            {
+                "actions": branch.actions,
+                "detections": branch.detections,
+                "status": branch.status,
+                "stop_reason": branch.stop_reason,
+            },
+            "branch.json",
+        )
     if branch.status != "completed":  # the branch's own stop kind (gave up: stopped; diverged: FAILED)
         mlflow.MlflowClient().set_terminated(run.info.run_id, MLFLOW_STATUS[branch.status])
     return run_url(run) or f"runs:/{run.info.run_id}"
@@ -94,6 +106,8 @@ def headline(study: Study) -> dict[str, str]:
     for kind, by_policy in study.scores.items():
         out[f"{kind}: replay"] = "spiked (data)" if study.replays[kind]["spiked"] else "no spike (data and state)"
         for policy, s in by_policy.items():
-            out[f"{kind} / {policy}"] = (f"type {s['type']}, peak x{s['peak_ratio']:.2f}, recover "
-                                         f"{s['steps_to_recover']}, gap {s['final_gap']:+.3f}, ${s['cost_usd']:.5f}")
+            out[f"{kind} / {policy}"] = (
+                f"type {s['type']}, peak x{s['peak_ratio']:.2f}, recover "
+                f"{s['steps_to_recover']}, gap {s['final_gap']:+.3f}, ${s['cost_usd']:.5f}"
+            )
     return out

@@ -30,15 +30,28 @@ class Stage:
 PARAMS_STAGE = "params"
 """The first DVC stage: it resolves and checks the config (tasks/params.py) and runs no flow."""
 
-STAGES = {stage.name: stage for stage in (
-    Stage("prepare", "flows.data:prepare_flow", (o.RAW_DIR,)),
-    Stage("filter", "flows.data:filter_flow", (o.CLEAN_DIR, o.POISON_DIR, o.FILTER_REPORT)),
-    Stage("tokenize", "flows.data:tokenize_flow", (o.TOKENS_DIR,)),
-    Stage("search", "flows.search:search_flow", (o.SEARCH_LR, o.SEARCH_METRICS, o.SEARCH_REPORTS)),
-    Stage("pretrain", "flows.pretrain:pretrain_flow", (o.PRETRAIN_CHECKPOINTS, o.PRETRAIN_MODEL, o.PRETRAIN_MILESTONES,
-                                                        o.PRETRAIN_METRICS, o.PRETRAIN_PLOTS, o.PRETRAIN_REPORTS)),
-    Stage("spike", "flows.spike:spike_flow", (o.SPIKE_METRICS, o.SPIKE_FIGURES, o.POSTMORTEMS)),
-    Stage("ablate", "flows.ablate:ablate_flow", (o.ABLATE_ARMS, o.ABLATE_METRICS, o.ABLATE_FIGURES)),
-    Stage("report", "flows.report:report_flow", (o.REPORT_MD, o.REPORT_HTML, o.REPORT_METRICS)),
-)}
+STAGES = {
+    stage.name: stage
+    for stage in (
+        Stage("prepare", "flows.data:prepare_flow", (o.RAW_DIR,)),
+        Stage("filter", "flows.data:filter_flow", (o.CLEAN_DIR, o.POISON_DIR, o.FILTER_REPORT)),
+        Stage("tokenize", "flows.data:tokenize_flow", (o.TOKENS_DIR,)),
+        Stage("search", "flows.search:search_flow", (o.SEARCH_LR, o.SEARCH_METRICS, o.SEARCH_REPORTS)),
+        Stage(
+            "pretrain",
+            "flows.pretrain:pretrain_flow",
+            (
+                o.PRETRAIN_CHECKPOINTS,
+                o.PRETRAIN_MODEL,
+                o.PRETRAIN_MILESTONES,
+                o.PRETRAIN_METRICS,
+                o.PRETRAIN_PLOTS,
+                o.PRETRAIN_REPORTS,
+            ),
+        ),
+        Stage("spike", "flows.spike:spike_flow", (o.SPIKE_METRICS, o.SPIKE_FIGURES, o.POSTMORTEMS)),
+        Stage("ablate", "flows.ablate:ablate_flow", (o.ABLATE_ARMS, o.ABLATE_METRICS, o.ABLATE_FIGURES)),
+        Stage("report", "flows.report:report_flow", (o.REPORT_MD, o.REPORT_HTML, o.REPORT_METRICS)),
+    )
+}
 """Stage name -> stage, in pipeline order. dvc.yaml calls ``spikelab run <name>`` for each."""

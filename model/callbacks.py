@@ -63,15 +63,15 @@ if TYPE_CHECKING:
 class RunInfo:
     """What a callback may want to know about the run when it starts."""
 
-    device: str               # "cpu", "cuda:0"
-    precision: str            # e.g. "bf16 (emulated)", "fp16 (autocast, loss scaling)"
-    start_step: int           # 0, or the step of the checkpoint the run resumed from
+    device: str  # "cpu", "cuda:0"
+    precision: str  # e.g. "bf16 (emulated)", "fp16 (autocast, loss scaling)"
+    start_step: int  # 0, or the step of the checkpoint the run resumed from
     total_steps: int
     tokens_per_step: int
     n_params: int
-    identity: str             # run identity digest (model/identity.py)
+    identity: str  # run identity digest (model/identity.py)
     checkpoint_dir: str | None  # None: the run writes no checkpoints
-    resumed_from: str | None    # checkpoint path, when resumed
+    resumed_from: str | None  # checkpoint path, when resumed
 
 
 def callback_name(cb: Any) -> str:
@@ -188,8 +188,11 @@ class ProgressBar(Callback):
         rate = (step - self.start_step) / (time.perf_counter() - self.t0)
         eta = (self.total - step) / rate if rate > 0 else float("nan")
         val = f" | val {metrics['val/loss']:.4f}" if "val/loss" in metrics else ""
-        print(f"step {step}/{self.total} | loss {loss:.4f}{val} | grad_norm {metrics['train/grad_norm']:.3g}"
-              f" | lr {metrics['train/lr']:.3g} | {tok_s:,.0f} tok/s | eta {_hms(eta)}", flush=True)
+        print(
+            f"step {step}/{self.total} | loss {loss:.4f}{val} | grad_norm {metrics['train/grad_norm']:.3g}"
+            f" | lr {metrics['train/lr']:.3g} | {tok_s:,.0f} tok/s | eta {_hms(eta)}",
+            flush=True,
+        )
 
     def on_train_end(self, summary: dict[str, Any]) -> None:
         if self.bar is not None:
@@ -223,9 +226,13 @@ class Checkpointer(Callback):
 
     def due(self, step: int, stopping: bool) -> bool:
         c = self.cfg
-        return (stopping or step == self.total_steps or step in c.milestones
-                or (c.every_steps > 0 and step % c.every_steps == 0)
-                or (c.every_minutes > 0 and time.monotonic() - self.last_save >= 60 * c.every_minutes))
+        return (
+            stopping
+            or step == self.total_steps
+            or step in c.milestones
+            or (c.every_steps > 0 and step % c.every_steps == 0)
+            or (c.every_minutes > 0 and time.monotonic() - self.last_save >= 60 * c.every_minutes)
+        )
 
     def on_step_end(self, trainer: Trainer) -> None:
         if not self.due(trainer.step, trainer.stopping):
@@ -240,5 +247,5 @@ class Checkpointer(Callback):
 
     def _prune(self) -> None:
         rolling = [p for step, p in list_checkpoints(self.directory) if step not in self.cfg.milestones]
-        for path in rolling[:-self.cfg.keep_last]:
+        for path in rolling[: -self.cfg.keep_last]:
             remove_checkpoint(path)

@@ -95,8 +95,7 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> str:
 
     # Re-saving a step: the old sidecar goes just before the rename, so it never vouches for the
     # new payload, and a failed write leaves the old pair intact.
-    digest = _write_atomically(path, write_payload,
-                               before_replace=lambda: _sidecar(path).unlink(missing_ok=True))
+    digest = _write_atomically(path, write_payload, before_replace=lambda: _sidecar(path).unlink(missing_ok=True))
     _write_atomically(_sidecar(path), lambda f: f.write(f"{digest}  {path.name}\n".encode()))
     return digest
 
@@ -130,8 +129,11 @@ def load_latest(directory: Path, identity: str, before: int | None = None) -> tu
                 raise CheckpointError(f"belongs to run {state.get('identity')!r}, not {identity!r}")
             return path, state
         except CheckpointError as e:
-            print(f"spikelab: checkpoint {path} is unusable: {e}; falling back to the previous one",
-                  file=sys.stderr, flush=True)
+            print(
+                f"spikelab: checkpoint {path} is unusable: {e}; falling back to the previous one",
+                file=sys.stderr,
+                flush=True,
+            )
     return None
 
 
@@ -175,8 +177,9 @@ class RunLock:
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise RunLocked(f"{self.path.parent}: another run is writing here (pid {holder}); "
-                            f"wait for it or stop it first") from None
+            raise RunLocked(
+                f"{self.path.parent}: another run is writing here (pid {holder}); wait for it or stop it first"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.fd = fd
@@ -202,8 +205,12 @@ def capture_rng() -> dict[str, Any]:
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
         "python": {"version": version, "state": list(py_state), "gauss_next": gauss_next},
     }
 
@@ -213,7 +220,8 @@ def restore_rng(state: dict[str, Any]) -> None:
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     p = state["python"]
     random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))

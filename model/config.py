@@ -28,7 +28,7 @@ ScheduleKind = Literal["cosine", "linear", "constant"]
 Device = Literal["auto", "cpu", "cuda"]
 Emulation = Literal["auto", "always", "never"]
 
-FP32_SMALLEST_NORMAL = 2.0 ** -126
+FP32_SMALLEST_NORMAL = 2.0**-126
 """The smallest fp32 number with full precision; ``optim.eps`` must not be below it."""
 
 
@@ -41,8 +41,7 @@ class TokenizerConfig(Section):
 
     def check(self) -> None:
         if self.vocab_size < 257:
-            raise ConfigError(f"tokenizer.vocab_size: must be >= 257 (256 bytes + end-of-text), "
-                              f"got {self.vocab_size}")
+            raise ConfigError(f"tokenizer.vocab_size: must be >= 257 (256 bytes + end-of-text), got {self.vocab_size}")
 
 
 @dataclass(frozen=True)
@@ -247,10 +246,15 @@ def _check_eps(eps: float) -> None:
     if eps >= FP32_SMALLEST_NORMAL:
         return
     in_fp32 = struct.unpack("f", struct.pack("f", eps))[0]
-    why = ("rounds to 0.0 there, so √v + ε is 0 where v is and the step is NaN" if in_fp32 == 0 else
-           f"is subnormal there ({in_fp32!r}: few bits, and 0 wherever flush-to-zero is on)")
-    raise ConfigError(f"optim.eps: {eps!r} underflows in fp32, the dtype of the parameters and Adam "
-                      f"state: it {why}; use at least {FP32_SMALLEST_NORMAL:.3g}")
+    why = (
+        "rounds to 0.0 there, so √v + ε is 0 where v is and the step is NaN"
+        if in_fp32 == 0
+        else f"is subnormal there ({in_fp32!r}: few bits, and 0 wherever flush-to-zero is on)"
+    )
+    raise ConfigError(
+        f"optim.eps: {eps!r} underflows in fp32, the dtype of the parameters and Adam "
+        f"state: it {why}; use at least {FP32_SMALLEST_NORMAL:.3g}"
+    )
 
 
 @dataclass(frozen=True)
@@ -268,15 +272,19 @@ class TrainingConfig(SectionedConfig):
 
     def check_across(self) -> None:
         if self.mup.parametrization == "mup" and self.model.tie_embeddings:
-            raise ConfigError("model.tie_embeddings: must be false with mup.parametrization=mup "
-                              "(μP scales the readout apart from the embedding)")
+            raise ConfigError(
+                "model.tie_embeddings: must be false with mup.parametrization=mup "
+                "(μP scales the readout apart from the embedding)"
+            )
         if self.schedule.warmup_steps > self.train.steps:
-            raise ConfigError(f"schedule.warmup_steps: {self.schedule.warmup_steps} exceeds "
-                              f"train.steps={self.train.steps}")
+            raise ConfigError(
+                f"schedule.warmup_steps: {self.schedule.warmup_steps} exceeds train.steps={self.train.steps}"
+            )
 
 
-def load_config(params: str | Path = "params.yaml", profile: str | None = None,
-                overrides: dict[str, Any] | None = None) -> TrainingConfig:
+def load_config(
+    params: str | Path = "params.yaml", profile: str | None = None, overrides: dict[str, Any] | None = None
+) -> TrainingConfig:
     """The training sections of ``params`` under a profile, with ``overrides`` on top; the file's
     other sections (the study's) are not read. Precedence: model/typed_config.py: resolve."""
     return resolve(TrainingConfig, params, profile, overrides, own_sections_only=True).config
@@ -290,5 +298,6 @@ def check_device(name: str) -> None:
 
         if not torch.cuda.is_available():
             why = "a CPU-only build" if torch.version.cuda is None else "no CUDA device visible"
-            raise ConfigError(f"train.device: 'cuda' is not available here (torch {torch.__version__}, "
-                              f"{why}); use 'auto' or 'cpu'")
+            raise ConfigError(
+                f"train.device: 'cuda' is not available here (torch {torch.__version__}, {why}); use 'auto' or 'cpu'"
+            )

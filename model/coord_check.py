@@ -24,12 +24,15 @@ def activations(model: GPT, x: torch.Tensor) -> dict[str, torch.Tensor]:
     def keep(name):
         return lambda _module, _inputs, output: out.__setitem__(name, output.detach())
 
-    hooks = [model.blocks[0].register_forward_pre_hook(
-        lambda _module, inputs: out.__setitem__("embed", inputs[0].detach()))]
+    hooks = [
+        model.blocks[0].register_forward_pre_hook(lambda _module, inputs: out.__setitem__("embed", inputs[0].detach()))
+    ]
     for i, block in enumerate(model.blocks):
-        hooks += [block.attn.register_forward_hook(keep(f"block{i}.attn")),
-                  block.mlp.register_forward_hook(keep(f"block{i}.mlp")),
-                  block.register_forward_hook(keep(f"block{i}"))]
+        hooks += [
+            block.attn.register_forward_hook(keep(f"block{i}.attn")),
+            block.mlp.register_forward_hook(keep(f"block{i}.mlp")),
+            block.register_forward_hook(keep(f"block{i}")),
+        ]
     try:
         with torch.no_grad():
             out["logits"], _, _ = model(x)
@@ -39,9 +42,20 @@ def activations(model: GPT, x: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
-def coord_check(parametrization: str, widths: Sequence[int], steps: int, lr: float, *,
-                base_width: int, n_layer: int = 2, n_head: int = 4, seq_len: int = 16,
-                batch: int = 8, vocab: int = 128, seed: int = 0) -> dict[str, list[float]]:
+def coord_check(
+    parametrization: str,
+    widths: Sequence[int],
+    steps: int,
+    lr: float,
+    *,
+    base_width: int,
+    n_layer: int = 2,
+    n_head: int = 4,
+    seq_len: int = 16,
+    batch: int = 8,
+    vocab: int = 128,
+    seed: int = 0,
+) -> dict[str, list[float]]:
     """Mean |activation| per layer after ``steps`` AdamW steps at constant ``lr``, one value per width.
 
     Returns ``{layer: [value per width]}`` with layers ``embed``, ``block{i}.attn``,

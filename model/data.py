@@ -43,7 +43,7 @@ class Windows(Dataset):
         return len(self.tokens) // self.span
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = torch.from_numpy(self.tokens[i * self.span:(i + 1) * self.span].astype(np.int64))
+        chunk = torch.from_numpy(self.tokens[i * self.span : (i + 1) * self.span].astype(np.int64))
         return chunk[:-1], chunk[1:]
 
 
@@ -62,7 +62,7 @@ class ResumableSampler(Sampler[list[int]]):
         while True:
             epoch, b = divmod(k, self.per_epoch)
             order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
-            yield order[b * self.batch_size:(b + 1) * self.batch_size].tolist()
+            yield order[b * self.batch_size : (b + 1) * self.batch_size].tolist()
             k += 1
 
     def __len__(self) -> int:  # infinite stream; DataLoader only needs a number for its repr
@@ -72,8 +72,15 @@ class ResumableSampler(Sampler[list[int]]):
 class TokenLoader:
     """The trainer's view of the data: ``next_batch()`` and a checkpointable position."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int,
-                 num_workers: int = 0, pin_memory: bool = False):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+    ):
         self.windows = Windows(tokens, seq_len)
         self.batch_size, self.seed = batch_size, seed
         self.num_workers, self.pin_memory = num_workers, pin_memory
@@ -84,9 +91,15 @@ class TokenLoader:
         """(x, y), each (B, T) int64."""
         if self._it is None:
             sampler = ResumableSampler(len(self.windows), self.batch_size, self.seed, self.batches_served)
-            self._it = iter(DataLoader(self.windows, batch_sampler=sampler, num_workers=self.num_workers,
-                                       pin_memory=self.pin_memory,
-                                       persistent_workers=self.num_workers > 0))
+            self._it = iter(
+                DataLoader(
+                    self.windows,
+                    batch_sampler=sampler,
+                    num_workers=self.num_workers,
+                    pin_memory=self.pin_memory,
+                    persistent_workers=self.num_workers > 0,
+                )
+            )
         self.batches_served += 1
         return next(self._it)
 

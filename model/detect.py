@@ -32,20 +32,26 @@ class SpikeDetector(Callback):
 
     order = 30
 
-    def __init__(self, window: int = 128, warmup: int = 64, zscore: float = 6.0, ratio: float = 10.0,
-                 name: str = "spike_detector"):
+    def __init__(
+        self,
+        window: int = 128,
+        warmup: int = 64,
+        zscore: float = 6.0,
+        ratio: float = 10.0,
+        name: str = "spike_detector",
+    ):
         if not 2 <= warmup <= window:
             raise ValueError(f"spike detector: need 2 <= warmup ({warmup}) <= window ({window})")
         self.window, self.warmup, self.z, self.ratio, self.name = window, warmup, zscore, ratio, name
         self.history: torch.Tensor | None = None  # (2, window): loss, grad norm; NaN = empty slot
-        self.now: torch.Tensor | None = None      # bool scalar: this step is flagged
+        self.now: torch.Tensor | None = None  # bool scalar: this step is flagged
         self.flags: list[tuple[int, torch.Tensor]] = []  # (step, flag) of this run, read after it
 
     def _init_state(self, device: torch.device) -> None:
         self.history = torch.full((2, self.window), float("nan"), device=device)
         self.cursor = torch.zeros((), dtype=torch.long, device=device)
-        self.first = torch.full((), -1, dtype=torch.long, device=device)   # step of the first detection
-        self.last = torch.full((), -1, dtype=torch.long, device=device)    # step of the newest one
+        self.first = torch.full((), -1, dtype=torch.long, device=device)  # step of the first detection
+        self.last = torch.full((), -1, dtype=torch.long, device=device)  # step of the newest one
         self.counts = torch.zeros(len(RULES), dtype=torch.long, device=device)
 
     @torch.no_grad()
@@ -87,8 +93,11 @@ class SpikeDetector(Callback):
         if self.history is None:
             return {"first": None, "last": None, **{r: 0 for r in RULES}}
         first, last = int(self.first), int(self.last)
-        return {"first": first if first >= 0 else None, "last": last if last >= 0 else None,
-                **dict(zip(RULES, self.counts.tolist()))}
+        return {
+            "first": first if first >= 0 else None,
+            "last": last if last >= 0 else None,
+            **dict(zip(RULES, self.counts.tolist())),
+        }
 
     def flagged_steps(self) -> list[int]:
         """Every step this run flagged (not those of the checkpoint it started from)."""
@@ -100,8 +109,13 @@ class SpikeDetector(Callback):
     def state_dict(self) -> dict[str, Any]:
         if self.history is None:
             return {}
-        return {"history": self.history, "cursor": self.cursor, "first": self.first, "last": self.last,
-                "counts": self.counts}
+        return {
+            "history": self.history,
+            "cursor": self.cursor,
+            "first": self.first,
+            "last": self.last,
+            "counts": self.counts,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():

@@ -68,8 +68,8 @@ class Attention(nn.Module):
                 p = masked.softmax(dim=-1)
                 self.entropy = -(p * p.clamp_min(1e-30).log()).sum(dim=-1).mean()
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=self.scale,
-            dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, Dh)
+            q, k, v, is_causal=True, scale=self.scale, dropout_p=self.dropout if self.training else 0.0
+        )  # (B, H, T, Dh)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -156,8 +156,9 @@ class GPT(nn.Module):
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 module.reset_parameters()
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """idx, targets: (B, T) token ids. Returns logits (B, T, V) and, with targets, the mean
         cross-entropy and the z-loss term (coef · mean log²Z; zero when the coef is 0)."""
         B, T = idx.shape

@@ -26,19 +26,28 @@ def param_groups(model: GPT, cfg: OptimConfig) -> list[dict]:
     readout = {id(model.readout.weight)} - embeddings  # tied readout counts as embedding
     groups: dict[str, dict] = {
         "hidden": {"params": [], "lr_mult": 1.0 / m, "weight_decay": cfg.weight_decay * m},
-        "embedding": {"params": [], "lr_mult": 1.0,
-                      "weight_decay": cfg.weight_decay if cfg.decay_embeddings else 0.0},
+        "embedding": {"params": [], "lr_mult": 1.0, "weight_decay": cfg.weight_decay if cfg.decay_embeddings else 0.0},
         "readout": {"params": [], "lr_mult": 1.0, "weight_decay": cfg.weight_decay},
-        "vector": {"params": [], "lr_mult": 1.0,
-                   "weight_decay": cfg.weight_decay if cfg.decay_norms_and_biases else 0.0},
+        "vector": {
+            "params": [],
+            "lr_mult": 1.0,
+            "weight_decay": cfg.weight_decay if cfg.decay_norms_and_biases else 0.0,
+        },
     }
     seen: set[int] = set()
     for p in model.parameters():  # parameters() yields a tied tensor once
         if id(p) in seen:
             continue
         seen.add(id(p))
-        role = ("embedding" if id(p) in embeddings else "readout" if id(p) in readout
-                else "hidden" if p.ndim == 2 else "vector")
+        role = (
+            "embedding"
+            if id(p) in embeddings
+            else "readout"
+            if id(p) in readout
+            else "hidden"
+            if p.ndim == 2
+            else "vector"
+        )
         groups[role]["params"].append(p)
     return [{"name": name, "lr": cfg.lr * g["lr_mult"], **g} for name, g in groups.items() if g["params"]]
 
@@ -48,8 +57,13 @@ def build_adamw(model: GPT, cfg: OptimConfig) -> torch.optim.AdamW:
     the CPU too, is faster there than foreach, and can skip a non-finite step without a host sync."""
     impl = "fused" if cfg.implementation == "auto" else cfg.implementation
     return torch.optim.AdamW(
-        param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-        fused=impl == "fused" or None, foreach=impl == "foreach" if impl != "fused" else None)
+        param_groups(model, cfg),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        fused=impl == "fused" or None,
+        foreach=impl == "foreach" if impl != "fused" else None,
+    )
 
 
 def lr_at(step: int, peak: float, total_steps: int, cfg: ScheduleConfig) -> float:

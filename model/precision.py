@@ -39,10 +39,20 @@ from model.config import PrecisionConfig
 LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # The matrix products a GPU would send to tensor cores under autocast.
-MATRIX_PRODUCTS = frozenset({
-    F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
-    torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, F.scaled_dot_product_attention,
-})
+MATRIX_PRODUCTS = frozenset(
+    {
+        F.linear,
+        torch.matmul,
+        torch.Tensor.matmul,
+        torch.Tensor.__matmul__,
+        torch.Tensor.__rmatmul__,
+        torch.mm,
+        torch.Tensor.mm,
+        torch.bmm,
+        torch.Tensor.bmm,
+        F.scaled_dot_product_attention,
+    }
+)
 
 
 class EmulatedMatmuls(TorchFunctionMode):
@@ -70,9 +80,9 @@ class EmulatedMatmuls(TorchFunctionMode):
 class Precision:
     """The resolved precision of a run: what wraps the forward pass and how the loss is scaled."""
 
-    mode: str                  # fp32 | bf16 | fp16
-    emulated: bool             # low precision emulated in fp32 (see module doc) instead of autocast
-    loss_scaling: bool         # dynamic loss scaling (fp16 only)
+    mode: str  # fp32 | bf16 | fp16
+    emulated: bool  # low precision emulated in fp32 (see module doc) instead of autocast
+    loss_scaling: bool  # dynamic loss scaling (fp16 only)
     device_type: str
     native: str | None = None  # the hardware path real autocast uses ("CUDA", "AVX512-BF16")
 
@@ -90,8 +100,9 @@ class Precision:
 
     def grad_scaler(self, cfg: PrecisionConfig) -> torch.amp.GradScaler:
         """A GradScaler; disabled (every call a no-op) unless this is fp16 with loss scaling."""
-        return torch.amp.GradScaler(self.device_type, init_scale=cfg.init_scale,
-                                    growth_interval=cfg.growth_interval, enabled=self.loss_scaling)
+        return torch.amp.GradScaler(
+            self.device_type, init_scale=cfg.init_scale, growth_interval=cfg.growth_interval, enabled=self.loss_scaling
+        )
 
     def describe(self) -> str:
         if self.dtype is None:
@@ -132,6 +143,10 @@ def resolve_precision(cfg: PrecisionConfig, device_type: str) -> Precision:
     with AVX512-BF16/AMX), emulation elsewhere; ``always``/``never`` force the choice."""
     native = native_low_precision(cfg.mode, device_type)
     emulate = cfg.emulate == "always" or (cfg.emulate == "auto" and native is None)
-    return Precision(mode=cfg.mode, emulated=emulate and cfg.mode != "fp32",
-                     loss_scaling=cfg.mode == "fp16" and cfg.loss_scaling, device_type=device_type,
-                     native=None if emulate else native)
+    return Precision(
+        mode=cfg.mode,
+        emulated=emulate and cfg.mode != "fp32",
+        loss_scaling=cfg.mode == "fp16" and cfg.loss_scaling,
+        device_type=device_type,
+        native=None if emulate else native,
+    )

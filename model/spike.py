@@ -81,8 +81,14 @@ class Injection:
 
     @classmethod
     def from_config(cls, kind: str, cfg: InjectionSettings, origin_step: int, origin_position: int) -> Injection:
-        return cls(kind, origin_step + 1, origin_position, cfg.duration,
-                   1.0 if kind == "data" else cfg.magnitude, cfg.param_block)
+        return cls(
+            kind,
+            origin_step + 1,
+            origin_position,
+            cfg.duration,
+            1.0 if kind == "data" else cfg.magnitude,
+            cfg.param_block,
+        )
 
     def spec(self) -> dict[str, Any]:
         """What identifies it (run identity ``extra``, MLflow tags)."""
@@ -186,8 +192,9 @@ class Trace(Callback):
         if not self.rows:
             return []
         values = torch.stack([v for _, v in self.rows]).tolist()
-        return [{"step": s, "loss": v[0], "grad_norm": v[1], "skipped": bool(v[2])}
-                for (s, _), v in zip(self.rows, values)]
+        return [
+            {"step": s, "loss": v[0], "grad_norm": v[1], "skipped": bool(v[2])} for (s, _), v in zip(self.rows, values)
+        ]
 
 
 def cpu_copy(value: Any) -> Any:
@@ -216,7 +223,7 @@ class RecentStates(Callback):
 
     def on_step_end(self, trainer) -> None:
         self.states[trainer.step] = cpu_copy(trainer.snapshot())
-        for step in sorted(self.states)[:-self.depth]:
+        for step in sorted(self.states)[: -self.depth]:
             del self.states[step]
 
     def at(self, step: int) -> dict[str, Any] | None:
@@ -351,8 +358,13 @@ class ScaleLR(Callback):
 def make_policy(kind: str, detector: SpikeDetector, cfg: RecoverySettings, data: DataSpike | None) -> Policy:
     if kind == "swap_data":
         return SwapData(detector, cfg, data)
-    return {"continue": Policy, "skip_step": SkipStep, "lower_lr": LowerLR, "skip_batch": SkipBatch,
-            "rollback": Rollback}[kind](detector, cfg)
+    return {
+        "continue": Policy,
+        "skip_step": SkipStep,
+        "lower_lr": LowerLR,
+        "skip_batch": SkipBatch,
+        "rollback": Rollback,
+    }[kind](detector, cfg)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -365,10 +377,10 @@ class Branch:
     """What a branch did: its final timeline, every segment's rows, actions, and its end."""
 
     policy: str
-    status: str = "completed"       # completed | stopped (gave up) | diverged
+    status: str = "completed"  # completed | stopped (gave up) | diverged
     stop_reason: str | None = None
     rows: list[dict[str, float]] = dataclasses.field(default_factory=list)  # final timeline, by step
-    steps_run: int = 0              # optimizer steps executed, replays included
+    steps_run: int = 0  # optimizer steps executed, replays included
     detections: list[int] = dataclasses.field(default_factory=list)
     actions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     segments: int = 0
@@ -397,10 +409,19 @@ MakeTrainer = Callable[[list[Any], Path | None], Any]
 """(callbacks, checkpoint_dir or None) -> a fresh Trainer of the branch's config and identity."""
 
 
-def run_branch(make_trainer: MakeTrainer, origin: tuple[Path, dict[str, Any]], until: int,
-               policy: str, cfg: RecoverySettings, spike: DetectorSettings,
-               injection: Injection | None = None, poison=(), timeline: Sequence[tuple[int, Path]] = (),
-               checkpoint_dir: Path | None = None, probe: Callable[[Any], dict] | None = None) -> Branch:
+def run_branch(
+    make_trainer: MakeTrainer,
+    origin: tuple[Path, dict[str, Any]],
+    until: int,
+    policy: str,
+    cfg: RecoverySettings,
+    spike: DetectorSettings,
+    injection: Injection | None = None,
+    poison=(),
+    timeline: Sequence[tuple[int, Path]] = (),
+    checkpoint_dir: Path | None = None,
+    probe: Callable[[Any], dict] | None = None,
+) -> Branch:
     """Run one branch from ``origin`` (path, checkpoint state) to step ``until``: segments until
     the policy asks for nothing more or the retry cap is reached. ``timeline``: checkpoints
     (step, path) before the origin on this branch's history (a rollback's targets); ``probe``:
@@ -441,8 +462,10 @@ def run_branch(make_trainer: MakeTrainer, origin: tuple[Path, dict[str, Any]], u
         attempt = sum(1 for a in branch.actions if a["action"].startswith(("rolled back", "skipped")))
         if attempt > cfg.max_retries:
             branch.status = "stopped"
-            branch.stop_reason = (f"{policy}: spiked again at step {restart.detected} after {attempt} "
-                                  f"restarts (recovery.max_retries={cfg.max_retries}); gave up")
+            branch.stop_reason = (
+                f"{policy}: spiked again at step {restart.detected} after {attempt} "
+                f"restarts (recovery.max_retries={cfg.max_retries}); gave up"
+            )
             pol.record(restart.detected, "gave up: retry cap reached")
             branch.actions.append(pol.actions[-1])
             break
@@ -455,9 +478,14 @@ def run_branch(make_trainer: MakeTrainer, origin: tuple[Path, dict[str, Any]], u
             before = int(start_state["step"])
             start_path, skip = Path(f"<memory: step {before}>"), cfg.skip_batches
             rows = {s: r for s, r in rows.items() if s <= before}
-            branch.actions.append({"step": restart.detected, "policy": policy,
-                                   "action": f"skipped batches of steps {before + 1}-{before + skip} "
-                                             f"from the state after step {before}"})
+            branch.actions.append(
+                {
+                    "step": restart.detected,
+                    "policy": policy,
+                    "action": f"skipped batches of steps {before + 1}-{before + skip} "
+                    f"from the state after step {before}",
+                }
+            )
         else:
             target, path = rollback_target(history, restart.detected, cfg.rollback_steps * (attempt + 1))
             start_path, start_state = path, load_checkpoint(path)
@@ -465,9 +493,14 @@ def run_branch(make_trainer: MakeTrainer, origin: tuple[Path, dict[str, Any]], u
             lr_factor *= cfg.lr_factor
             history = [(s, p) for s, p in history if s <= target]
             rows = {s: r for s, r in rows.items() if s <= target}
-            branch.actions.append({"step": restart.detected, "policy": policy,
-                                   "action": f"rolled back to step {target}, skipped batches of steps "
-                                             f"{target + 1}-{restart.detected}, LR x{lr_factor:g}"})
+            branch.actions.append(
+                {
+                    "step": restart.detected,
+                    "policy": policy,
+                    "action": f"rolled back to step {target}, skipped batches of steps "
+                    f"{target + 1}-{restart.detected}, LR x{lr_factor:g}",
+                }
+            )
     branch.rows = [rows[s] for s in sorted(rows)]
     branch.val_loss = trainer.evaluate() if branch.status != "diverged" else None
     branch.probe = probe(trainer) if probe else {}
@@ -490,8 +523,9 @@ class Warm:
         return path, load_checkpoint(path)
 
 
-def warm_up(make_trainer: MakeTrainer, milestone: Path, until: int, spike: DetectorSettings,
-            checkpoint_dir: Path) -> Warm:
+def warm_up(
+    make_trainer: MakeTrainer, milestone: Path, until: int, spike: DetectorSettings, checkpoint_dir: Path
+) -> Warm:
     """Clean training from a pretrain milestone (everything loaded: the continuation is bitwise
     pretrain's) to step ``until`` with the detector on, so its window is warm at the injection.
     Its checkpoints, the last at ``until``, are every branch's shared past: the origin and the
@@ -502,8 +536,9 @@ def warm_up(make_trainer: MakeTrainer, milestone: Path, until: int, spike: Detec
     trainer.run(until=until)
     if not checkpoint_path(checkpoint_dir, until).exists():
         save_checkpoint(checkpoint_path(checkpoint_dir, until), trainer.snapshot())
-    return Warm([(s, p) for s, p in list_checkpoints(checkpoint_dir) if s <= until],
-                detector.flagged_steps(), trace.read())
+    return Warm(
+        [(s, p) for s, p in list_checkpoints(checkpoint_dir) if s <= until], detector.flagged_steps(), trace.read()
+    )
 
 
 class ServeBatches(Callback):
@@ -521,8 +556,13 @@ class ServeBatches(Callback):
         return None
 
 
-def replay(make_trainer: MakeTrainer, start: tuple[Path, dict[str, Any]], baseline: dict[str, Any],
-           batches: Sequence[tuple[torch.Tensor, torch.Tensor]], spike: DetectorSettings) -> dict[str, Any]:
+def replay(
+    make_trainer: MakeTrainer,
+    start: tuple[Path, dict[str, Any]],
+    baseline: dict[str, Any],
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    spike: DetectorSettings,
+) -> dict[str, Any]:
     """PaLM §5.1, automated: feed the offending ``batches`` again from an earlier state ``start``,
     nothing else injected, and see whether the detector (its window taken from ``baseline``, the
     detector state just before the spike) flags them. Flags: the data alone causes the spike."""
@@ -532,8 +572,13 @@ def replay(make_trainer: MakeTrainer, start: tuple[Path, dict[str, Any]], baseli
     trainer.load(cpu_copy(start[1]), start[0], Load(), LOADABLE)
     detector.load_state_dict(baseline)
     trainer.run(until=trainer.step + len(batches))
-    return {"from_step": int(start[1]["step"]), "batches": len(batches), "flagged": detector.flagged_steps(),
-            "losses": [r["loss"] for r in trace.read()], "spiked": bool(detector.flagged_steps())}
+    return {
+        "from_step": int(start[1]["step"]),
+        "batches": len(batches),
+        "flagged": detector.flagged_steps(),
+        "losses": [r["loss"] for r in trace.read()],
+        "spiked": bool(detector.flagged_steps()),
+    }
 
 
 def rollback_target(history: Sequence[tuple[int, Path]], detected: int, back: int) -> tuple[int, Path]:
@@ -544,8 +589,9 @@ def rollback_target(history: Sequence[tuple[int, Path]], detected: int, back: in
 
 
 def make_detector(cfg: DetectorSettings) -> SpikeDetector:
-    return SpikeDetector(window=cfg.detect_window, warmup=cfg.detect_warmup, zscore=cfg.detect_zscore,
-                         ratio=cfg.detect_ratio)
+    return SpikeDetector(
+        window=cfg.detect_window, warmup=cfg.detect_warmup, zscore=cfg.detect_zscore, ratio=cfg.detect_ratio
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -561,18 +607,20 @@ def sample(model, prompts: torch.Tensor, n_tokens: int, seed: int = 0) -> list[l
     model.eval()
     seq = prompts
     for _ in range(n_tokens):
-        logits, _, _ = model(seq[:, -model.cfg.seq_len:])
+        logits, _, _ = model(seq[:, -model.cfg.seq_len :])
         probs = torch.softmax(logits[:, -1].float(), dim=-1)
         seq = torch.cat([seq, torch.multinomial(probs, 1, generator=generator)], dim=1)
     model.train(was_training)
-    return seq[:, prompts.shape[1]:].tolist()
+    return seq[:, prompts.shape[1] :].tolist()
 
 
 def collapse_stats(generations: list[list[int]], eot: int, n: int = 2) -> dict[str, float]:
     """distinct-n (unique n-grams / n-grams, over all generations), the share of generations that
     end at once (first token end-of-text: empty output), and the share of repeated tokens."""
-    grams = [tuple(g[i:i + n]) for g in generations for i in range(len(g) - n + 1)]
+    grams = [tuple(g[i : i + n]) for g in generations for i in range(len(g) - n + 1)]
     tokens = [t for g in generations for t in g]
-    return {"distinct_2": len(set(grams)) / len(grams) if grams else 0.0,
-            "empty_rate": sum(1 for g in generations if not g or g[0] == eot) / max(1, len(generations)),
-            "repeat_rate": 1 - len(set(tokens)) / len(tokens) if tokens else 0.0}
+    return {
+        "distinct_2": len(set(grams)) / len(grams) if grams else 0.0,
+        "empty_rate": sum(1 for g in generations if not g or g[0] == eot) / max(1, len(generations)),
+        "repeat_rate": 1 - len(set(tokens)) / len(tokens) if tokens else 0.0,
+    }

@@ -32,12 +32,18 @@ class PendingStep:
     Every field is a device tensor: reading one on the host (``.item()``, ``bool()``) costs a sync
     per step, which the hot path must not have; decide on the device and call :meth:`veto`."""
 
-    def __init__(self, step: int, loss: torch.Tensor, z_loss: torch.Tensor, grad_norm: torch.Tensor,
-                 layer_grad_norms: dict[str, torch.Tensor]):
-        self.step = step                  # the optimizer step this update would complete (1-based)
-        self.loss = loss                  # mean cross-entropy over the micro-batches
-        self.z_loss = z_loss              # mean z-loss term (0 when model.z_loss is 0)
-        self.grad_norm = grad_norm        # global pre-clip norm (unscaled, after the grad multiplier)
+    def __init__(
+        self,
+        step: int,
+        loss: torch.Tensor,
+        z_loss: torch.Tensor,
+        grad_norm: torch.Tensor,
+        layer_grad_norms: dict[str, torch.Tensor],
+    ):
+        self.step = step  # the optimizer step this update would complete (1-based)
+        self.loss = loss  # mean cross-entropy over the micro-batches
+        self.z_loss = z_loss  # mean z-loss term (0 when model.z_loss is 0)
+        self.grad_norm = grad_norm  # global pre-clip norm (unscaled, after the grad multiplier)
         self.layer_grad_norms = layer_grad_norms  # per layer, at layer-stats steps only
         self.vetoed = torch.zeros((), dtype=torch.bool, device=loss.device)
 
@@ -53,10 +59,10 @@ class StepResult(NamedTuple):
     loss: torch.Tensor
     z_loss: torch.Tensor
     grad_norm: torch.Tensor
-    skipped: torch.Tensor     # non-finite loss or gradient: weights and Adam state untouched
-    overflow: torch.Tensor    # fp16 loss-scale overflow (also untouched; counted apart from skipped)
-    vetoed: torch.Tensor      # a callback vetoed a finite update (untouched too)
-    update_ratio: torch.Tensor | None          # ‖Δθ‖/‖θ‖ of this step, when asked for
+    skipped: torch.Tensor  # non-finite loss or gradient: weights and Adam state untouched
+    overflow: torch.Tensor  # fp16 loss-scale overflow (also untouched; counted apart from skipped)
+    vetoed: torch.Tensor  # a callback vetoed a finite update (untouched too)
+    update_ratio: torch.Tensor | None  # ‖Δθ‖/‖θ‖ of this step, when asked for
     layer_grad_norms: dict[str, torch.Tensor]
 
 
@@ -64,14 +70,27 @@ class TrainModule:
     """The model, its optimizer and loss scaler, and the two halves of a step. The learning rate is
     whatever the param groups hold (the loop sets it)."""
 
-    def __init__(self, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                 precision: Precision, clip: float, compiled: torch.nn.Module | None = None):
+    def __init__(
+        self,
+        model: GPT,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler,
+        precision: Precision,
+        clip: float,
+        compiled: torch.nn.Module | None = None,
+    ):
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.precision, self.clip = precision, clip
         self.compiled = compiled  # torch.compile(model), or None
 
-    def forward_backward(self, step: int, batches: Sequence[Batch], grad_scale: float = 1.0,
-                         eager: bool = False, watch_layers: bool = False) -> PendingStep:
+    def forward_backward(
+        self,
+        step: int,
+        batches: Sequence[Batch],
+        grad_scale: float = 1.0,
+        eager: bool = False,
+        watch_layers: bool = False,
+    ) -> PendingStep:
         """Accumulate gradients over ``batches``; unscale, multiply by ``grad_scale`` (before the
         norm, so the norm shows it), and take the global pre-clip norm."""
         model = self.model if eager or self.compiled is None else self.compiled
@@ -107,8 +126,16 @@ class TrainModule:
         if before is not None:
             with torch.no_grad():
                 ratio = get_total_norm([p - b for p, b in zip(params, before)]) / get_total_norm(before)
-        return StepResult(pending.loss, pending.z_loss, pending.grad_norm, nonfinite & ~overflow,
-                          overflow, pending.vetoed & ~nonfinite, ratio, pending.layer_grad_norms)
+        return StepResult(
+            pending.loss,
+            pending.z_loss,
+            pending.grad_norm,
+            nonfinite & ~overflow,
+            overflow,
+            pending.vetoed & ~nonfinite,
+            ratio,
+            pending.layer_grad_norms,
+        )
 
     def step(self, step: int, batches: Sequence[Batch], watch_update: bool = False) -> StepResult:
         """Both halves with no callback in between (benchmarks, simple loops)."""
@@ -123,8 +150,12 @@ class TrainModule:
         wanted = {g["name"]: g for g in param_groups(self.model, cfg.optim)}
         for group in self.optimizer.param_groups:
             spec = wanted[group["name"]]
-            group.update(betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
-                         weight_decay=spec["weight_decay"], lr_mult=spec["lr_mult"])
+            group.update(
+                betas=(cfg.optim.beta1, cfg.optim.beta2),
+                eps=cfg.optim.eps,
+                weight_decay=spec["weight_decay"],
+                lr_mult=spec["lr_mult"],
+            )
 
 
 def _guarded_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:

@@ -24,8 +24,12 @@ STATUSES: tuple[str, ...] = get_args(RunStatus)
 EXIT_CODES: dict[str, int] = {"completed": 0, "diverged": 3, "stopped": 4, "preempted": 75}
 """Process exit status per stop kind. 75 is EX_TEMPFAIL (sysexits.h): "try again"."""
 
-MLFLOW_STATUS: dict[str, str] = {"completed": "FINISHED", "stopped": "FINISHED",
-                                 "diverged": "FAILED", "preempted": "KILLED"}
+MLFLOW_STATUS: dict[str, str] = {
+    "completed": "FINISHED",
+    "stopped": "FINISHED",
+    "diverged": "FAILED",
+    "preempted": "KILLED",
+}
 """The MLflow run status a run of each kind ends with."""
 
 

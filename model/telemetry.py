@@ -47,8 +47,16 @@ class Telemetry:
         self.timer_start, self.timed_tokens = time.perf_counter(), 0
 
     @torch.no_grad()
-    def add(self, loss: torch.Tensor, z_loss: torch.Tensor, grad_norm: torch.Tensor,
-            skipped: torch.Tensor, overflow: torch.Tensor, vetoed: torch.Tensor, tokens: int) -> None:
+    def add(
+        self,
+        loss: torch.Tensor,
+        z_loss: torch.Tensor,
+        grad_norm: torch.Tensor,
+        skipped: torch.Tensor,
+        overflow: torch.Tensor,
+        vetoed: torch.Tensor,
+        tokens: int,
+    ) -> None:
         values = torch.stack([loss, z_loss, grad_norm]).float()  # (3,)
         finite = torch.isfinite(values)  # a non-finite step must not poison the interval mean
         self.sums += torch.where(finite, values, 0.0)
@@ -63,9 +71,12 @@ class Telemetry:
         means = self.sums / self.counts  # nan when every step of the interval was non-finite
         tensors = {
             **{f"train/{name}": means[i] for i, name in enumerate(_PER_STEP)},
-            "train/loss_max": self.maxes[0], "train/grad_norm_max": self.maxes[2],
-            "train/skipped": self.totals[0], "train/overflows": self.totals[1],
-            "train/vetoed": self.totals[2], **extra,
+            "train/loss_max": self.maxes[0],
+            "train/grad_norm_max": self.maxes[2],
+            "train/skipped": self.totals[0],
+            "train/overflows": self.totals[1],
+            "train/vetoed": self.totals[2],
+            **extra,
         }
         metrics = to_floats(tensors)
         metrics["train/tokens_per_s"] = self.timed_tokens / (time.perf_counter() - self.timer_start)
@@ -92,9 +103,13 @@ def optimizer_norms(model: GPT, optimizer: torch.optim.Optimizer) -> dict[str, t
 
 
 def _layers(model: GPT) -> dict[str, torch.nn.Module]:
-    return {"wte": model.wte, "wpe": model.wpe,
-            **{f"block{i}": block for i, block in enumerate(model.blocks)},
-            "norm_f": model.norm_f, "readout": model.readout}
+    return {
+        "wte": model.wte,
+        "wpe": model.wpe,
+        **{f"block{i}": block for i, block in enumerate(model.blocks)},
+        "norm_f": model.norm_f,
+        "readout": model.readout,
+    }
 
 
 @torch.no_grad()
@@ -128,16 +143,23 @@ def record_forward_stats(model: GPT) -> Iterator[dict[str, torch.Tensor]]:
     def activation_hook(name: str):
         def hook(module, inputs, output):
             stats[f"stats/act_l2/{name}"] = output.detach().float().norm(dim=-1).mean()
+
         return hook
 
     def logits_hook(module, inputs, output):
         logits = output[0].detach().float()  # (B, T, V)
-        stats.update({"stats/logits/mean": logits.mean(), "stats/logits/std": logits.std(),
-                      "stats/logits/max": logits.max(),
-                      "stats/logits/log_z": torch.logsumexp(logits, dim=-1).mean()})
+        stats.update(
+            {
+                "stats/logits/mean": logits.mean(),
+                "stats/logits/std": logits.std(),
+                "stats/logits/max": logits.max(),
+                "stats/logits/log_z": torch.logsumexp(logits, dim=-1).mean(),
+            }
+        )
 
-    handles = [model.blocks[i].register_forward_hook(activation_hook(f"block{i}"))
-               for i in sampled_blocks(len(model.blocks))]
+    handles = [
+        model.blocks[i].register_forward_hook(activation_hook(f"block{i}")) for i in sampled_blocks(len(model.blocks))
+    ]
     handles.append(model.register_forward_hook(logits_hook))
     for block in model.blocks:
         block.attn.record_logit_max = True

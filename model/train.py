@@ -58,6 +58,7 @@ from model.typed_config import UserError, parse_sets
 CHECKPOINT_FORMAT = 2
 """2: checkpoints carry the run identity; format-1 files (no identity) are never resumed."""
 
+
 def resolve_device(name: str) -> torch.device:
     """``auto``: CUDA when available. An explicit device that is not there is a ConfigError
     (``model.config.check_runtime``), raised before a stage touches anything."""
@@ -114,12 +115,12 @@ class Load:
     started from another run's checkpoint may take less, e.g. ``Load.weights_only()``."""
 
     weights: bool = True
-    optimizer: bool = True    # Adam moments and step counts (then the current hyperparameters apply)
-    scaler: bool = True       # fp16 loss scale and its growth tracker
-    loader: bool = True       # data position
-    rng: bool = True          # torch, CUDA, numpy and Python RNG states
-    step: bool = True         # the step counter (so the LR schedule), telemetry sums, last metrics
-    callbacks: bool = True    # each named callback's state
+    optimizer: bool = True  # Adam moments and step counts (then the current hyperparameters apply)
+    scaler: bool = True  # fp16 loss scale and its growth tracker
+    loader: bool = True  # data position
+    rng: bool = True  # torch, CUDA, numpy and Python RNG states
+    step: bool = True  # the step counter (so the LR schedule), telemetry sums, last metrics
+    callbacks: bool = True  # each named callback's state
 
     @classmethod
     def weights_only(cls) -> Load:
@@ -153,37 +154,55 @@ class Trainer:
       loader.skip(n)               skip n batches of the training stream
     """
 
-    def __init__(self, cfg: TrainingConfig, train_tokens: np.ndarray, val_tokens: np.ndarray,
-                 callbacks: Sequence[Any] = (), checkpoint_dir: str | Path | None = None,
-                 identity: str | None = None):
+    def __init__(
+        self,
+        cfg: TrainingConfig,
+        train_tokens: np.ndarray,
+        val_tokens: np.ndarray,
+        callbacks: Sequence[Any] = (),
+        checkpoint_dir: str | Path | None = None,
+        identity: str | None = None,
+    ):
         self.cfg = cfg
         t = cfg.train
         self.device = resolve_device(t.device)
         if t.cpu_threads:
             torch.set_num_threads(t.cpu_threads)
         seed_everything(t.seed)
-        self.identity = identity or run_identity(
-            cfg, {"train": tokens_digest(train_tokens), "val": tokens_digest(val_tokens)}).digest
+        self.identity = (
+            identity
+            or run_identity(cfg, {"train": tokens_digest(train_tokens), "val": tokens_digest(val_tokens)}).digest
+        )
         model = GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size).to(self.device)
         precision = resolve_precision(cfg.precision, self.device.type)
-        self.module = TrainModule(model, build_adamw(model, cfg.optim), precision.grad_scaler(cfg.precision),
-                                  precision, cfg.optim.grad_clip, torch.compile(model) if t.compile else None)
-        self.model, self.optimizer, self.scaler, self.precision = model, self.module.optimizer, \
-            self.module.scaler, precision
-        self.loader = TokenLoader(train_tokens, cfg.model.seq_len, t.batch_size, t.seed,
-                                  t.num_workers, t.pin_memory)
+        self.module = TrainModule(
+            model,
+            build_adamw(model, cfg.optim),
+            precision.grad_scaler(cfg.precision),
+            precision,
+            cfg.optim.grad_clip,
+            torch.compile(model) if t.compile else None,
+        )
+        self.model, self.optimizer, self.scaler, self.precision = (
+            model,
+            self.module.optimizer,
+            self.module.scaler,
+            precision,
+        )
+        self.loader = TokenLoader(train_tokens, cfg.model.seq_len, t.batch_size, t.seed, t.num_workers, t.pin_memory)
         self.val_loader = TokenLoader(val_tokens, cfg.model.seq_len, t.batch_size, t.seed)
         self.telemetry = Telemetry(self.device)
         self.divergence = DivergenceRule(t.diverge_after, t.diverge_loss, self.device)
-        self.checkpointer = (Checkpointer(checkpoint_dir, cfg.checkpoint, t.steps)
-                             if checkpoint_dir is not None else None)
+        self.checkpointer = (
+            Checkpointer(checkpoint_dir, cfg.checkpoint, t.steps) if checkpoint_dir is not None else None
+        )
         self.callbacks = _ordered([*callbacks, *([self.checkpointer] if self.checkpointer else [])])
         self.tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len
         self.flops_per_token = model_flops_per_token(self.model)
         self.peak_flops = peak_flops(self.device)
         self.step = 0
         self.stop_reason: str | None = None  # set by a callback; ends the run after the step
-        self.signalled = False               # set by SIGTERM/SIGINT, at any time
+        self.signalled = False  # set by SIGTERM/SIGINT, at any time
         self.stopping = False  # a stop as of the end of the current step; the Checkpointer reads it
         self.resumed_from: Path | None = None
         self.last_metrics: dict[str, float] = {}  # newest value of every metric, for the summary
@@ -234,8 +253,9 @@ class Trainer:
             "config": dataclasses.asdict(self.cfg),
         }
 
-    def load(self, state: dict[str, Any], source: Path, what: Load = Load(),
-             allowed: Sequence[str] = RESUMABLE) -> None:
+    def load(
+        self, state: dict[str, Any], source: Path, what: Load = Load(), allowed: Sequence[str] = RESUMABLE
+    ) -> None:
         """Take ``what`` from a checkpoint's ``state``. Config keys outside ``allowed`` must match
         (else a ConfigError names them); after optimizer state is loaded, the current config's
         hyperparameters apply."""
@@ -336,8 +356,15 @@ class Trainer:
         self.fire("on_before_optimizer", self, pending)
         result = self.module.optimizer_step(pending, watch_update=log_now)
         self.step = step
-        self.telemetry.add(result.loss, result.z_loss, result.grad_norm, result.skipped,
-                           result.overflow, result.vetoed, self.tokens_per_step)
+        self.telemetry.add(
+            result.loss,
+            result.z_loss,
+            result.grad_norm,
+            result.skipped,
+            result.overflow,
+            result.vetoed,
+            self.tokens_per_step,
+        )
         self.divergence.update(step, result)
         self.fire("on_after_step", self, result)
 
@@ -362,14 +389,18 @@ class Trainer:
             return "preempted"
         return "stopped" if self.stop_reason else "completed"
 
-    def _metrics_due(self, result: StepResult, forward_stats: dict[str, torch.Tensor], lr: float,
-                     log_now: bool, stats_now: bool) -> dict[str, float]:
+    def _metrics_due(
+        self, result: StepResult, forward_stats: dict[str, torch.Tensor], lr: float, log_now: bool, stats_now: bool
+    ) -> dict[str, float]:
         """Log-interval and layer metrics due at this step, in one host sync."""
         layer_stats = {**forward_stats, **result.layer_grad_norms} if stats_now else {}
         if not log_now:
             return to_floats(layer_stats)
-        extra = {**optimizer_norms(self.model, self.optimizer),
-                 "train/update_ratio": result.update_ratio, **layer_stats}
+        extra = {
+            **optimizer_norms(self.model, self.optimizer),
+            "train/update_ratio": result.update_ratio,
+            **layer_stats,
+        }
         metrics = self.telemetry.drain(extra)
         return {**metrics, **self._host_metrics(lr, metrics["train/tokens_per_s"])}
 
@@ -411,11 +442,16 @@ class Trainer:
 
     def _run_info(self) -> RunInfo:
         return RunInfo(
-            device=str(self.device), precision=self.precision.describe(), start_step=self.step,
-            total_steps=self.cfg.train.steps, tokens_per_step=self.tokens_per_step,
-            n_params=self.model.num_params(non_embedding=False), identity=self.identity,
+            device=str(self.device),
+            precision=self.precision.describe(),
+            start_step=self.step,
+            total_steps=self.cfg.train.steps,
+            tokens_per_step=self.tokens_per_step,
+            n_params=self.model.num_params(non_embedding=False),
+            identity=self.identity,
             checkpoint_dir=str(self.checkpointer.directory) if self.checkpointer else None,
-            resumed_from=str(self.resumed_from) if self.resumed_from else None)
+            resumed_from=str(self.resumed_from) if self.resumed_from else None,
+        )
 
     def _summary(self, start_step: int, status: RunStatus) -> dict[str, Any]:
         wall = time.perf_counter() - self.start_time
@@ -425,17 +461,25 @@ class Trainer:
         tokens_per_s = tokens / train_s if train_s > 0 and tokens else None
         m = self.last_metrics
         return {
-            "status": status, "stop_reason": self.stop_reason if status != "completed" else None,
+            "status": status,
+            "stop_reason": self.stop_reason if status != "completed" else None,
             "diverged_at": self.divergence.diverged_at(),
-            "steps": self.step, "start_step": start_step, "identity": self.identity,
-            "final_loss": m.get("train/loss"), "val_loss": m.get("val/loss"),
-            "skipped": int(m.get("train/skipped", 0)), "overflows": int(m.get("train/overflows", 0)),
+            "steps": self.step,
+            "start_step": start_step,
+            "identity": self.identity,
+            "final_loss": m.get("train/loss"),
+            "val_loss": m.get("val/loss"),
+            "skipped": int(m.get("train/skipped", 0)),
+            "overflows": int(m.get("train/overflows", 0)),
             "vetoed": int(m.get("train/vetoed", 0)),
             "tokens_per_s": tokens_per_s,  # training loop incl. telemetry and checkpoints, excl. eval
             "mfu": mfu(tokens_per_s, self.flops_per_token, self.peak_flops) if tokens_per_s else None,
-            "wall_s": wall, "eval_s": self.eval_seconds, "checkpoint_s": checkpoint_s,
+            "wall_s": wall,
+            "eval_s": self.eval_seconds,
+            "checkpoint_s": checkpoint_s,
             "checkpoint_time_share": checkpoint_s / wall if wall > 0 else 0.0,
-            "precision": self.precision.describe(), "device": str(self.device),
+            "precision": self.precision.describe(),
+            "device": str(self.device),
             "resumed_from": self.resumed_from.name if self.resumed_from else None,
             "telemetry": final_telemetry(m),
         }
@@ -489,9 +533,16 @@ def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
 # ----------------------------------------------------------------------------------------------
 
 
-def train(cfg: TrainingConfig, train_tokens: np.ndarray, val_tokens: np.ndarray,
-          out_dir: str | Path | None = None, callbacks: Sequence[Any] = (),
-          init_from: str | Path | None = None, load: Load = Load(), identity: str | None = None) -> dict[str, Any]:
+def train(
+    cfg: TrainingConfig,
+    train_tokens: np.ndarray,
+    val_tokens: np.ndarray,
+    out_dir: str | Path | None = None,
+    callbacks: Sequence[Any] = (),
+    init_from: str | Path | None = None,
+    load: Load = Load(),
+    identity: str | None = None,
+) -> dict[str, Any]:
     """Train one model; returns a summary dict.
 
     ``out_dir``: the run directory, locked for the run; checkpoints go to ``<out_dir>/checkpoints``
@@ -528,14 +579,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--val-tokens", required=True, help="token shard of the validation split")
     p.add_argument("--dtype", default="uint16", help="token id dtype of the shards (default: %(default)s)")
     p.add_argument("--out", required=True, help="run directory: checkpoints/, plots/*.csv")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a dotted config key, typed as the key is (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a dotted config key, typed as the key is (repeatable)",
+    )
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.params, args.profile, parse_sets(args.set))  # the training sections only
         out = Path(args.out)
-        summary = train(cfg, open_tokens(args.train_tokens, args.dtype), open_tokens(args.val_tokens, args.dtype),
-                        out, [ProgressBar(), CSVLogger(out / "plots")])
+        summary = train(
+            cfg,
+            open_tokens(args.train_tokens, args.dtype),
+            open_tokens(args.val_tokens, args.dtype),
+            out,
+            [ProgressBar(), CSVLogger(out / "plots")],
+        )
     except UserError as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return 2

@@ -27,6 +27,7 @@ PROFILES_DIR = "profiles"
 """Profile overlays live in ``<project>/profiles/<name>.yaml`` next to ``params.yaml``;
 ``default.yaml`` there is the default profile, under every other one."""
 
+
 class UserError(ValueError):
     """A mistake the user can fix; the CLI prints it without a traceback and exits with code 2."""
 
@@ -138,13 +139,20 @@ class Resolved:
         if not self.from_profile:
             return ""
         pairs = ", ".join(f"{k}={v!r}" for k, v in sorted(self.from_profile.items()))
-        return (f"profile {self.config.profile!r} set {len(self.from_profile)} keys: {pairs}. A value in "
-                f"params.yaml equal to the default profile's does not override them; to run one of "
-                f"these keys at that value, change the profile file or pass it as an override")
+        return (
+            f"profile {self.config.profile!r} set {len(self.from_profile)} keys: {pairs}. A value in "
+            f"params.yaml equal to the default profile's does not override them; to run one of "
+            f"these keys at that value, change the profile file or pass it as an override"
+        )
 
 
-def resolve(schema: type[C], params: str | Path = "params.yaml", profile: str | None = None,
-            overrides: dict[str, Any] | None = None, own_sections_only: bool = False) -> Resolved:
+def resolve(
+    schema: type[C],
+    params: str | Path = "params.yaml",
+    profile: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    own_sections_only: bool = False,
+) -> Resolved:
     """Resolve a ``schema`` config from its files; each value comes from the first source that sets it:
 
     1. ``overrides`` (dotted keys; strings are read as YAML like ``dvc exp run -S``, except for
@@ -202,11 +210,12 @@ def _profile_name(params: Path, raw: dict[str, Any], profile: str | None, chosen
     name = profile or chosen or raw.get("profile", "default")
     if not isinstance(name, str):
         raise ConfigError(f"profile: must be a string, got {name!r} ({params})")
-    known = ["default", *sorted(p.stem for p in (params.parent / PROFILES_DIR).glob("*.yaml")
-                                if p.stem != "default")]
+    known = ["default", *sorted(p.stem for p in (params.parent / PROFILES_DIR).glob("*.yaml") if p.stem != "default")]
     if name not in known:
-        raise ConfigError(f"profile: unknown profile {name!r}; allowed: {', '.join(known)} "
-                          f"(no file {params.parent / PROFILES_DIR / f'{name}.yaml'})")
+        raise ConfigError(
+            f"profile: unknown profile {name!r}; allowed: {', '.join(known)} "
+            f"(no file {params.parent / PROFILES_DIR / f'{name}.yaml'})"
+        )
     return name
 
 
@@ -289,8 +298,10 @@ def _reject_duplicate_keys(node: yaml.Node, path: Path, prefix: str = "") -> Non
     for key_node, value_node in node.value:
         key, line = f"{prefix}{key_node.value}", key_node.start_mark.line + 1
         if key in first_line:
-            raise ConfigError(f"{key}: duplicate key in {path} (lines {first_line[key]} and {line}); "
-                              f"YAML would silently keep only the last")
+            raise ConfigError(
+                f"{key}: duplicate key in {path} (lines {first_line[key]} and {line}); "
+                f"YAML would silently keep only the last"
+            )
         first_line[key] = line
         _reject_duplicate_keys(value_node, path, f"{key}.")
 

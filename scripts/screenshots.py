@@ -29,16 +29,23 @@ TIDY = {
 
 
 def prefect_api(url: str, body: dict | None = None):
-    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=None if body is None else json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.load(response)
 
 
 def newest_pipeline_run(api: str) -> dict:
-    runs = prefect_api(f"{api}/flow_runs/filter", {
-        "flows": {"name": {"any_": ["pipeline"]}}, "sort": "START_TIME_DESC", "limit": 1,
-        "flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}})
+    runs = prefect_api(
+        f"{api}/flow_runs/filter",
+        {
+            "flows": {"name": {"any_": ["pipeline"]}},
+            "sort": "START_TIME_DESC",
+            "limit": 1,
+            "flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}},
+        },
+    )
     if not runs:
         raise SystemExit("no completed pipeline run: trigger the spikelab-pipeline deployment first")
     return runs[0]
@@ -51,11 +58,13 @@ def pages(prefect_ui: str, mlflow_ui: str, flow_run: dict, deployment_id: str) -
     from tasks.runtime.paths import MLFLOW_TRAINING_VIEW
 
     client = mlflow.MlflowClient(mlflow_ui)
-    (parent,) = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                                   f"tags.`prefect.flow_run_id` = '{flow_run['id']}'")
+    (parent,) = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], f"tags.`prefect.flow_run_id` = '{flow_run['id']}'"
+    )
     experiment = parent.info.experiment_id
-    pretrain = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}' "
-                                                f"and tags.`spikelab.stage` = 'pretrain'")
+    pretrain = client.search_runs(
+        [experiment], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}' and tags.`spikelab.stage` = 'pretrain'"
+    )
     found = {
         "prefect-deployments": f"{prefect_ui}/deployments",
         "prefect-pipeline-form": f"{prefect_ui}/deployments/deployment/{deployment_id}/run",
@@ -114,8 +123,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     driver = browser.chrome(1280, args.height)
     try:
-        shots = {**pages(paths.prefect_ui_url(), paths.mlflow_url(), flow_run, deployment["id"]),
-                 "optuna-dashboard": paths.dashboard_url()}
+        shots = {
+            **pages(paths.prefect_ui_url(), paths.mlflow_url(), flow_run, deployment["id"]),
+            "optuna-dashboard": paths.dashboard_url(),
+        }
         for name, url in shots.items():
             driver.get(url)
             time.sleep(args.settle)

@@ -49,30 +49,39 @@ class Config(TrainingConfig):
             if step > self.train.steps:
                 raise ConfigError(f"checkpoint.milestones: step {step} is outside 1..train.steps={self.train.steps}")
         if self.data.max_doc_bytes < self.filter.max_chars:
-            raise ConfigError(f"data.max_doc_bytes: {self.data.max_doc_bytes} is below "
-                              f"filter.max_chars={self.filter.max_chars}")
+            raise ConfigError(
+                f"data.max_doc_bytes: {self.data.max_doc_bytes} is below filter.max_chars={self.filter.max_chars}"
+            )
         if self.spike.kinds and self.spike.at_step not in self.checkpoint.milestones:
-            raise ConfigError(f"spike.at_step: {self.spike.at_step} is not a pretrain milestone "
-                              f"(checkpoint.milestones={self.checkpoint.milestones}); the study starts from one")
+            raise ConfigError(
+                f"spike.at_step: {self.spike.at_step} is not a pretrain milestone "
+                f"(checkpoint.milestones={self.checkpoint.milestones}); the study starts from one"
+            )
         if not 0 <= self.spike.param_block < self.model.n_layer:
             raise ConfigError(f"spike.param_block: {self.spike.param_block} is outside 0..model.n_layer-1")
         for width in self.search.widths:
             if width <= 0 or width % (2 * self.model.n_head):
-                raise ConfigError(f"search.widths: width {width} is not a positive multiple of 2·model.n_head="
-                                  f"{2 * self.model.n_head} (heads of even size)")
+                raise ConfigError(
+                    f"search.widths: width {width} is not a positive multiple of 2·model.n_head="
+                    f"{2 * self.model.n_head} (heads of even size)"
+                )
         if self.mup.parametrization not in self.search.parametrizations:
-            raise ConfigError(f"search.parametrizations: {self.search.parametrizations} lacks "
-                              f"mup.parametrization={self.mup.parametrization!r}, whose LR pretrain takes")
+            raise ConfigError(
+                f"search.parametrizations: {self.search.parametrizations} lacks "
+                f"mup.parametrization={self.mup.parametrization!r}, whose LR pretrain takes"
+            )
 
 
-def resolve_study(params: str | Path = "params.yaml", profile: str | None = None,
-                  overrides: dict[str, Any] | None = None) -> Resolved:
+def resolve_study(
+    params: str | Path = "params.yaml", profile: str | None = None, overrides: dict[str, Any] | None = None
+) -> Resolved:
     """The study's config and where its values came from (precedence: model/typed_config.py: resolve)."""
     return resolve(Config, params, profile, overrides)
 
 
-def load_config(params: str | Path = "params.yaml", profile: str | None = None,
-                overrides: dict[str, Any] | None = None) -> Config:
+def load_config(
+    params: str | Path = "params.yaml", profile: str | None = None, overrides: dict[str, Any] | None = None
+) -> Config:
     """The validated study config of ``params`` under a profile, with ``overrides`` (dotted keys) on top."""
     return resolve_study(params, profile, overrides).config
 
@@ -82,8 +91,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
     return from_dict(Config, raw, source)
 
 
-def project_config(profile: str | None = None,
-                   overrides: dict[str, Any] | None = None) -> tuple[Config, Path]:
+def project_config(profile: str | None = None, overrides: dict[str, Any] | None = None) -> tuple[Config, Path]:
     """The validated config of the project a stage runs in (``overrides``: dotted keys, highest
     precedence), and that project's directory."""
     project = project_dir()

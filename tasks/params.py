@@ -29,16 +29,19 @@ from tasks.runtime.paths import project_dir
 RESOLVED = Path("params/resolved.yaml")
 """The resolved config, relative to the project (dvc.yaml names the same path)."""
 
-HEADER = ("# Written by the `params` stage (tasks/params.py): the values every stage runs with.\n"
-          "# Do not edit; change params.yaml or profiles/, then `dvc repro`.\n")
+HEADER = (
+    "# Written by the `params` stage (tasks/params.py): the values every stage runs with.\n"
+    "# Do not edit; change params.yaml or profiles/, then `dvc repro`.\n"
+)
 
 
 def write_resolved(project: Path) -> str:
     """Resolve and check the project's config, write it to RESOLVED; return the profile's notice."""
     resolved = resolve_study(project / "params.yaml")
     check_runtime(resolved.config)
-    text = HEADER + yaml.safe_dump(dataclasses.asdict(resolved.config), sort_keys=False,
-                                   default_flow_style=False, allow_unicode=True)
+    text = HEADER + yaml.safe_dump(
+        dataclasses.asdict(resolved.config), sort_keys=False, default_flow_style=False, allow_unicode=True
+    )
     out = project / RESOLVED
     out.parent.mkdir(parents=True, exist_ok=True)
     temp = out.with_name(f".{out.name}.tmp-{os.getpid()}")

@@ -28,8 +28,14 @@ def missing() -> str | None:
 
 def chrome(width: int = 1280, height: int = 800) -> webdriver.Chrome:
     options = Options()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                f"--window-size={width},{height}", "--hide-scrollbars"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        f"--window-size={width},{height}",
+        "--hide-scrollbars",
+    ):
         options.add_argument(arg)
     binary = next(b for b in map(shutil.which, BROWSERS) if b)
     options.binary_location = binary
@@ -49,5 +55,6 @@ def wait_for_text(driver: webdriver.Chrome, *needles: str, timeout: float = 60) 
 def image_loads(driver: webdriver.Chrome, url: str) -> bool:
     """Open an image by URL: it loads when the browser decoded it to a non-empty size."""
     driver.get(url)
-    return bool(driver.execute_script(
-        "const img = document.images[0]; return img && img.complete && img.naturalWidth > 0"))
+    return bool(
+        driver.execute_script("const img = document.images[0]; return img && img.complete && img.naturalWidth > 0")
+    )

@@ -13,9 +13,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-TEST_PORTS = {"SPIKELAB_PREFECT_PORT": os.environ.get("SPIKELAB_TEST_PREFECT_PORT", "4299"),
-              "SPIKELAB_MLFLOW_PORT": os.environ.get("SPIKELAB_TEST_MLFLOW_PORT", "5099"),
-              "SPIKELAB_DASHBOARD_PORT": os.environ.get("SPIKELAB_TEST_DASHBOARD_PORT", "8099")}
+TEST_PORTS = {
+    "SPIKELAB_PREFECT_PORT": os.environ.get("SPIKELAB_TEST_PREFECT_PORT", "4299"),
+    "SPIKELAB_MLFLOW_PORT": os.environ.get("SPIKELAB_TEST_MLFLOW_PORT", "5099"),
+    "SPIKELAB_DASHBOARD_PORT": os.environ.get("SPIKELAB_TEST_DASHBOARD_PORT", "8099"),
+}
 """Ports of the test servers: set SPIKELAB_TEST_PREFECT_PORT / SPIKELAB_TEST_MLFLOW_PORT /
 SPIKELAB_TEST_DASHBOARD_PORT when several checkouts run their suites on one machine."""
 
@@ -32,8 +34,9 @@ def live_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
 
     services.up(timeout=240)
     chosen = services.configure_environment()
-    assert chosen == {"prefect": paths.prefect_url(), "mlflow": paths.mlflow_url()}, \
+    assert chosen == {"prefect": paths.prefect_url(), "mlflow": paths.mlflow_url()}, (
         f"stages must use the running servers, not the local stores: {chosen}"
+    )
     try:
         yield dict(os.environ)
     finally:

@@ -51,8 +51,13 @@ def test_each_arm_config_is_valid_and_carries_its_factors():
     cfg = Config()
     for arm in expand(cfg.ablation):
         c = arm_config(cfg, arm)
-        assert (c.model.block, c.optim.beta2, c.schedule.warmup_steps, c.optim.lr, c.train.seed) == \
-            (arm.block, arm.beta2, arm.warmup, arm.lr, arm.seed)
+        assert (c.model.block, c.optim.beta2, c.schedule.warmup_steps, c.optim.lr, c.train.seed) == (
+            arm.block,
+            arm.beta2,
+            arm.warmup,
+            arm.lr,
+            arm.seed,
+        )
         assert c.precision.mode == ("fp16" if arm.precision.startswith("fp16") else arm.precision)
         assert c.precision.loss_scaling == (arm.precision != "fp16_unscaled")
         assert c.model.qk_norm == (arm.stabilizer == "qk_norm")
@@ -60,14 +65,17 @@ def test_each_arm_config_is_valid_and_carries_its_factors():
         assert (c.model.d_model, c.train.steps, c.train.cpu_threads) == (cfg.ablation.d_model, cfg.ablation.steps, 1)
 
 
-@pytest.mark.parametrize(("key", "value", "message"), [
-    ("ablation.precisions", ["bf16", "fp8"], "ablation.precisions[1]"),
-    ("ablation.inject_step", 299, "ablation.inject_step"),
-    ("ablation.warmups", [20, 300], "ablation.warmups"),
-    ("ablation.beta2s", [0.95, 0.95], "repeats a value"),
-    ("ablation.d_model", 30, "ablation.d_model"),
-    ("ablation.lrs", [], "ablation.lrs: must not be empty"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("ablation.precisions", ["bf16", "fp8"], "ablation.precisions[1]"),
+        ("ablation.inject_step", 299, "ablation.inject_step"),
+        ("ablation.warmups", [20, 300], "ablation.warmups"),
+        ("ablation.beta2s", [0.95, 0.95], "repeats a value"),
+        ("ablation.d_model", 30, "ablation.d_model"),
+        ("ablation.lrs", [], "ablation.lrs: must not be empty"),
+    ],
+)
 def test_a_bad_grid_is_refused_naming_the_key(key, value, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         Config().replace(**{key: value})
@@ -118,8 +126,15 @@ def test_a_spike_whose_loss_never_came_back_finite_counts_as_infinite_after_the_
         broken = arm.precision == "fp16" or arm.beta2 == 0.999
         response = spike_response(rows_ if broken else rows([5.0] * 300), 150, 3, 10, 0.03, end=300)
         metrics = {"val_loss": 5.0, "init_loss": 6.0, "diverged": False, "nonfinite_steps": 0, **response}
-        arms.append({"name": arm.name(base), "seed": arm.seed, "factors": arm.factors, "status": "completed",
-                     "metrics": metrics})
+        arms.append(
+            {
+                "name": arm.name(base),
+                "seed": arm.seed,
+                "factors": arm.factors,
+                "status": "completed",
+                "metrics": metrics,
+            }
+        )
     findings = {f.key: f for f in evaluate(cfg, json_round_trip({"arms": arms}), None, None)}
     assert "scaled none finite + 3 non-finite" in findings["fp16"].numbers  # not "no runs", not a crash
     assert "(Δ=+inf, none (a non-finite value: no t-test))" in findings["beta2"].numbers  # the worst, not missing
@@ -144,14 +159,17 @@ def test_lr_sensitivity_caps_at_the_loss_at_init_and_counts_divergence():
     assert value == pytest.approx((0.5 + 0.0 + 4.5 + 4.5) / 4)
 
 
-@pytest.mark.parametrize(("claims", "expected"), [
-    ([Claim("a", 1.0, 0.01), Claim("b", 2.0, 0.001)], REPRODUCED),
-    ([Claim("a", 1.0, 0.01), Claim("b", 2.0, 0.2)], INCONCLUSIVE),
-    ([Claim("a", -1.0, 0.3), Claim("b", -2.0, 0.2)], NOT_REPRODUCED),   # nothing points the way
-    ([Claim("a", 1.0, 0.01), Claim("b", -2.0, 0.01)], NOT_REPRODUCED),  # one significantly opposite
-    ([Claim("a", -1.0, 0.01, expected=-1)], REPRODUCED),
-    ([Claim("a", 1.0, None)], INCONCLUSIVE),
-])
+@pytest.mark.parametrize(
+    ("claims", "expected"),
+    [
+        ([Claim("a", 1.0, 0.01), Claim("b", 2.0, 0.001)], REPRODUCED),
+        ([Claim("a", 1.0, 0.01), Claim("b", 2.0, 0.2)], INCONCLUSIVE),
+        ([Claim("a", -1.0, 0.3), Claim("b", -2.0, 0.2)], NOT_REPRODUCED),  # nothing points the way
+        ([Claim("a", 1.0, 0.01), Claim("b", -2.0, 0.01)], NOT_REPRODUCED),  # one significantly opposite
+        ([Claim("a", -1.0, 0.01, expected=-1)], REPRODUCED),
+        ([Claim("a", 1.0, None)], INCONCLUSIVE),
+    ],
+)
 def test_the_verdict_rule(claims, expected):
     assert verdict(claims) == expected
 
@@ -196,12 +214,15 @@ def policy(kind_type, gap=0.0):
     return {"type": kind_type, "final_gap": gap}
 
 
-@pytest.mark.parametrize("policies, expected", [
-    ({"continue": policy(2, 0.2), "rollback": policy(1), "skip_batch": policy(1)}, INCONCLUSIVE),  # n=1: untested
-    ({"continue": policy(2, 0.2), "rollback": policy(2, 0.1), "skip_batch": policy(1)}, INCONCLUSIVE),
-    ({"continue": policy(2, 0.2), "rollback": policy(2, 0.1), "skip_batch": policy(2, 0.1)}, NOT_REPRODUCED),
-    ({"continue": policy(1), "rollback": policy(1), "skip_batch": policy(1)}, NOT_REPRODUCED),  # no gap to close
-])
+@pytest.mark.parametrize(
+    "policies, expected",
+    [
+        ({"continue": policy(2, 0.2), "rollback": policy(1), "skip_batch": policy(1)}, INCONCLUSIVE),  # n=1: untested
+        ({"continue": policy(2, 0.2), "rollback": policy(2, 0.1), "skip_batch": policy(1)}, INCONCLUSIVE),
+        ({"continue": policy(2, 0.2), "rollback": policy(2, 0.1), "skip_batch": policy(2, 0.1)}, NOT_REPRODUCED),
+        ({"continue": policy(1), "rollback": policy(1), "skip_batch": policy(1)}, NOT_REPRODUCED),  # no gap to close
+    ],
+)
 def test_the_spike_policy_finding_goes_through_the_one_verdict_rule(policies, expected):
     finding = {f.key: f for f in evaluate(Config(), {"arms": []}, None, {"lr": policies})}["spike"]
     assert finding.verdict == expected
@@ -214,19 +235,33 @@ def test_post_ln_arms_that_diverged_without_warmup_are_counted():
     arms = []
     for arm in expand(cfg.ablation):
         diverged = arm.factors["block"] == "post_ln" and arm.factors["warmup"] == 0
-        metrics = {"val_loss": None if diverged else 5.0, "init_loss": 6.9, "diverged": diverged,
-                   **spike_response(rows([5.0] * 300), 150, 3, 10, 0.03, end=300)}
-        arms.append({"name": arm.name(base), "seed": arm.seed, "factors": arm.factors,
-                     "status": "diverged" if diverged else "completed", "metrics": metrics})
+        metrics = {
+            "val_loss": None if diverged else 5.0,
+            "init_loss": 6.9,
+            "diverged": diverged,
+            **spike_response(rows([5.0] * 300), 150, 3, 10, 0.03, end=300),
+        }
+        arms.append(
+            {
+                "name": arm.name(base),
+                "seed": arm.seed,
+                "factors": arm.factors,
+                "status": "diverged" if diverged else "completed",
+                "metrics": metrics,
+            }
+        )
     xiong = {f.key: f for f in evaluate(cfg, {"arms": arms}, None, None)}["xiong"]
     assert "diverged without warmup: post-LN 3, pre-LN 0" in xiong.numbers
 
 
-@pytest.mark.parametrize(("key", "value", "new_key"), [
-    ("train.diverge_after", 5, True),     # when an arm stops as diverged
-    ("spike.detect_zscore", 3.0, True),   # which steps its detector flags
-    ("train.log_every", 7, False),        # how often it is observed: the cached result stands
-])
+@pytest.mark.parametrize(
+    ("key", "value", "new_key"),
+    [
+        ("train.diverge_after", 5, True),  # when an arm stops as diverged
+        ("spike.detect_zscore", 3.0, True),  # which steps its detector flags
+        ("train.log_every", 7, False),  # how often it is observed: the cached result stands
+    ],
+)
 def test_an_arm_is_rerun_when_a_setting_that_shapes_its_result_changes(key, value, new_key):
     cfg = arm_config(Config(), base_arm(Config().ablation, 0))
     data = {"train": "a" * 64, "val": "b" * 64}

@@ -22,9 +22,18 @@ from tests.test_search import tiny_project
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
-GRID = {"ablation.blocks": ["pre_ln"], "ablation.precisions": ["bf16"], "ablation.beta2s": [0.95, 0.999],
-        "ablation.warmups": [5, 0], "ablation.stabilizers": ["none"], "ablation.lrs": [0.003],
-        "ablation.seeds": [0], "ablation.workers": 2, "ablation.retries": 1, "tracking.experiment": "ablate-test"}
+GRID = {
+    "ablation.blocks": ["pre_ln"],
+    "ablation.precisions": ["bf16"],
+    "ablation.beta2s": [0.95, 0.999],
+    "ablation.warmups": [5, 0],
+    "ablation.stabilizers": ["none"],
+    "ablation.lrs": [0.003],
+    "ablation.seeds": [0],
+    "ablation.workers": 2,
+    "ablation.retries": 1,
+    "tracking.experiment": "ablate-test",
+}
 """Four arms: base, warmup=0, beta2=0.999 and lr=0.003 (the stabilizer family's LR grid)."""
 
 CRASH = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
@@ -32,9 +41,11 @@ CRASH = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.S
 
 def crash_once(marker: Path, command: list[str]) -> list[str]:
     """A command that is killed the first time and runs ``command`` the next."""
-    code = (f"import os, signal, sys; from pathlib import Path; m = Path({str(marker)!r})\n"
-            f"if not m.exists(): m.touch(); os.kill(os.getpid(), signal.SIGKILL)\n"
-            f"os.execv(sys.executable, {command!r})")
+    code = (
+        f"import os, signal, sys; from pathlib import Path; m = Path({str(marker)!r})\n"
+        f"if not m.exists(): m.touch(); os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"os.execv(sys.executable, {command!r})"
+    )
     return [sys.executable, "-c", code]
 
 
@@ -106,7 +117,8 @@ def test_every_arm_is_a_prefect_task_and_a_crash_is_retried_then_reported_withou
     assert set(arms) == {"base", "warmup=0", "beta2=0.999", "lr=0.003"}
     assert arms["beta2=0.999"]["status"] == "failed" and "exit code -9" in arms["beta2=0.999"]["error"]
     assert {v: a["status"] for v, a in arms.items() if v != "beta2=0.999"} == dict.fromkeys(
-        ["base", "warmup=0", "lr=0.003"], "completed")
+        ["base", "warmup=0", "lr=0.003"], "completed"
+    )
     assert metrics["counts"]["failed"] == 1 and metrics["failed"] == ["beta2=0.999/s0"]
     runs = task_runs(state)
     assert runs["arm beta2=0.999/s0"] == ("FAILED", 2), "tried, then retried once (ablation.retries)"
@@ -131,12 +143,14 @@ def test_every_arm_has_its_mlflow_child_run_under_the_stage_run(first_run, live_
 def test_unchanged_arms_are_not_trained_again_and_new_arms_train_alone(first_run, project):
     import flows.ablate as stage
 
-    results = {a["variant"]: project / "runs" / "ablate" / "arms" / a["key"] / "result.json"
-               for a in first_run[1]["arms"]}
+    results = {
+        a["variant"]: project / "runs" / "ablate" / "arms" / a["key"] / "result.json" for a in first_run[1]["arms"]
+    }
     before = {v: p.stat().st_mtime_ns for v, p in results.items() if p.exists()}
     with on_test_servers(project):
-        state = stage.ablate_flow(profile="smoke", overrides={**GRID, "ablation.beta2s": [0.95, 0.999, 0.99]},
-                                  return_state=True)
+        state = stage.ablate_flow(
+            profile="smoke", overrides={**GRID, "ablation.beta2s": [0.95, 0.999, 0.99]}, return_state=True
+        )
     metrics = json.loads((project / "metrics" / "ablate.json").read_text())
     arms = by_variant(metrics)
     assert {v for v, a in arms.items() if not a["cached"]} == {"beta2=0.999", "beta2=0.99"}

@@ -56,9 +56,18 @@ def _logged(rec: Recorder) -> list[tuple[int, str, float]]:
 @pytest.mark.parametrize("mode", ["fp32", "fp16"])
 def test_stopped_and_resumed_run_is_bitwise_identical_to_uninterrupted_run(tmp_path, mode):
     # Dropout exercises the RNG; log_every=2 with a stop at step 5 resumes mid log interval.
-    cfg = tiny_config(**{"train.steps": 8, "train.log_every": 2, "train.layer_stats_every": 3,
-                         "train.eval_every": 4, "model.dropout": 0.1, "precision.mode": mode,
-                         "precision.emulate": "always", "checkpoint.every_steps": 3})
+    cfg = tiny_config(
+        **{
+            "train.steps": 8,
+            "train.log_every": 2,
+            "train.layer_stats_every": 3,
+            "train.eval_every": 4,
+            "model.dropout": 0.1,
+            "precision.mode": mode,
+            "precision.emulate": "always",
+            "checkpoint.every_steps": 3,
+        }
+    )
     straight = Recorder()
     train(cfg, TOKENS, VAL, tmp_path / "straight", [straight, CSVLogger(tmp_path / "straight_csv")])
 
@@ -158,8 +167,9 @@ def test_checkpoint_loads_with_weights_only_and_restores_every_rng(tmp_path):
 
 def test_keeps_the_last_k_rolling_checkpoints_and_every_milestone(tmp_path):
     # every_minutes tiny: a wall-clock save is due after every step.
-    cfg = tiny_config(**{"train.steps": 10, "checkpoint.every_minutes": 1e-9,
-                         "checkpoint.keep_last": 2, "checkpoint.milestones": [3]})
+    cfg = tiny_config(
+        **{"train.steps": 10, "checkpoint.every_minutes": 1e-9, "checkpoint.keep_last": 2, "checkpoint.milestones": [3]}
+    )
     train(cfg, TOKENS, VAL, tmp_path)
     assert [s for s, _ in list_checkpoints(tmp_path / "checkpoints")] == [3, 9, 10]
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if ".tmp" in p.name]
@@ -192,8 +202,14 @@ def test_sigterm_saves_a_checkpoint_exits_75_and_a_rerun_resumes_to_the_end(tmp_
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = [str(params), str(tmp_path / "train.bin"), str(tmp_path / "val.bin"), str(out)]
 
-    proc = subprocess.Popen([sys.executable, "-c", HARNESS, *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HARNESS, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stdout:  # not a TTY: one plain line per logged step
         if line.startswith("step 3/"):
             proc.send_signal(signal.SIGTERM)
@@ -205,9 +221,8 @@ def test_sigterm_saves_a_checkpoint_exits_75_and_a_rerun_resumes_to_the_end(tmp_
 
     capsys.readouterr()
     # The rerun goes through the CLI, in this process (a second interpreter start costs seconds).
-    assert main(["--params", str(params), "--train-tokens", args[1], "--val-tokens", args[2],
-                 "--out", str(out)]) == 0
+    assert main(["--params", str(params), "--train-tokens", args[1], "--val-tokens", args[2], "--out", str(out)]) == 0
     printed = capsys.readouterr()
     assert f"loaded {path} at step {payload['step']}" in printed.err
-    summary = json.loads(printed.out[printed.out.index("{"):])
+    summary = json.loads(printed.out[printed.out.index("{") :])
     assert summary["start_step"] == payload["step"] and summary["steps"] == 60

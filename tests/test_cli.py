@@ -17,10 +17,12 @@ HEAVY = ("torch", "prefect", "mlflow", "dvc", "optuna")
 
 
 def test_help_answers_within_half_a_second_without_importing_heavy_libraries():
-    probe = ("import sys, contextlib, io\nfrom flows.__main__ import main\n"
-             "with contextlib.redirect_stdout(io.StringIO()):\n"
-             "    try: main(['--help'])\n    except SystemExit: pass\n"
-             f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    probe = (
+        "import sys, contextlib, io\nfrom flows.__main__ import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try: main(['--help'])\n    except SystemExit: pass\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
     elapsed = time.perf_counter() - started
@@ -44,8 +46,9 @@ def test_set_values_are_typed_by_their_key_and_a_malformed_pair_is_a_user_error(
     from model.typed_config import UserError, parse_sets
     from tasks.config import load_config
 
-    sets = parse_sets(["optim.lr=0.02", "model.qk_norm=true", "train.steps=450", "model.block=post_ln",
-                       "data.path=007"])
+    sets = parse_sets(
+        ["optim.lr=0.02", "model.qk_norm=true", "train.steps=450", "model.block=post_ln", "data.path=007"]
+    )
     cfg = load_config(REPO / "params.yaml", overrides=sets)
     assert (cfg.optim.lr, cfg.model.qk_norm, cfg.train.steps, cfg.model.block) == (0.02, True, 450, "post_ln")
     assert cfg.data.path == "007"  # a string-typed key keeps its text, not YAML's 7
@@ -62,8 +65,7 @@ def test_a_bad_set_value_exits_2_naming_the_key(capsys):
 
 
 @pytest.mark.parametrize("stop, code", [("Preempted", 75), ("Diverged", 3), ("Stopped", 4)])
-def test_a_run_that_did_not_complete_exits_with_its_code_and_one_line_saying_what_next(monkeypatch, capsys,
-                                                                                      stop, code):
+def test_a_run_that_did_not_complete_exits_with_its_code_and_one_line_saying_what_next(monkeypatch, capsys, stop, code):
     import flows.__main__ as cli
     from model import stops
 
@@ -83,7 +85,7 @@ def test_status_lists_every_dvc_stage_params_included(monkeypatch):
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, changed, ""))
     monkeypatch.chdir(REPO)
     lines = cli.stage_status()
-    assert [line.split()[0] for line in lines][:len(STAGES) + 1] == [PARAMS_STAGE, *STAGES]
+    assert [line.split()[0] for line in lines][: len(STAGES) + 1] == [PARAMS_STAGE, *STAGES]
     assert lines[0].split(None, 1)[1] == "changed: changed deps (params.yaml)"
     assert all(line.endswith("up to date") for line in lines[1:])
 
@@ -109,13 +111,21 @@ def test_a_typed_stop_shows_in_prefect_as_what_it_was_with_what_to_do_next(live_
     import json
     import urllib.request
 
-    done = subprocess.run([sys.executable, "-c", STOPPED_STAGE, stop], cwd=REPO, capture_output=True, text=True,
-                          env={**live_services, "PYTHONPATH": str(REPO)},
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", STOPPED_STAGE, stop],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**live_services, "PYTHONPATH": str(REPO)},
+        timeout=300,
+    )
     assert done.returncode == code, done.stderr[-3000:]
     body = {"flows": {"name": {"any_": ["probe-typed-stop"]}}, "sort": "START_TIME_DESC", "limit": 1}
-    request = urllib.request.Request(f"{live_services['PREFECT_API_URL']}/flow_runs/filter",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{live_services['PREFECT_API_URL']}/flow_runs/filter",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         (flow_run,) = json.load(response)
     assert flow_run["state"]["name"] == state, flow_run["state"]

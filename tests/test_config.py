@@ -113,21 +113,31 @@ def test_scalar_given_for_a_section_is_rejected(tmp_path):
 @pytest.mark.parametrize(
     ("text", "key"),
     [
-        ("model:\n  n_layer: four\n", "model.n_layer"),      # string for int
-        ("model:\n  n_layer: 2.5\n", "model.n_layer"),       # float for int
-        ("train:\n  steps: true\n", "train.steps"),          # bool for int
-        ("model:\n  qk_norm: 1\n", "model.qk_norm"),         # int for bool
+        ("model:\n  n_layer: four\n", "model.n_layer"),  # string for int
+        ("model:\n  n_layer: 2.5\n", "model.n_layer"),  # float for int
+        ("train:\n  steps: true\n", "train.steps"),  # bool for int
+        ("model:\n  qk_norm: 1\n", "model.qk_norm"),  # int for bool
         ("model:\n  qk_norm: 'yes please'\n", "model.qk_norm"),  # string for bool
-        ("optim:\n  lr: fast\n", "optim.lr"),                # non-numeric string for float
-        ("optim:\n  lr: true\n", "optim.lr"),                # bool for float
-        ("optim:\n  lr: .nan\n", "optim.lr"),                # non-finite float
-        ("search:\n  widths: 64\n", "search.widths"),        # scalar where a list is expected
+        ("optim:\n  lr: fast\n", "optim.lr"),  # non-numeric string for float
+        ("optim:\n  lr: true\n", "optim.lr"),  # bool for float
+        ("optim:\n  lr: .nan\n", "optim.lr"),  # non-finite float
+        ("search:\n  widths: 64\n", "search.widths"),  # scalar where a list is expected
         ("search:\n  widths: [64, wide]\n", "search.widths[1]"),  # wrong item type
         ("tracking:\n  experiment: 3\n", "tracking.experiment"),  # int for str
     ],
-    ids=["str-for-int", "float-for-int", "bool-for-int", "int-for-bool", "str-for-bool",
-         "str-for-float", "bool-for-float", "nan-for-float", "scalar-for-list", "list-item",
-         "int-for-str"],
+    ids=[
+        "str-for-int",
+        "float-for-int",
+        "bool-for-int",
+        "int-for-bool",
+        "str-for-bool",
+        "str-for-float",
+        "bool-for-float",
+        "nan-for-float",
+        "scalar-for-list",
+        "list-item",
+        "int-for-str",
+    ],
 )
 def test_wrong_type_is_rejected_naming_the_dotted_key(tmp_path, text, key):
     msg = config_error(write_params(tmp_path, text))
@@ -231,8 +241,10 @@ def test_cuda_device_where_cuda_is_unavailable_is_rejected_naming_the_key(monkey
 
 
 def test_config_and_its_runtime_check_stay_torch_free_unless_cuda_is_asked_for():
-    code = ("import sys; from tasks.config import Config, check_runtime; check_runtime(Config()); "
-            "check_runtime(Config().replace(**{'train.device': 'cpu'})); assert 'torch' not in sys.modules")
+    code = (
+        "import sys; from tasks.config import Config, check_runtime; check_runtime(Config()); "
+        "check_runtime(Config().replace(**{'train.device': 'cpu'})); assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
@@ -241,8 +253,7 @@ def test_config_and_its_runtime_check_stay_torch_free_unless_cuda_is_asked_for()
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", ["", "# only a comment\n", "{}\n"],
-                         ids=["empty", "comments", "empty-mapping"])
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "{}\n"], ids=["empty", "comments", "empty-mapping"])
 def test_an_empty_params_file_is_an_error_naming_the_file(tmp_path, text):
     params = write_params(tmp_path, text)
     msg = config_error(params)
@@ -262,9 +273,12 @@ def test_a_profile_may_not_choose_a_profile(tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "key", "lines"),
-    [("train:\n  steps: 100\n  seed: 1\n  steps: 200\n", "train.steps", "lines 2 and 4"),
-     ("optim:\n  lr: 0.1\ntrain:\n  steps: 5\noptim:\n  beta2: 0.99\n", "optim", "lines 1 and 5")],
-    ids=["key", "section"])
+    [
+        ("train:\n  steps: 100\n  seed: 1\n  steps: 200\n", "train.steps", "lines 2 and 4"),
+        ("optim:\n  lr: 0.1\ntrain:\n  steps: 5\noptim:\n  beta2: 0.99\n", "optim", "lines 1 and 5"),
+    ],
+    ids=["key", "section"],
+)
 def test_a_duplicate_key_in_params_is_rejected_naming_file_key_and_lines(tmp_path, text, key, lines):
     params = write_params(tmp_path, text)
     msg = config_error(params)
@@ -313,7 +327,7 @@ def test_profile_overlay_sets_what_params_leaves_at_the_default_and_keeps_the_re
     cfg = load_config(params)
     assert cfg.profile == "tiny"
     assert cfg.model.n_layer == 1  # params.yaml holds the default 4: the overlay applies
-    assert cfg.model.n_head == 2   # an explicit key of the same section survives
+    assert cfg.model.n_head == 2  # an explicit key of the same section survives
     assert cfg.optim.lr == 1e-3
     # The argument overrides the file's own profile key.
     assert load_config(params, profile="default").model.n_layer == 4
@@ -322,7 +336,9 @@ def test_profile_overlay_sets_what_params_leaves_at_the_default_and_keeps_the_re
 def test_overlay_result_is_validated_as_a_whole(tmp_path):
     # Each file is valid alone; together warmup exceeds steps.
     write_params(tmp_path, "train:\n  steps: 250\n", "profiles/short.yaml")
-    params = write_params(tmp_path, "schedule:\n  warmup_steps: 260\ncheckpoint:\n  milestones: [100]\nspike:\n  at_step: 100\n")
+    params = write_params(
+        tmp_path, "schedule:\n  warmup_steps: 260\ncheckpoint:\n  milestones: [100]\nspike:\n  at_step: 100\n"
+    )
     load_config(params)
     msg = config_error(params, profile="short")
     assert msg.startswith("schedule.warmup_steps:")
@@ -378,7 +394,9 @@ def test_the_default_profile_names_no_keys(tmp_path):
 
 def test_explicit_means_different_from_the_default_profile_not_from_the_declared_default(tmp_path):
     write_params(tmp_path, "train:\n  steps: 500\n", "profiles/default.yaml")
-    write_params(tmp_path, "train:\n  steps: 30\ncheckpoint:\n  milestones: [20]\nspike:\n  at_step: 20\n", "profiles/smoke.yaml")
+    write_params(
+        tmp_path, "train:\n  steps: 30\ncheckpoint:\n  milestones: [20]\nspike:\n  at_step: 20\n", "profiles/smoke.yaml"
+    )
     # 300 is the declared default but not the default profile's value: the user set it.
     assert load_config(write_params(tmp_path, "profile: smoke\ntrain:\n  steps: 300\n")).train.steps == 300
     assert load_config(write_params(tmp_path, "profile: smoke\ntrain:\n  steps: 500\n")).train.steps == 30
@@ -394,24 +412,39 @@ def test_overrides_win_over_params_and_profile(tmp_path):
 
 def test_override_strings_are_read_like_dvc_set_except_for_string_keys(tmp_path):
     params = write_params(tmp_path, "profile: default\n")
-    cfg = load_config(params, overrides={"train.steps": "100", "search.widths": "[16, 32]",
-                                         "optim.lr": "3e-4", "tracking.experiment": "3",
-                                         "model.block": "post_ln", "spike.at_step": "50",
-                                         "checkpoint.milestones": "[50]"})
+    cfg = load_config(
+        params,
+        overrides={
+            "train.steps": "100",
+            "search.widths": "[16, 32]",
+            "optim.lr": "3e-4",
+            "tracking.experiment": "3",
+            "model.block": "post_ln",
+            "spike.at_step": "50",
+            "checkpoint.milestones": "[50]",
+        },
+    )
     assert cfg.train.steps == 100 and cfg.search.widths == [16, 32] and cfg.optim.lr == 3e-4
     assert cfg.tracking.experiment == "3" and cfg.model.block == "post_ln"
 
 
-@pytest.mark.parametrize(("override", "key"), [({"optim.lrr": 1e-3}, "optim.lrr"),
-                                               ({"train.steps": "many"}, "train.steps"),
-                                               ({"optim.beta2": 1.5}, "optim.beta2")])
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ({"optim.lrr": 1e-3}, "optim.lrr"),
+        ({"train.steps": "many"}, "train.steps"),
+        ({"optim.beta2": 1.5}, "optim.beta2"),
+    ],
+)
 def test_a_bad_override_is_rejected_naming_its_key(tmp_path, override, key):
     msg = config_error(write_params(tmp_path, "profile: default\n"), overrides=override)
     assert msg.startswith(f"{key}:")
 
 
 def test_a_profile_override_selects_the_overlay_and_may_not_contradict_the_argument(tmp_path):
-    write_params(tmp_path, "train:\n  steps: 30\ncheckpoint:\n  milestones: [20]\nspike:\n  at_step: 20\n", "profiles/smoke.yaml")
+    write_params(
+        tmp_path, "train:\n  steps: 30\ncheckpoint:\n  milestones: [20]\nspike:\n  at_step: 20\n", "profiles/smoke.yaml"
+    )
     params = write_params(tmp_path, "profile: default\n")
     assert load_config(params, overrides={"profile": "smoke"}).train.steps == 30
     msg = config_error(params, profile="default", overrides={"profile": "smoke"})

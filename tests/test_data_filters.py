@@ -30,8 +30,10 @@ from tasks.data.quality import PLANTED, measure_filters, planted_corpus
 from tasks.data.sources import Skips, stdlib_documents
 from tasks.runtime.outputs import DOCS_FILE, SOURCE_FILE
 
-PROSE = ("The quick brown fox jumps over the lazy dog. Return a new list containing all items from "
-         "the iterable in ascending order; a custom key function can be supplied to customise the sort order.")
+PROSE = (
+    "The quick brown fox jumps over the lazy dog. Return a new list containing all items from "
+    "the iterable in ascending order; a custom key function can be supplied to customise the sort order."
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +54,9 @@ def write_raw(raw_dir: Path, docs: list[dict[str, str]]) -> Path:
 
 def run_filter(cfg: FilterConfig, raw_dir: Path, out: Path) -> dict[str, float]:
     counts = screen_documents.fn(cfg, raw_dir, out / "poison", out / "work")
-    return drop_perplexity_outliers.fn(cfg, counts, raw_dir, out / "work", out / "clean", out / "poison",
-                                       out / "filter.json")
+    return drop_perplexity_outliers.fn(
+        cfg, counts, raw_dir, out / "work", out / "clean", out / "poison", out / "filter.json"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,8 +119,7 @@ def test_dedup_drops_exact_and_near_copies_and_keeps_the_first_and_distinct_docu
 
 
 def test_disabled_filters_keep_what_they_would_drop():
-    off = FilterConfig(invalid_utf8=False, nonprintable=False, length=False, char_run=False,
-                       repeated_ngram=False)
+    off = FilterConfig(invalid_utf8=False, nonprintable=False, length=False, char_run=False, repeated_ngram=False)
     garbage = "\x00" * 10 + b"\xff".decode("utf-8", "surrogateescape") + " " * 1000 + " la" * 50
     assert Screen(off).reason(garbage) is None
 

@@ -52,8 +52,15 @@ def test_undecodable_bytes_reach_the_filter_as_surrogate_escapes(tmp_path):
 
 
 def test_jsonl_skips_and_counts_lines_that_are_not_json_or_lack_the_field(tmp_path):
-    lines = [json.dumps({"body": "good one"}), "{not json", json.dumps({"text": "wrong field"}),
-             json.dumps({"body": 42}), "", json.dumps(["a list"]), json.dumps({"body": "good two"})]
+    lines = [
+        json.dumps({"body": "good one"}),
+        "{not json",
+        json.dumps({"text": "wrong field"}),
+        json.dumps({"body": 42}),
+        "",
+        json.dumps(["a list"]),
+        json.dumps({"body": "good two"}),
+    ]
     (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
     counts, docs = prepare(tmp_path, source="jsonl", path="c.jsonl", jsonl_field="body")
     assert [d["text"] for d in docs] == ["good one", "good two"]
@@ -62,8 +69,11 @@ def test_jsonl_skips_and_counts_lines_that_are_not_json_or_lack_the_field(tmp_pa
 
 def test_a_jsonl_file_without_any_usable_line_names_the_file_and_the_key(tmp_path):
     (tmp_path / "c.jsonl").write_text('{"body": "x"}\nnot json\n')
-    with pytest.raises(InputError, match=r"c\.jsonl.*no usable document.*c\.jsonl:1: no string field 'text' "
-                                         r"\(data\.jsonl_field\).*c\.jsonl:2: not JSON"):
+    with pytest.raises(
+        InputError,
+        match=r"c\.jsonl.*no usable document.*c\.jsonl:1: no string field 'text' "
+        r"\(data\.jsonl_field\).*c\.jsonl:2: not JSON",
+    ):
         prepare(tmp_path, source="jsonl", path="c.jsonl")
 
 

@@ -31,8 +31,9 @@ def run_stages(project: Path, data: DataConfig = DATA) -> Path:
     read_corpus.fn(data, project, d / "raw")
     cfg = FilterConfig(poison_generated=6)
     counts = screen_documents.fn(cfg, d / "raw", d / "poison", project / "work")
-    drop_perplexity_outliers.fn(cfg, counts, d / "raw", project / "work", d / "clean", d / "poison",
-                                project / "metrics" / "filter.json")
+    drop_perplexity_outliers.fn(
+        cfg, counts, d / "raw", project / "work", d / "clean", d / "poison", project / "metrics" / "filter.json"
+    )
     tokenizer = train_tokenizer.fn(TOKENIZER, data, d / "clean", d / "tokens")
     encode_shards.fn(TOKENIZER, data, tokenizer, d / "clean", d / "poison")
     return project

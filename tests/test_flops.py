@@ -21,10 +21,16 @@ def test_flops_per_token_is_6n_plus_attention_with_n_the_matmul_weights(tied):
     assert flops.model_flops_per_token(model) == 6 * n + attention
 
 
-@pytest.mark.parametrize("name, peak", [
-    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H200", 989e12),
-    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA GeForce RTX 4090", None),
-])
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
 def test_peak_flops_by_device_name_and_mfu(monkeypatch, name, peak):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     assert flops.peak_flops(torch.device("cuda")) == peak

@@ -28,7 +28,11 @@ def test_each_field_is_typed_as_declared_and_described_by_the_config_docstring()
 def test_only_the_fields_a_user_filled_in_become_overrides():
     form = Overrides(model={"block": "post_ln", "qk_norm": True}, optim={"lr": 0.02})
     assert dotted(form, {"filter.min_chars": 100}) == {
-        "model.block": "post_ln", "model.qk_norm": True, "optim.lr": 0.02, "filter.min_chars": 100}
+        "model.block": "post_ln",
+        "model.qk_norm": True,
+        "optim.lr": 0.02,
+        "filter.min_chars": 100,
+    }
     assert dotted(Overrides()) == {}
 
 

@@ -30,8 +30,13 @@ def source_files(root: Path = REPO) -> dict[str, Path]:
 def runtime_imports(path: Path) -> list[str]:
     """Absolute module names ``path`` imports, at top level or inside functions, less TYPE_CHECKING blocks."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-               for stmt in node.body for n in ast.walk(stmt)}
+    skipped = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for stmt in node.body
+        for n in ast.walk(stmt)
+    }
     names = []
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -47,8 +52,10 @@ def import_graph(root: Path = REPO) -> dict[str, set[str]]:
     """Project module -> the project modules it imports (``from a import b`` counts ``a.b`` when
     that is a module, else ``a``)."""
     files = source_files(root)
-    return {name: {target for target in runtime_imports(path) if target in files and target != name}
-            for name, path in files.items()}
+    return {
+        name: {target for target in runtime_imports(path) if target in files and target != name}
+        for name, path in files.items()
+    }
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -61,7 +68,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         stack.pop()
@@ -95,15 +102,21 @@ def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path)
 
 @pytest.mark.parametrize("lower, upper", [("model", "tasks"), ("model", "flows"), ("tasks", "flows")])
 def test_imports_point_down_the_layers(lower, upper):
-    upward = {name: sorted(t for t in targets if t.split(".")[0] == upper)
-              for name, targets in import_graph().items() if name.split(".")[0] == lower}
+    upward = {
+        name: sorted(t for t in targets if t.split(".")[0] == upper)
+        for name, targets in import_graph().items()
+        if name.split(".")[0] == lower
+    }
     assert not {k: v for k, v in upward.items() if v}
 
 
 def test_runtime_builds_on_no_stage_and_no_study_config():
     graph = import_graph()
-    bad = {name: sorted(t for t in targets if t.startswith("tasks.") and not t.startswith("tasks.runtime"))
-           for name, targets in graph.items() if name.startswith("tasks.runtime")}
+    bad = {
+        name: sorted(t for t in targets if t.startswith("tasks.") and not t.startswith("tasks.runtime"))
+        for name, targets in graph.items()
+        if name.startswith("tasks.runtime")
+    }
     assert not {k: v for k, v in bad.items() if v}
 
 

@@ -128,8 +128,11 @@ def randomise(module: torch.nn.Module, seed: int = 0) -> None:
 @pytest.mark.parametrize("block", BLOCKS)
 def test_block_forward_matches_hand_written_reference(block, norm, mlp, qk_norm, bias):
     torch.manual_seed(0)
-    model = GPT(tiny(n_layer=1, block=block, norm=norm, mlp=mlp, qk_norm=qk_norm, bias=bias),
-                MupConfig(), VOCAB).double().eval()
+    model = (
+        GPT(tiny(n_layer=1, block=block, norm=norm, mlp=mlp, qk_norm=qk_norm, bias=bias), MupConfig(), VOCAB)
+        .double()
+        .eval()
+    )
     blk = model.blocks[0]
     randomise(blk)
     x = torch.randn(2, 8, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 1.5 + 0.5
@@ -145,8 +148,11 @@ def test_reference_distinguishes_the_variants():
     outputs = {}
     for combo in itertools.product(BLOCKS, NORMS, MLPS, (False, True)):
         torch.manual_seed(0)
-        blk = GPT(tiny(n_layer=1, block=combo[0], norm=combo[1], mlp=combo[2], qk_norm=combo[3]),
-                  MupConfig(), VOCAB).double().blocks[0]
+        blk = (
+            GPT(tiny(n_layer=1, block=combo[0], norm=combo[1], mlp=combo[2], qk_norm=combo[3]), MupConfig(), VOCAB)
+            .double()
+            .blocks[0]
+        )
         randomise(blk)
         with torch.no_grad():
             outputs[combo] = blk(x)
@@ -193,8 +199,14 @@ def test_attention_scale_is_inverse_sqrt_head_dim_under_sp_and_inverse_head_dim_
 @pytest.mark.parametrize("block", BLOCKS)
 def test_gpt_forward_is_embed_blocks_final_norm_readout_with_mup_multipliers(block):
     torch.manual_seed(0)
-    mup = MupConfig(parametrization="mup", base_width=16, input_alpha=2.0, output_alpha=3.0,
-                    zero_init_readout=False, zero_init_query=False)
+    mup = MupConfig(
+        parametrization="mup",
+        base_width=16,
+        input_alpha=2.0,
+        output_alpha=3.0,
+        zero_init_readout=False,
+        zero_init_query=False,
+    )
     model = GPT(tiny(block=block, norm="layernorm"), mup, VOCAB).double().eval()
     x, _ = tokens()
     with torch.no_grad():
@@ -245,7 +257,7 @@ def test_gpt_forward_returns_cross_entropy_and_z_loss_of_its_logits():
     log_z = torch.log(torch.exp(flat).sum(-1))
     want_ce = (log_z - flat.gather(1, y.reshape(-1, 1)).squeeze(1)).mean()
     assert_close(ce.double(), want_ce, rtol=1e-5, atol=1e-6)
-    assert_close(z.double(), coef * (log_z ** 2).mean(), rtol=1e-5, atol=1e-9)
+    assert_close(z.double(), coef * (log_z**2).mean(), rtol=1e-5, atol=1e-9)
     assert z.item() > 0
     z.backward()  # the z-loss is differentiable and reaches the readout
     assert model.readout.weight.grad is not None and model.readout.weight.grad.abs().sum() > 0
@@ -349,8 +361,11 @@ def test_mup_hidden_matrices_get_lr_over_m_and_weight_decay_times_m():
     hidden = groups["hidden"]
     assert hidden["lr_mult"] == pytest.approx(1 / 4)
     assert hidden["weight_decay"] == pytest.approx(wd * 4)
-    expected = {id(lin.weight) for blk in model.blocks
-                for lin in (blk.attn.q, blk.attn.kv, blk.attn.proj, blk.mlp.up, blk.mlp.proj)}
+    expected = {
+        id(lin.weight)
+        for blk in model.blocks
+        for lin in (blk.attn.q, blk.attn.kv, blk.attn.proj, blk.mlp.up, blk.mlp.proj)
+    }
     assert ids(hidden["params"]) == expected
 
 
@@ -377,12 +392,16 @@ def test_norms_and_biases_are_not_decayed_unless_asked():
     assert decayed["weight_decay"] == 0.1
 
 
-@pytest.mark.parametrize(("parametrization", "tie"), [("sp", False), ("sp", True), ("mup", False)],
-                         ids=["sp-untied", "sp-tied", "mup"])  # the config forbids μP with tied embeddings
+@pytest.mark.parametrize(
+    ("parametrization", "tie"), [("sp", False), ("sp", True), ("mup", False)], ids=["sp-untied", "sp-tied", "mup"]
+)  # the config forbids μP with tied embeddings
 def test_every_parameter_is_in_exactly_one_group(parametrization, tie):
     torch.manual_seed(0)
-    model = GPT(tiny(bias=True, qk_norm=True, tie_embeddings=tie),
-                MupConfig(parametrization=parametrization, base_width=16), VOCAB)
+    model = GPT(
+        tiny(bias=True, qk_norm=True, tie_embeddings=tie),
+        MupConfig(parametrization=parametrization, base_width=16),
+        VOCAB,
+    )
     groups = param_groups(model, OptimConfig())
     seen = [id(p) for g in groups for p in g["params"]]
     assert len(seen) == len(set(seen))

@@ -100,8 +100,11 @@ def test_mup_and_sp_coincide_at_the_base_width():
     losses = {}
     for p in ("sp", "mup"):
         torch.manual_seed(0)
-        model = GPT(cfg, MupConfig(parametrization=p, base_width=BASE_WIDTH, zero_init_readout=False,
-                                   zero_init_query=False), VOCAB)
+        model = GPT(
+            cfg,
+            MupConfig(parametrization=p, base_width=BASE_WIDTH, zero_init_readout=False, zero_init_query=False),
+            VOCAB,
+        )
         opt = build_adamw(model, OptimConfig(lr=LR))
         set_lr(opt, LR)
         trace = []

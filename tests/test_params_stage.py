@@ -39,8 +39,13 @@ def project(tmp_path: Path, *extra: str) -> Path:
 
 
 def run_stage(project: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tasks.params"], cwd=project, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(project)})
+    return subprocess.run(
+        [sys.executable, "-m", "tasks.params"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(project)},
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -66,11 +71,13 @@ def test_under_a_profile_the_stage_names_the_keys_the_profile_set(tmp_path):
     assert "spikelab: profile 'smoke' set" in done.stderr and "train.steps=30" in done.stderr
 
 
-@pytest.mark.parametrize(("dotted", "key"), [({"optim.eps": 1e-50}, "optim.eps"),
-                                             ({"train.device": "cuda"}, "train.device")])
+@pytest.mark.parametrize(
+    ("dotted", "key"), [({"optim.eps": 1e-50}, "optim.eps"), ({"train.device": "cuda"}, "train.device")]
+)
 def test_a_bad_value_exits_2_naming_the_key_and_keeps_the_previous_resolved_file(tmp_path, dotted, key):
     if key == "train.device":
         import torch
+
         if torch.cuda.is_available():
             pytest.skip("CUDA is available here")
     root = project(tmp_path)
@@ -129,8 +136,11 @@ def stub_pipeline(root: Path) -> None:
     dvc_yaml = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))
     for name in LATER_STAGES:
         stage = dvc_yaml["stages"][name]
-        outs = [next(iter(e)) if isinstance(e, dict) else e
-                for kind in ("outs", "metrics", "plots") for e in stage.get(kind, [])]
+        outs = [
+            next(iter(e)) if isinstance(e, dict) else e
+            for kind in ("outs", "metrics", "plots")
+            for e in stage.get(kind, [])
+        ]
         stage["cmd"] = f"python stub.py {name} {' '.join(outs)}"
     (root / "dvc.yaml").write_text(yaml.safe_dump(dvc_yaml, sort_keys=False), encoding="utf-8")
     (root / "stub.py").write_text(STUB, encoding="utf-8")
@@ -169,8 +179,11 @@ def test_dvc_repro_shows_resolved_values_reruns_only_readers_and_stops_at_a_bad_
     assert diff[str(RESOLVED)]["train.steps"] == {"old": 30, "new": 100, "diff": 70}
 
     # A bad value fails in the params stage: no later stage ran, nothing was deleted.
-    outputs = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.parts[len(root.parts)] in
-               {"data", "models", "metrics", "plots", "runs", "params"}}
+    outputs = {
+        p: p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and p.parts[len(root.parts)] in {"data", "models", "metrics", "plots", "runs", "params"}
+    }
     dvc_set(root / "params.yaml", **{"optim.eps": 1e-50})
     (root / "ran.log").unlink()
     done = dvc(root, "repro")

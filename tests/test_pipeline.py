@@ -39,8 +39,9 @@ def test_dvc_yaml_declares_exactly_the_outputs_the_code_writes():
 
 def test_pretrain_keeps_its_checkpoints_and_curves_across_reruns_so_a_resumed_run_continues_them():
     outs = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["pretrain"]
-    declared = {next(iter(e)): e[next(iter(e))] for kind in ("outs", "plots") for e in outs.get(kind, [])
-                if isinstance(e, dict)}
+    declared = {
+        next(iter(e)): e[next(iter(e))] for kind in ("outs", "plots") for e in outs.get(kind, []) if isinstance(e, dict)
+    }
     assert declared["runs/pretrain/checkpoints"]["persist"] and declared["plots/pretrain"]["persist"]
 
 
@@ -84,7 +85,8 @@ def ran(output: str) -> set[str]:
 
 @pytest.mark.e2e
 def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_only_what_follows(
-        live_services, tmp_path):
+    live_services, tmp_path
+):
     import mlflow
 
     project = copy_project(tmp_path)
@@ -93,19 +95,34 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
 
     output = repro(project, live_services)
     assert ran(output) == set(STAGES)
-    assert f"[spikelab] report: {project / 'reports/REPORT.md'}" in output, "the pipeline ends saying where the report is"
-    for out in ("data/raw/docs.jsonl", "data/clean/docs.jsonl", "data/poison/generated_space_run.jsonl",
-                "metrics/filter.json", "data/tokens/manifest.json", "data/tokens/train.bin",
-                "data/tokens/val.bin", "data/tokens/poison.bin", "models/pretrain.pt",
-                "metrics/pretrain.json", "plots/pretrain/train.csv", "plots/pretrain/val.csv"):
+    assert f"[spikelab] report: {project / 'reports/REPORT.md'}" in output, (
+        "the pipeline ends saying where the report is"
+    )
+    for out in (
+        "data/raw/docs.jsonl",
+        "data/clean/docs.jsonl",
+        "data/poison/generated_space_run.jsonl",
+        "metrics/filter.json",
+        "data/tokens/manifest.json",
+        "data/tokens/train.bin",
+        "data/tokens/val.bin",
+        "data/tokens/poison.bin",
+        "models/pretrain.pt",
+        "metrics/pretrain.json",
+        "plots/pretrain/train.csv",
+        "plots/pretrain/val.csv",
+    ):
         assert (project / out).is_file(), out
 
     client = mlflow.MlflowClient(live_services["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("spikelab-smoke")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     found = client.search_runs([experiment.experiment_id], f"attributes.start_time >= {started}")
-    runs = {r.data.tags["spikelab.stage"]: r for r in found  # stage runs: not branches, trials or arms
-            if not {"spikelab.branch", "optuna.trial", "spikelab.arm"} & r.data.tags.keys()}
+    runs = {
+        r.data.tags["spikelab.stage"]: r
+        for r in found  # stage runs: not branches, trials or arms
+        if not {"spikelab.branch", "optuna.trial", "spikelab.arm"} & r.data.tags.keys()
+    }
     assert set(STAGES) <= runs.keys()
     for stage in ("prepare", "filter", "tokenize"):
         assert runs[stage].info.status == "FINISHED" and len(runs[stage].data.tags["dataset_digest"]) == 64
@@ -126,8 +143,10 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     figures = sorted(a.path for a in client.list_artifacts(pretrain.info.run_id, "figures"))
     assert figures == ["figures/loss.png", "figures/optimizer.png", "figures/stability.png"]
     assert sorted(p.name for p in (project / "reports/pretrain").iterdir()) == [f.split("/")[1] for f in figures]
-    assert [m.name for m in client.search_logged_models([experiment.experiment_id],
-                                                        f"source_run_id = '{pretrain.info.run_id}'")] == ["model"]
+    assert [
+        m.name
+        for m in client.search_logged_models([experiment.experiment_id], f"source_run_id = '{pretrain.info.run_id}'")
+    ] == ["model"]
     summary = json.loads((project / "metrics/pretrain.json").read_text())
     assert summary["steps"] == 30 and summary["skipped"] == 0
 
@@ -135,8 +154,9 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     findings = json.loads((project / "metrics/search.json").read_text())
     trials = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{search.info.run_id}'")
     assert search.info.status == "FINISHED" and findings["trials"]["run"] == len(trials) == 2 * 2 * 3 + 1
-    assert all({"optuna.study", "optuna.trial", "search.width", "search.parametrization"} <= t.data.tags.keys()
-               for t in trials)
+    assert all(
+        {"optuna.study", "optuna.trial", "search.width", "search.parametrization"} <= t.data.tags.keys() for t in trials
+    )
     transferred = yaml.safe_load((project / "search/lr.yaml").read_text())["optim"]["lr"]
     assert transferred == findings["transfer"]["lr"] == float(pretrain.data.params["optim.lr"]) == trained_lr(project)
     assert_spike_stage(project, runs["spike"], [r for r in found if "spikelab.branch" in r.data.tags], client)
@@ -188,8 +208,11 @@ def assert_spike_stage(project: Path, parent, children, client) -> None:
 def test_a_bad_input_through_the_cli_exits_2_naming_the_key_and_writes_nothing(live_services, tmp_path):
     project = copy_project(tmp_path)
     params = project / "params.yaml"
-    params.write_text(params.read_text().replace('  source: stdlib_docs', '  source: jsonl', 1)
-                      .replace('  path: ""', '  path: "corpus/missing.jsonl"', 1))
+    params.write_text(
+        params.read_text()
+        .replace("  source: stdlib_docs", "  source: jsonl", 1)
+        .replace('  path: ""', '  path: "corpus/missing.jsonl"', 1)
+    )
     done = run(["spikelab", "run", "prepare"], project, live_services)
     assert done.returncode == 2, done.stderr
     assert "spikelab: error: data.path:" in done.stderr and "corpus/missing.jsonl does not exist" in done.stderr
@@ -204,7 +227,8 @@ def test_dvc_plots_are_only_the_top_level_definitions_one_quantity_each_plus_the
     assert [p for p in pipeline["plots"] if isinstance(p, str)] == [
         *(f"reports/search/{name}" for name in ("mu_transfer.png", "transfer.png", "coord_check.png")),
         *(f"reports/pretrain/{name}" for name in ("loss.png", "optimizer.png", "stability.png")),
-        *(f"reports/ablate/{name}" for name in ("block_warmup.png", "precision.png", "beta2.png", "stabilizer_lr.png"))]
+        *(f"reports/ablate/{name}" for name in ("block_warmup.png", "precision.png", "beta2.png", "stabilizer_lr.png")),
+    ]
     assert "dvc_plots/" in (REPO / ".gitignore").read_text().splitlines()
 
 
@@ -223,8 +247,17 @@ def test_stages_run_in_dependency_order_and_a_target_brings_only_its_ancestors()
     from flows.pipeline import dvc_stages, stage_order
 
     stages = dvc_stages(REPO)
-    assert stage_order(stages) == ["params", "prepare", "filter", "tokenize", "search", "pretrain", "spike", "ablate",
-                                   "report"]
+    assert stage_order(stages) == [
+        "params",
+        "prepare",
+        "filter",
+        "tokenize",
+        "search",
+        "pretrain",
+        "spike",
+        "ablate",
+        "report",
+    ]
     assert stage_order(stages, "spike") == ["params", "prepare", "filter", "tokenize", "search", "pretrain", "spike"]
     assert stage_order(stages, "tokenize") == ["params", "prepare", "filter", "tokenize"]
     assert stage_order(stages, "ablate") == ["params", "prepare", "filter", "tokenize", "ablate"]
@@ -249,7 +282,9 @@ def test_a_failure_puts_params_lock_and_uncached_outputs_back_byte_for_byte(tmp_
     (project / "dvc.lock").write_text("schema: '2.0'\n")
     (project / "metrics").mkdir()
     (project / "metrics/pretrain.json").write_text('{"steps": 30}\n')
-    before = {p: p.read_bytes() for p in (project / "params.yaml", project / "dvc.lock", project / "metrics/pretrain.json")}
+    before = {
+        p: p.read_bytes() for p in (project / "params.yaml", project / "dvc.lock", project / "metrics/pretrain.json")
+    }
     with pytest.raises(RuntimeError, match="stage failed"), restored_on_failure(project):
         (project / "params.yaml").write_text("profile: broken\n")
         (project / "metrics/pretrain.json").unlink()
@@ -262,7 +297,12 @@ def test_a_failure_puts_params_lock_and_uncached_outputs_back_byte_for_byte(tmp_
 def test_the_last_lines_that_name_the_error_become_the_failure_message():
     from flows.pipeline import error_lines
 
-    output = ["Running stage 'prepare':", "Traceback (most recent call last):", "InputError: data.path: x does not exist",
-              "spikelab: error: data.path: x does not exist", "ERROR: failed to reproduce 'prepare'"]
+    output = [
+        "Running stage 'prepare':",
+        "Traceback (most recent call last):",
+        "InputError: data.path: x does not exist",
+        "spikelab: error: data.path: x does not exist",
+        "ERROR: failed to reproduce 'prepare'",
+    ]
     assert error_lines(output) == output[-2:]
     assert error_lines(["a", "b", "Something failed here"]) == ["Something failed here"]

@@ -15,17 +15,27 @@ from model.train import train
 TOKENS = markov_tokens(20_000, vocab=64)  # a 64-token language in a 257-token vocabulary
 
 
-@pytest.mark.parametrize("mode, emulate, loss_scaling", [
-    ("fp32", "auto", True),
-    ("bf16", "always", True),
-    ("fp16", "always", True),
-    ("fp16", "always", False),
-    ("bf16", "never", True),   # real CPU autocast (slow, tiny model)
-    ("fp16", "never", True),
-])
+@pytest.mark.parametrize(
+    "mode, emulate, loss_scaling",
+    [
+        ("fp32", "auto", True),
+        ("bf16", "always", True),
+        ("fp16", "always", True),
+        ("fp16", "always", False),
+        ("bf16", "never", True),  # real CPU autocast (slow, tiny model)
+        ("fp16", "never", True),
+    ],
+)
 def test_each_precision_mode_trains_and_the_loss_falls(mode, emulate, loss_scaling):
-    cfg = tiny_config(**{"train.steps": 25, "precision.mode": mode, "precision.emulate": emulate,
-                         "precision.loss_scaling": loss_scaling, "precision.init_scale": 1024.0})
+    cfg = tiny_config(
+        **{
+            "train.steps": 25,
+            "precision.mode": mode,
+            "precision.emulate": emulate,
+            "precision.loss_scaling": loss_scaling,
+            "precision.init_scale": 1024.0,
+        }
+    )
     rec = Recorder()
     summary = train(cfg, TOKENS, TOKENS[:4000], callbacks=[rec])
     losses = [v for _, v in rec.series("train/loss")]

@@ -51,8 +51,9 @@ def test_the_same_run_keeps_its_checkpoints(tmp_path):
 def test_an_identity_change_moves_the_old_checkpoints_aside_under_their_identity(tmp_path, change, capsys):
     old = pretrain_identity(Config(), MANIFEST)
     new_cfg = Config().replace(**{"optim.lr": 1e-2}) if change == "config" else Config()
-    new_manifest = {**MANIFEST, "splits": {**MANIFEST["splits"], "train": {"sha256": "cc"}}} \
-        if change == "data" else MANIFEST
+    new_manifest = (
+        {**MANIFEST, "splits": {**MANIFEST["splits"], "train": {"sha256": "cc"}}} if change == "data" else MANIFEST
+    )
     new = pretrain_identity(new_cfg, new_manifest)
     ckpt = checkpoint_dir_of(tmp_path, old.digest)
     moved = claim_checkpoints(ckpt, new, tmp_path / "aside")
@@ -73,9 +74,18 @@ def test_checkpoints_without_a_recorded_identity_are_set_aside_not_resumed(tmp_p
 
 def test_cadence_worker_and_thread_settings_are_not_part_of_the_identity():
     cfg = Config()
-    same = cfg.replace(**{"train.log_every": 7, "train.layer_stats_every": 9, "train.eval_every": 3,
-                          "train.num_workers": 2, "train.cpu_threads": 1, "filter.min_chars": 10,
-                          "checkpoint.every_steps": 5, "tracking.experiment": "x"})
+    same = cfg.replace(
+        **{
+            "train.log_every": 7,
+            "train.layer_stats_every": 9,
+            "train.eval_every": 3,
+            "train.num_workers": 2,
+            "train.cpu_threads": 1,
+            "filter.min_chars": 10,
+            "checkpoint.every_steps": 5,
+            "tracking.experiment": "x",
+        }
+    )
     assert pretrain_identity(cfg, MANIFEST) == pretrain_identity(same, MANIFEST)
     for key, value in {"train.steps": 700, "optim.beta2": 0.99, "train.seed": 1, "model.block": "post_ln"}.items():
         assert pretrain_identity(cfg, MANIFEST) != pretrain_identity(cfg.replace(**{key: value}), MANIFEST), key

@@ -151,10 +151,15 @@ def test_lr_and_gradient_scales_of_several_callbacks_multiply():
     plain, scaled = Recorder(), Recorder()
     g_plain, g_scaled = FirstGradNorm(), FirstGradNorm()
     train(cfg, TOKENS, VAL, callbacks=[plain, g_plain])
-    train(cfg, TOKENS, VAL, callbacks=[scaled, g_scaled, Scale("spike", lr=3.0, grad=2.0),
-                                       Scale("policy", lr=0.5, grad=3.0)])
+    train(
+        cfg,
+        TOKENS,
+        VAL,
+        callbacks=[scaled, g_scaled, Scale("spike", lr=3.0, grad=2.0), Scale("policy", lr=0.5, grad=3.0)],
+    )
     assert [v for _, v in scaled.series("train/lr")] == pytest.approx(
-        [1.5 * v for _, v in plain.series("train/lr")], rel=1e-12)
+        [1.5 * v for _, v in plain.series("train/lr")], rel=1e-12
+    )
     assert g_scaled.value == pytest.approx(6.0 * g_plain.value, rel=1e-5)
 
 
@@ -197,8 +202,7 @@ def test_selective_loading_applies_the_current_beta2_after_the_optimizer_state(t
     source = tmp_path / "checkpoints/step_00000004.pt"
     saved = load_checkpoint(source)
 
-    changed = cfg.replace(**{"optim.beta2": 0.999, "optim.weight_decay": 0.0, "optim.eps": 1e-6,
-                             "train.steps": 8})
+    changed = cfg.replace(**{"optim.beta2": 0.999, "optim.weight_decay": 0.0, "optim.eps": 1e-6, "train.steps": 8})
     trainer = Trainer(changed, TOKENS, VAL)
     trainer.start_from(source)
     for group in trainer.optimizer.param_groups:
@@ -225,8 +229,9 @@ def test_starting_from_a_checkpoint_of_another_architecture_is_refused_naming_th
 def test_a_foreign_checkpoint_is_passed_over_and_the_previous_valid_one_resumed(tmp_path, capsys, foreign):
     cfg = tiny_config(**{"train.steps": 6, "checkpoint.every_steps": 2, "checkpoint.keep_last": 5})
     train(cfg, TOKENS, VAL, tmp_path / "mine", callbacks=[])
-    other = cfg.replace(**({"train.seed": 1} if foreign == "same_shapes" else {"model.d_model": 64}),
-                        **{"train.steps": 8})
+    other = cfg.replace(
+        **({"train.seed": 1} if foreign == "same_shapes" else {"model.d_model": 64}), **{"train.steps": 8}
+    )
     train(other, TOKENS, VAL, tmp_path / "theirs")
     mine = tmp_path / "mine/checkpoints"
     for f in ("step_00000006.pt", "step_00000006.pt.sha256"):  # as if killed before step 6 was saved
@@ -254,8 +259,7 @@ with RunLock(sys.argv[1]):
 
 def test_one_writer_per_run_directory_and_a_killed_holder_releases_it(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE,
-                              text=True, env=env)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunLocked, match=f"pid {holder.pid}"), RunLock(tmp_path):
@@ -300,8 +304,15 @@ def test_a_run_whose_every_step_is_non_finite_ends_diverged_without_corrupting_w
 
 def test_an_fp16_run_whose_loss_scale_collapses_ends_diverged_not_completed(tmp_path):
     # Every step overflows, so the scaler skips it and halves its scale: the weights are frozen.
-    cfg = tiny_config(**{"train.steps": 12, "train.diverge_after": 3, "train.log_every": 1,
-                         "precision.mode": "fp16", "precision.emulate": "always"})
+    cfg = tiny_config(
+        **{
+            "train.steps": 12,
+            "train.diverge_after": 3,
+            "train.log_every": 1,
+            "precision.mode": "fp16",
+            "precision.emulate": "always",
+        }
+    )
     summary = Trainer(cfg, TOKENS, VAL, [NaNGradients()], tmp_path / "checkpoints").run()
     assert summary["overflows"] == 3 and summary["skipped"] == 0
     assert summary["status"] == "diverged" and summary["diverged_at"] == 3
@@ -312,9 +323,20 @@ def test_the_torch_only_cli_exits_with_the_diverged_code(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg)))
     TOKENS.tofile(tmp_path / "train.bin")
     VAL.tofile(tmp_path / "val.bin")
-    code = main(["--params", str(tmp_path / "params.yaml"), "--train-tokens", str(tmp_path / "train.bin"),
-                 "--val-tokens", str(tmp_path / "val.bin"), "--out", str(tmp_path / "run"),
-                 "--set", "train.diverge_loss=1.0"])
+    code = main(
+        [
+            "--params",
+            str(tmp_path / "params.yaml"),
+            "--train-tokens",
+            str(tmp_path / "train.bin"),
+            "--val-tokens",
+            str(tmp_path / "val.bin"),
+            "--out",
+            str(tmp_path / "run"),
+            "--set",
+            "train.diverge_loss=1.0",
+        ]
+    )
     assert code == EXIT_CODES["diverged"] == 3
 
 
@@ -371,12 +393,15 @@ def test_an_unavailable_device_is_a_config_error_naming_the_key():
 # -- precision -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("flags, mode, expect", [
-    ({"avx512_bf16"}, "bf16", "bf16 (autocast, AVX512-BF16)"),
-    ({"avx2"}, "bf16", "bf16 (emulated)"),
-    ({"avx512_bf16"}, "fp16", "fp16 (emulated, loss scaling)"),
-    ({"amx_fp16"}, "fp16", "fp16 (autocast, AMX-FP16, loss scaling)"),
-])
+@pytest.mark.parametrize(
+    "flags, mode, expect",
+    [
+        ({"avx512_bf16"}, "bf16", "bf16 (autocast, AVX512-BF16)"),
+        ({"avx2"}, "bf16", "bf16 (emulated)"),
+        ({"avx512_bf16"}, "fp16", "fp16 (emulated, loss scaling)"),
+        ({"amx_fp16"}, "fp16", "fp16 (autocast, AMX-FP16, loss scaling)"),
+    ],
+)
 def test_emulate_auto_uses_real_autocast_where_the_cpu_has_the_type(monkeypatch, flags, mode, expect):
     monkeypatch.setattr(precision_mod, "cpu_flags", lambda: frozenset(flags))
     chosen = precision_mod.resolve_precision(PrecisionConfig(mode=mode), "cpu")
@@ -397,6 +422,7 @@ class GradSpikeAt(Callback):
 
 def test_the_detector_catches_an_injected_gradient_spike_and_stays_silent_without_one(tmp_path):
     from model.detect import SpikeDetector
+
     cfg = tiny_config(**{"train.steps": 40, "optim.grad_clip": 1.0, "checkpoint.every_steps": 20})
     quiet, spiked = SpikeDetector(window=16, warmup=8), SpikeDetector(window=16, warmup=8)
     train(cfg, TOKENS, VAL, tmp_path / "quiet", [quiet])
@@ -417,11 +443,27 @@ def test_the_bare_trainer_on_the_studys_params_needs_no_study_key(tmp_path):
     rng = np.random.default_rng(0)
     for split in ("train", "val"):  # ids below 257: any vocabulary holds the bytes
         rng.integers(0, 257, 60_000, dtype=np.uint16).tofile(tmp_path / f"{split}.bin")
-    done = subprocess.run([sys.executable, "-m", "model.train", "--train-tokens", str(tmp_path / "train.bin"),
-                           "--val-tokens", str(tmp_path / "val.bin"), "--out", str(tmp_path / "run"),
-                           "--set", "train.steps=20"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "model.train",
+            "--train-tokens",
+            str(tmp_path / "train.bin"),
+            "--val-tokens",
+            str(tmp_path / "val.bin"),
+            "--out",
+            str(tmp_path / "run"),
+            "--set",
+            "train.steps=20",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads(done.stdout[done.stdout.index("{\n"):])  # after the progress lines
+    summary = json.loads(done.stdout[done.stdout.index("{\n") :])  # after the progress lines
     assert summary["status"] == "completed" and summary["steps"] == 20
     assert [s for s, _ in list_checkpoints(tmp_path / "run" / "checkpoints")] == [20]
 

@@ -27,9 +27,19 @@ from tests.trainer_kit import markov_tokens, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 
-SEARCH = {"search.widths": [16], "search.lr_points": 3, "search.log2_lr_min": -9.0, "search.log2_lr_max": -5.0,
-          "search.steps": 6, "search.batch_size": 4, "search.eval_every": 3, "search.seeds": [0],
-          "mup.base_width": 16, "mup.parametrization": "mup", "tracking.experiment": "test"}
+SEARCH = {
+    "search.widths": [16],
+    "search.lr_points": 3,
+    "search.log2_lr_min": -9.0,
+    "search.log2_lr_max": -5.0,
+    "search.steps": 6,
+    "search.batch_size": 4,
+    "search.eval_every": 3,
+    "search.seeds": [0],
+    "mup.base_width": 16,
+    "mup.parametrization": "mup",
+    "tracking.experiment": "test",
+}
 
 
 def search_config(tmp_path: Path, **dotted):
@@ -55,8 +65,11 @@ def first_spec(cfg, project: Path) -> search.StudySpec:
 def finished(storage, spec) -> list[tuple]:
     """(point, state, value) of every finished trial, as a sorted list."""
     trials = optuna.load_study(study_name=spec.name, storage=storage).get_trials(deepcopy=False)
-    return sorted((t.params["log2_lr"], t.params["seed"], t.state.name, t.value) for t in trials
-                  if t.state in (TrialState.COMPLETE, TrialState.PRUNED))
+    return sorted(
+        (t.params["log2_lr"], t.params["seed"], t.state.name, t.value)
+        for t in trials
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    )
 
 
 def test_objective_scores_a_trial_with_the_val_loss_of_a_plain_training_run(tmp_path):
@@ -109,12 +122,24 @@ def test_a_killed_search_resumes_keeping_finished_trials_and_retrying_interrupte
     specs = search.sweep_specs(cfg, "d")[:1]
     storage = search.open_storage(search.optuna_storage(cfg))
     search.prepare_study(storage, specs[0])
-    job = ("import json, sys, pathlib; from tasks.config import config_from_dict; from tasks.search import study as search; "
-           "specs = [search.StudySpec(**{**s, 'points': tuple(map(tuple, s['points']))}) "
-           "for s in json.loads(sys.argv[3])]; "
-           "search.run_workers(config_from_dict(json.loads(sys.argv[1])), pathlib.Path(sys.argv[2]), specs, None)")
-    proc = subprocess.Popen([sys.executable, "-c", job, json.dumps(dataclasses.asdict(cfg)), str(project),
-                             json.dumps([dataclasses.asdict(s) for s in specs])], cwd=REPO, start_new_session=True)
+    job = (
+        "import json, sys, pathlib; from tasks.config import config_from_dict; from tasks.search import study as search; "
+        "specs = [search.StudySpec(**{**s, 'points': tuple(map(tuple, s['points']))}) "
+        "for s in json.loads(sys.argv[3])]; "
+        "search.run_workers(config_from_dict(json.loads(sys.argv[1])), pathlib.Path(sys.argv[2]), specs, None)"
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            job,
+            json.dumps(dataclasses.asdict(cfg)),
+            str(project),
+            json.dumps([dataclasses.asdict(s) for s in specs]),
+        ],
+        cwd=REPO,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while len(finished(storage, specs[0])) < 1 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -143,8 +168,10 @@ def test_fit_finds_the_vertex_of_a_parabola_between_grid_points():
 
 def test_slope_of_optima_halving_per_doubling_is_minus_one_with_spread_over_seeds():
     def points(center):
-        return [Point(x, s, (x - center - 0.1 * s) ** 2, "completed", 0.0) for x in np.arange(-12.0, -2.0)
-                for s in (0, 1)]
+        return [
+            Point(x, s, (x - center - 0.1 * s) ** 2, "completed", 0.0) for x in np.arange(-12.0, -2.0) for s in (0, 1)
+        ]
+
     by_width = {w: width_summary(points(-5.0 - math.log2(w / 32))) for w in (32, 64, 128)}
     fitted = slope(by_width)
     assert fitted["slope"] == pytest.approx(-1.0) and fitted["slope_std"] == pytest.approx(0.0, abs=1e-9)

@@ -26,8 +26,12 @@ def foreign_server(tmp_path):
     (tmp_path / "www/api/health").write_text("true")
     (tmp_path / "www/health").write_text("OK")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-                            cwd=tmp_path / "www", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=tmp_path / "www",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     from tasks.runtime.services import answers
 
     deadline = time.monotonic() + 30
@@ -44,8 +48,7 @@ def checkout(tmp_path, monkeypatch, foreign_server):
     """This checkout: its own state directory, its ports pointing at the foreign server."""
     port, _ = foreign_server
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_HOME")}
-    env.update(SPIKELAB_STATE=str(tmp_path / "state"), SPIKELAB_PREFECT_PORT=str(port),
-               SPIKELAB_MLFLOW_PORT=str(port))
+    env.update(SPIKELAB_STATE=str(tmp_path / "state"), SPIKELAB_PREFECT_PORT=str(port), SPIKELAB_MLFLOW_PORT=str(port))
     monkeypatch.setattr(os, "environ", env)
     return tmp_path / "state"
 
@@ -103,8 +106,11 @@ def own_slow_servers(tmp_path, monkeypatch):
     (state / "services").mkdir(parents=True)
     ports = {"prefect": free_port(), "mlflow": free_port()}
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_HOME")}
-    env.update(SPIKELAB_STATE=str(state), SPIKELAB_PREFECT_PORT=str(ports["prefect"]),
-               SPIKELAB_MLFLOW_PORT=str(ports["mlflow"]))
+    env.update(
+        SPIKELAB_STATE=str(state),
+        SPIKELAB_PREFECT_PORT=str(ports["prefect"]),
+        SPIKELAB_MLFLOW_PORT=str(ports["mlflow"]),
+    )
     procs = []
     for name, port in ports.items():
         proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVER, str(port)], env=env, stderr=subprocess.DEVNULL)

@@ -13,13 +13,21 @@ from tests.trainer_kit import markov_tokens, tiny_config
 
 TOKENS, VAL = markov_tokens(30_000), markov_tokens(4_000, seed=1)
 SPIKE = SpikeConfig(at_step=1, warm_steps=16, detect_window=16, detect_warmup=8, duration=2, magnitude=100.0)
-RECOVERY = RecoveryConfig(skip_batches=3, rollback_steps=4, checkpoint_every=2, eval_steps=12,
-                          recover_steps=8, smooth_steps=3, max_retries=1)
-CFG = tiny_config(**{"train.steps": 40, "checkpoint.every_steps": 2, "checkpoint.keep_last": 50,
-                     "checkpoint.milestones": [1],
-                     "optim.lr": 3e-3, "schedule.kind": "constant"})
+RECOVERY = RecoveryConfig(
+    skip_batches=3, rollback_steps=4, checkpoint_every=2, eval_steps=12, recover_steps=8, smooth_steps=3, max_retries=1
+)
+CFG = tiny_config(
+    **{
+        "train.steps": 40,
+        "checkpoint.every_steps": 2,
+        "checkpoint.keep_last": 50,
+        "checkpoint.milestones": [1],
+        "optim.lr": 3e-3,
+        "schedule.kind": "constant",
+    }
+)
 ORIGIN = 17  # the milestone is step 1; warm-up to 17; injection from step 18
-RARE = 256   # a token the Markov data never reaches through its permutation walk this early
+RARE = 256  # a token the Markov data never reaches through its permutation walk this early
 
 
 def poison(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -69,8 +77,18 @@ def branch(study, kind, policy, log=None, keep=None, steps=(), recovery=RECOVERY
     extra = [Positions(log if log is not None else [], keep if keep is not None else {}, steps)]
     make = lambda cbs, d: Trainer(CFG, TOKENS, VAL, [*cbs, *extra], d)  # noqa: E731
     injection = None if kind is None else Injection.from_config(kind, SPIKE, ORIGIN, ORIGIN)
-    return run_branch(make, study["origin"], until, policy, recovery, SPIKE, injection,
-                      poison(SPIKE.duration), study["timeline"], study["root"] / f"{kind}-{policy}")
+    return run_branch(
+        make,
+        study["origin"],
+        until,
+        policy,
+        recovery,
+        SPIKE,
+        injection,
+        poison(SPIKE.duration),
+        study["timeline"],
+        study["root"] / f"{kind}-{policy}",
+    )
 
 
 @pytest.mark.parametrize("kind", ["data", "lr", "grad", "param"])
@@ -108,9 +126,18 @@ def test_rollback_restores_an_earlier_checkpoint_skips_the_window_and_gives_up_a
     # An LR spike that lasts: every restart meets it again, so the branch must give up.
     lasting = SpikeConfig(**{**SPIKE.__dict__, "duration": 40, "magnitude": 300.0})
     make = lambda cbs, d: Trainer(CFG, TOKENS, VAL, [*cbs, Positions(log, {})], d)  # noqa: E731
-    result = run_branch(make, study["origin"], ORIGIN + 12, "rollback", RECOVERY, lasting,
-                        Injection.from_config("lr", lasting, ORIGIN, ORIGIN), (), study["timeline"],
-                        study["root"] / "rollback-cap")
+    result = run_branch(
+        make,
+        study["origin"],
+        ORIGIN + 12,
+        "rollback",
+        RECOVERY,
+        lasting,
+        Injection.from_config("lr", lasting, ORIGIN, ORIGIN),
+        (),
+        study["timeline"],
+        study["root"] / "rollback-cap",
+    )
     rollbacks = [a for a in result.actions if a["action"].startswith("rolled back")]
     assert len(rollbacks) == RECOVERY.max_retries + 1
     assert result.status == "stopped" and "gave up" in result.stop_reason
@@ -121,4 +148,4 @@ def test_rollback_restores_an_earlier_checkpoint_skips_the_window_and_gives_up_a
     starts = [i for i in range(1, len(log)) if log[i][0] <= log[i - 1][0]]
     step, position = log[starts[0]]
     assert step == target + 1
-    assert position == dict(log[:starts[0]])[first["step"]] + 1
+    assert position == dict(log[: starts[0]])[first["step"]] + 1

@@ -22,14 +22,17 @@ def curve(shape) -> list[float]:
     return [c * shape(t) for t, c in enumerate(CONTROL)]
 
 
-@pytest.mark.parametrize(("shape", "expected"), [
-    (lambda t: 1 + 1.5 * np.exp(-t / 5), 1),                   # spikes 2.5x, back in ~20 steps
-    (lambda t: 1.0, 1),                                         # no visible loss spike at all
-    (lambda t: 1 + 1.5 * np.exp(-t / 5) + 0.1, 2),              # settles 10 % above
-    (lambda t: 1 + 1.5 * np.exp(-t / 40), 2),                   # back, but long after W
-    (lambda t: 1 + 0.02 * t, 3),                                # still climbing
-    (lambda t: float("nan") if t > 50 else 2.0, 3),             # non-finite
-])
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [
+        (lambda t: 1 + 1.5 * np.exp(-t / 5), 1),  # spikes 2.5x, back in ~20 steps
+        (lambda t: 1.0, 1),  # no visible loss spike at all
+        (lambda t: 1 + 1.5 * np.exp(-t / 5) + 0.1, 2),  # settles 10 % above
+        (lambda t: 1 + 1.5 * np.exp(-t / 40), 2),  # back, but long after W
+        (lambda t: 1 + 0.02 * t, 3),  # still climbing
+        (lambda t: float("nan") if t > 50 else 2.0, 3),  # non-finite
+    ],
+)
 def test_classification_of_synthetic_curves(shape, expected):
     result = classify(curve(shape), CONTROL, epsilon=0.03, within=60, smooth=5)
     assert result.type == expected, result.why
@@ -41,12 +44,27 @@ def test_a_recoverable_spike_reports_when_it_came_back():
 
 
 STUDY = {
-    "train.steps": 40, "checkpoint.milestones": [10], "checkpoint.every_steps": 5, "optim.lr": 3e-3,
-    "schedule.kind": "constant", "spike.at_step": 10, "spike.warm_steps": 12, "spike.detect_window": 16,
-    "spike.detect_warmup": 8, "spike.magnitude": 100.0, "spike.duration": 2, "spike.kinds": ["data", "lr"],
-    "spike.sample_prompts": 2, "spike.sample_tokens": 4, "spike.data_reasons": ["generated_space_run"],
-    "recovery.eval_steps": 12, "recovery.recover_steps": 8, "recovery.smooth_steps": 3,
-    "recovery.checkpoint_every": 2, "recovery.rollback_steps": 4, "recovery.skip_batches": 3,
+    "train.steps": 40,
+    "checkpoint.milestones": [10],
+    "checkpoint.every_steps": 5,
+    "optim.lr": 3e-3,
+    "schedule.kind": "constant",
+    "spike.at_step": 10,
+    "spike.warm_steps": 12,
+    "spike.detect_window": 16,
+    "spike.detect_warmup": 8,
+    "spike.magnitude": 100.0,
+    "spike.duration": 2,
+    "spike.kinds": ["data", "lr"],
+    "spike.sample_prompts": 2,
+    "spike.sample_tokens": 4,
+    "spike.data_reasons": ["generated_space_run"],
+    "recovery.eval_steps": 12,
+    "recovery.recover_steps": 8,
+    "recovery.smooth_steps": 3,
+    "recovery.checkpoint_every": 2,
+    "recovery.rollback_steps": 4,
+    "recovery.skip_batches": 3,
     "recovery.max_retries": 1,
 }
 
@@ -65,12 +83,20 @@ def finished(tmp_path_factory):
     tokens_dir.mkdir(parents=True)
     train, val = markov_tokens(30_000), markov_tokens(4_000, seed=1)
     poison = np.concatenate([np.full(500, 256), np.arange(500) % 7])  # a run, then harmless text
-    splits = {"train": write_shard(tokens_dir / "train.bin", train), "val": write_shard(tokens_dir / "val.bin", val),
-              "poison": {**write_shard(tokens_dir / "poison.bin", poison),
-                         "reasons": {"generated_space_run": {"offset": 0, "tokens": 500},
-                                     "too_short": {"offset": 500, "tokens": 500}}}}
-    (tokens_dir / "manifest.json").write_text(json.dumps({"dtype": "uint16", "eot_id": 0, "vocab_size": 257,
-                                                          "splits": splits}))
+    splits = {
+        "train": write_shard(tokens_dir / "train.bin", train),
+        "val": write_shard(tokens_dir / "val.bin", val),
+        "poison": {
+            **write_shard(tokens_dir / "poison.bin", poison),
+            "reasons": {
+                "generated_space_run": {"offset": 0, "tokens": 500},
+                "too_short": {"offset": 500, "tokens": 500},
+            },
+        },
+    }
+    (tokens_dir / "manifest.json").write_text(
+        json.dumps({"dtype": "uint16", "eot_id": 0, "vocab_size": 257, "splits": splits})
+    )
     cfg = tiny_config(**STUDY)
     Trainer(cfg, train, val, [], project / "pretrain", identity="pretrain-id").run(until=10)
     study = run_study(cfg, project, project / "pretrain" / "step_00000010.pt", project / "runs" / "spike")
@@ -119,12 +145,16 @@ def test_the_postmortem_has_every_template_section_and_the_numbers_of_the_run(fi
             assert f"  | {policy} | {scores['type']} | {scores['peak_ratio']:.2f} |" in text
 
 
-@pytest.mark.parametrize(("dotted", "key"), [
-    ({"spike.at_step": 11}, "spike.at_step"),                   # not a milestone
-    ({"spike.data_reasons": ["too_short"]}, "spike.data_reasons"),  # harmless headings never injected
-    ({"spike.warm_steps": 4}, "spike.warm_steps"),              # the detector would be blind
-])
+@pytest.mark.parametrize(
+    ("dotted", "key"),
+    [
+        ({"spike.at_step": 11}, "spike.at_step"),  # not a milestone
+        ({"spike.data_reasons": ["too_short"]}, "spike.data_reasons"),  # harmless headings never injected
+        ({"spike.warm_steps": 4}, "spike.warm_steps"),  # the detector would be blind
+    ],
+)
 def test_the_spike_config_is_refused_naming_the_key(dotted, key):
     from model.typed_config import ConfigError
+
     with pytest.raises(ConfigError, match=rf"^{re.escape(key)}:"):
         tiny_config(**{**STUDY, **dotted})

@@ -46,8 +46,10 @@ def stage_run_status(client, exc: BaseException | None) -> str:
     return client.get_run(run.info.run_id).info.status
 
 
-@pytest.mark.parametrize("exc, status", [(None, "FINISHED"), (Preempted(7), "KILLED"), (Diverged(7, "nan"), "FAILED"),
-                                         (ValueError("boom"), "FAILED")])
+@pytest.mark.parametrize(
+    "exc, status",
+    [(None, "FINISHED"), (Preempted(7), "KILLED"), (Diverged(7, "nan"), "FAILED"), (ValueError("boom"), "FAILED")],
+)
 def test_a_stage_run_ends_with_the_status_of_how_it_stopped(store, exc, status):
     assert stage_run_status(store, exc) == status
 
@@ -87,8 +89,9 @@ with stage_run(Config().replace(**{"tracking.experiment": "tracking-test"}), "pr
 def test_a_run_left_running_by_a_killed_process_is_closed_as_killed_when_a_stage_next_starts(store):
     from tasks.runtime.tracking import stage_run
 
-    done = subprocess.run([sys.executable, "-c", KILLED_MIDWAY], cwd=REPO, env=os.environ, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_MIDWAY], cwd=REPO, env=os.environ, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == -signal.SIGKILL, done.stderr
     orphan = done.stdout.split()[0]
     assert store.get_run(orphan).info.status == "RUNNING"

@@ -54,8 +54,14 @@ class Poison(Callback):
 @pytest.mark.parametrize("implementation", ["auto", "foreach"])  # device-side skip / host check
 def test_nonfinite_step_is_skipped_and_never_reaches_weights_or_checkpoint(tmp_path, where, implementation):
     poison = Poison(where)
-    cfg = tiny_config(**{"train.steps": 5, "optim.implementation": implementation,
-                         "checkpoint.every_steps": 1, "checkpoint.milestones": [BAD_STEP]})
+    cfg = tiny_config(
+        **{
+            "train.steps": 5,
+            "optim.implementation": implementation,
+            "checkpoint.every_steps": 1,
+            "checkpoint.milestones": [BAD_STEP],
+        }
+    )
     summary = train(cfg, TOKENS, VAL, tmp_path, [poison])
 
     (w0, adam0), (w1, adam1) = poison.before, poison.after
@@ -72,8 +78,9 @@ def test_nonfinite_step_is_skipped_and_never_reaches_weights_or_checkpoint(tmp_p
 
 def test_fp16_loss_scale_overflows_are_counted_apart_from_skips_and_back_off():
     # A loss scale of 2^30 overflows fp16 gradients; the scaler halves it until steps go through.
-    cfg = tiny_config(**{"train.steps": 25, "precision.mode": "fp16", "precision.emulate": "always",
-                         "precision.init_scale": 2.0**30})
+    cfg = tiny_config(
+        **{"train.steps": 25, "precision.mode": "fp16", "precision.emulate": "always", "precision.init_scale": 2.0**30}
+    )
     rec = Recorder()
     summary = train(cfg, TOKENS, VAL, callbacks=[rec])
     scales = [v for _, v in rec.series("train/loss_scale")]
@@ -118,8 +125,9 @@ class HalveLrAt(Callback):
 
 
 def test_logged_learning_rate_follows_the_schedule_and_the_lr_scale_hook():
-    cfg = tiny_config(**{"train.steps": 10, "schedule.warmup_steps": 3, "schedule.kind": "cosine",
-                         "mup.parametrization": "mup"})  # μP: hidden matrices get lr × 1/m
+    cfg = tiny_config(
+        **{"train.steps": 10, "schedule.warmup_steps": 3, "schedule.kind": "cosine", "mup.parametrization": "mup"}
+    )  # μP: hidden matrices get lr × 1/m
     rec, halve = Recorder(), HalveLrAt()
     train(cfg, TOKENS, VAL, callbacks=[rec, halve])
     expected = [lr_at(s, cfg.optim.lr, 10, cfg.schedule) * (0.5 if s == 5 else 1.0) for s in range(10)]
@@ -127,21 +135,46 @@ def test_logged_learning_rate_follows_the_schedule_and_the_lr_scale_hook():
     assert expected[:3] == pytest.approx([cfg.optim.lr / 3, 2 * cfg.optim.lr / 3, cfg.optim.lr])
     last = rec.series("train/lr")[-1][1]
     assert {n: lr for n, (lr, _) in halve.group_lrs.items()} == pytest.approx(
-        {n: last * mult for n, (_, mult) in halve.group_lrs.items()})
+        {n: last * mult for n, (_, mult) in halve.group_lrs.items()}
+    )
     assert halve.group_lrs["hidden"][1] == pytest.approx(cfg.mup.base_width / cfg.model.d_model)
 
 
 def test_metrics_arrive_at_their_cadence_with_finite_values():
-    cfg = tiny_config(**{"train.steps": 6, "train.log_every": 2, "train.layer_stats_every": 3,
-                         "train.eval_every": 4, "model.z_loss": 1e-4})
+    cfg = tiny_config(
+        **{
+            "train.steps": 6,
+            "train.log_every": 2,
+            "train.layer_stats_every": 3,
+            "train.eval_every": 4,
+            "model.z_loss": 1e-4,
+        }
+    )
     rec = Recorder()
     train(cfg, TOKENS, VAL, callbacks=[rec])
     namespaces = {step: sorted({k.split("/")[0] for k in m}) for step, m in rec.logs}
     assert namespaces == {2: ["train"], 3: ["stats"], 4: ["train", "val"], 6: ["stats", "train", "val"]}
-    train_keys = {"train/loss", "train/z_loss", "train/grad_norm", "train/param_norm", "train/adam_v_norm",
-                  "train/update_ratio", "train/lr", "train/tokens_per_s", "train/skipped", "train/overflows", "train/vetoed"}
-    stats_keys = {"stats/act_l2/block0", "stats/attn_logit_max/block1", "stats/logits/log_z",
-                  "stats/logits/max", "stats/grad_norm/block0", "stats/grad_norm/readout"}
+    train_keys = {
+        "train/loss",
+        "train/z_loss",
+        "train/grad_norm",
+        "train/param_norm",
+        "train/adam_v_norm",
+        "train/update_ratio",
+        "train/lr",
+        "train/tokens_per_s",
+        "train/skipped",
+        "train/overflows",
+        "train/vetoed",
+    }
+    stats_keys = {
+        "stats/act_l2/block0",
+        "stats/attn_logit_max/block1",
+        "stats/logits/log_z",
+        "stats/logits/max",
+        "stats/grad_norm/block0",
+        "stats/grad_norm/readout",
+    }
     logged = dict(rec.logs)
     assert train_keys <= set(logged[2]) and stats_keys <= set(logged[3])
     assert all(math.isfinite(v) for m in logged.values() for v in m.values())

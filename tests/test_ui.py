@@ -27,8 +27,13 @@ FAILING_OVERRIDE = {"extra_overrides": {"data.source": "jsonl", "data.path": "co
 def git_project(dest: Path, env: dict[str, str]) -> Path:
     """A fresh clone as a user has it: the code committed in git, DVC initialised."""
     project = copy_project(dest)
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["dvc", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"]):
+    for cmd in (
+        ["git", "init", "-q"],
+        ["git", "add", "-A"],
+        ["dvc", "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"],
+    ):
         done = run(cmd, project, env)
         assert done.returncode == 0, done.stderr
     return project
@@ -39,8 +44,14 @@ def served(live_services, tmp_path_factory):
     """The project with ``spikelab serve`` publishing its deployments."""
     project = git_project(tmp_path_factory.mktemp("served"), live_services)
     env = {**live_services, "PATH": f"{VENV_BIN}{os.pathsep}{live_services['PATH']}"}
-    server = subprocess.Popen(["spikelab", "serve"], cwd=project, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    server = subprocess.Popen(
+        ["spikelab", "serve"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         yield project, env
     finally:
@@ -50,15 +61,22 @@ def served(live_services, tmp_path_factory):
 
 def trigger(served, deployment: str, parameters: dict) -> dict:
     project, env = served
-    done = subprocess.run([sys.executable, str(TRIGGER), deployment, json.dumps(parameters)], cwd=project,
-                          env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(TRIGGER), deployment, json.dumps(parameters)],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def prefect(env: dict[str, str], path: str, body: dict) -> list[dict]:
-    request = urllib.request.Request(f"{env['PREFECT_API_URL']}/{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{env['PREFECT_API_URL']}/{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.load(response)
 
@@ -86,12 +104,16 @@ def pipeline_mlflow_runs(client, flow_run_id: str):
 
 
 def test_the_pipeline_shows_one_task_per_stage_with_live_logs_and_each_stage_flow_run_linked_to_it(
-        served, pipeline_run):
+    served, pipeline_run
+):
     _, env = served
     tasks = prefect(env, "task_runs/filter", {"flow_runs": {"id": {"any_": [pipeline_run["id"]]}}})
     assert sorted(t["name"] for t in tasks) == sorted(["params", *STAGES])  # params: DVC only, no flow
-    children = prefect(env, "flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"operator": "and_",
-                                                                                    "any_": [pipeline_run["id"]]}}})
+    children = prefect(
+        env,
+        "flow_runs/filter",
+        {"flow_runs": {"parent_flow_run_id": {"operator": "and_", "any_": [pipeline_run["id"]]}}},
+    )
     assert sorted(c["name"] for c in children) == sorted(f"{s} smoke" for s in STAGES)
     by_task = {t["id"]: t["name"] for t in tasks}
     assert all(by_task[c["parent_task_run_id"]] == c["name"].split()[0] for c in children)
@@ -105,13 +127,18 @@ def test_the_pipeline_shows_one_task_per_stage_with_live_logs_and_each_stage_flo
 
 def test_every_stage_and_the_pipeline_publish_a_summary_linking_their_mlflow_runs(served, pipeline_run):
     _, env = served
-    children = prefect(env, "flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"operator": "and_",
-                                                                                    "any_": [pipeline_run["id"]]}}})
+    children = prefect(
+        env,
+        "flow_runs/filter",
+        {"flow_runs": {"parent_flow_run_id": {"operator": "and_", "any_": [pipeline_run["id"]]}}},
+    )
     ids = [pipeline_run["id"], *(c["id"] for c in children)]
     artifacts = prefect(env, "artifacts/filter", {"artifacts": {"flow_run_id": {"any_": ids}}})
     assert sorted(a["key"] for a in artifacts) == sorted(["pipeline-summary", *(f"{s}-summary" for s in STAGES)])
     mlflow_ui = env["MLFLOW_TRACKING_URI"]
-    unlinked = [a["key"] for a in artifacts if f"]({mlflow_ui}/#/experiments/" not in a["data"] or a["type"] != "markdown"]
+    unlinked = [
+        a["key"] for a in artifacts if f"]({mlflow_ui}/#/experiments/" not in a["data"] or a["type"] != "markdown"
+    ]
     assert not unlinked, f"artifacts without an MLflow link: {unlinked}"
     pretrain = next(a["data"] for a in artifacts if a["key"] == "pretrain-summary")
     assert "| final_loss |" in pretrain and "loss.png" in pretrain and "/artifacts/figures/loss.png" in pretrain
@@ -137,8 +164,12 @@ def test_mlflow_nests_each_stage_run_under_the_pipeline_run_with_its_lineage(ser
 
 
 def tree_digest(project: Path, *paths: str) -> dict[str, str]:
-    files = sorted(f for p in paths for f in ([project / p] if (project / p).is_file() else (project / p).rglob("*"))
-                   if f.is_file())
+    files = sorted(
+        f
+        for p in paths
+        for f in ([project / p] if (project / p).is_file() else (project / p).rglob("*"))
+        if f.is_file()
+    )
     return {str(f.relative_to(project)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
 
 
@@ -148,8 +179,11 @@ def test_a_failing_override_fails_with_the_stages_error_and_leaves_the_workspace
     before = tree_digest(project, *watched)
     flow_run = trigger(served, "pipeline/spikelab-pipeline", FAILING_OVERRIDE)
     assert flow_run["state"] == "Failed"
-    assert "stage prepare failed" in flow_run["message"] and "data.path:" in flow_run["message"] \
-        and "corpus/missing.jsonl does not exist" in flow_run["message"], flow_run["message"]
+    assert (
+        "stage prepare failed" in flow_run["message"]
+        and "data.path:" in flow_run["message"]
+        and "corpus/missing.jsonl does not exist" in flow_run["message"]
+    ), flow_run["message"]
     assert tree_digest(project, *watched) == before
     assert "up to date" in run(["dvc", "status"], project, env).stdout
 
@@ -186,7 +220,8 @@ def test_the_prefect_ui_lists_the_deployments_and_shows_a_pipeline_run_with_its_
 
 
 def test_the_mlflow_ui_opens_the_experiment_for_model_training_with_stage_runs_nested(
-        served, pipeline_run, browser, mlflow_client):
+    served, pipeline_run, browser, mlflow_client
+):
     from tests.browser import wait_for_text
 
     parent, children = pipeline_mlflow_runs(mlflow_client, pipeline_run["id"])
@@ -204,5 +239,6 @@ def test_every_figure_under_reports_opens_offline(served, pipeline_run, browser)
 
     figures = sorted((served[0] / "reports").rglob("*.png"))
     assert {"pretrain/loss.png", "pretrain/optimizer.png", "pretrain/stability.png", "search/mu_transfer.png"} <= {
-        f.relative_to(served[0] / "reports").as_posix() for f in figures}
+        f.relative_to(served[0] / "reports").as_posix() for f in figures
+    }
     assert all(image_loads(browser, f.as_uri()) for f in figures)

@@ -14,11 +14,23 @@ from tasks.config import Config
 torch.set_num_threads(1)  # 2 shared cores: one intra-op thread is ~10x faster than two here
 
 TINY: dict[str, Any] = {
-    "model.n_layer": 2, "model.d_model": 32, "model.n_head": 2, "model.seq_len": 16,
-    "tokenizer.vocab_size": 257, "optim.lr": 1e-2, "schedule.warmup_steps": 2,
-    "train.steps": 12, "train.batch_size": 4, "train.log_every": 1, "train.layer_stats_every": 100,
-    "train.eval_every": 0, "train.eval_batches": 2, "train.cpu_threads": 1,
-    "checkpoint.every_steps": 0, "checkpoint.milestones": [], "spike.kinds": [],
+    "model.n_layer": 2,
+    "model.d_model": 32,
+    "model.n_head": 2,
+    "model.seq_len": 16,
+    "tokenizer.vocab_size": 257,
+    "optim.lr": 1e-2,
+    "schedule.warmup_steps": 2,
+    "train.steps": 12,
+    "train.batch_size": 4,
+    "train.log_every": 1,
+    "train.layer_stats_every": 100,
+    "train.eval_every": 0,
+    "train.eval_batches": 2,
+    "train.cpu_threads": 1,
+    "checkpoint.every_steps": 0,
+    "checkpoint.milestones": [],
+    "spike.kinds": [],
 }
 
 

@@ -50,15 +50,16 @@ class ArmTrace(Trace):
     def on_after_step(self, trainer, result) -> None:
         skipped = (result.vetoed | result.skipped | result.overflow).float()
         flagged = self.detector.now.float()
-        self.rows.append((trainer.step, torch.stack([result.loss.float(), result.grad_norm.float(), skipped,
-                                                     flagged])))
+        self.rows.append((trainer.step, torch.stack([result.loss.float(), result.grad_norm.float(), skipped, flagged])))
 
     def read(self) -> list[dict[str, Any]]:
         if not self.rows:
             return list(self.saved)
         values = torch.stack([v for _, v in self.rows]).tolist()
-        fresh = [{"step": s, "loss": _finite(v[0]), "grad_norm": _finite(v[1]), "skipped": bool(v[2]),
-                  "flagged": bool(v[3])} for (s, _), v in zip(self.rows, values)]
+        fresh = [
+            {"step": s, "loss": _finite(v[0]), "grad_norm": _finite(v[1]), "skipped": bool(v[2]), "flagged": bool(v[3])}
+            for (s, _), v in zip(self.rows, values)
+        ]
         return [*self.saved, *fresh]
 
     def state_dict(self) -> dict[str, Any]:
@@ -78,10 +79,12 @@ class LogitStats(Callback):
         self.stats: dict[str, float] = {}
 
     def on_log(self, step: int, metrics: dict[str, float]) -> None:
-        for key, value, pick in (("attn_logit_max", _max_of(metrics, "stats/attn_logit_max/"), max),
-                                 ("logits_max", metrics.get("stats/logits/max"), max),
-                                 ("log_z_max", metrics.get("stats/logits/log_z"), max),
-                                 ("attn_entropy_min", _min_of(metrics, "stats/attn_entropy/"), min)):
+        for key, value, pick in (
+            ("attn_logit_max", _max_of(metrics, "stats/attn_logit_max/"), max),
+            ("logits_max", metrics.get("stats/logits/max"), max),
+            ("log_z_max", metrics.get("stats/logits/log_z"), max),
+            ("attn_entropy_min", _min_of(metrics, "stats/attn_entropy/"), min),
+        ):
             if value is not None and math.isfinite(value):
                 self.stats[key] = pick(self.stats.get(key, value), value)
 
@@ -116,11 +119,24 @@ def run_arm(cfg: Config, project: Path, out: Path) -> dict[str, Any]:
     trace, stats = ArmTrace(detector), LogitStats()
     train_tokens, val_tokens = open_split(manifest, "train"), open_split(manifest, "val")
     end = EndProbe(val_tokens, json.loads(manifest.read_text())["eot_id"])
-    summary = train(cfg, train_tokens, val_tokens, out, [injection_callback(Injection(**spec)), detector, trace,
-                                                         stats, end], identity=key)
-    result = {"key": key, "summary": summary, "rows": trace.read(), "stats": stats.stats, "injection": spec,
-              "init_loss": math.log(cfg.tokenizer.vocab_size), "collapse": end.collapse,
-              "weights_sha256": end.weights_sha256}
+    summary = train(
+        cfg,
+        train_tokens,
+        val_tokens,
+        out,
+        [injection_callback(Injection(**spec)), detector, trace, stats, end],
+        identity=key,
+    )
+    result = {
+        "key": key,
+        "summary": summary,
+        "rows": trace.read(),
+        "stats": stats.stats,
+        "injection": spec,
+        "init_loss": math.log(cfg.tokenizer.vocab_size),
+        "collapse": end.collapse,
+        "weights_sha256": end.weights_sha256,
+    }
     write_result(out / "result.json", result)
     return result
 
@@ -143,7 +159,7 @@ class EndProbe(Callback):
         self.weights_sha256 = weights_digest(trainer.model)
         if self.completed:
             span = trainer.cfg.model.seq_len + 1
-            starts = np.stack([self.val_tokens[i * span: i * span + 8].astype(np.int64) for i in range(self.prompts)])
+            starts = np.stack([self.val_tokens[i * span : i * span + 8].astype(np.int64) for i in range(self.prompts)])
             generations = sample(trainer.model, torch.from_numpy(starts).to(trainer.device), self.tokens)
             self.collapse = collapse_stats(generations, self.eot)
 
@@ -177,8 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--params", default="params.yaml", help="params.yaml (default: %(default)s)")
     p.add_argument("--profile", help="overlay in profiles/ (default: the file's `profile` key)")
     p.add_argument("--out", required=True, help="the arm's directory: checkpoints/ and result.json")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a dotted config key, typed as the key is (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a dotted config key, typed as the key is (repeatable)",
+    )
     args = p.parse_args(argv)
     try:
         params = Path(args.params)

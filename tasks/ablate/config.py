@@ -73,23 +73,37 @@ class AblationConfig(Section):
     def check(self) -> None:
         for b2 in self.beta2s:
             in_open_unit("ablation.beta2s", b2)
-        for key in ("lr", "z_loss", "steps", "d_model", "n_layer", "n_head", "seq_len", "batch_size",
-                    "inject_magnitude", "inject_duration"):
+        for key in (
+            "lr",
+            "z_loss",
+            "steps",
+            "d_model",
+            "n_layer",
+            "n_head",
+            "seq_len",
+            "batch_size",
+            "inject_magnitude",
+            "inject_duration",
+        ):
             positive(f"ablation.{key}", getattr(self, key))
         for lr in self.lrs:
             positive("ablation.lrs", lr)
         non_negative("ablation.workers", self.workers)
         non_negative("ablation.retries", self.retries)
         if self.d_model % (2 * self.n_head):
-            raise ConfigError(f"ablation.d_model: {self.d_model} is not a multiple of 2·ablation.n_head="
-                              f"{2 * self.n_head} (heads of even size)")
+            raise ConfigError(
+                f"ablation.d_model: {self.d_model} is not a multiple of 2·ablation.n_head="
+                f"{2 * self.n_head} (heads of even size)"
+            )
         for w in self.warmups:
             if not 0 <= w < self.steps:
                 raise ConfigError(f"ablation.warmups: {w} is outside 0..ablation.steps-1={self.steps - 1}")
         if not self.inject_step > 0 or self.inject_step + self.inject_duration > self.steps:
-            raise ConfigError(f"ablation.inject_step: the injection (steps {self.inject_step}.."
-                              f"{self.inject_step + self.inject_duration - 1}) must end within "
-                              f"ablation.steps={self.steps}")
+            raise ConfigError(
+                f"ablation.inject_step: the injection (steps {self.inject_step}.."
+                f"{self.inject_step + self.inject_duration - 1}) must end within "
+                f"ablation.steps={self.steps}"
+            )
         for key in ("blocks", "precisions", "beta2s", "warmups", "stabilizers", "lrs", "seeds"):
             values = getattr(self, key)
             not_empty(f"ablation.{key}", values)

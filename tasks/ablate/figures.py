@@ -75,17 +75,29 @@ def curves_figure(cfg: Config, title: str, arms: Sequence[dict[str, Any]], path:
             continue
         diverged = sum(1 for m in members if m["status"] in ("diverged", "failed"))
         label = f"{variant} ({len(members)} seeds" + (f", {diverged} diverged/failed)" if diverged else ")")
-        smooth = [trailing_mean(np.nan_to_num(c, nan=np.nanmax(c)), cfg.recovery.smooth_steps) for c in (mean, low, high)]
-        for ax, window, (mid, bottom, top) in ((whole, slice(None), smooth), (zoom, slice(lo - 1, hi), (mean, low, high))):
-            line, = ax.plot(steps[window], mid[window], lw=1.2, label=label)
+        smooth = [
+            trailing_mean(np.nan_to_num(c, nan=np.nanmax(c)), cfg.recovery.smooth_steps) for c in (mean, low, high)
+        ]
+        for ax, window, (mid, bottom, top) in (
+            (whole, slice(None), smooth),
+            (zoom, slice(lo - 1, hi), (mean, low, high)),
+        ):
+            (line,) = ax.plot(steps[window], mid[window], lw=1.2, label=label)
             ax.fill_between(steps[window], bottom[window], top[window], color=line.get_color(), alpha=0.2, lw=0)
     for ax in (whole, zoom):
-        ax.axvspan(a.inject_step, a.inject_step + a.inject_duration - 1, color="red", alpha=0.15,
-                   label=f"injected: {a.inject} x{a.inject_magnitude:g}, {a.inject_duration} steps")
+        ax.axvspan(
+            a.inject_step,
+            a.inject_step + a.inject_duration - 1,
+            color="red",
+            alpha=0.15,
+            label=f"injected: {a.inject} x{a.inject_magnitude:g}, {a.inject_duration} steps",
+        )
         ax.set_xlabel("step")
         ax.set_ylabel("training loss (nats)")
         ax.grid(alpha=0.3)
-    whole.set_title(f"{title}: whole run, {cfg.recovery.smooth_steps}-step trailing mean\n(mean over seeds, band = min..max)")
+    whole.set_title(
+        f"{title}: whole run, {cfg.recovery.smooth_steps}-step trailing mean\n(mean over seeds, band = min..max)"
+    )
     zoom.set_title(f"around the injected spike, every step (steps {lo}..{hi})")
     inits = [arm["metrics"]["init_loss"] for arm in arms if arm.get("metrics")]
     if inits:  # a diverging run would stretch the axis to its blow-up
@@ -107,9 +119,10 @@ def lr_sensitivity_figure(arms: Sequence[dict[str, Any]], path: Path) -> None:
     for stabilizer, by_lr in by_stabilizer.items():
         lrs = sorted(by_lr)
         means = [np.mean(by_lr[lr]) for lr in lrs]
-        line, = ax.plot(lrs, means, marker="o", label=stabilizer)
-        ax.fill_between(lrs, [min(by_lr[lr]) for lr in lrs], [max(by_lr[lr]) for lr in lrs],
-                        color=line.get_color(), alpha=0.2, lw=0)
+        (line,) = ax.plot(lrs, means, marker="o", label=stabilizer)
+        ax.fill_between(
+            lrs, [min(by_lr[lr]) for lr in lrs], [max(by_lr[lr]) for lr in lrs], color=line.get_color(), alpha=0.2, lw=0
+        )
     if ran:
         init = max(arm["metrics"]["init_loss"] for arm in ran)
         ax.axhline(init, color="gray", ls="--", lw=1, label="loss at init (cap; diverged runs sit here)")

@@ -32,14 +32,21 @@ FAMILIES = {
 }
 """Each family and the factors it varies from the base arm (model/config.py: AblationConfig)."""
 
-FACTOR_LISTS = {"block": "blocks", "precision": "precisions", "beta2": "beta2s", "warmup": "warmups",
-                "stabilizer": "stabilizers", "lr": "lrs"}
+FACTOR_LISTS = {
+    "block": "blocks",
+    "precision": "precisions",
+    "beta2": "beta2s",
+    "warmup": "warmups",
+    "stabilizer": "stabilizers",
+    "lr": "lrs",
+}
 """Factor -> its list in ``ablation``."""
 
 CODE_ROOT = Path(__file__).resolve().parents[1]
 ARM_CODE = ("model", "tasks/ablate/arm.py")
 """The code an arm trains with, besides its config and data: a change here reruns every arm (how
 results are read, tasks/ablate/grid.py and the stage, can change without retraining)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
@@ -60,8 +67,11 @@ class Arm:
 
     def variant(self, base: Arm) -> str:
         """The factors that differ from the base arm, e.g. ``post_ln·warmup=0`` (``base``: none)."""
-        parts = [(str(v) if k in ("block", "precision", "stabilizer") else f"{k}={v:g}")
-                 for k, v in self.factors.items() if v != base.factors[k]]
+        parts = [
+            (str(v) if k in ("block", "precision", "stabilizer") else f"{k}={v:g}")
+            for k, v in self.factors.items()
+            if v != base.factors[k]
+        ]
         return "·".join(parts) or "base"
 
     def name(self, base: Arm) -> str:
@@ -102,15 +112,28 @@ def overrides(arm: Arm, a: AblationConfig) -> dict[str, Any]:
     ``python -m tasks.ablate.arm --set KEY=VALUE ...`` trains the arm by itself."""
     precision, scaled = ("fp16", False) if arm.precision == "fp16_unscaled" else (arm.precision, True)
     return {
-        "model.d_model": a.d_model, "model.n_layer": a.n_layer, "model.n_head": a.n_head,
-        "model.seq_len": a.seq_len, "train.batch_size": a.batch_size, "train.grad_accum": 1,
-        "train.steps": a.steps, "train.seed": arm.seed, "train.eval_every": a.steps, "train.cpu_threads": 1,
-        "model.block": arm.block, "precision.mode": precision, "precision.loss_scaling": scaled,
-        "optim.beta2": arm.beta2, "schedule.warmup_steps": arm.warmup, "optim.lr": arm.lr,
+        "model.d_model": a.d_model,
+        "model.n_layer": a.n_layer,
+        "model.n_head": a.n_head,
+        "model.seq_len": a.seq_len,
+        "train.batch_size": a.batch_size,
+        "train.grad_accum": 1,
+        "train.steps": a.steps,
+        "train.seed": arm.seed,
+        "train.eval_every": a.steps,
+        "train.cpu_threads": 1,
+        "model.block": arm.block,
+        "precision.mode": precision,
+        "precision.loss_scaling": scaled,
+        "optim.beta2": arm.beta2,
+        "schedule.warmup_steps": arm.warmup,
+        "optim.lr": arm.lr,
         "model.qk_norm": arm.stabilizer == "qk_norm",
         "model.z_loss": a.z_loss if arm.stabilizer == "z_loss" else 0.0,
-        "checkpoint.every_steps": max(1, a.steps // 4), "checkpoint.keep_last": 1,
-        "checkpoint.milestones": [], "checkpoint.every_minutes": 0.0,
+        "checkpoint.every_steps": max(1, a.steps // 4),
+        "checkpoint.keep_last": 1,
+        "checkpoint.milestones": [],
+        "checkpoint.every_minutes": 0.0,
         "spike.kinds": [],  # the arm's injection is ablation.inject*, not the spike stage's
     }
 
@@ -121,8 +144,14 @@ def arm_config(cfg: Config, arm: Arm) -> Config:
 
 def injection_spec(a: AblationConfig) -> dict[str, Any]:
     """The injection every arm takes (model/spike.py: Injection's fields)."""
-    return {"kind": a.inject, "start": a.inject_step, "position": a.inject_step - 1,
-            "duration": a.inject_duration, "magnitude": a.inject_magnitude, "param_block": 0}
+    return {
+        "kind": a.inject,
+        "start": a.inject_step,
+        "position": a.inject_step - 1,
+        "duration": a.inject_duration,
+        "magnitude": a.inject_magnitude,
+        "param_block": 0,
+    }
 
 
 def code_digest() -> str:
@@ -135,8 +164,14 @@ def code_digest() -> str:
     return h.hexdigest()[:16]
 
 
-ARM_RESULT_KEYS = ("train.diverge_after", "train.diverge_loss", "spike.detect_window", "spike.detect_warmup",
-                   "spike.detect_zscore", "spike.detect_ratio")
+ARM_RESULT_KEYS = (
+    "train.diverge_after",
+    "train.diverge_loss",
+    "spike.detect_window",
+    "spike.detect_warmup",
+    "spike.detect_zscore",
+    "spike.detect_ratio",
+)
 """Keys outside the run identity that still change an arm's result.json: when it stops as diverged,
 and which steps its detector flags."""
 
@@ -144,8 +179,17 @@ and which steps its detector flags."""
 def arm_key(cfg: Config, data: dict[str, str], code: str) -> str:
     """The arm's cache key: its identity (config, data, injection, code) and ``ARM_RESULT_KEYS``."""
     flat = cfg.to_flat_dict()
-    return run_identity(cfg, data, None, {"study": "ablate", "injection": injection_spec(cfg.ablation),
-                                          "code": code, "result": {k: flat[k] for k in ARM_RESULT_KEYS}}).digest
+    return run_identity(
+        cfg,
+        data,
+        None,
+        {
+            "study": "ablate",
+            "injection": injection_spec(cfg.ablation),
+            "code": code,
+            "result": {k: flat[k] for k in ARM_RESULT_KEYS},
+        },
+    ).digest
 
 
 def data_hashes(manifest: Path) -> dict[str, str]:
@@ -166,8 +210,9 @@ def read_result(directory: Path) -> dict[str, Any] | None:
 # ----------------------------------------------------------------------------------------------
 
 
-def spike_response(rows: Sequence[dict[str, Any]], start: int, duration: int, smooth: int,
-                   epsilon: float, end: int) -> dict[str, Any]:
+def spike_response(
+    rows: Sequence[dict[str, Any]], start: int, duration: int, smooth: int, epsilon: float, end: int
+) -> dict[str, Any]:
     """How the arm took its injected spike, against its own loss just before it:
 
       pre_spike_loss   mean loss of the ``smooth`` steps before ``start``
@@ -188,17 +233,31 @@ def spike_response(rows: Sequence[dict[str, Any]], start: int, duration: int, sm
     after = loss[after_mask]
     censored_at = end - start + 1
     if not len(before) or not len(after) or not np.isfinite(before).all():
-        return {"pre_spike_loss": None, "peak_ratio": None, "recovery_steps": None, "recovered": False,
-                "censored_at": censored_at}
+        return {
+            "pre_spike_loss": None,
+            "peak_ratio": None,
+            "recovery_steps": None,
+            "recovered": False,
+            "censored_at": censored_at,
+        }
     pre = float(before.mean())
     if not np.isfinite(after).all():
-        return {"pre_spike_loss": pre, "peak_ratio": float("inf"), "recovery_steps": None, "recovered": False,
-                "censored_at": censored_at}
-    smoothed = trailing_mean(np.concatenate([before, after]), smooth)[len(before):]
+        return {
+            "pre_spike_loss": pre,
+            "peak_ratio": float("inf"),
+            "recovery_steps": None,
+            "recovered": False,
+            "censored_at": censored_at,
+        }
+    smoothed = trailing_mean(np.concatenate([before, after]), smooth)[len(before) :]
     back = np.flatnonzero((smoothed <= pre * (1 + epsilon)) & (np.arange(len(after)) >= duration))
-    return {"pre_spike_loss": pre, "peak_ratio": float(after[:duration + smooth].max() / pre),
-            "recovery_steps": int(back[0]) if len(back) else None, "recovered": bool(len(back)),
-            "censored_at": censored_at}
+    return {
+        "pre_spike_loss": pre,
+        "peak_ratio": float(after[: duration + smooth].max() / pre),
+        "recovery_steps": int(back[0]) if len(back) else None,
+        "recovered": bool(len(back)),
+        "censored_at": censored_at,
+    }
 
 
 def natural_spikes(rows: Sequence[dict[str, Any]], start: int, window: int) -> list[int]:
@@ -211,20 +270,24 @@ def arm_metrics(result: dict[str, Any], cfg: Config) -> dict[str, Any]:
     """The figures the study compares, from an arm's result (tasks/ablate/arm.py writes it)."""
     a, r = cfg.ablation, cfg.recovery
     rows = result["rows"]
-    response = spike_response(rows, a.inject_step, a.inject_duration, r.smooth_steps, r.recover_epsilon,
-                              end=a.steps)
+    response = spike_response(rows, a.inject_step, a.inject_duration, r.smooth_steps, r.recover_epsilon, end=a.steps)
     summary = result["summary"]
-    finals = [row["loss"] for row in rows[-r.smooth_steps:]]
+    finals = [row["loss"] for row in rows[-r.smooth_steps :]]
     final = float(np.mean(finals)) if finals and all(v is not None for v in finals) else None
     return {
-        "status": summary["status"], "diverged": summary["status"] == "diverged",
+        "status": summary["status"],
+        "diverged": summary["status"] == "diverged",
         "diverged_at": summary["diverged_at"],
-        "final_loss": final, "val_loss": summary["val_loss"], "init_loss": result["init_loss"],
+        "final_loss": final,
+        "val_loss": summary["val_loss"],
+        "init_loss": result["init_loss"],
         "nonfinite_steps": sum(1 for row in rows if row["loss"] is None or row["grad_norm"] is None),
-        "skipped": summary["skipped"], "overflows": summary["overflows"],
+        "skipped": summary["skipped"],
+        "overflows": summary["overflows"],
         "natural_spikes": len(natural_spikes(rows, a.inject_step, a.inject_duration + r.recover_steps)),
         **response,
         **{k: result["stats"].get(k) for k in ("attn_logit_max", "logits_max", "log_z_max", "attn_entropy_min")},
         **{f"collapse_{k}": v for k, v in result.get("collapse", {}).items()},
-        "wall_s": summary["wall_s"], "precision_path": summary["precision"],
+        "wall_s": summary["wall_s"],
+        "precision_path": summary["precision"],
     }

@@ -18,9 +18,21 @@ from scipy import stats
 ALPHA = 0.05
 """Significance level of every test (two-sided)."""
 
-FIGURES = ("final_loss", "val_loss", "capped_loss", "peak_ratio", "recovery_steps_censored", "natural_spikes",
-           "nonfinite_steps", "skipped", "overflows", "attn_logit_max", "logits_max", "log_z_max",
-           "attn_entropy_min")
+FIGURES = (
+    "final_loss",
+    "val_loss",
+    "capped_loss",
+    "peak_ratio",
+    "recovery_steps_censored",
+    "natural_spikes",
+    "nonfinite_steps",
+    "skipped",
+    "overflows",
+    "attn_logit_max",
+    "logits_max",
+    "log_z_max",
+    "attn_entropy_min",
+)
 """Per-arm figures summarised per variant (tasks/ablate/grid.py: arm_metrics, plus the derived ones)."""
 
 
@@ -49,13 +61,20 @@ def describe(values: Sequence[float | None]) -> dict[str, Any]:
     """n, mean, SD (ddof 1) and the t-based 95 % interval of the mean (None where n < 2);
     missing and infinite values are counted apart and left out of the moments."""
     finite = [float(v) for v in values if v is not None and math.isfinite(v)]
-    out: dict[str, Any] = {"n": len(finite), "missing": len(values) - len(finite),
-                           "mean": float(np.mean(finite)) if finite else None,
-                           "sd": float(np.std(finite, ddof=1)) if len(finite) > 1 else None, "ci95": None}
+    out: dict[str, Any] = {
+        "n": len(finite),
+        "missing": len(values) - len(finite),
+        "mean": float(np.mean(finite)) if finite else None,
+        "sd": float(np.std(finite, ddof=1)) if len(finite) > 1 else None,
+        "ci95": None,
+    }
     if len(finite) > 1:
         sem = stats.sem(finite)
-        out["ci95"] = ([out["mean"], out["mean"]] if sem == 0 else
-                       [float(x) for x in stats.t.interval(1 - ALPHA, len(finite) - 1, loc=out["mean"], scale=sem)])
+        out["ci95"] = (
+            [out["mean"], out["mean"]]
+            if sem == 0
+            else [float(x) for x in stats.t.interval(1 - ALPHA, len(finite) - 1, loc=out["mean"], scale=sem)]
+        )
     return out
 
 
@@ -63,8 +82,10 @@ def variant_table(arms: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per variant: its factors, seeds, statuses and every FIGURES entry described over seeds."""
     table: dict[str, dict[str, Any]] = {}
     for arm in arms:
-        entry = table.setdefault(arm["variant"], {"factors": arm["factors"], "families": arm["families"],
-                                                  "seeds": [], "status": [], "_m": []})
+        entry = table.setdefault(
+            arm["variant"],
+            {"factors": arm["factors"], "families": arm["families"], "seeds": [], "status": [], "_m": []},
+        )
         entry["seeds"].append(arm["seed"])
         entry["status"].append(arm["status"])
         entry["_m"].append(derived(arm.get("metrics") or {}))
@@ -83,9 +104,16 @@ def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     with np.errstate(invalid="ignore"):
         diff = float(a.mean() - b.mean())  # inf where one side has an infinite value, nan where both
-    out: dict[str, Any] = {"test": "Welch t-test", "n": [len(a), len(b)], "mean_a": float(a.mean()),
-                           "mean_b": float(b.mean()), "diff": None if math.isnan(diff) else diff,
-                           "hedges_g": None, "t": None, "p": None}
+    out: dict[str, Any] = {
+        "test": "Welch t-test",
+        "n": [len(a), len(b)],
+        "mean_a": float(a.mean()),
+        "mean_b": float(b.mean()),
+        "diff": None if math.isnan(diff) else diff,
+        "hedges_g": None,
+        "t": None,
+        "p": None,
+    }
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         out["test"] = "none (a non-finite value: no t-test)"
         return out
@@ -106,16 +134,26 @@ def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
 def fisher(events_a: int, n_a: int, events_b: int, n_b: int) -> dict[str, Any]:
     """Fisher's exact test of two event counts (diverged runs), two-sided."""
     odds, p = stats.fisher_exact([[events_a, n_a - events_a], [events_b, n_b - events_b]])
-    return {"test": "Fisher exact", "events": [events_a, events_b], "n": [n_a, n_b], "odds_ratio": float(odds),
-            "p": float(p)}
+    return {
+        "test": "Fisher exact",
+        "events": [events_a, events_b],
+        "n": [n_a, n_b],
+        "odds_ratio": float(odds),
+        "p": float(p),
+    }
 
 
 def slope_test(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
     """Least-squares slope of y on x with its 95 % interval and the t-test of slope = 0 (scipy linregress)."""
     fit = stats.linregress(x, y)
     half = stats.t.ppf(1 - ALPHA / 2, len(x) - 2) * fit.stderr
-    return {"test": "linear regression, t-test of slope = 0", "n": len(x), "slope": float(fit.slope),
-            "ci95": [float(fit.slope - half), float(fit.slope + half)], "p": float(fit.pvalue)}
+    return {
+        "test": "linear regression, t-test of slope = 0",
+        "n": len(x),
+        "slope": float(fit.slope),
+        "ci95": [float(fit.slope - half), float(fit.slope + half)],
+        "p": float(fit.pvalue),
+    }
 
 
 def lr_sensitivity(final_losses: dict[float, float], init_loss: float) -> float:

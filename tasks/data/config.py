@@ -97,8 +97,14 @@ class FilterConfig(Section):
         non_negative("filter.min_chars", self.min_chars)
         if self.max_chars <= self.min_chars:
             raise ConfigError(f"filter.max_chars: {self.max_chars} must exceed filter.min_chars={self.min_chars}")
-        for key in ("max_char_run", "ngram_max_period", "ngram_min_repeats", "dedup_num_perm", "dedup_shingle",
-                    "perplexity_zscore"):
+        for key in (
+            "max_char_run",
+            "ngram_max_period",
+            "ngram_min_repeats",
+            "dedup_num_perm",
+            "dedup_shingle",
+            "perplexity_zscore",
+        ):
             positive(f"filter.{key}", getattr(self, key))
         in_open_unit("filter.dedup_threshold", self.dedup_threshold)
         non_negative("filter.poison_generated", self.poison_generated)

@@ -37,8 +37,17 @@ from tasks.data.perplexity import ByteNgramModel, robust_zscores
 from tasks.runtime.files import read_json, write_json
 from tasks.runtime.outputs import DOCS_FILE, SOURCE_FILE
 
-REASONS = ("invalid_utf8", "nonprintable", "too_short", "too_long", "char_run", "repeated_ngram",
-           "duplicate_exact", "duplicate_near", "perplexity")
+REASONS = (
+    "invalid_utf8",
+    "nonprintable",
+    "too_short",
+    "too_long",
+    "char_run",
+    "repeated_ngram",
+    "duplicate_exact",
+    "duplicate_near",
+    "perplexity",
+)
 """Why a document was dropped, in the order the checks run (the first that fires counts)."""
 DUPLICATES = {"duplicate_exact", "duplicate_near"}
 GENERATED = ("generated_binary", "generated_space_run", "generated_rare_tokens")
@@ -152,8 +161,7 @@ class Deduplicator:
         if key in self.exact:
             return "duplicate_exact"
         self.exact.add(key)
-        signature = MinHash(num_perm=self.num_perm, hashfunc=int, permutations=self.permutations,
-                            scheme="affine32")
+        signature = MinHash(num_perm=self.num_perm, hashfunc=int, permutations=self.permutations, scheme="affine32")
         signature.update_batch(shingle_hashes(text, self.shingle))
         if self.lsh.query(signature):
             return "duplicate_near"
@@ -168,7 +176,7 @@ def shingle_hashes(text: str, size: int) -> np.ndarray:
     span = max(len(words) - size + 1, 1)
     h = np.zeros(span, np.uint64)
     for i in range(min(size, len(words))):
-        h = h * np.uint64(0x100000001B3) + words[i:i + span]
+        h = h * np.uint64(0x100000001B3) + words[i : i + span]
     return np.unique(h >> np.uint64(32))
 
 
@@ -227,8 +235,15 @@ def screen_documents(cfg: FilterConfig, raw_dir: Path, poison_dir: Path, work_di
 
 
 @task(name="drop-perplexity-outliers")
-def drop_perplexity_outliers(cfg: FilterConfig, counts: dict[str, int], raw_dir: Path, work_dir: Path,
-                             clean_dir: Path, poison_dir: Path, report: Path) -> dict[str, float]:
+def drop_perplexity_outliers(
+    cfg: FilterConfig,
+    counts: dict[str, int],
+    raw_dir: Path,
+    work_dir: Path,
+    clean_dir: Path,
+    poison_dir: Path,
+    report: Path,
+) -> dict[str, float]:
     """Pass 2: train the perplexity model on the survivors, move their outliers to the poison
     pool, add the generated garbage; the rest is the clean corpus. Writes the report and returns
     its flat metrics."""
@@ -249,11 +264,22 @@ def drop_perplexity_outliers(cfg: FilterConfig, counts: dict[str, int], raw_dir:
     if not counts["kept"]:
         raise _all_removed(raw_dir, counts)
     shutil.copy(raw_dir / SOURCE_FILE, clean_dir / SOURCE_FILE)
-    metrics = {"documents_in": counts["input"], "documents_kept": counts["kept"],
-               "poison_documents": counts["pooled"] + counts["perplexity"] + cfg.poison_generated,
-               **{f"removed_{r}": counts[r] for r in REASONS}}
-    write_json(report, {**metrics, "order": list(REASONS), "poison_generated": cfg.poison_generated,
-                        "perplexity": stats, "source": read_json(raw_dir / SOURCE_FILE)})
+    metrics = {
+        "documents_in": counts["input"],
+        "documents_kept": counts["kept"],
+        "poison_documents": counts["pooled"] + counts["perplexity"] + cfg.poison_generated,
+        **{f"removed_{r}": counts[r] for r in REASONS},
+    }
+    write_json(
+        report,
+        {
+            **metrics,
+            "order": list(REASONS),
+            "poison_generated": cfg.poison_generated,
+            "perplexity": stats,
+            "source": read_json(raw_dir / SOURCE_FILE),
+        },
+    )
     return metrics
 
 
@@ -264,11 +290,15 @@ def perplexity_outliers(cfg: FilterConfig, docs: Path) -> tuple[np.ndarray, dict
     scores = model.log_perplexity(d["text"] for d in read_docs(docs))
     zscores = robust_zscores(scores)
     return zscores > cfg.perplexity_zscore, {
-        "median_nats_per_char": float(np.median(scores)), "max_zscore": float(zscores.max()),
-        "zscore_threshold": cfg.perplexity_zscore}
+        "median_nats_per_char": float(np.median(scores)),
+        "max_zscore": float(zscores.max()),
+        "zscore_threshold": cfg.perplexity_zscore,
+    }
 
 
 def _all_removed(raw_dir: Path, counts: Counter) -> InputError:
     removed = ", ".join(f"{r}: {counts[r]}" for r in REASONS if counts[r])
-    return InputError(f"{raw_dir / DOCS_FILE}: the filters removed all {counts['input']} documents "
-                      f"({removed}); loosen the filter.* keys in params.yaml")
+    return InputError(
+        f"{raw_dir / DOCS_FILE}: the filters removed all {counts['input']} documents "
+        f"({removed}); loosen the filter.* keys in params.yaml"
+    )

@@ -66,7 +66,7 @@ def _garbage(kind: str, text: str, base: list[str], cfg: FilterConfig, rng: rand
     if kind == "control_chars":  # binary read as text
         return "".join(chr(rng.choice([*range(1, 9), *range(14, 32)])) if rng.random() < 0.1 else c for c in text)
     if kind == "too_short":
-        return text[:rng.randrange(8, cfg.min_chars)]
+        return text[: rng.randrange(8, cfg.min_chars)]
     if kind == "too_long":
         parts = [text]
         while sum(map(len, parts)) <= cfg.max_chars:
@@ -77,7 +77,7 @@ def _garbage(kind: str, text: str, base: list[str], cfg: FilterConfig, rng: rand
     if kind == "repeated_phrase":
         words = text.split()
         start = rng.randrange(max(len(words) - 4, 1))
-        phrase = " ".join(words[start:start + rng.randint(1, 4)])
+        phrase = " ".join(words[start : start + rng.randint(1, 4)])
         return text + (" " + phrase) * (cfg.ngram_min_repeats + 8)
     if kind == "exact_copy":
         return text
@@ -89,7 +89,7 @@ def _garbage(kind: str, text: str, base: list[str], cfg: FilterConfig, rng: rand
         return " ".join("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(120))
     if kind == "base64_blob":
         blob = base64.b64encode(rng.randbytes(600)).decode()
-        return "\n".join(blob[i:i + 76] for i in range(0, len(blob), 76))
+        return "\n".join(blob[i : i + 76] for i in range(0, len(blob), 76))
     if kind == "foreign_script":
         return " ".join("".join(chr(rng.randrange(0x430, 0x450)) for _ in range(rng.randint(2, 9))) for _ in range(120))
     raise ValueError(f"unknown planted kind {kind!r}")
@@ -102,10 +102,13 @@ def true_duplicates(docs: list[dict[str, str]], cfg: FilterConfig) -> set[str]:
     found = set()
     for doc in docs:
         words = doc["text"].split()
-        shingles = {tuple(words[i:i + cfg.dedup_shingle]) for i in range(max(len(words) - cfg.dedup_shingle + 1, 1))}
+        shingles = {tuple(words[i : i + cfg.dedup_shingle]) for i in range(max(len(words) - cfg.dedup_shingle + 1, 1))}
         t = cfg.dedup_threshold
-        if any(t * len(other) <= len(shingles) <= len(other) / t  # J >= t needs sizes within t
-               and len(shingles & other) >= t * len(shingles | other) for other in seen):
+        if any(
+            t * len(other) <= len(shingles) <= len(other) / t  # J >= t needs sizes within t
+            and len(shingles & other) >= t * len(shingles | other)
+            for other in seen
+        ):
             found.add(doc["id"])
         else:
             seen.append(shingles)
@@ -122,8 +125,9 @@ def removed_ids(cfg: FilterConfig, raw_dir: Path) -> set[str]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         counts = screen_documents.fn(cfg, raw_dir, out / "poison", out / "work")
-        drop_perplexity_outliers.fn(cfg, counts, raw_dir, out / "work", out / "clean", out / "poison",
-                                    out / "report.json")
+        drop_perplexity_outliers.fn(
+            cfg, counts, raw_dir, out / "work", out / "clean", out / "poison", out / "report.json"
+        )
         kept = {doc["id"] for doc in read_docs(out / "clean" / DOCS_FILE)}
     return {doc["id"] for doc in read_docs(raw_dir / DOCS_FILE)} - kept
 
@@ -142,10 +146,17 @@ def measure_filters(cfg: FilterConfig, base: list[str], per_kind: int) -> dict[s
         (raw / SOURCE_FILE).write_text(json.dumps({"source": "planted"}))
         for switch in (*SWITCHES, None):
             removed = removed_ids(only(cfg, switch), raw)
-            target = garbage if switch is None else duplicates if switch == "dedup" else \
-                {i for i in garbage if PLANTED.get(i.split(":")[0]) == switch}
+            target = (
+                garbage
+                if switch is None
+                else duplicates
+                if switch == "dedup"
+                else {i for i in garbage if PLANTED.get(i.split(":")[0]) == switch}
+            )
             results[switch or "all"] = {
                 "precision": len(removed & garbage) / len(removed) if removed else 1.0,
                 "recall": len(removed & target) / len(target),
-                "removed": len(removed), "false_positives": len(removed - garbage)}
+                "removed": len(removed),
+                "false_positives": len(removed - garbage),
+            }
     return results

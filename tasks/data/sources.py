@@ -74,7 +74,7 @@ def bounded_lines(f: BinaryIO, limit: int) -> Iterator[tuple[bytes, int]]:
             if not part:
                 break
             if length < limit:
-                kept.append(part[:limit - length])
+                kept.append(part[: limit - length])
             length += len(part)
             if part.endswith(b"\n"):
                 break
@@ -196,10 +196,10 @@ def hf_documents(cfg: DataConfig, limit: int, skips: Skips) -> Iterator[Doc]:
     try:
         import datasets  # the optional ``hf`` extra
     except ImportError:
-        raise UserError("data.source: 'hf' needs the optional Hugging Face extra; "
-                        "install it with: pip install -e '.[hf]'") from None
-    stream = datasets.load_dataset(cfg.hf_dataset, cfg.hf_config or None, split=cfg.hf_split,
-                                   streaming=True)
+        raise UserError(
+            "data.source: 'hf' needs the optional Hugging Face extra; install it with: pip install -e '.[hf]'"
+        ) from None
+    stream = datasets.load_dataset(cfg.hf_dataset, cfg.hf_config or None, split=cfg.hf_split, streaming=True)
     for number, record in enumerate(stream):
         where = f"{cfg.hf_dataset}/{cfg.hf_split}:{number}"
         text = record.get(cfg.jsonl_field)
@@ -218,8 +218,11 @@ def documents(cfg: DataConfig, project: Path, skips: Skips) -> Iterator[Doc]:
         docs = hf_documents(cfg, limit, skips)
     else:
         path = source_path(cfg, project)
-        docs = text_documents(path, limit, skips) if cfg.source == "text" else \
-            jsonl_documents(path, cfg.jsonl_field, limit, skips)
+        docs = (
+            text_documents(path, limit, skips)
+            if cfg.source == "text"
+            else jsonl_documents(path, cfg.jsonl_field, limit, skips)
+        )
     return itertools.islice(docs, cfg.max_docs or None)
 
 
@@ -257,13 +260,14 @@ def read_corpus(cfg: DataConfig, project: Path, out_dir: Path) -> dict[str, int]
             size += len(doc.text.encode("utf-8", "surrogatepass"))
     if not count:
         where = project / cfg.path if cfg.source in ("text", "jsonl") else origin(cfg)
-        raise InputError(f"{where}: no usable document (data.source={cfg.source!r})"
-                         f"{_skip_summary(skips)}")
+        raise InputError(f"{where}: no usable document (data.source={cfg.source!r}){_skip_summary(skips)}")
     if skips.counts:
         log.warning("prepare skipped %s%s", dict(skips.counts), _skip_summary(skips))
     counts = {"documents": count, "bytes": size, **{f"skipped_{k}": v for k, v in sorted(skips.counts.items())}}
-    write_json(out_dir / SOURCE_FILE, {"source": cfg.source, "origin": origin(cfg),
-                                       "python_version": platform.python_version(), **counts})
+    write_json(
+        out_dir / SOURCE_FILE,
+        {"source": cfg.source, "origin": origin(cfg), "python_version": platform.python_version(), **counts},
+    )
     return counts
 
 

@@ -54,9 +54,13 @@ def train_tokenizer(cfg: TokenizerConfig, data: DataConfig, clean_dir: Path, out
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-                                  special_tokens=[EOT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(training_texts(clean_dir, data), trainer=trainer)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / TOKENIZER_FILE
@@ -93,13 +97,18 @@ class ShardWriter:
     def close(self) -> dict[str, int | str]:
         self.flush()
         self.file.close()
-        return {"path": self.path.name, "documents": self.documents, "tokens": self.tokens,
-                "sha256": self.sha256.hexdigest()}
+        return {
+            "path": self.path.name,
+            "documents": self.documents,
+            "tokens": self.tokens,
+            "sha256": self.sha256.hexdigest(),
+        }
 
 
 @task(name="encode-shards")
-def encode_shards(cfg: TokenizerConfig, data: DataConfig, tokenizer_path: Path, clean_dir: Path,
-                  poison_dir: Path) -> dict[str, float]:
+def encode_shards(
+    cfg: TokenizerConfig, data: DataConfig, tokenizer_path: Path, clean_dir: Path, poison_dir: Path
+) -> dict[str, float]:
     """Encode the clean documents into ``train.bin``/``val.bin`` and the poison pool into
     ``poison.bin`` (one contiguous token range per reason), beside the tokenizer; write the
     manifest there; return the counts."""
@@ -115,24 +124,35 @@ def encode_shards(cfg: TokenizerConfig, data: DataConfig, tokenizer_path: Path, 
         for doc in read_docs(path):
             shards["poison"].add(repair_undecodable(doc["text"]))
         shards["poison"].flush()
-        reasons[path.stem] = {"offset": start, "tokens": shards["poison"].tokens - start,
-                              "documents": shards["poison"].documents - documents}
+        reasons[path.stem] = {
+            "offset": start,
+            "tokens": shards["poison"].tokens - start,
+            "documents": shards["poison"].documents - documents,
+        }
     splits = {name: shard.close() for name, shard in shards.items()}
     for name in ("train", "val"):
         if not splits[name]["documents"]:
-            raise InputError(f"data.val_fraction: no document fell into the {name} split of "
-                             f"{clean_dir / DOCS_FILE} ({splits['train']['documents'] + splits['val']['documents']} "
-                             f"documents, val_fraction={data.val_fraction}); change it or add documents")
-    write_json(out_dir / MANIFEST.name, {
-        "format": MANIFEST_FORMAT,
-        "vocab_size": cfg.vocab_size,
-        "tokenizer": {"path": tokenizer_path.name, "vocab_size": tokenizer.get_vocab_size(),
-                      "sha256": file_sha256(tokenizer_path)},
-        "eot_token": EOT,
-        "eot_id": shards["train"].eot,
-        "dtype": dtype,
-        "split": {"by": "document", "seed": data.seed, "val_fraction": data.val_fraction},
-        "splits": {**splits, "poison": {**splits["poison"], "reasons": reasons}},
-        "source": read_json(clean_dir / SOURCE_FILE),
-    })
+            raise InputError(
+                f"data.val_fraction: no document fell into the {name} split of "
+                f"{clean_dir / DOCS_FILE} ({splits['train']['documents'] + splits['val']['documents']} "
+                f"documents, val_fraction={data.val_fraction}); change it or add documents"
+            )
+    write_json(
+        out_dir / MANIFEST.name,
+        {
+            "format": MANIFEST_FORMAT,
+            "vocab_size": cfg.vocab_size,
+            "tokenizer": {
+                "path": tokenizer_path.name,
+                "vocab_size": tokenizer.get_vocab_size(),
+                "sha256": file_sha256(tokenizer_path),
+            },
+            "eot_token": EOT,
+            "eot_id": shards["train"].eot,
+            "dtype": dtype,
+            "split": {"by": "document", "seed": data.seed, "val_fraction": data.val_fraction},
+            "splits": {**splits, "poison": {**splits["poison"], "reasons": reasons}},
+            "source": read_json(clean_dir / SOURCE_FILE),
+        },
+    )
     return {f"{name}_{key}": splits[name][key] for name in SPLITS for key in ("documents", "tokens")}

@@ -38,8 +38,9 @@ def read_curves(plots_dir: Path) -> dict[str, dict[str, list[float]]]:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
         columns = rows[0].keys() if rows else []
-        curves[path.stem] = {c: [float(r[c]) if r[c] not in ("", None) else float("nan") for r in rows]
-                             for c in columns}
+        curves[path.stem] = {
+            c: [float(r[c]) if r[c] not in ("", None) else float("nan") for r in rows] for c in columns
+        }
     return curves
 
 
@@ -88,5 +89,8 @@ def draw(curves: dict[str, dict[str, list[float]]], panels: list[PANEL], path: P
 def pretrain_figures(plots_dir: Path, out_dir: Path, run_title: str) -> list[Path]:
     """The pretrain stage's figures from its CSV curves, into ``out_dir``."""
     curves = read_curves(plots_dir)
-    return [p for name, panels in PRETRAIN_FIGURES.items()
-            if (p := draw(curves, panels, out_dir / name, run_title)) is not None]
+    return [
+        p
+        for name, panels in PRETRAIN_FIGURES.items()
+        if (p := draw(curves, panels, out_dir / name, run_title)) is not None
+    ]

@@ -59,8 +59,10 @@ def read_manifest(project: Path, cfg: Config) -> dict[str, Any]:
         raise InputError(f"{path}: missing; run the tokenize stage first (dvc repro tokenize)")
     manifest = read_json(path)
     if manifest["vocab_size"] != cfg.tokenizer.vocab_size:
-        raise InputError(f"{path}: vocab_size {manifest['vocab_size']} differs from "
-                         f"tokenizer.vocab_size={cfg.tokenizer.vocab_size}; re-run tokenize")
+        raise InputError(
+            f"{path}: vocab_size {manifest['vocab_size']} differs from "
+            f"tokenizer.vocab_size={cfg.tokenizer.vocab_size}; re-run tokenize"
+        )
     return manifest
 
 
@@ -72,8 +74,10 @@ def pretrain_config(cfg: Config, project: Path) -> Config:
         return cfg
     path = project / SEARCH_LR
     if not path.is_file():
-        raise InputError(f"{path}: missing; run the search stage first (dvc repro search), "
-                         f"or set search.transfer_lr: false to train with optim.lr")
+        raise InputError(
+            f"{path}: missing; run the search stage first (dvc repro search), "
+            f"or set search.transfer_lr: false to train with optim.lr"
+        )
     lr = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("optim", {}).get("lr")
     if not isinstance(lr, float) or not lr > 0:
         raise InputError(f"{path}: optim.lr must be a positive number, got {lr!r}")
@@ -97,8 +101,11 @@ def claim_checkpoints(checkpoint_dir: Path, identity: RunIdentity, set_aside: Pa
             moved = moved.with_name(f"{moved.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         moved.parent.mkdir(parents=True, exist_ok=True)
         os.replace(checkpoint_dir, moved)
-        print(f"spikelab: {checkpoint_dir} held run {owner or '(unrecorded)'}; moved it to {moved} "
-              f"and starting run {identity.digest}", file=sys.stderr)
+        print(
+            f"spikelab: {checkpoint_dir} held run {owner or '(unrecorded)'}; moved it to {moved} "
+            f"and starting run {identity.digest}",
+            file=sys.stderr,
+        )
     if owner != identity.digest or not marker.is_file():
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         with staged(marker) as (tmp,):
@@ -163,10 +170,20 @@ def publish(project: Path, trainer: Trainer, summary: dict[str, Any]) -> None:
         with staged(project / PRETRAIN_METRICS) as (metrics,):
             write_json(metrics, summary)
         return
-    with staged(project / PRETRAIN_MODEL, project / PRETRAIN_MILESTONES, project / PRETRAIN_METRICS) as \
-            (weights, milestones, metrics):
-        torch.save({"model": trainer.model.state_dict(), "config": dataclasses.asdict(trainer.cfg),
-                    "step": trainer.step, "identity": trainer.identity}, weights)
+    with staged(project / PRETRAIN_MODEL, project / PRETRAIN_MILESTONES, project / PRETRAIN_METRICS) as (
+        weights,
+        milestones,
+        metrics,
+    ):
+        torch.save(
+            {
+                "model": trainer.model.state_dict(),
+                "config": dataclasses.asdict(trainer.cfg),
+                "step": trainer.step,
+                "identity": trainer.identity,
+            },
+            weights,
+        )
         export_milestones(project / PRETRAIN_CHECKPOINTS, trainer.cfg.checkpoint.milestones, milestones)
         write_json(metrics, summary)
 

@@ -58,13 +58,21 @@ class Claim:
 
     @property
     def holds(self) -> bool:
-        return self.estimate is not None and self.p is not None and _sign(self.estimate) == self.expected \
+        return (
+            self.estimate is not None
+            and self.p is not None
+            and _sign(self.estimate) == self.expected
             and self.p < ALPHA
+        )
 
     @property
     def contradicted(self) -> bool:
-        return self.estimate is not None and self.p is not None and _sign(self.estimate) == -self.expected \
+        return (
+            self.estimate is not None
+            and self.p is not None
+            and _sign(self.estimate) == -self.expected
             and self.p < ALPHA
+        )
 
     @property
     def points_the_way(self) -> bool:
@@ -158,21 +166,33 @@ def xiong(grid: Grid) -> Finding:
     seeds = sorted(set.intersection(*(set(v) for v in loss.values())))
     harm = {b: [loss[b, 0][s] - loss[b, warm][s] for s in seeds] for b in ("pre_ln", "post_ln")}
     interaction = compare(harm["post_ln"], harm["pre_ln"])
-    claims = [Claim("post-LN: no warmup − warmup", post["diff"], post["p"]),
-              Claim("warmup's effect, post-LN − pre-LN (per seed)", interaction["diff"], interaction["p"])]
-    diverged = {b: sum(1 for m in grid.select(block=b, warmup=0) if m.get("status") == "diverged")
-                for b in ("pre_ln", "post_ln")}
-    numbers = (f"final val loss (capped), no warmup vs {warm} steps: post-LN {_fmt(list(loss['post_ln', 0].values()))} "
-               f"vs {_fmt(list(loss['post_ln', warm].values()))} ({_cmp_text(post)}); pre-LN "
-               f"{_fmt(list(loss['pre_ln', 0].values()))} vs {_fmt(list(loss['pre_ln', warm].values()))} "
-               f"({_cmp_text(pre)}); interaction {_cmp_text(interaction)}; diverged without warmup: "
-               f"post-LN {diverged['post_ln']}, pre-LN {diverged['pre_ln']}; LR {a.lr:g}")
+    claims = [
+        Claim("post-LN: no warmup − warmup", post["diff"], post["p"]),
+        Claim("warmup's effect, post-LN − pre-LN (per seed)", interaction["diff"], interaction["p"]),
+    ]
+    diverged = {
+        b: sum(1 for m in grid.select(block=b, warmup=0) if m.get("status") == "diverged")
+        for b in ("pre_ln", "post_ln")
+    }
+    numbers = (
+        f"final val loss (capped), no warmup vs {warm} steps: post-LN {_fmt(list(loss['post_ln', 0].values()))} "
+        f"vs {_fmt(list(loss['post_ln', warm].values()))} ({_cmp_text(post)}); pre-LN "
+        f"{_fmt(list(loss['pre_ln', 0].values()))} vs {_fmt(list(loss['pre_ln', warm].values()))} "
+        f"({_cmp_text(pre)}); interaction {_cmp_text(interaction)}; diverged without warmup: "
+        f"post-LN {diverged['post_ln']}, pre-LN {diverged['pre_ln']}; LR {a.lr:g}"
+    )
     arms = [n for b in ("pre_ln", "post_ln") for w in (0, warm) for n in grid.names(block=b, warmup=w)]
-    return Finding("xiong", "Post-LN needs warmup at a learning rate where Pre-LN trains without it",
-                   "Xiong et al. 2020", verdict(claims), numbers,
-                   "Welch t-tests on the final validation loss (capped at ln V), and on the per-seed warmup "
-                   "effect post-LN vs pre-LN (the interaction)", arms,
-                   {"post_ln": post, "pre_ln": pre, "interaction": interaction})
+    return Finding(
+        "xiong",
+        "Post-LN needs warmup at a learning rate where Pre-LN trains without it",
+        "Xiong et al. 2020",
+        verdict(claims),
+        numbers,
+        "Welch t-tests on the final validation loss (capped at ln V), and on the per-seed warmup "
+        "effect post-LN vs pre-LN (the interaction)",
+        arms,
+        {"post_ln": post, "pre_ln": pre, "interaction": interaction},
+    )
 
 
 def is_broken(m: dict[str, Any]) -> bool:
@@ -194,24 +214,35 @@ def fp16(grid: Grid) -> Finding:
     vs_bf16, vs_scaled = (compare(loss["fp16_unscaled"], loss[p]) for p in ("bf16", "fp16"))
     breaks = fisher(broken["fp16_unscaled"], runs["fp16_unscaled"], broken["bf16"], runs["bf16"])
     peak = {p: grid.values("peak_ratio", precision=p) for p in needed}
-    claims = [Claim("unscaled fp16 − bf16, loss", vs_bf16["diff"], vs_bf16["p"]),
-              Claim("unscaled fp16 − scaled fp16, loss", vs_scaled["diff"], vs_scaled["p"])]
-    precondition = (f"bf16 or scaled fp16 broke too ({broken['bf16']}, {broken['fp16']} runs)"
-                    if broken["bf16"] or broken["fp16"] else None)
-    numbers = (f"final val loss (capped): unscaled fp16 {_fmt(loss['fp16_unscaled'])}, bf16 {_fmt(loss['bf16'])}, "
-               f"scaled fp16 {_fmt(loss['fp16'])}; vs bf16 {_cmp_text(vs_bf16)}, vs scaled {_cmp_text(vs_scaled)}; "
-               f"runs broken (diverged, or no finite loss at the end): unscaled "
-               f"{broken['fp16_unscaled']}/{runs['fp16_unscaled']}, "
-               f"bf16 {broken['bf16']}/{runs['bf16']}, scaled {broken['fp16']}/{runs['fp16']} (Fisher vs bf16 "
-               f"p={breaks['p']:.3g}); spike peak ratio: unscaled {_fmt(peak['fp16_unscaled'])}, bf16 "
-               f"{_fmt(peak['bf16'])}, scaled {_fmt(peak['fp16'])}"
-               + (f"; {precondition}" if precondition else ""))
-    return Finding("fp16", "fp16 without loss scaling breaks (underflow or overflow to NaN) where bf16 and scaled "
-                   "fp16 do not, above all under a spike", "Micikevicius et al. 2017; seeds",
-                   verdict(claims, precondition), numbers,
-                   "Welch t-tests on the final validation loss (capped); Fisher's exact test on broken runs",
-                   [n for p in sorted(needed) for n in grid.names(precision=p)],
-                   {"vs_bf16": vs_bf16, "vs_scaled": vs_scaled, "broken": broken, "fisher": breaks})
+    claims = [
+        Claim("unscaled fp16 − bf16, loss", vs_bf16["diff"], vs_bf16["p"]),
+        Claim("unscaled fp16 − scaled fp16, loss", vs_scaled["diff"], vs_scaled["p"]),
+    ]
+    precondition = (
+        f"bf16 or scaled fp16 broke too ({broken['bf16']}, {broken['fp16']} runs)"
+        if broken["bf16"] or broken["fp16"]
+        else None
+    )
+    numbers = (
+        f"final val loss (capped): unscaled fp16 {_fmt(loss['fp16_unscaled'])}, bf16 {_fmt(loss['bf16'])}, "
+        f"scaled fp16 {_fmt(loss['fp16'])}; vs bf16 {_cmp_text(vs_bf16)}, vs scaled {_cmp_text(vs_scaled)}; "
+        f"runs broken (diverged, or no finite loss at the end): unscaled "
+        f"{broken['fp16_unscaled']}/{runs['fp16_unscaled']}, "
+        f"bf16 {broken['bf16']}/{runs['bf16']}, scaled {broken['fp16']}/{runs['fp16']} (Fisher vs bf16 "
+        f"p={breaks['p']:.3g}); spike peak ratio: unscaled {_fmt(peak['fp16_unscaled'])}, bf16 "
+        f"{_fmt(peak['bf16'])}, scaled {_fmt(peak['fp16'])}" + (f"; {precondition}" if precondition else "")
+    )
+    return Finding(
+        "fp16",
+        "fp16 without loss scaling breaks (underflow or overflow to NaN) where bf16 and scaled "
+        "fp16 do not, above all under a spike",
+        "Micikevicius et al. 2017; seeds",
+        verdict(claims, precondition),
+        numbers,
+        "Welch t-tests on the final validation loss (capped); Fisher's exact test on broken runs",
+        [n for p in sorted(needed) for n in grid.names(precision=p)],
+        {"vs_bf16": vs_bf16, "vs_scaled": vs_scaled, "broken": broken, "fisher": breaks},
+    )
 
 
 def beta2(grid: Grid) -> Finding:
@@ -221,16 +252,26 @@ def beta2(grid: Grid) -> Finding:
     peak = {b: grid.values("peak_ratio", beta2=b) for b in (0.95, 0.999)}
     rec = {b: grid.values("recovery_steps_censored", beta2=b) for b in (0.95, 0.999)}
     c_peak, c_rec = compare(peak[0.999], peak[0.95]), compare(rec[0.999], rec[0.95])
-    claims = [Claim("peak ratio, 0.999 − 0.95", c_peak["diff"], c_peak["p"]),
-              Claim("recovery steps, 0.999 − 0.95", c_rec["diff"], c_rec["p"])]
-    numbers = (f"injected spike ({a.inject} x{a.inject_magnitude:g} at step {a.inject_step}): peak ratio "
-               f"β₂=0.999 {_fmt(peak[0.999])} vs 0.95 {_fmt(peak[0.95])} ({_cmp_text(c_peak)}); steps to recover "
-               f"{_fmt(rec[0.999])} vs {_fmt(rec[0.95])} ({_cmp_text(c_rec)}; never-recovered runs count every step "
-               f"to the planned end)")
-    return Finding("beta2", "β₂ = 0.999 spikes higher and recovers slower than β₂ = 0.95",
-                   "PaLM; Bai et al. 2025; seed 004", verdict(claims), numbers,
-                   "Welch t-tests on the peak ratio and on the steps to recover",
-                   [n for b in (0.95, 0.999) for n in grid.names(beta2=b)], {"peak": c_peak, "recovery": c_rec})
+    claims = [
+        Claim("peak ratio, 0.999 − 0.95", c_peak["diff"], c_peak["p"]),
+        Claim("recovery steps, 0.999 − 0.95", c_rec["diff"], c_rec["p"]),
+    ]
+    numbers = (
+        f"injected spike ({a.inject} x{a.inject_magnitude:g} at step {a.inject_step}): peak ratio "
+        f"β₂=0.999 {_fmt(peak[0.999])} vs 0.95 {_fmt(peak[0.95])} ({_cmp_text(c_peak)}); steps to recover "
+        f"{_fmt(rec[0.999])} vs {_fmt(rec[0.95])} ({_cmp_text(c_rec)}; never-recovered runs count every step "
+        f"to the planned end)"
+    )
+    return Finding(
+        "beta2",
+        "β₂ = 0.999 spikes higher and recovers slower than β₂ = 0.95",
+        "PaLM; Bai et al. 2025; seed 004",
+        verdict(claims),
+        numbers,
+        "Welch t-tests on the peak ratio and on the steps to recover",
+        [n for b in (0.95, 0.999) for n in grid.names(beta2=b)],
+        {"peak": c_peak, "recovery": c_rec},
+    )
 
 
 def lr_sensitivities(grid: Grid, stabilizer: str) -> dict[int, float]:
@@ -253,38 +294,55 @@ def wortsman(grid: Grid) -> Finding:
     sens = {s: lr_sensitivities(grid, s) for s in ["none", *others]}
     comparisons = {s: compare(list(sens[s].values()), list(sens["none"].values())) for s in others}
     claims = [Claim(f"LR sensitivity, {s} − none", c["diff"], c["p"], expected=-1) for s, c in comparisons.items()]
-    numbers = "; ".join([f"LR sensitivity over LRs {', '.join(f'{lr:g}' for lr in a.lrs)}: none "
-                         f"{_fmt(list(sens['none'].values()))}"]
-                        + [f"{s} {_fmt(list(sens[s].values()))} ({_cmp_text(c)})" for s, c in comparisons.items()])
-    return Finding("wortsman", "qk-norm and z-loss lower LR sensitivity", "Wortsman et al. 2023",
-                   verdict(claims), numbers,
-                   "LR sensitivity per seed (mean over the LR grid of min(loss, loss at init) − the grid's best); "
-                   "Welch t-tests against no stabilizer",
-                   [n for s in ["none", *others] for lr in a.lrs for n in grid.names(stabilizer=s, lr=lr)],
-                   {"sensitivity": {s: v for s, v in sens.items()}, "comparisons": comparisons})
+    numbers = "; ".join(
+        [f"LR sensitivity over LRs {', '.join(f'{lr:g}' for lr in a.lrs)}: none {_fmt(list(sens['none'].values()))}"]
+        + [f"{s} {_fmt(list(sens[s].values()))} ({_cmp_text(c)})" for s, c in comparisons.items()]
+    )
+    return Finding(
+        "wortsman",
+        "qk-norm and z-loss lower LR sensitivity",
+        "Wortsman et al. 2023",
+        verdict(claims),
+        numbers,
+        "LR sensitivity per seed (mean over the LR grid of min(loss, loss at init) − the grid's best); "
+        "Welch t-tests against no stabilizer",
+        [n for s in ["none", *others] for lr in a.lrs for n in grid.names(stabilizer=s, lr=lr)],
+        {"sensitivity": {s: v for s, v in sens.items()}, "comparisons": comparisons},
+    )
 
 
 def mu_transfer(search: dict[str, Any] | None) -> Finding:
     claim, source = "under μP the optimal LR stays put across width; under SP it shifts", "Yang & Hu 2021"
     if not search or not {"sp", "mup"} <= search.keys():
-        return Finding("mu_transfer", claim, source, INCONCLUSIVE, "the search stage compared no SP and μP",
-                       "-", [], {})
+        return Finding(
+            "mu_transfer", claim, source, INCONCLUSIVE, "the search stage compared no SP and μP", "-", [], {}
+        )
     fits = {}
     for p in ("sp", "mup"):
-        points = [(math.log2(int(w)), opt) for w, entry in search[p]["widths"].items()
-                  for opt in entry["per_seed"].values()]
+        points = [
+            (math.log2(int(w)), opt) for w, entry in search[p]["widths"].items() for opt in entry["per_seed"].values()
+        ]
         fits[p] = slope_test([x for x, _ in points], [y for _, y in points])
     sp, mup = fits["sp"], fits["mup"]
     claims = [Claim("SP: slope of log₂ η* on log₂ width", sp["slope"], sp["p"], expected=-1)]
     moved = f"μP's optimum moves too (slope {mup['slope']:+.2f}, p={mup['p']:.3g})" if mup["p"] < ALPHA else None
-    numbers = (f"slope of log₂ η* vs log₂ width: SP {sp['slope']:+.2f} (95 % CI {sp['ci95'][0]:+.2f}..{sp['ci95'][1]:+.2f}, "
-               f"p={sp['p']:.3g}); μP {mup['slope']:+.3f} (95 % CI {mup['ci95'][0]:+.2f}..{mup['ci95'][1]:+.2f}, "
-               f"p={mup['p']:.3g}); widths {', '.join(sorted(search['sp']['widths'], key=int))}; transferred LR "
-               f"{search.get('transfer', {}).get('lr', float('nan')):.3g}, loss gap to a direct sweep "
-               f"{search.get('transfer', {}).get('loss_gap', float('nan')):+.3f}" + (f"; {moved}" if moved else ""))
-    return Finding("mu_transfer", claim, source, verdict(claims, moved), numbers,
-                   "linear regression of the per-seed optimum on log₂ width (scipy linregress), t-test of slope = 0",
-                   ["search stage: " + ", ".join(search.get("studies", []))], fits)
+    numbers = (
+        f"slope of log₂ η* vs log₂ width: SP {sp['slope']:+.2f} (95 % CI {sp['ci95'][0]:+.2f}..{sp['ci95'][1]:+.2f}, "
+        f"p={sp['p']:.3g}); μP {mup['slope']:+.3f} (95 % CI {mup['ci95'][0]:+.2f}..{mup['ci95'][1]:+.2f}, "
+        f"p={mup['p']:.3g}); widths {', '.join(sorted(search['sp']['widths'], key=int))}; transferred LR "
+        f"{search.get('transfer', {}).get('lr', float('nan')):.3g}, loss gap to a direct sweep "
+        f"{search.get('transfer', {}).get('loss_gap', float('nan')):+.3f}" + (f"; {moved}" if moved else "")
+    )
+    return Finding(
+        "mu_transfer",
+        claim,
+        source,
+        verdict(claims, moved),
+        numbers,
+        "linear regression of the per-seed optimum on log₂ width (scipy linregress), t-test of slope = 0",
+        ["search stage: " + ", ".join(search.get("studies", []))],
+        fits,
+    )
 
 
 def spike_policies(spike: dict[str, Any] | None, cfg: Config) -> Finding:
@@ -293,8 +351,10 @@ def spike_policies(spike: dict[str, Any] | None, cfg: Config) -> Finding:
     is at best inconclusive, and not reproduced when nothing points the expected way."""
     claim = "rollback / skip-batch bring the run back to the clean control; continue leaves a gap after a type-2 spike"
     source = "PaLM §5.1; seed 004"
-    test = (f"seed 004's classification against the clean control (ε={cfg.recovery.recover_epsilon:g}, "
-            f"W={cfg.recovery.recover_steps}); one run per policy, so no significance test applies")
+    test = (
+        f"seed 004's classification against the clean control (ε={cfg.recovery.recover_epsilon:g}, "
+        f"W={cfg.recovery.recover_steps}); one run per policy, so no significance test applies"
+    )
     if not spike:
         return Finding("spike", claim, source, INCONCLUSIVE, "the spike stage did not run", test, [], {})
     rows, gapped, claims = [], [], []
@@ -302,26 +362,42 @@ def spike_policies(spike: dict[str, Any] | None, cfg: Config) -> Finding:
         if not isinstance(by_policy, dict) or "continue" not in by_policy:
             continue
         cont = by_policy["continue"]
-        rows.append(f"{kind}: continue type {cont['type']} (gap {cont['final_gap']:+.1%})" + "".join(
-            f", {p} type {by_policy[p]['type']} (gap {by_policy[p]['final_gap']:+.1%})"
-            for p in ("rollback", "skip_batch") if p in by_policy))
+        rows.append(
+            f"{kind}: continue type {cont['type']} (gap {cont['final_gap']:+.1%})"
+            + "".join(
+                f", {p} type {by_policy[p]['type']} (gap {by_policy[p]['final_gap']:+.1%})"
+                for p in ("rollback", "skip_batch")
+                if p in by_policy
+            )
+        )
         if cont["type"] == 2:  # the spike the claim is about: continuing left a gap
             gapped.append(kind)
-            claims += [Claim(f"{kind}: {p} back to the control (type 1)", 1 if by_policy[p]["type"] == 1 else -1, None)
-                       for p in ("rollback", "skip_batch") if p in by_policy]
+            claims += [
+                Claim(f"{kind}: {p} back to the control (type 1)", 1 if by_policy[p]["type"] == 1 else -1, None)
+                for p in ("rollback", "skip_batch")
+                if p in by_policy
+            ]
     precondition = None if gapped else "no injection left continue with a gap (type 2)"
     numbers = "; ".join(rows) or "no injection with a continue branch"
-    return Finding("spike", claim, source, verdict(claims, precondition),
-                   numbers + (f"; {precondition}" if precondition else ""), test,
-                   [f"spike stage: {k}/{p}" for k in gapped for p in ("continue", "rollback", "skip_batch")],
-                   {"type2_under_continue": gapped})
+    return Finding(
+        "spike",
+        claim,
+        source,
+        verdict(claims, precondition),
+        numbers + (f"; {precondition}" if precondition else ""),
+        test,
+        [f"spike stage: {k}/{p}" for k in gapped for p in ("continue", "rollback", "skip_batch")],
+        {"type2_under_continue": gapped},
+    )
 
 
 def _missing(key: str, why: str) -> Finding:
-    claims = {"xiong": ("Post-LN needs warmup at a learning rate where Pre-LN trains without it", "Xiong et al. 2020"),
-              "fp16": ("fp16 without loss scaling breaks where bf16 and scaled fp16 do not", "Micikevicius et al. 2017"),
-              "beta2": ("β₂ = 0.999 spikes higher and recovers slower than β₂ = 0.95", "PaLM; Bai et al. 2025"),
-              "wortsman": ("qk-norm and z-loss lower LR sensitivity", "Wortsman et al. 2023")}
+    claims = {
+        "xiong": ("Post-LN needs warmup at a learning rate where Pre-LN trains without it", "Xiong et al. 2020"),
+        "fp16": ("fp16 without loss scaling breaks where bf16 and scaled fp16 do not", "Micikevicius et al. 2017"),
+        "beta2": ("β₂ = 0.999 spikes higher and recovers slower than β₂ = 0.95", "PaLM; Bai et al. 2025"),
+        "wortsman": ("qk-norm and z-loss lower LR sensitivity", "Wortsman et al. 2023"),
+    }
     claim, source = claims[key]
     return Finding(key, claim, source, INCONCLUSIVE, f"not in this grid: {why}", "-", [], {})
 
@@ -330,8 +406,9 @@ FINDINGS: tuple[Callable[..., Finding], ...] = (xiong, fp16, beta2, wortsman)
 """The findings read off the ablation grid, in the report's order (then μ-transfer and spike)."""
 
 
-def evaluate(cfg: Config, ablate: dict[str, Any], search: dict[str, Any] | None,
-             spike: dict[str, Any] | None) -> list[Finding]:
+def evaluate(
+    cfg: Config, ablate: dict[str, Any], search: dict[str, Any] | None, spike: dict[str, Any] | None
+) -> list[Finding]:
     grid = Grid(cfg, ablate)
     out = [f(grid) for f in FINDINGS]
     out.insert(3, mu_transfer(search))

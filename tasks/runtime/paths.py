@@ -45,7 +45,7 @@ def repo_root(project: Path | None = None) -> Path:
     project = (project or project_dir()).resolve()
     parts = project.parts
     for i in range(len(parts) - len(EXPS_MARKER)):
-        if parts[i:i + len(EXPS_MARKER)] == EXPS_MARKER:
+        if parts[i : i + len(EXPS_MARKER)] == EXPS_MARKER:
             return Path(*parts[:i])
     return project
 

@@ -67,25 +67,61 @@ def services() -> list[Service]:
     s = paths.state()
     bin_dir = Path(sys.executable).parent
     return [
-        Service("prefect", [str(bin_dir / "prefect"), "server", "start", "--host", paths.HOST,
-                            "--port", str(paths.prefect_port())],
-                {"PREFECT_HOME": str(s.prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                 # the UI's own calls go to this server's port, not to the default 4200
-                 "PREFECT_SERVER_API_HOST": paths.HOST, "PREFECT_SERVER_API_PORT": str(paths.prefect_port()),
-                 "PREFECT_UI_API_URL": paths.prefect_url()},
-                paths.prefect_port(), prefect_up, paths.prefect_ui_url()),
-        Service("mlflow", [str(bin_dir / "mlflow"), "server", "--host", paths.HOST,
-                           "--port", str(paths.mlflow_port()),
-                           "--backend-store-uri", f"sqlite:///{s.mlflow_db}",
-                           "--default-artifact-root", s.mlflow_artifacts.as_uri(),
-                           "--no-serve-artifacts"],
-                {}, paths.mlflow_port(), mlflow_up, f"{paths.mlflow_url()}/#/?{paths.MLFLOW_TRAINING_VIEW}"),
+        Service(
+            "prefect",
+            [str(bin_dir / "prefect"), "server", "start", "--host", paths.HOST, "--port", str(paths.prefect_port())],
+            {
+                "PREFECT_HOME": str(s.prefect_home),
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                # the UI's own calls go to this server's port, not to the default 4200
+                "PREFECT_SERVER_API_HOST": paths.HOST,
+                "PREFECT_SERVER_API_PORT": str(paths.prefect_port()),
+                "PREFECT_UI_API_URL": paths.prefect_url(),
+            },
+            paths.prefect_port(),
+            prefect_up,
+            paths.prefect_ui_url(),
+        ),
+        Service(
+            "mlflow",
+            [
+                str(bin_dir / "mlflow"),
+                "server",
+                "--host",
+                paths.HOST,
+                "--port",
+                str(paths.mlflow_port()),
+                "--backend-store-uri",
+                f"sqlite:///{s.mlflow_db}",
+                "--default-artifact-root",
+                s.mlflow_artifacts.as_uri(),
+                "--no-serve-artifacts",
+            ],
+            {},
+            paths.mlflow_port(),
+            mlflow_up,
+            f"{paths.mlflow_url()}/#/?{paths.MLFLOW_TRAINING_VIEW}",
+        ),
         # The search's default storage, the journal file; for a `search.storage` URL run
         # `optuna-dashboard <url>` on it.
-        Service("dashboard", [str(bin_dir / "optuna-dashboard"), "--host", paths.HOST,
-                              "--port", str(paths.dashboard_port()), "--quiet",
-                              "--storage-class", "JournalFileStorage", str(s.optuna_journal)],
-                {}, paths.dashboard_port(), dashboard_up, paths.dashboard_url()),
+        Service(
+            "dashboard",
+            [
+                str(bin_dir / "optuna-dashboard"),
+                "--host",
+                paths.HOST,
+                "--port",
+                str(paths.dashboard_port()),
+                "--quiet",
+                "--storage-class",
+                "JournalFileStorage",
+                str(s.optuna_journal),
+            ],
+            {},
+            paths.dashboard_port(),
+            dashboard_up,
+            paths.dashboard_url(),
+        ),
     ]
 
 
@@ -160,20 +196,25 @@ def up(timeout: float = 180.0) -> None:
             print(f"{svc.name}: already started for this checkout ({svc.url})")
             continue
         if svc.is_up():
-            raise SystemExit(f"{svc.name}: port {svc.port} is taken by another checkout's server "
-                             f"({listener(svc.port)}); set SPIKELAB_{svc.name.upper()}_PORT to another port")
+            raise SystemExit(
+                f"{svc.name}: port {svc.port} is taken by another checkout's server "
+                f"({listener(svc.port)}); set SPIKELAB_{svc.name.upper()}_PORT to another port"
+            )
         log = open(paths.state().services / f"{svc.name}.log", "ab")  # noqa: SIM115 (the detached server keeps it)
         env = {**os.environ, **svc.env, STATE_ENV: str(paths.state_dir())}
-        proc = subprocess.Popen(svc.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            svc.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
         record = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "port": svc.port}
         _record_file(svc.name).write_text(json.dumps(record))
     deadline = time.monotonic() + timeout
     for svc in services():
         while not svc.is_up():
             if time.monotonic() > deadline:
-                raise SystemExit(f"{svc.name} did not answer within {timeout:.0f} s; "
-                                 f"see {paths.state().services / (svc.name + '.log')}")
+                raise SystemExit(
+                    f"{svc.name} did not answer within {timeout:.0f} s; "
+                    f"see {paths.state().services / (svc.name + '.log')}"
+                )
             time.sleep(0.5)
         print(f"{svc.name}: up at {svc.url}")
 
@@ -200,8 +241,11 @@ def status() -> dict[str, str]:
     for svc in services():
         own = started_process(svc.name)
         if own is not None:
-            report[svc.name] = (f"up at {svc.url} (this checkout)" if svc.is_up(timeout=3.0)
-                                else f"started for this checkout (pid {own.pid}) but not answering on port {svc.port}")
+            report[svc.name] = (
+                f"up at {svc.url} (this checkout)"
+                if svc.is_up(timeout=3.0)
+                else f"started for this checkout (pid {own.pid}) but not answering on port {svc.port}"
+            )
         elif svc.is_up():
             report[svc.name] = f"port {svc.port} answers but serves another checkout ({listener(svc.port)})"
         else:
@@ -232,8 +276,10 @@ def configure_environment() -> dict[str, str]:
     if "MLFLOW_TRACKING_URI" not in os.environ:
         use = _use_server("mlflow")
         os.environ["MLFLOW_TRACKING_URI"] = paths.mlflow_url() if use else f"sqlite:///{s.mlflow_db}"
-    return {"prefect": os.environ.get("PREFECT_API_URL", "temporary server"),
-            "mlflow": os.environ["MLFLOW_TRACKING_URI"]}
+    return {
+        "prefect": os.environ.get("PREFECT_API_URL", "temporary server"),
+        "mlflow": os.environ["MLFLOW_TRACKING_URI"],
+    }
 
 
 def _use_server(name: str) -> bool:
@@ -242,9 +288,15 @@ def _use_server(name: str) -> bool:
     if own is not None:
         if answers_within(svc, OWN_SERVER_PATIENCE_S):
             return True
-        print(f"spikelab: this checkout's {name} server (pid {own.pid}) did not answer within "
-              f"{OWN_SERVER_PATIENCE_S:.0f} s; using local stores instead", file=sys.stderr)
+        print(
+            f"spikelab: this checkout's {name} server (pid {own.pid}) did not answer within "
+            f"{OWN_SERVER_PATIENCE_S:.0f} s; using local stores instead",
+            file=sys.stderr,
+        )
     elif svc.is_up():
-        print(f"spikelab: the {name} server on {paths.HOST} answers but does not serve this checkout's state "
-              f"({paths.state_dir()}); using local stores instead", file=sys.stderr)
+        print(
+            f"spikelab: the {name} server on {paths.HOST} answers but does not serve this checkout's state "
+            f"({paths.state_dir()}); using local stores instead",
+            file=sys.stderr,
+        )
     return False

@@ -156,8 +156,10 @@ def prefect_lineage() -> dict[str, str]:
 def dvc_lineage() -> dict[str, str]:
     """The DVC experiment the run belongs to: ``dvc exp run`` sets ``DVC_EXP_NAME``; the pipeline
     flow names the experiment it saves; a plain ``dvc repro`` runs in the workspace."""
-    return {"spikelab.dvc_exp": os.environ.get("DVC_EXP_NAME") or os.environ.get(DVC_EXP_ENV) or "workspace",
-            **({"spikelab.dvc_stage": os.environ["DVC_STAGE"]} if os.environ.get("DVC_STAGE") else {})}
+    return {
+        "spikelab.dvc_exp": os.environ.get("DVC_EXP_NAME") or os.environ.get(DVC_EXP_ENV) or "workspace",
+        **({"spikelab.dvc_stage": os.environ["DVC_STAGE"]} if os.environ.get("DVC_STAGE") else {}),
+    }
 
 
 def owner_tags() -> dict[str, str]:
@@ -165,17 +167,30 @@ def owner_tags() -> dict[str, str]:
     import psutil
 
     me = psutil.Process()
-    return {"spikelab.host": socket.gethostname(), "spikelab.pid": str(me.pid),
-            "spikelab.pid_started": f"{me.create_time():.2f}"}
+    return {
+        "spikelab.host": socket.gethostname(),
+        "spikelab.pid": str(me.pid),
+        "spikelab.pid_started": f"{me.create_time():.2f}",
+    }
 
 
 def lineage_tags(cfg: Config, stage: str, identity: str | None = None) -> dict[str, str]:
     """Where a stage run came from; nested under the pipeline's run when a pipeline ran it."""
-    optional = {"mlflow.parentRunId": os.environ.get(MLFLOW_PARENT_ENV),
-                "spikelab.dvc_inputs": dvc_inputs_digest(stage, cfg), "spikelab.run_identity": identity}
-    return {"mlflow.source.name": f"spikelab {stage}", "spikelab.stage": stage, "spikelab.profile": cfg.profile,
-            **{k: v for k, v in optional.items() if v},
-            **git_lineage(), **dvc_lineage(), **prefect_lineage(), **owner_tags()}
+    optional = {
+        "mlflow.parentRunId": os.environ.get(MLFLOW_PARENT_ENV),
+        "spikelab.dvc_inputs": dvc_inputs_digest(stage, cfg),
+        "spikelab.run_identity": identity,
+    }
+    return {
+        "mlflow.source.name": f"spikelab {stage}",
+        "spikelab.stage": stage,
+        "spikelab.profile": cfg.profile,
+        **{k: v for k, v in optional.items() if v},
+        **git_lineage(),
+        **dvc_lineage(),
+        **prefect_lineage(),
+        **owner_tags(),
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,26 +248,34 @@ def stage_run(cfg: Config, stage: str, identity: str | None = None) -> Iterator[
     experiment = experiment_id(cfg.tracking.experiment)
     for run_id in close_orphaned_runs(experiment):
         print(f"spikelab: MLflow run {run_id} was left RUNNING by a killed process; marked KILLED")
-    run = mlflow.start_run(experiment_id=experiment, run_name=run_name(stage, cfg, identity),
-                           tags=lineage_tags(cfg, stage, identity))
+    run = mlflow.start_run(
+        experiment_id=experiment, run_name=run_name(stage, cfg, identity), tags=lineage_tags(cfg, stage, identity)
+    )
     with _ends_with_its_status():
         log_params(cfg.to_flat_dict())
         yield run
 
 
 @contextmanager
-def child_run(name: str, tags: dict[str, str] | None = None,
-              parent_id: str | None = None) -> Iterator[mlflow.ActiveRun]:
+def child_run(
+    name: str, tags: dict[str, str] | None = None, parent_id: str | None = None
+) -> Iterator[mlflow.ActiveRun]:
     """A nested run under the active stage run (a trial, an arm, a policy): it inherits the
     parent's lineage tags, adds ``tags``, and ends with its own status. ``parent_id``: the stage
     run when it is active in another process (a worker process of the LR search)."""
     parent = mlflow.get_run(parent_id) if parent_id else mlflow.active_run()
     if parent is None:
         raise RuntimeError("child_run needs an active stage_run")
-    inherited = {k: v for k, v in parent.data.tags.items() if k.startswith(("spikelab.", "prefect.", "mlflow.source.git"))}
+    inherited = {
+        k: v for k, v in parent.data.tags.items() if k.startswith(("spikelab.", "prefect.", "mlflow.source.git"))
+    }
     # In the parent's experiment: stage_run names it on its own run only, not as the active one.
-    run = mlflow.start_run(experiment_id=parent.info.experiment_id, run_name=name, nested=True,
-                           tags={**inherited, **owner_tags(), **(tags or {}), "mlflow.parentRunId": parent.info.run_id})
+    run = mlflow.start_run(
+        experiment_id=parent.info.experiment_id,
+        run_name=name,
+        nested=True,
+        tags={**inherited, **owner_tags(), **(tags or {}), "mlflow.parentRunId": parent.info.run_id},
+    )
     with _ends_with_its_status():
         yield run
 
@@ -270,8 +293,13 @@ def _param_value(value: Any) -> Any:
 
 def log_summary(summary: dict[str, Any]) -> None:
     """A stage's summary figures as metrics (``summary/<key>``), so runs compare in the table."""
-    mlflow.log_metrics({f"summary/{k}": float(v) for k, v in summary.items()
-                        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v})
+    mlflow.log_metrics(
+        {
+            f"summary/{k}": float(v)
+            for k, v in summary.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+        }
+    )
 
 
 def run_url(run: mlflow.ActiveRun | Any, page: str = "") -> str | None:
@@ -301,8 +329,9 @@ class MLflowMetrics:
         self.asynchronous = asynchronous
 
     def on_log(self, step: int, metrics: dict[str, float]) -> None:
-        mlflow.log_metrics({metric_name(k): v for k, v in metrics.items()}, step=step,
-                           synchronous=not self.asynchronous)
+        mlflow.log_metrics(
+            {metric_name(k): v for k, v in metrics.items()}, step=step, synchronous=not self.asynchronous
+        )
 
     def on_train_end(self, *_: Any, **__: Any) -> None:
         if self.asynchronous:
@@ -317,23 +346,30 @@ def latest_stage_runs(experiment: str, stages: list[str]) -> dict[str, str]:
         return {}
     out = {}
     for stage in stages:
-        runs = client.search_runs([found.experiment_id], f"tags.`spikelab.stage` = '{stage}' and "
-                                  "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
-                                  max_results=1)
+        runs = client.search_runs(
+            [found.experiment_id],
+            f"tags.`spikelab.stage` = '{stage}' and attributes.status = 'FINISHED'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
         if runs:
             out[stage] = run_url(runs[0]) or f"runs:/{runs[0].info.run_id}"
     return out
 
 
 @task(name="record-outputs")
-def record_outputs(run_id: str, project: Path, outputs: list[Path], metrics: dict[str, float],
-                   artifacts: list[Path]) -> str:
+def record_outputs(
+    run_id: str, project: Path, outputs: list[Path], metrics: dict[str, float], artifacts: list[Path]
+) -> str:
     """Log a stage's counts, its report files and the digest of its outputs to its MLflow run."""
     client = mlflow.MlflowClient()
     dataset_digest = digest(project, outputs)
     now = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
-                     tags=[RunTag("dataset_digest", dataset_digest)])
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+        tags=[RunTag("dataset_digest", dataset_digest)],
+    )
     for path in artifacts:
         client.log_artifact(run_id, str(project / path))
     return dataset_digest

@@ -51,8 +51,9 @@ class SearchConfig(Section):
 
     def check(self) -> None:
         if self.log2_lr_min >= self.log2_lr_max:
-            raise ConfigError(f"search.log2_lr_min: {self.log2_lr_min} must be below "
-                              f"search.log2_lr_max={self.log2_lr_max}")
+            raise ConfigError(
+                f"search.log2_lr_min: {self.log2_lr_min} must be below search.log2_lr_max={self.log2_lr_max}"
+            )
         for key in ("lr_points", "steps", "batch_size", "eval_every"):
             positive(f"search.{key}", getattr(self, key))
         non_negative("search.prune_above", self.prune_above)

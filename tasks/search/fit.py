@@ -20,15 +20,15 @@ class Point:
     log2_lr: float
     seed: int
     value: float | None  # final validation loss; None when pruned
-    status: str          # completed | diverged | pruned
+    status: str  # completed | diverged | pruned
     flops: float
 
 
 @dataclass(frozen=True)
 class Optimum:
-    log2_lr: float   # vertex of the parabola (or the best grid point at the grid's edge)
-    loss: float      # the parabola's value there (or the best grid loss)
-    at_edge: bool    # the best grid point is the smallest or largest LR: the optimum may lie outside
+    log2_lr: float  # vertex of the parabola (or the best grid point at the grid's edge)
+    loss: float  # the parabola's value there (or the best grid loss)
+    at_edge: bool  # the best grid point is the smallest or largest LR: the optimum may lie outside
 
 
 def fit_optimum(log2_lrs: Sequence[float], losses: Sequence[float]) -> Optimum:
@@ -39,7 +39,7 @@ def fit_optimum(log2_lrs: Sequence[float], losses: Sequence[float]) -> Optimum:
     best = int(np.argmin(y))
     if best == 0 or best == len(x) - 1:
         return Optimum(float(x[best]), float(y[best]), True)
-    a, b, c = np.polyfit(x[best - 1:best + 2], y[best - 1:best + 2], 2)
+    a, b, c = np.polyfit(x[best - 1 : best + 2], y[best - 1 : best + 2], 2)
     if a <= 0:
         return Optimum(float(x[best]), float(y[best]), False)
     vertex = -b / (2 * a)
@@ -65,11 +65,14 @@ def width_summary(points: Sequence[Point]) -> dict:
     """Optimum (mean over seeds of the fitted log2 η*) and its spread at one width."""
     optima = optima_per_seed(points)
     lrs = [o.log2_lr for o in optima.values()]
-    return {"log2_lr_opt": float(np.mean(lrs)) if lrs else None, "log2_lr_opt_std": spread(lrs),
-            "lr_opt": float(2 ** np.mean(lrs)) if lrs else None,
-            "loss_opt": float(np.mean([o.loss for o in optima.values()])) if optima else None,
-            "at_edge": any(o.at_edge for o in optima.values()),
-            "per_seed": {str(s): o.log2_lr for s, o in optima.items()}}
+    return {
+        "log2_lr_opt": float(np.mean(lrs)) if lrs else None,
+        "log2_lr_opt_std": spread(lrs),
+        "lr_opt": float(2 ** np.mean(lrs)) if lrs else None,
+        "loss_opt": float(np.mean([o.loss for o in optima.values()])) if optima else None,
+        "at_edge": any(o.at_edge for o in optima.values()),
+        "per_seed": {str(s): o.log2_lr for s, o in optima.items()},
+    }
 
 
 def slope(by_width: dict[int, dict]) -> dict:
@@ -82,9 +85,12 @@ def slope(by_width: dict[int, dict]) -> dict:
     fit = stats.linregress(x, [by_width[w]["log2_lr_opt"] for w in widths])
     seeds = set.intersection(*(set(by_width[w]["per_seed"]) for w in widths))
     per_seed = [stats.linregress(x, [by_width[w]["per_seed"][s] for w in widths]).slope for s in sorted(seeds)]
-    return {"slope": float(fit.slope), "slope_std": spread(per_seed),
-            "slope_stderr": float(fit.stderr) if len(widths) > 2 else None,
-            "slope_per_seed": [float(v) for v in per_seed]}
+    return {
+        "slope": float(fit.slope),
+        "slope_std": spread(per_seed),
+        "slope_stderr": float(fit.stderr) if len(widths) > 2 else None,
+        "slope_per_seed": [float(v) for v in per_seed],
+    }
 
 
 def transferred_log2_lr(by_width: dict[int, dict], proxies: Sequence[int]) -> float:
@@ -93,8 +99,7 @@ def transferred_log2_lr(by_width: dict[int, dict], proxies: Sequence[int]) -> fl
     return float(np.mean([by_width[w]["log2_lr_opt"] for w in proxies]))
 
 
-def transfer_check(direct: Sequence[Point], transfer: Sequence[Point], proxy_flops: float,
-                   log2_lr: float) -> dict:
+def transfer_check(direct: Sequence[Point], transfer: Sequence[Point], proxy_flops: float, log2_lr: float) -> dict:
     """The transferred LR at the target against the direct sweep there: the loss gap (per seed,
     loss at the transferred LR minus the sweep's best grid loss; mean and spread) and the compute
     ratio (FLOPs of the proxy studies over those of the direct sweep)."""
@@ -105,17 +110,27 @@ def transfer_check(direct: Sequence[Point], transfer: Sequence[Point], proxy_flo
     gaps = [p.value - best[p.seed] for p in transfer if p.value is not None and p.seed in best]
     direct_opt = width_summary(direct)["log2_lr_opt"]
     direct_flops = sum(p.flops for p in direct)
-    return {"log2_lr": log2_lr, "lr": 2.0 ** log2_lr,
-            "loss": float(np.mean([p.value for p in transfer])) if transfer else None,
-            "direct_log2_lr_opt": direct_opt,
-            "log2_lr_error": log2_lr - direct_opt if direct_opt is not None else None,
-            "direct_best_loss": float(np.mean(list(best.values()))) if best else None,
-            "loss_gap": float(np.mean(gaps)) if gaps else None, "loss_gap_std": spread(gaps),
-            "proxy_flops": proxy_flops, "direct_flops": direct_flops,
-            "compute_ratio": proxy_flops / direct_flops if direct_flops else None}
+    return {
+        "log2_lr": log2_lr,
+        "lr": 2.0**log2_lr,
+        "loss": float(np.mean([p.value for p in transfer])) if transfer else None,
+        "direct_log2_lr_opt": direct_opt,
+        "log2_lr_error": log2_lr - direct_opt if direct_opt is not None else None,
+        "direct_best_loss": float(np.mean(list(best.values()))) if best else None,
+        "loss_gap": float(np.mean(gaps)) if gaps else None,
+        "loss_gap_std": spread(gaps),
+        "proxy_flops": proxy_flops,
+        "direct_flops": direct_flops,
+        "compute_ratio": proxy_flops / direct_flops if direct_flops else None,
+    }
 
 
 def counts(points: Sequence[Point], retried: int) -> dict:
     statuses = [p.status for p in points]
-    return {"run": len(points), "completed": statuses.count("completed"), "pruned": statuses.count("pruned"),
-            "diverged": statuses.count("diverged"), "retried": retried}
+    return {
+        "run": len(points),
+        "completed": statuses.count("completed"),
+        "pruned": statuses.count("pruned"),
+        "diverged": statuses.count("diverged"),
+        "retried": retried,
+    }

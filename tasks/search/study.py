@@ -89,8 +89,10 @@ def proxy_widths(cfg: Config) -> list[int]:
     """The widths the LR is transferred from: those below the target (at least one)."""
     proxies = [w for w in swept_widths(cfg) if w < target_width(cfg)]
     if not proxies:
-        raise ConfigError(f"search.widths: {cfg.search.widths} has no proxy width below the target "
-                          f"model.d_model={target_width(cfg)}, to transfer the LR from")
+        raise ConfigError(
+            f"search.widths: {cfg.search.widths} has no proxy width below the target "
+            f"model.d_model={target_width(cfg)}, to transfer the LR from"
+        )
     return proxies
 
 
@@ -103,10 +105,18 @@ def trial_config(cfg: Config, parametrization: str, width: int, log2_lr: float, 
         cfg,
         model=dataclasses.replace(cfg.model, d_model=width),
         mup=dataclasses.replace(cfg.mup, parametrization=parametrization),
-        optim=dataclasses.replace(cfg.optim, lr=2.0 ** log2_lr),
+        optim=dataclasses.replace(cfg.optim, lr=2.0**log2_lr),
         schedule=dataclasses.replace(cfg.schedule, warmup_steps=min(cfg.schedule.warmup_steps, s.steps // 5)),
-        train=dataclasses.replace(cfg.train, steps=s.steps, batch_size=s.batch_size, grad_accum=1, seed=seed,
-                                  eval_every=s.eval_every, cpu_threads=1, num_workers=0),
+        train=dataclasses.replace(
+            cfg.train,
+            steps=s.steps,
+            batch_size=s.batch_size,
+            grad_accum=1,
+            seed=seed,
+            eval_every=s.eval_every,
+            cpu_threads=1,
+            num_workers=0,
+        ),
         checkpoint=CheckpointConfig(every_steps=0, milestones=[]),
     )
 
@@ -125,10 +135,16 @@ def search_digest(cfg: Config, data: dict[str, str]) -> str:
     """What decides a trial's numbers besides its width, parametrization, LR and seed."""
     base = trial_config(cfg, "sp", 0, 0.0, 0).to_flat_dict()
     varied = {"model.d_model", "mup.parametrization", "optim.lr", "train.seed"}
-    spec = {"config": {k: v for k, v in base.items() if k.split(".")[0] in
-                       ("tokenizer", "model", "mup", "optim", "schedule", "precision", "train") and k not in varied},
-            "search": {"grid": lr_grid(cfg), "seeds": cfg.search.seeds, "prune_above": prune_bound(cfg)},
-            "data": data}
+    spec = {
+        "config": {
+            k: v
+            for k, v in base.items()
+            if k.split(".")[0] in ("tokenizer", "model", "mup", "optim", "schedule", "precision", "train")
+            and k not in varied
+        },
+        "search": {"grid": lr_grid(cfg), "seeds": cfg.search.seeds, "prune_above": prune_bound(cfg)},
+        "data": data,
+    }
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
@@ -151,15 +167,23 @@ class StudySpec:
 def sweep_specs(cfg: Config, digest: str) -> list[StudySpec]:
     """The grid studies, widest first (so the longest trials start first)."""
     points = tuple((lr, seed) for lr in lr_grid(cfg) for seed in cfg.search.seeds)
-    return [StudySpec(f"{cfg.tracking.experiment}/search/{p}/w{w}/{digest}", "sweep", p, w, points)
-            for w in reversed(swept_widths(cfg)) for p in cfg.search.parametrizations]
+    return [
+        StudySpec(f"{cfg.tracking.experiment}/search/{p}/w{w}/{digest}", "sweep", p, w, points)
+        for w in reversed(swept_widths(cfg))
+        for p in cfg.search.parametrizations
+    ]
 
 
 def transfer_spec(cfg: Config, digest: str, log2_lr: float) -> StudySpec:
     points = tuple((round(log2_lr, 6), seed) for seed in cfg.search.seeds)
     p = cfg.mup.parametrization
-    return StudySpec(f"{cfg.tracking.experiment}/transfer/{p}/w{target_width(cfg)}/{digest}",
-                     "transfer", p, target_width(cfg), points)
+    return StudySpec(
+        f"{cfg.tracking.experiment}/transfer/{p}/w{target_width(cfg)}/{digest}",
+        "transfer",
+        p,
+        target_width(cfg),
+        points,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,6 +200,7 @@ def optuna_storage(cfg: Config) -> str:
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
+
         return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
     return optuna.storages.get_storage(url)
 
@@ -194,16 +219,21 @@ def load_study(storage: optuna.storages.BaseStorage, spec: StudySpec, cfg: Confi
 def prepare_study(storage: optuna.storages.BaseStorage, spec: StudySpec) -> int:
     """Create the study if new, fail trials left RUNNING by a killed search, and queue every point
     without a finished or queued trial. Returns how many points are queued."""
-    study = optuna.create_study(study_name=spec.name, storage=storage, direction="minimize",
-                                load_if_exists=True)
-    for key, value in {"kind": spec.kind, "parametrization": spec.parametrization, "width": spec.width,
-                       "log2_lr_range": list(spec.log2_lr_range)}.items():
+    study = optuna.create_study(study_name=spec.name, storage=storage, direction="minimize", load_if_exists=True)
+    for key, value in {
+        "kind": spec.kind,
+        "parametrization": spec.parametrization,
+        "width": spec.width,
+        "log2_lr_range": list(spec.log2_lr_range),
+    }.items():
         study.set_user_attr(key, value)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         storage.set_trial_user_attr(trial._trial_id, "status", "interrupted")
         storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-    kept = {_point(t) for t in study.get_trials(
-        deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING))}
+    kept = {
+        _point(t)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING))
+    }
     for lr, seed in spec.points:
         if (lr, seed) not in kept:
             study.enqueue_trial({"log2_lr": lr, "seed": seed})
@@ -247,8 +277,7 @@ class ReportToOptuna(Callback):
     def on_eval(self, step: int, val_loss: float) -> None:
         self.trial.report(val_loss, step)
         if self.trial.should_prune():
-            self.trainer.request_stop(f"pruned by Optuna at step {step}: val loss {val_loss:.4g} "
-                                      f"above the bound")
+            self.trainer.request_stop(f"pruned by Optuna at step {step}: val loss {val_loss:.4g} above the bound")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,8 +296,9 @@ def suggest_point(trial: optuna.Trial, cfg: Config) -> tuple[float, int]:
     return trial.suggest_float("log2_lr", low, high), trial.suggest_categorical("seed", cfg.search.seeds)
 
 
-def objective(trial: optuna.Trial, cfg: Config, parametrization: str, width: int, tokens: Tokens,
-              callbacks: Iterable[Any] = ()) -> float:
+def objective(
+    trial: optuna.Trial, cfg: Config, parametrization: str, width: int, tokens: Tokens, callbacks: Iterable[Any] = ()
+) -> float:
     """Train the trial's point; returns its final validation loss (ln(vocab) when it diverged) and
     raises ``optuna.TrialPruned`` when the pruner stopped it. Records what ran as user attributes."""
     log2_lr, seed = suggest_point(trial, cfg)
@@ -277,9 +307,15 @@ def objective(trial: optuna.Trial, cfg: Config, parametrization: str, width: int
     trainer = Trainer(run_cfg, tokens.train, tokens.val, [ReportToOptuna(trial), *callbacks])
     summary = trainer.run()
     flops = trainer.flops_per_token * trainer.tokens_per_step * summary["steps"]
-    for key, value in {"status": summary["status"], "steps": summary["steps"], "val_loss": summary["val_loss"],
-                       "flops": flops, "cpu_s": time.process_time() - started, "lr": 2.0 ** log2_lr,
-                       "precision": summary["precision"]}.items():
+    for key, value in {
+        "status": summary["status"],
+        "steps": summary["steps"],
+        "val_loss": summary["val_loss"],
+        "flops": flops,
+        "cpu_s": time.process_time() - started,
+        "lr": 2.0**log2_lr,
+        "precision": summary["precision"],
+    }.items():
         trial.set_user_attr(key, value)
     if summary["status"] == "stopped":
         trial.set_user_attr("status", "pruned")
@@ -335,8 +371,14 @@ def trial_run(spec: StudySpec, trial: optuna.Trial, log2_lr: float, seed: int) -
     import mlflow
 
     from tasks.runtime.tracking import MLflowMetrics, child_run
-    tags = {"optuna.study": spec.name, "optuna.trial": str(trial.number), "search.width": str(spec.width),
-            "search.parametrization": spec.parametrization, "search.kind": spec.kind}
+
+    tags = {
+        "optuna.study": spec.name,
+        "optuna.trial": str(trial.number),
+        "search.width": str(spec.width),
+        "search.parametrization": spec.parametrization,
+        "search.kind": spec.kind,
+    }
     name = f"{spec.kind} {spec.parametrization} w{spec.width} lr 2^{log2_lr:g} seed {seed}"
     try:
         with child_run(name, tags, parent_id=parent):
@@ -357,11 +399,16 @@ def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: 
     n = min(worker_count(cfg), queued)
     if n == 0:
         return
-    payload = json.dumps({"config": dataclasses.asdict(cfg), "project": str(project),
-                          "specs": [dataclasses.asdict(s) for s in specs]})
+    payload = json.dumps(
+        {"config": dataclasses.asdict(cfg), "project": str(project), "specs": [dataclasses.asdict(s) for s in specs]}
+    )
     env = {**os.environ, **({PARENT_RUN_ENV: parent_run} if parent_run else {})}
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER_START], stdin=subprocess.PIPE, env=env,
-                              preexec_fn=_die_with_parent) for _ in range(n)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER_START], stdin=subprocess.PIPE, env=env, preexec_fn=_die_with_parent
+        )
+        for _ in range(n)
+    ]
     for proc in procs:
         proc.stdin.write(payload.encode())
         proc.stdin.close()
@@ -416,9 +463,17 @@ def data_hashes(project: Path) -> dict[str, str]:
 def points_of(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple[list[Point], int]:
     """The study's finished trials as points, and how many trials were interrupted and retried."""
     trials = optuna.load_study(study_name=spec.name, storage=storage).get_trials(deepcopy=False)
-    points = [Point(t.params["log2_lr"], t.params["seed"], t.value, t.user_attrs.get("status", "completed"),
-                    t.user_attrs.get("flops", 0.0))
-              for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    points = [
+        Point(
+            t.params["log2_lr"],
+            t.params["seed"],
+            t.value,
+            t.user_attrs.get("status", "completed"),
+            t.user_attrs.get("flops", 0.0),
+        )
+        for t in trials
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    ]
     return points, sum(t.state == TrialState.FAIL for t in trials)
 
 
@@ -431,8 +486,11 @@ class Findings:
 
     def of(self, kind: str, parametrization: str | None = None, width: int | None = None) -> dict[int, list[Point]]:
         """Points by width of the studies of one kind (and parametrization)."""
-        return {spec.width: pts for spec, pts in self.points.items() if spec.kind == kind
-                and parametrization in (None, spec.parametrization) and width in (None, spec.width)}
+        return {
+            spec.width: pts
+            for spec, pts in self.points.items()
+            if spec.kind == kind and parametrization in (None, spec.parametrization) and width in (None, spec.width)
+        }
 
 
 def search(cfg: Config, project: Path, parent_run: str | None = None) -> Findings:
@@ -445,8 +503,10 @@ def search(cfg: Config, project: Path, parent_run: str | None = None) -> Finding
         sweeps = sweep_specs(cfg, digest)
         run_workers(cfg, project, sweeps, parent_run)
         collected = {spec: points_of(storage, spec) for spec in sweeps}
-        by_width = {p: {spec.width: width_summary(pts) for spec, (pts, _) in collected.items()
-                        if spec.parametrization == p} for p in cfg.search.parametrizations}
+        by_width = {
+            p: {spec.width: width_summary(pts) for spec, (pts, _) in collected.items() if spec.parametrization == p}
+            for p in cfg.search.parametrizations
+        }
         transferred = cfg.mup.parametrization
         log2_lr = transferred_log2_lr(by_width[transferred], proxies)
         transfer = transfer_spec(cfg, digest, log2_lr)
@@ -457,10 +517,16 @@ def search(cfg: Config, project: Path, parent_run: str | None = None) -> Finding
     proxy_flops = sum(p.flops for w in proxies for p in sweep_of[(transferred, w)])
     check = transfer_check(sweep_of[(transferred, target_width(cfg))], points[transfer], proxy_flops, log2_lr)
     metrics = {
-        **{p: {"widths": {str(w): summary for w, summary in sorted(by_width[p].items())}, **slope(by_width[p])}
-           for p in cfg.search.parametrizations},
-        "transfer": {"parametrization": transferred, "target_width": target_width(cfg),
-                     "proxy_widths": proxies, **check},
+        **{
+            p: {"widths": {str(w): summary for w, summary in sorted(by_width[p].items())}, **slope(by_width[p])}
+            for p in cfg.search.parametrizations
+        },
+        "transfer": {
+            "parametrization": transferred,
+            "target_width": target_width(cfg),
+            "proxy_widths": proxies,
+            **check,
+        },
         "trials": counts([p for pts in points.values() for p in pts], sum(r for _, r in collected.values())),
         "studies": sorted(spec.name for spec in points),
         "storage": optuna_storage(cfg),
@@ -482,12 +548,19 @@ def publish(cfg: Config, project: Path, findings: Findings) -> list[Path]:
         sweeps = {p: findings.of("sweep", p) for p in cfg.search.parametrizations}
         figures.mu_transfer(sweeps, reports / "mu_transfer.png", uniform_loss(cfg))
         widths = swept_widths(cfg)
-        coords = {p: coord_check(p, widths, steps=5, lr=transfer["lr"], base_width=cfg.mup.base_width)
-                  for p in cfg.search.parametrizations}
+        coords = {
+            p: coord_check(p, widths, steps=5, lr=transfer["lr"], base_width=cfg.mup.base_width)
+            for p in cfg.search.parametrizations
+        }
         figures.coord_check_figure(coords, widths, transfer["lr"], reports / "coord_check.png")
         direct = findings.of("sweep", transfer["parametrization"], transfer["target_width"])
-        figures.transfer_figure(direct[transfer["target_width"]], findings.of("transfer")[transfer["target_width"]],
-                                transfer, transfer["target_width"], reports / "transfer.png")
+        figures.transfer_figure(
+            direct[transfer["target_width"]],
+            findings.of("transfer")[transfer["target_width"]],
+            transfer,
+            transfer["target_width"],
+            reports / "transfer.png",
+        )
     return sorted((project / SEARCH_REPORTS).glob("*.png"))
 
 

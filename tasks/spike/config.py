@@ -14,8 +14,15 @@ from model.typed_config import ConfigError, Section, in_open_unit, non_negative,
 SpikeKind = Literal["data", "lr", "grad", "param"]
 RecoveryPolicy = Literal["continue", "skip_step", "skip_batch", "rollback", "lower_lr", "swap_data"]
 
-SPIKE_CAUSING_POISON = ("generated_binary", "generated_space_run", "generated_rare_tokens", "char_run",
-                        "nonprintable", "invalid_utf8", "repeated_ngram")
+SPIKE_CAUSING_POISON = (
+    "generated_binary",
+    "generated_space_run",
+    "generated_rare_tokens",
+    "char_run",
+    "nonprintable",
+    "invalid_utf8",
+    "repeated_ngram",
+)
 """Poison-pool reasons (``data/poison/<reason>.jsonl``) whose documents cause large gradients: long
 single-token runs, binary read as text, rare characters. The pool also holds harmless text the
 length filter drops (headings: ``too_short``), which must never be injected."""
@@ -59,26 +66,39 @@ class SpikeConfig(Section):
     """Tokens per generation of the collapse check."""
 
     def check(self) -> None:
-        for key in ("magnitude", "duration", "detect_window", "detect_zscore", "detect_ratio", "gpu_hour_usd",
-                    "sample_tokens"):
+        for key in (
+            "magnitude",
+            "duration",
+            "detect_window",
+            "detect_zscore",
+            "detect_ratio",
+            "gpu_hour_usd",
+            "sample_tokens",
+        ):
             positive(f"spike.{key}", getattr(self, key))
         non_negative("spike.sample_prompts", self.sample_prompts)
         if not 2 <= self.detect_warmup <= self.detect_window:
-            raise ConfigError(f"spike.detect_warmup: need 2 <= {self.detect_warmup} <= spike.detect_window="
-                              f"{self.detect_window}")
+            raise ConfigError(
+                f"spike.detect_warmup: need 2 <= {self.detect_warmup} <= spike.detect_window={self.detect_window}"
+            )
         if self.warm_steps < self.detect_warmup:
-            raise ConfigError(f"spike.warm_steps: {self.warm_steps} is below spike.detect_warmup="
-                              f"{self.detect_warmup}; the detector would be blind at the injection")
+            raise ConfigError(
+                f"spike.warm_steps: {self.warm_steps} is below spike.detect_warmup="
+                f"{self.detect_warmup}; the detector would be blind at the injection"
+            )
         harmless = sorted(set(self.data_reasons) - set(SPIKE_CAUSING_POISON))
         if harmless or not self.data_reasons:
-            raise ConfigError(f"spike.data_reasons: {harmless or 'empty'}; choose among the spike-causing "
-                              f"poison reasons {list(SPIKE_CAUSING_POISON)}")
+            raise ConfigError(
+                f"spike.data_reasons: {harmless or 'empty'}; choose among the spike-causing "
+                f"poison reasons {list(SPIKE_CAUSING_POISON)}"
+            )
 
 
 @dataclass(frozen=True)
 class RecoveryConfig(Section):
     policies: list[RecoveryPolicy] = field(
-        default_factory=lambda: ["continue", "skip_step", "skip_batch", "rollback", "lower_lr", "swap_data"])
+        default_factory=lambda: ["continue", "skip_step", "skip_batch", "rollback", "lower_lr", "swap_data"]
+    )
     """Policies compared after a detected spike (seed 004 playbook A-E, plus OLMo-core's skip-step);
     each is a branch with the same injection, fired by the detector alone."""
     skip_batches: int = 10
@@ -105,10 +125,18 @@ class RecoveryConfig(Section):
     def check(self) -> None:
         in_open_unit("recovery.lr_factor", self.lr_factor)
         in_open_unit("recovery.recover_epsilon", self.recover_epsilon)
-        for key in ("skip_batches", "rollback_steps", "checkpoint_every", "eval_steps", "recover_steps",
-                    "smooth_steps"):
+        for key in (
+            "skip_batches",
+            "rollback_steps",
+            "checkpoint_every",
+            "eval_steps",
+            "recover_steps",
+            "smooth_steps",
+        ):
             positive(f"recovery.{key}", getattr(self, key))
         non_negative("recovery.max_retries", self.max_retries)
         if self.recover_steps > self.eval_steps:
-            raise ConfigError(f"recovery.recover_steps: {self.recover_steps} exceeds recovery.eval_steps={self.eval_steps}")
+            raise ConfigError(
+                f"recovery.recover_steps: {self.recover_steps} exceeds recovery.eval_steps={self.eval_steps}"
+            )
         not_empty("recovery.policies", self.policies)

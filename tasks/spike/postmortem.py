@@ -54,29 +54,41 @@ def lessons(study: Study, kind: str) -> list[str]:
     cfg, scores, replay = study.cfg, study.scores[kind], study.replays[kind]
     out = []
     if cfg.optim.beta2 > 0.95:
-        out.append(f"Lower Adam β₂ from {cfg.optim.beta2} to 0.95: v then adapts in ~20 steps and damps "
-                   f"an anomalous gradient (PaLM).")
+        out.append(
+            f"Lower Adam β₂ from {cfg.optim.beta2} to 0.95: v then adapts in ~20 steps and damps "
+            f"an anomalous gradient (PaLM)."
+        )
     if cfg.optim.grad_clip == 0:
         out.append("Turn gradient clipping on (max norm 1.0): the first line of defence.")
     if kind == "data" and replay["spiked"]:
-        out.append(f"Filter these poison reasons out of the corpus ({', '.join(cfg.spike.data_reasons)}): "
-                   f"the offending batches alone reproduce the spike.")
+        out.append(
+            f"Filter these poison reasons out of the corpus ({', '.join(cfg.spike.data_reasons)}): "
+            f"the offending batches alone reproduce the spike."
+        )
     keep_going = scores.get("continue")
     fixes = [p for p in ("skip_batch", "rollback") if p in scores and scores[p]["type"] == 1]
     if keep_going and keep_going["type"] >= 2 and fixes:
-        out.append(f"Automate {' / '.join(fixes)} for this kind of spike: `continue` was type "
-                   f"{keep_going['type']} (gap {keep_going['final_gap']:+.1%}), {fixes[0]} closed it.")
+        out.append(
+            f"Automate {' / '.join(fixes)} for this kind of spike: `continue` was type "
+            f"{keep_going['type']} (gap {keep_going['final_gap']:+.1%}), {fixes[0]} closed it."
+        )
     gave_up = [p for p, s in scores.items() if s["status"] == "stopped"]
     if gave_up:
-        out.append(f"{', '.join(gave_up)} gave up at the retry cap: the cause persists across restarts; "
-                   f"lower the LR for the whole stretch (playbook D) or find the recurring cause.")
+        out.append(
+            f"{', '.join(gave_up)} gave up at the retry cap: the cause persists across restarts; "
+            f"lower the LR for the whole stretch (playbook D) or find the recurring cause."
+        )
     late = [s["latency"] for s in scores.values() if s["latency"]]
     if late:
-        out.append(f"The detector fired up to {max(late)} step(s) after the injection: the first bad update "
-                   f"had already happened; log per-batch loss to catch the cause, not the effect.")
+        out.append(
+            f"The detector fired up to {max(late)} step(s) after the injection: the first bad update "
+            f"had already happened; log per-batch loss to catch the cause, not the effect."
+        )
     if study.false_positives:
-        out.append(f"{len(study.false_positives)} false alarm(s) on the control: raise spike.detect_zscore "
-                   f"or spike.detect_ratio.")
+        out.append(
+            f"{len(study.false_positives)} false alarm(s) on the control: raise spike.detect_zscore "
+            f"or spike.detect_ratio."
+        )
     if collapse_flags(study, kind):
         out.append("Add per-layer attention-entropy alerts: the spike came with a collapse sign (see Classification).")
     if kind in ("lr", "grad") and "lower_lr" in scores and scores["lower_lr"]["type"] == 1:
@@ -98,8 +110,11 @@ def render(study: Study, kind: str, number: int, run_uris: dict[str, str], histo
     stats = study.spike_stats.get(kind, {})
     blocks = sorted({k.rsplit("/", 1)[1] for k in stats.get("at_spike", {}) if k.startswith("stats/act_l2/")})
     cause = CAUSES[kind].format(reasons=", ".join(cfg.spike.data_reasons), **injection.spec())
-    attribution = ("data: the offending batches alone reproduce the spike" if replay["spiked"] else
-                   "data and state together: the offending batches alone do not reproduce it")
+    attribution = (
+        "data: the offending batches alone reproduce the spike"
+        if replay["spiked"]
+        else "data and state together: the offending batches alone do not reproduce it"
+    )
     c = study.costs
     tokens_per_s = c.tokens_per_step / c.seconds_per_step
     best_score = scores[best]
@@ -128,10 +143,13 @@ def render(study: Study, kind: str, number: int, run_uris: dict[str, str], histo
         "  | block | act L2 pre-spike (clean batch) | act L2 at spike (offending batch) "
         "| attn entropy pre-spike | attn entropy at spike |",
         "  |---|---|---|---|---|",
-        *[f"  | {b} | {_fmt(stats['pre_spike'].get(f'stats/act_l2/{b}'), '.3f')} | "
-          f"{_fmt(stats['at_spike'].get(f'stats/act_l2/{b}'), '.3f')} | "
-          f"{_fmt(stats['pre_spike'].get(f'stats/attn_entropy/{b}'), '.3f')} | "
-          f"{_fmt(stats['at_spike'].get(f'stats/attn_entropy/{b}'), '.3f')} |" for b in blocks],
+        *[
+            f"  | {b} | {_fmt(stats['pre_spike'].get(f'stats/act_l2/{b}'), '.3f')} | "
+            f"{_fmt(stats['at_spike'].get(f'stats/act_l2/{b}'), '.3f')} | "
+            f"{_fmt(stats['pre_spike'].get(f'stats/attn_entropy/{b}'), '.3f')} | "
+            f"{_fmt(stats['at_spike'].get(f'stats/attn_entropy/{b}'), '.3f')} |"
+            for b in blocks
+        ],
         "",
         f"- Detection: first flagged step {_fmt(observed['detected_at'])} (latency "
         f"{_fmt(observed['latency'])} steps); false alarms on the control: {len(study.false_positives)}",
@@ -141,8 +159,8 @@ def render(study: Study, kind: str, number: int, run_uris: dict[str, str], histo
         "## Classification",
         f"- Type: {observed['type']} ({TYPE_NAMES[observed['type']]}) — {observed['why']}",
         f"- Root cause: {cause}; replay attribution: {attribution}",
-        "- Collapse: " + ("; ".join(collapse_flags(study, kind))
-                          or "none seen (distinct-2, empty outputs, attention entropy)"),
+        "- Collapse: "
+        + ("; ".join(collapse_flags(study, kind)) or "none seen (distinct-2, empty outputs, attention entropy)"),
         "",
         "## Recovery action",
         f"- Recommended: `{best}` — {_actions(best_score['actions']) or 'no action needed'}",
@@ -158,9 +176,12 @@ def render(study: Study, kind: str, number: int, run_uris: dict[str, str], histo
         "",
         "  | policy | type | peak ratio | steps to recover | final gap | val gap | wasted steps | cost $ | status |",
         "  |---|---|---|---|---|---|---|---|---|",
-        *[f"  | {p} | {sc['type']} | {_fmt(sc['peak_ratio'], '.2f')} | {_fmt(sc['steps_to_recover'])} | "
-          f"{_fmt(sc['final_gap'], '+.4f')} | {_fmt(sc['val_gap'], '+.4f')} | {sc['wasted_steps']} | "
-          f"{sc['cost_usd']:.6f} | {sc['status']} |" for p, sc in scores.items()],
+        *[
+            f"  | {p} | {sc['type']} | {_fmt(sc['peak_ratio'], '.2f')} | {_fmt(sc['steps_to_recover'])} | "
+            f"{_fmt(sc['final_gap'], '+.4f')} | {_fmt(sc['val_gap'], '+.4f')} | {sc['wasted_steps']} | "
+            f"{sc['cost_usd']:.6f} | {sc['status']} |"
+            for p, sc in scores.items()
+        ],
         "",
         "## Lessons / followups",
         *[f"- {line}" for line in lessons(study, kind)],
@@ -176,14 +197,18 @@ def _actions(actions: list[dict[str, Any]]) -> str:
             runs[-1][1] = a["step"]
         else:
             runs.append([a["step"], a["step"], a["action"]])
-    return "; ".join(f"step {first}: {action}" if first == last else f"steps {first}–{last}: {action}"
-                     for first, last, action in runs)
+    return "; ".join(
+        f"step {first}: {action}" if first == last else f"steps {first}–{last}: {action}"
+        for first, last, action in runs
+    )
 
 
 def _outcome(policy: str, s: dict[str, Any], start: int) -> str:
     if s["type"] == 1:
-        return (f"With `{policy}` the loss curve resumed the control's trajectory at step "
-                f"{start + s['steps_to_recover']} ({s['steps_to_recover']} steps after the injection).")
+        return (
+            f"With `{policy}` the loss curve resumed the control's trajectory at step "
+            f"{start + s['steps_to_recover']} ({s['steps_to_recover']} steps after the injection)."
+        )
     return f"No policy brought the loss back within the window; best was `{policy}` ({s['why']})."
 
 
@@ -217,8 +242,7 @@ def token_histogram(study: Study, kind: str, train_tokens: np.ndarray, path: Pat
     return path
 
 
-def write_postmortems(study: Study, train_tokens: np.ndarray, out_dir: Path,
-                      run_uris: dict[str, str]) -> list[Path]:
+def write_postmortems(study: Study, train_tokens: np.ndarray, out_dir: Path, run_uris: dict[str, str]) -> list[Path]:
     """One markdown file (and its token histogram) per injected spike, into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -236,11 +260,18 @@ def spike_figures(study: Study, out_dir: Path) -> list[Path]:
     paths = []
     for kind, by_policy in study.branches.items():
         branches = {"control": study.control, **by_policy}
-        curves = {name: {"step": [row["step"] for row in b.rows],
-                         "loss": list(trailing_mean(np.array([row["loss"] for row in b.rows]), smooth)),
-                         "grad_norm": [row["grad_norm"] for row in b.rows]} for name, b in branches.items()}
-        panels = [(f"Training loss (trailing mean of {smooth} steps)", [(n, "loss") for n in branches], False),
-                  ("Gradient norm before clipping", [(n, "grad_norm") for n in branches], True)]
+        curves = {
+            name: {
+                "step": [row["step"] for row in b.rows],
+                "loss": list(trailing_mean(np.array([row["loss"] for row in b.rows]), smooth)),
+                "grad_norm": [row["grad_norm"] for row in b.rows],
+            }
+            for name, b in branches.items()
+        }
+        panels = [
+            (f"Training loss (trailing mean of {smooth} steps)", [(n, "loss") for n in branches], False),
+            ("Gradient norm before clipping", [(n, "grad_norm") for n in branches], True),
+        ]
         title = f"{kind} spike injected at step {study.injections[kind].start}: the control and every policy"
         paths.append(draw(curves, panels, out_dir / f"{kind}.png", title))
     return paths

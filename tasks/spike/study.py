@@ -60,8 +60,9 @@ def study_config(cfg: Config) -> Config:
     them kept for the farthest rollback, no wall-clock saves; the milestones as they are."""
     r = cfg.recovery
     keep = (cfg.spike.warm_steps + r.eval_steps) // r.checkpoint_every + 2
-    return cfg.replace(**{"checkpoint.every_steps": r.checkpoint_every, "checkpoint.keep_last": keep,
-                          "checkpoint.every_minutes": 0.0})
+    return cfg.replace(
+        **{"checkpoint.every_steps": r.checkpoint_every, "checkpoint.keep_last": keep, "checkpoint.every_minutes": 0.0}
+    )
 
 
 def window(cfg: Config) -> tuple[int, int]:
@@ -82,12 +83,17 @@ def poison_batches(project: Path, cfg: Config, n: int) -> list[tuple[torch.Tenso
     ranges = manifest["splits"]["poison"].get("reasons", {})
     tokens = open_split(project / MANIFEST, "poison")
     span, batch = cfg.model.seq_len + 1, cfg.train.batch_size
-    windows = [tokens[r["offset"] + i: r["offset"] + i + span].astype(np.int64)
-               for reason in cfg.spike.data_reasons if (r := ranges.get(reason))
-               for i in range(0, r["tokens"] - span + 1, span)]
+    windows = [
+        tokens[r["offset"] + i : r["offset"] + i + span].astype(np.int64)
+        for reason in cfg.spike.data_reasons
+        if (r := ranges.get(reason))
+        for i in range(0, r["tokens"] - span + 1, span)
+    ]
     if not windows:
-        raise InputError(f"{project / MANIFEST}: the poison pool holds no window of {span} tokens for "
-                         f"spike.data_reasons={cfg.spike.data_reasons}")
+        raise InputError(
+            f"{project / MANIFEST}: the poison pool holds no window of {span} tokens for "
+            f"spike.data_reasons={cfg.spike.data_reasons}"
+        )
     rng = np.random.default_rng(cfg.train.seed)
     out = []
     for _ in range(n):
@@ -102,14 +108,15 @@ def poison_batches(project: Path, cfg: Config, n: int) -> list[tuple[torch.Tenso
 
 
 class Classification(NamedTuple):
-    type: int                      # 1 recoverable, 2 lingering, 3 divergent
-    steps_to_recover: int | None   # steps after the injection until back within ε for good
-    final_gap: float               # smoothed relative gap to the control at the end
+    type: int  # 1 recoverable, 2 lingering, 3 divergent
+    steps_to_recover: int | None  # steps after the injection until back within ε for good
+    final_gap: float  # smoothed relative gap to the control at the end
     why: str
 
 
-def classify(branch: Sequence[float], control: Sequence[float], epsilon: float, within: int,
-             smooth: int) -> Classification:
+def classify(
+    branch: Sequence[float], control: Sequence[float], epsilon: float, within: int, smooth: int
+) -> Classification:
     """The spike type of a branch's per-step losses against the control's over the same steps
     (index 0: the first injected step); seed 004's three trajectories, with ε and W from
     ``recovery.recover_epsilon`` and ``recovery.recover_steps``:
@@ -122,7 +129,7 @@ def classify(branch: Sequence[float], control: Sequence[float], epsilon: float, 
 
     A branch with no step in the window (a policy that gave up before it) counts as divergent.
     """
-    b, c = np.asarray(branch, dtype=float), np.asarray(control, dtype=float)[:len(branch)]
+    b, c = np.asarray(branch, dtype=float), np.asarray(control, dtype=float)[: len(branch)]
     if not len(b):
         return Classification(3, None, float("nan"), "no step in the window: the run gave up before it")
     if not np.isfinite(b).all():
@@ -132,7 +139,7 @@ def classify(branch: Sequence[float], control: Sequence[float], epsilon: float, 
     above = np.flatnonzero(gap > epsilon)
     back = 0 if not len(above) else int(above[-1]) + 1
     back_at = back if back < len(gap) else None
-    late, before = gap[-smooth:].mean(), gap[-2 * smooth:-smooth].mean() if len(gap) >= 2 * smooth else gap[0]
+    late, before = gap[-smooth:].mean(), gap[-2 * smooth : -smooth].mean() if len(gap) >= 2 * smooth else gap[0]
     if final > epsilon and late > before + epsilon:
         return Classification(3, None, final, f"gap {final:+.1%} at the end and still widening")
     if back_at is not None and back_at <= within:
@@ -172,21 +179,29 @@ def score(branch: Branch, control: Branch, injection: Injection, r: RecoveryConf
     wasted = max(0, rerun) + vetoed + spent
     detected = [d for d in branch.detections if d >= injection.start]
     return {
-        "type": kind.type, "why": kind.why, "steps_to_recover": kind.steps_to_recover,
-        "peak_ratio": peak, "peak_loss": max(losses) if losses else float("nan"),
+        "type": kind.type,
+        "why": kind.why,
+        "steps_to_recover": kind.steps_to_recover,
+        "peak_ratio": peak,
+        "peak_loss": max(losses) if losses else float("nan"),
         "grad_norm_peak": max((row["grad_norm"] for row in branch.rows), default=float("nan")),
-        "final_loss": float(np.mean(losses[-r.smooth_steps:])) if losses else float("nan"),
+        "final_loss": float(np.mean(losses[-r.smooth_steps :])) if losses else float("nan"),
         "final_gap": kind.final_gap,
         "val_loss": branch.val_loss,
         "val_gap": (branch.val_loss - control.val_loss) if branch.val_loss is not None else None,
         "detected_at": detected[0] if detected else None,
         "latency": detected[0] - injection.start if detected else None,
-        "status": branch.status, "stop_reason": branch.stop_reason,
-        "steps_run": branch.steps_run, "rerun_steps": rerun, "vetoed_steps": vetoed,
-        "wasted_steps": wasted, "wasted_tokens": wasted * costs.tokens_per_step,
+        "status": branch.status,
+        "stop_reason": branch.stop_reason,
+        "steps_run": branch.steps_run,
+        "rerun_steps": rerun,
+        "vetoed_steps": vetoed,
+        "wasted_steps": wasted,
+        "wasted_tokens": wasted * costs.tokens_per_step,
         "wasted_flops": wasted * costs.tokens_per_step * costs.flops_per_token,
         "cost_usd": wasted * costs.seconds_per_step * costs.gpu_hour_usd / 3600,
-        "actions": branch.actions, "segments": branch.segments,
+        "actions": branch.actions,
+        "segments": branch.segments,
     }
 
 
@@ -204,7 +219,7 @@ class Study:
     end_step: int
     warm: Warm
     control: Branch
-    branches: dict[str, dict[str, Branch]]       # kind -> policy -> branch
+    branches: dict[str, dict[str, Branch]]  # kind -> policy -> branch
     injections: dict[str, Injection]
     scores: dict[str, dict[str, dict[str, Any]]]  # kind -> policy -> scores
     replays: dict[str, dict[str, Any]]
@@ -212,7 +227,7 @@ class Study:
     collapse_before: dict[str, float]
     false_positives: list[int]
     costs: Costs
-    identities: dict[str, str]                    # branch name -> run identity
+    identities: dict[str, str]  # branch name -> run identity
     cpu_seconds: float = 0.0
 
     def branch_name(self, kind: str | None, policy: str) -> str:
@@ -239,7 +254,7 @@ class StudyRun:
     def prompts(self) -> torch.Tensor:
         n = self.cfg.spike.sample_prompts
         span = self.cfg.model.seq_len + 1
-        return torch.from_numpy(np.stack([self.val[i * span: i * span + 8].astype(np.int64) for i in range(n)]))
+        return torch.from_numpy(np.stack([self.val[i * span : i * span + 8].astype(np.int64) for i in range(n)]))
 
     def collapse(self, model) -> dict[str, float]:
         if self.cfg.spike.sample_prompts == 0:
@@ -260,19 +275,29 @@ def run_study(cfg: Config, project: Path, milestone: Path, run_dir: Path) -> Stu
     study = StudyRun(cfg, project, milestone, run_dir)
     cfg, r = study.cfg, study.cfg.recovery
     origin_step, end = window(cfg)
-    warm = warm_up(study.maker(study.identity({"branch": "warm"})), milestone, origin_step, cfg.spike,
-                   run_dir / "warm")
+    warm = warm_up(study.maker(study.identity({"branch": "warm"})), milestone, origin_step, cfg.spike, run_dir / "warm")
     origin = warm.origin
     position = int(origin[1]["loader"]["batches_served"])
     identities = {"control": study.identity({"branch": "control"})}
     started = time.perf_counter()
-    control = run_branch(study.maker(identities["control"]), origin, end, "continue", r, cfg.spike,
-                         probe=lambda t: {"collapse": study.collapse(t.model)})
+    control = run_branch(
+        study.maker(identities["control"]),
+        origin,
+        end,
+        "continue",
+        r,
+        cfg.spike,
+        probe=lambda t: {"collapse": study.collapse(t.model)},
+    )
     probe_trainer = study.maker(identities["control"])([], None)
     probe_trainer.load(cpu_copy(origin[1]), origin[0], Load())
     collapse_before = study.collapse(probe_trainer.model)
-    costs = Costs((time.perf_counter() - started) / max(1, control.steps_run),
-                  probe_trainer.tokens_per_step, float(probe_trainer.flops_per_token), cfg.spike.gpu_hour_usd)
+    costs = Costs(
+        (time.perf_counter() - started) / max(1, control.steps_run),
+        probe_trainer.tokens_per_step,
+        float(probe_trainer.flops_per_token),
+        cfg.spike.gpu_hour_usd,
+    )
     poison = poison_batches(project, cfg, cfg.spike.duration) if "data" in cfg.spike.kinds else []
     branches, injections, scores, replays, stats = {}, {}, {}, {}, {}
     for kind in cfg.spike.kinds:
@@ -281,17 +306,43 @@ def run_study(cfg: Config, project: Path, milestone: Path, run_dir: Path) -> Stu
         for policy in r.policies:
             name = f"{kind}/{policy}"
             identities[name] = study.identity({"injection": injection.spec(), "policy": policy})
-            branch = run_branch(study.maker(identities[name]), origin, end, policy, r, cfg.spike, injection,
-                                poison, warm.timeline, run_dir / kind / policy,
-                                probe=lambda t: {"collapse": study.collapse(t.model)})
+            branch = run_branch(
+                study.maker(identities[name]),
+                origin,
+                end,
+                policy,
+                r,
+                cfg.spike,
+                injection,
+                poison,
+                warm.timeline,
+                run_dir / kind / policy,
+                probe=lambda t: {"collapse": study.collapse(t.model)},
+            )
             branches[kind][policy] = branch
-            scores[kind][policy] = {**score(branch, control, injection, r, costs),
-                                    "collapse": branch.probe.get("collapse", {})}
+            scores[kind][policy] = {
+                **score(branch, control, injection, r, costs),
+                "collapse": branch.probe.get("collapse", {}),
+            }
         observed = branches[kind].get("continue") or next(iter(branches[kind].values()))
         replays[kind], stats[kind] = examine(study, warm, origin, injection, poison, observed)
-    return Study(cfg, origin_step, end, warm, control, branches, injections, scores, replays, stats,
-                 collapse_before, warm.alarms + control.detections, costs, identities,
-                 time.process_time() - cpu0)
+    return Study(
+        cfg,
+        origin_step,
+        end,
+        warm,
+        control,
+        branches,
+        injections,
+        scores,
+        replays,
+        stats,
+        collapse_before,
+        warm.alarms + control.detections,
+        costs,
+        identities,
+        time.process_time() - cpu0,
+    )
 
 
 def offending_steps(branch: Branch, injection: Injection) -> list[int]:
@@ -309,8 +360,13 @@ def examine(study: StudyRun, warm: Warm, origin, injection: Injection, poison, o
     target, path = rollback_target(warm.timeline, injection.start, cfg.recovery.rollback_steps)
     start = (path, torch.load(path, map_location="cpu", weights_only=True))
     baseline = origin[1]["callbacks"][make_detector(cfg.spike).name]
-    result = replay(study.maker(study.identity({"branch": "replay", "injection": injection.spec()})), start,
-                    baseline, batches, cfg.spike)
+    result = replay(
+        study.maker(study.identity({"branch": "replay", "injection": injection.spec()})),
+        start,
+        baseline,
+        batches,
+        cfg.spike,
+    )
     result["steps"] = steps
     result["positions"] = [injection.position + (s - injection.start) * cfg.train.grad_accum for s in steps]
     # The model that met the spiking batch (origin run up to the step before it, injected), on
@@ -323,8 +379,11 @@ def examine(study: StudyRun, warm: Warm, origin, injection: Injection, poison, o
     clean.load_state_dict({"batches_served": result["positions"][-1], "seed": cfg.train.seed})
     pre = study.maker("probe")([], None)
     pre.load(cpu_copy(origin[1]), origin[0], Load())
-    stats = {"pre_spike": layer_stats(pre.model, clean.next_batch()),
-             "at_spike": layer_stats(trainer.model, batches[-1])} if batches else {}
+    stats = (
+        {"pre_spike": layer_stats(pre.model, clean.next_batch()), "at_spike": layer_stats(trainer.model, batches[-1])}
+        if batches
+        else {}
+    )
     return result, stats
 
 
@@ -334,29 +393,43 @@ def symptoms(study: Study, kind: str) -> dict[str, Any]:
     policy = "continue" if "continue" in study.branches[kind] else next(iter(study.branches[kind]))
     rows = study.branches[kind][policy].rows
     after = [row for row in rows if row["step"] >= injection.start]
-    before = [row["loss"] for row in study.warm.rows][-r.smooth_steps:]
+    before = [row["loss"] for row in study.warm.rows][-r.smooth_steps :]
     peak = max(after, key=lambda row: row["loss"])
     grad_peak = max(after, key=lambda row: row["grad_norm"])
     smoothed = trailing_mean(np.array([row["loss"] for row in after]), r.smooth_steps)
     later = min(r.recover_steps, len(after) - 1)
-    return {"observed_policy": policy, "pre_spike_loss": float(np.mean(before)),
-            "peak_loss": peak["loss"], "peak_step": peak["step"],
-            "recovery_loss": float(smoothed[later]), "recovery_step": after[later]["step"],
-            "grad_norm_peak": grad_peak["grad_norm"], "grad_norm_peak_step": grad_peak["step"]}
+    return {
+        "observed_policy": policy,
+        "pre_spike_loss": float(np.mean(before)),
+        "peak_loss": peak["loss"],
+        "peak_step": peak["step"],
+        "recovery_loss": float(smoothed[later]),
+        "recovery_step": after[later]["step"],
+        "grad_norm_peak": grad_peak["grad_norm"],
+        "grad_norm_peak_step": grad_peak["step"],
+    }
 
 
 def summary_metrics(study: Study) -> dict[str, Any]:
     """``metrics/spike.json``: per injection and policy, the scores without the action log."""
     control_losses = [r["loss"] for r in study.control.rows]
     out: dict[str, Any] = {
-        "origin_step": study.origin_step, "end_step": study.end_step,
-        "false_positives": len(study.false_positives), "false_positive_steps": study.false_positives,
-        "seconds_per_step": study.costs.seconds_per_step, "cpu_seconds": study.cpu_seconds,
-        "control": {"final_loss": float(np.mean(control_losses[-study.cfg.recovery.smooth_steps:])),
-                    "val_loss": study.control.val_loss},
+        "origin_step": study.origin_step,
+        "end_step": study.end_step,
+        "false_positives": len(study.false_positives),
+        "false_positive_steps": study.false_positives,
+        "seconds_per_step": study.costs.seconds_per_step,
+        "cpu_seconds": study.cpu_seconds,
+        "control": {
+            "final_loss": float(np.mean(control_losses[-study.cfg.recovery.smooth_steps :])),
+            "val_loss": study.control.val_loss,
+        },
         "collapse_before": study.collapse_before,
     }
     for kind, by_policy in study.scores.items():
-        out[kind] = {"replay_spiked": study.replays[kind]["spiked"], "symptoms": symptoms(study, kind),
-                     **{p: {k: v for k, v in s.items() if k not in ("actions", "why")} for p, s in by_policy.items()}}
+        out[kind] = {
+            "replay_spiked": study.replays[kind]["spiked"],
+            "symptoms": symptoms(study, kind),
+            **{p: {k: v for k, v in s.items() if k not in ("actions", "why")} for p, s in by_policy.items()},
+        }
     return json.loads(json.dumps(out, default=str))
