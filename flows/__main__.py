@@ -196,6 +196,7 @@ def newest_runs(limit: int = 5) -> list[str]:
 
 def parser() -> argparse.ArgumentParser:
     from flows.stages import STAGES
+    from model.typed_config import add_config_arguments
 
     p = argparse.ArgumentParser(
         prog="spikelab",
@@ -210,15 +211,7 @@ def parser() -> argparse.ArgumentParser:
         description="Run one stage directly. For a cached, versioned run use dvc repro or dvc exp run -S key=value.",
     )
     run.add_argument("stage", choices=list(STAGES))
-    run.add_argument("--profile", default=None, help="profile overlay from profiles/ (default: params.yaml's profile)")
-    run.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one dotted config key for this run, e.g. optim.lr=0.02 (repeatable)",
-    )
+    add_config_arguments(run, params=False)
     sub.add_parser("status", help="stages up to date or not, servers and whose they are, newest MLflow runs")
     sub.add_parser("ui", help="print the address of every UI that is up for this checkout")
     sub.add_parser("serve", help="serve the pipeline and each stage as Prefect deployments (forms in the UI)")

@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 from model.callbacks import Callback
@@ -160,14 +159,6 @@ def injection_callback(injection: Injection, poison: Sequence[tuple[torch.Tensor
     if injection.kind == "data":
         return DataSpike(injection, poison)
     return {"lr": LRSpike, "grad": GradSpike, "param": ParamSpike}[injection.kind](injection)
-
-
-def trailing_mean(values: np.ndarray, n: int) -> np.ndarray:
-    """Mean of the last ``n`` values at each index (fewer at the start)."""
-    sums = np.cumsum(np.insert(values, 0, 0.0))
-    idx = np.arange(1, len(values) + 1)
-    lo = np.maximum(0, idx - n)
-    return (sums[idx] - sums[lo]) / (idx - lo)
 
 
 # ----------------------------------------------------------------------------------------------

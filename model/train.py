@@ -53,7 +53,7 @@ from model.precision import resolve_precision
 from model.step import Batch, StepResult, TrainModule
 from model.stops import Preempted, RunStatus
 from model.telemetry import Telemetry, optimizer_norms, record_forward_stats, to_floats
-from model.typed_config import UserError, parse_sets
+from model.typed_config import UserError, add_config_arguments, parse_sets
 
 CHECKPOINT_FORMAT = 2
 """2: checkpoints carry the run identity; format-1 files (no identity) are never resumed."""
@@ -573,22 +573,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from model.stops import EXIT_CODES
 
     p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("--params", default="params.yaml", help="params.yaml (default: %(default)s)")
-    p.add_argument("--profile", help="overlay in profiles/ (default: the file's `profile` key)")
     p.add_argument("--train-tokens", required=True, help="token shard of the training split")
     p.add_argument("--val-tokens", required=True, help="token shard of the validation split")
     p.add_argument("--dtype", default="uint16", help="token id dtype of the shards (default: %(default)s)")
     p.add_argument("--out", required=True, help="run directory: checkpoints/, plots/*.csv")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a dotted config key, typed as the key is (repeatable)",
-    )
+    add_config_arguments(p)
     args = p.parse_args(argv)
     try:
-        cfg = load_config(args.params, args.profile, parse_sets(args.set))  # the training sections only
+        cfg = load_config(args.params, args.profile, parse_sets(args.sets))  # the training sections only
         out = Path(args.out)
         summary = train(
             cfg,

@@ -13,6 +13,7 @@ Pure Python + PyYAML: importable on a bare GPU box next to ``model/``.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import types
@@ -110,6 +111,25 @@ class SectionedConfig:
 # --------------------------------------------------------------------------------------------
 # Loading: YAML -> typed, checked dataclasses
 # --------------------------------------------------------------------------------------------
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, params: bool = True) -> None:
+    """The config options every command that runs something takes: ``--params`` (unless the
+    command finds the project itself), ``--profile`` and repeatable ``--set KEY=VALUE``
+    (read with :func:`parse_sets`)."""
+    if params:
+        parser.add_argument("--params", default="params.yaml", help="params.yaml (default: %(default)s)")
+    parser.add_argument(
+        "--profile", default=None, help="profile overlay from profiles/ (default: the params file's `profile` key)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a dotted config key for this run, e.g. optim.lr=0.02, typed as the key is (repeatable)",
+    )
 
 
 def parse_sets(pairs: list[str]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from model.data import open_split
 from model.spike import Injection, Trace, collapse_stats, injection_callback, make_detector, sample
 from model.stops import EXIT_CODES
 from model.train import train
-from model.typed_config import UserError, parse_sets
+from model.typed_config import UserError, add_config_arguments, parse_sets
 from tasks.ablate.grid import arm_key, code_digest, data_hashes, injection_spec
 from tasks.config import Config, load_config
 
@@ -190,20 +190,12 @@ def _strict(value: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tasks.ablate.arm", description=__doc__.split("\n\n")[0])
-    p.add_argument("--params", default="params.yaml", help="params.yaml (default: %(default)s)")
-    p.add_argument("--profile", help="overlay in profiles/ (default: the file's `profile` key)")
     p.add_argument("--out", required=True, help="the arm's directory: checkpoints/ and result.json")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a dotted config key, typed as the key is (repeatable)",
-    )
+    add_config_arguments(p)
     args = p.parse_args(argv)
     try:
         params = Path(args.params)
-        cfg = load_config(params, args.profile, parse_sets(args.set))
+        cfg = load_config(params, args.profile, parse_sets(args.sets))
         summary = run_arm(cfg, params.resolve().parent, Path(args.out))["summary"]
     except UserError as e:
         print(f"spikelab: error: {e}", file=sys.stderr)

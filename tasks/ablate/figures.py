@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from model.spike import trailing_mean
 from tasks.ablate.grid import FAMILIES
 from tasks.ablate.stats import capped_loss
 from tasks.config import Config
+from tasks.spike.curves import trailing_mean
 
 TITLES = {"block_warmup": "Block placement x warmup", "precision": "Precision", "beta2": "Adam β₂"}
 

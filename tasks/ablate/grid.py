@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from model.identity import run_identity
-from model.spike import trailing_mean
 from tasks.ablate.config import AblationConfig
 from tasks.config import Config
+from tasks.spike.curves import trailing_mean
 
 FAMILIES = {
     "block_warmup": ("block", "warmup"),

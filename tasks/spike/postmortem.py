@@ -17,7 +17,8 @@ import torch
 from tasks.pretrain.figures import draw
 from tasks.runtime.files import staged, write_json
 from tasks.runtime.outputs import POSTMORTEMS, SPIKE_FIGURES, SPIKE_METRICS
-from tasks.spike.study import CAUSES, Study, summary_metrics, symptoms, trailing_mean
+from tasks.spike.curves import trailing_mean
+from tasks.spike.study import CAUSES, Study, summary_metrics, symptoms
 
 TYPE_NAMES = {1: "recoverable", 2: "lingering", 3: "divergent"}
 SECTIONS = ("Symptoms", "Evidence", "Classification", "Recovery action", "Outcome", "Lessons / followups")

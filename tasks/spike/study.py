@@ -35,7 +35,6 @@ from model.spike import (
     rollback_target,
     run_branch,
     sample,
-    trailing_mean,
     warm_up,
 )
 from model.telemetry import record_forward_stats, to_floats
@@ -45,6 +44,7 @@ from tasks.config import Config
 from tasks.runtime.files import read_json
 from tasks.runtime.outputs import MANIFEST
 from tasks.spike.config import RecoveryConfig
+from tasks.spike.curves import trailing_mean
 
 CAUSES = {
     "data": "rare-token gradient (a batch of spike-causing poison: {reasons})",
