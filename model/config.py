@@ -282,7 +282,7 @@ class TrainingConfig(SectionedConfig):
             )
 
 
-def load_config(
+def load_training_config(
     params: str | Path = "params.yaml", profile: str | None = None, overrides: dict[str, Any] | None = None
 ) -> TrainingConfig:
     """The training sections of ``params`` under a profile, with ``overrides`` on top; the file's

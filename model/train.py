@@ -43,7 +43,7 @@ from model.checkpoint import (
     remove_orphans,
     restore_rng,
 )
-from model.config import TrainingConfig, check_device, load_config
+from model.config import TrainingConfig, check_device, load_training_config
 from model.data import TokenLoader, open_tokens
 from model.flops import mfu, model_flops_per_token, peak_flops
 from model.gpt import GPT
@@ -61,7 +61,7 @@ CHECKPOINT_FORMAT = 2
 
 def resolve_device(name: str) -> torch.device:
     """``auto``: CUDA when available. An explicit device that is not there is a ConfigError
-    (``model.config.check_runtime``), raised before a stage touches anything."""
+    (``check_device``; a stage calls it through ``tasks.config.check_runtime``), raised before a stage touches anything."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     check_device(name)
@@ -580,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_config_arguments(p)
     args = p.parse_args(argv)
     try:
-        cfg = load_config(args.params, args.profile, parse_sets(args.sets))  # the training sections only
+        cfg = load_training_config(args.params, args.profile, parse_sets(args.sets))  # the training sections only
         out = Path(args.out)
         summary = train(
             cfg,

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from model.typed_config import ConfigError
-from tasks.ablate.grid import arm_config, arm_key, base_arm, expand, spike_response
+from tasks.ablate.grid import ARM_CODE, CODE_ROOT, arm_config, arm_key, base_arm, code_digest, expand, spike_response
 from tasks.ablate.stats import compare, describe, fisher, lr_sensitivity, recovery_censored, slope_test
 from tasks.config import Config
 from tasks.report.findings import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim, evaluate, is_broken, verdict
@@ -39,6 +39,12 @@ def test_the_base_lr_on_the_lr_grid_shares_the_base_arm():
     arms = expand(grid(lrs=[0.01, 0.1], seeds=[0]).ablation)
     assert len(arms) == 4 + 3 + 1 + (3 * 2 - 1)
     assert set(arms[0].families) == {"block_warmup", "precision", "beta2", "stabilizer_lr"}
+
+
+def test_the_arm_code_digest_covers_existing_files_of_this_checkout():
+    assert (CODE_ROOT / "dvc.yaml").is_file()
+    assert all((CODE_ROOT / entry).exists() for entry in ARM_CODE), ARM_CODE
+    assert len(code_digest()) == 16 and code_digest() == code_digest()
 
 
 def test_adding_a_value_adds_exactly_its_arms():

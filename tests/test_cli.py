@@ -94,13 +94,14 @@ STOPPED_STAGE = """
 import sys
 import flows.__main__ as cli
 from prefect import flow
+from flows.stages import Stage
 from model import stops
 
 @flow(name="probe-typed-stop")
 def stage(profile=None, overrides=None):
     raise getattr(stops, sys.argv[1])(12, "SIGTERM/SIGINT")
 
-cli.load_flow = lambda _: stage
+Stage.load_flow = lambda _self: stage  # every stage runs the probe
 sys.exit(cli.main(["run", "pretrain", "--profile", "smoke"]))
 """
 

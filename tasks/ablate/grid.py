@@ -30,7 +30,7 @@ FAMILIES = {
     "beta2": ("beta2",),
     "stabilizer_lr": ("stabilizer", "lr"),
 }
-"""Each family and the factors it varies from the base arm (model/config.py: AblationConfig)."""
+"""Each family and the factors it varies from the base arm (tasks/ablate/config.py: AblationConfig)."""
 
 FACTOR_LISTS = {
     "block": "blocks",
@@ -42,7 +42,8 @@ FACTOR_LISTS = {
 }
 """Factor -> its list in ``ablation``."""
 
-CODE_ROOT = Path(__file__).resolve().parents[1]
+CODE_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout this module runs from (tasks/ablate/grid.py is two folders below it)."""
 ARM_CODE = ("model", "tasks/ablate/arm.py")
 """The code an arm trains with, besides its config and data: a change here reruns every arm (how
 results are read, tasks/ablate/grid.py and the stage, can change without retraining)."""
