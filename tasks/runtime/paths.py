@@ -1,4 +1,4 @@
-"""The one place that decides where state lives and how stages reach the services.
+"""The one place that decides where state lives, and the ports and URLs of the services.
 
 Two roots:
   project  the workspace a stage runs in (where ``params.yaml`` is). DVC outputs are relative to
