@@ -1,7 +1,8 @@
 """The ablate stage as a Prefect flow: the grid in ``ablation`` (tasks/ablate/grid.py: expand) fanned
-out as one Prefect task per arm, ``ablation.workers`` at a time, each arm a process of its own
-(``python -m tasks.ablate.arm``: the trainer sets global RNG and thread state), a crashed arm retried
-``ablation.retries`` times, then reported as failed while the others go on. An arm whose result
+out as one Prefect task per arm onto ``ablation.workers`` long-lived worker processes
+(tasks/runtime/workers.py), each arm trained there as its own command ``python -m tasks.ablate.arm``
+would (from a clean global state), an arm that crashed retried ``ablation.retries`` times, then
+reported as failed while the others go on. One progress line per arm (done/total, ETA). An arm whose result
 is in ``runs/ablate/arms/<key>/`` (same config, data, injection and code) is not trained again.
 
 MLflow: the stage's run with a child per arm (its factors, its command, the figures the study
@@ -12,9 +13,7 @@ figures in ``reports/ablate/``; the findings are the report stage's.
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,10 +23,10 @@ import mlflow
 from mlflow.entities import Metric
 from prefect import flow, get_run_logger, task
 from prefect.futures import as_completed
-from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.forms import Profile
 from model.typed_config import ConfigError
+from tasks.ablate.arm import run_command
 from tasks.ablate.figures import family_figures
 from tasks.ablate.grid import (
     Arm,
@@ -46,11 +45,11 @@ from tasks.config import Config, project_config
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import write_json
 from tasks.runtime.outputs import ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST
+from tasks.runtime.progress import Progress, run_logger
 from tasks.runtime.tracking import child_run, log_params, log_summary, run_url, stage_run
+from tasks.runtime.workers import clean_state, task_runner, worker_count
 
-
-class ArmCrashed(RuntimeError):
-    """The arm's process ended without a result (killed, out of memory, an exception)."""
+ARM_MODULE = ["-m", "tasks.ablate.arm"]
 
 
 def arm_command(arm: Arm, cfg: Config, project: Path, directory: Path, stage_overrides: dict[str, Any]) -> list[str]:
@@ -58,8 +57,7 @@ def arm_command(arm: Arm, cfg: Config, project: Path, directory: Path, stage_ove
     sets = {**stage_overrides, **overrides(arm, cfg.ablation)}
     return [
         sys.executable,
-        "-m",
-        "tasks.ablate.arm",
+        *ARM_MODULE,
         "--profile",
         cfg.profile,
         "--out",
@@ -93,26 +91,13 @@ def _not_a_config_error(task, task_run, state) -> bool:
 
 
 @task(retry_condition_fn=_not_a_config_error)
-def train_arm(name: str, command: list[str], directory: Path, project: Path) -> dict[str, Any]:
-    """Run one arm's process, its output streamed to this task's log; its result, or
-    :class:`ArmCrashed` (retried) / :class:`ConfigError` (not)."""
-    logger = get_run_logger()
-    directory.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    with subprocess.Popen(
-        command, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-    ) as proc:
-        tail = []
-        for line in proc.stdout:
-            line = line.rstrip()
-            if line and "\r" not in line:  # progress bars redraw with \r: keep the log readable
-                logger.info("%s: %s", name, line)
-                tail = [*tail[-20:], line]
-    if proc.returncode == 2:
-        raise ConfigError(f"arm {name}: {tail[-1] if tail else 'bad config'}")
-    result = read_result(directory)
-    if proc.returncode not in (0, 3) or result is None:
-        raise ArmCrashed(f"arm {name}: exit code {proc.returncode}, no result; last output: {tail[-3:]}")
+def train_arm(name: str, command: list[str], project: Path) -> dict[str, Any]:
+    """Train one arm in this worker as its command would; its result, or the exception that
+    stopped it (retried, unless a :class:`ConfigError`: a bad config fails the same way again)."""
+    clean_state()
+    result = run_command(command[1 + len(ARM_MODULE) :], project)
+    summary = result["summary"]
+    run_logger().info("%s: %s at step %s, val loss %s", name, summary["status"], summary["steps"], summary["val_loss"])
     return result
 
 
@@ -176,7 +161,7 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
     started = time.perf_counter()
     rows = plan(cfg, project, overrides or {})
     todo = [row for row in rows if not row["cached"]]
-    workers = cfg.ablation.workers or len(os.sched_getaffinity(0))
+    workers = worker_count(cfg.ablation.workers, len(todo))
     logger.info("%d arms: %d stored, %d to train, %d at a time", len(rows), len(rows) - len(todo), len(todo), workers)
     with stage_run(cfg, "ablate") as run:
         log_summary({"arms": len(rows), "arms_cached": len(rows) - len(todo), "workers": workers})
@@ -206,30 +191,30 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
 def fan_out(
     cfg: Config, project: Path, rows: list[dict[str, Any]], todo: list[dict[str, Any]], workers: int, parent_id: str
 ) -> None:
-    """One task per arm to train, ``workers`` at a time; each arm tracked as it finishes."""
+    """One task per arm to train, on ``workers`` worker processes; each arm tracked as it finishes."""
     logger = get_run_logger()
+    progress = Progress("ablate", "arm", len(todo), logger)
     arm_task = train_arm.with_options(retries=cfg.ablation.retries, retry_delay_seconds=1)
-    with ThreadPoolTaskRunner(max_workers=workers) as runner:
-        futures = {}
-        for row in todo:
-            named = arm_task.with_options(task_run_name=f"arm {row['name']}")
-            futures[
-                runner.submit(
-                    named,
-                    {"name": row["name"], "command": row["command"], "directory": row["directory"], "project": project},
-                )
-            ] = row
-        for future in as_completed(list(futures)):
-            row = futures[future]
-            try:
-                row["result"] = future.result()
-            except ConfigError:
-                raise
-            except Exception as e:  # crashed on every try: reported, the others go on
-                row["error"] = str(e)
-                logger.error("arm %s failed: %s", row["name"], e)
-            finalize(row, cfg)
-            row["mlflow"] = track_arm(row, row["result"], parent_id)
+    if todo:
+        with task_runner(workers) as runner:
+            futures = {}
+            for row in todo:
+                named = arm_task.with_options(task_run_name=f"arm {row['name']}")
+                args = {"name": row["name"], "command": row["command"], "project": project}
+                futures[runner.submit(named, args)] = row
+            for future in as_completed(list(futures)):
+                row = futures[future]
+                try:
+                    row["result"] = future.result()
+                except ConfigError:
+                    raise
+                except Exception as e:  # crashed on every try: reported, the others go on
+                    row["error"] = f"{type(e).__name__}: {e}"
+                    logger.error("arm %s failed: %s", row["name"], row["error"])
+                finalize(row, cfg)
+                row["mlflow"] = track_arm(row, row["result"], parent_id)
+                progress.finished(row["name"], row["status"])
+    progress.close()
     for row in rows:
         if row["cached"]:
             finalize(row, cfg)

@@ -203,9 +203,9 @@ class TrainConfig(Section):
     pin_memory: bool = False
     """Pin host memory for faster host-to-device copies."""
     cpu_threads: int = 0
-    """Intra-op CPU threads of torch for the run (0 = torch's default, one per core). Where the
-    cores are shared with other jobs, 1 avoids OpenMP threads waiting at barriers for a busy
-    core (measured here: a small model trained ~10x slower with 2 threads than with 1)."""
+    """Intra-op CPU threads of torch for the run (0 = the cores of the process's affinity that no
+    other process is busy on at the start, model/threads.py: an OpenMP team runs at the pace of
+    its slowest thread, so a thread on a shared core slows the whole step)."""
     diverge_after: int = 20
     """The run counts as diverged (exit 3, no model published; a result in a search trial or an
     ablation arm) after this many consecutive non-finite steps (fp16 loss-scale overflows, which

@@ -53,6 +53,7 @@ from model.precision import resolve_precision
 from model.step import Batch, StepResult, TrainModule
 from model.stops import Preempted, RunStatus
 from model.telemetry import Telemetry, optimizer_norms, record_forward_stats, to_floats
+from model.threads import idle_cores
 from model.typed_config import UserError, add_config_arguments, parse_sets
 
 CHECKPOINT_FORMAT = 2
@@ -166,8 +167,8 @@ class Trainer:
         self.cfg = cfg
         t = cfg.train
         self.device = resolve_device(t.device)
-        if t.cpu_threads:
-            torch.set_num_threads(t.cpu_threads)
+        if self.device.type == "cpu":
+            torch.set_num_threads(t.cpu_threads or idle_cores())
         seed_everything(t.seed)
         self.identity = (
             identity
@@ -480,6 +481,7 @@ class Trainer:
             "checkpoint_time_share": checkpoint_s / wall if wall > 0 else 0.0,
             "precision": self.precision.describe(),
             "device": str(self.device),
+            "cpu_threads": torch.get_num_threads() if self.device.type == "cpu" else None,
             "resumed_from": self.resumed_from.name if self.resumed_from else None,
             "telemetry": final_telemetry(m),
         }
@@ -555,7 +557,7 @@ def train(
     Summary: status (completed | stopped | diverged), stop_reason, diverged_at, steps, start_step,
     identity, final_loss (last logged train loss), val_loss, skipped, overflows, vetoed,
     tokens_per_s (excluding evaluation; None when no step ran), mfu (None off known GPUs), wall_s,
-    eval_s, checkpoint_s, checkpoint_time_share, precision, device, resumed_from (file name),
+    eval_s, checkpoint_s, checkpoint_time_share, precision, device, cpu_threads (the intra-op threads used), resumed_from (file name),
     telemetry (the final train/* figures and the max attention logit).
     """
     with RunLock(out_dir) if out_dir is not None else contextlib.nullcontext():

@@ -465,7 +465,7 @@ def test_to_flat_dict_gives_dotted_keys_with_scalar_or_list_values():
     assert flat["profile"] == "default"
     assert flat["optim.lr"] == cfg.optim.lr
     assert flat["model.d_model"] == cfg.model.d_model
-    assert flat["ablation.precisions"] == ["bf16", "fp32", "fp16", "fp16_unscaled"]
+    assert flat["ablation.precisions"] == ["fp32", "bf16", "fp16", "fp16_unscaled"]
     for key, value in flat.items():
         assert key == "profile" or key.count(".") == 1, key
         if isinstance(value, list):

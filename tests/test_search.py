@@ -94,13 +94,14 @@ def test_a_diverging_trial_is_recorded_as_a_diverged_result_not_raised(tmp_path)
     storage = search.open_storage(search.optuna_storage(cfg))
     search.prepare_study(storage, spec)
     study = search.load_study(storage, spec, cfg)
-    status = search.run_trial(study, search.claim(storage, study), spec, cfg, search.Tokens.of(project))
+    status = search.run_trial(study, search.claim(storage, study), spec, cfg, search.Tokens.of(project), None)
     (trial,) = study.get_trials(states=(TrialState.COMPLETE,))
     assert status == "diverged" and trial.user_attrs["status"] == "diverged"
     assert trial.value == pytest.approx(math.log(257))
 
 
-def test_two_workers_on_one_journal_evaluate_exactly_the_trials_one_worker_does(tmp_path):
+def test_two_workers_on_one_journal_evaluate_exactly_the_trials_one_worker_does(tmp_path, live_services):
+    """Trials are Prefect tasks on Dask worker processes: the test servers take their task runs."""
     project = tiny_project(tmp_path / "project")
     results = {}
     for workers in (1, 2):
@@ -116,7 +117,7 @@ def test_two_workers_on_one_journal_evaluate_exactly_the_trials_one_worker_does(
     assert results[2] == results[1]
 
 
-def test_a_killed_search_resumes_keeping_finished_trials_and_retrying_interrupted_ones(tmp_path):
+def test_a_killed_search_resumes_keeping_finished_trials_and_retrying_interrupted_ones(tmp_path, live_services):
     cfg = search_config(tmp_path, **{"search.workers": 1, "search.steps": 40, "search.lr_points": 4})
     project = tiny_project(tmp_path)
     specs = search.sweep_specs(cfg, "d")[:1]
@@ -140,9 +141,14 @@ def test_a_killed_search_resumes_keeping_finished_trials_and_retrying_interrupte
         cwd=REPO,
         start_new_session=True,
     )
+
+    def running() -> int:
+        study = optuna.load_study(study_name=specs[0].name, storage=storage)
+        return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
     deadline = time.monotonic() + 120
-    while len(finished(storage, specs[0])) < 1 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    while not (finished(storage, specs[0]) and running()) and time.monotonic() < deadline:
+        time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)  # the search and its worker, mid-trial
     proc.wait()
     before = finished(storage, specs[0])

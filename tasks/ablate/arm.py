@@ -1,12 +1,13 @@
-"""One ablation arm in its own process: the trainer on one thread, with the arm's injected spike,
+"""One ablation arm: the trainer on one thread, with the arm's injected spike,
 the spike detector and a per-step trace; writes ``<out>/result.json``.
 
     python -m tasks.ablate.arm --profile default --out runs/ablate/arms/manual \\
         --set model.block=post_ln --set schedule.warmup_steps=0 ...
 
-The ablate stage runs exactly this command for every arm (the overrides are in the arm's MLflow
-run, tag ``spikelab.command``), so any arm reproduces by itself, bitwise on the CPU. Imports only
-torch and model/ (no tracking, no orchestration): it starts in a second. Exit codes are the
+The ablate stage trains every arm as this command would, in a long-lived worker process
+(:func:`run_command`, tasks/runtime/workers.py); the command is in the arm's MLflow run (tag
+``spikelab.command``), so any arm reproduces by itself, bitwise on the CPU. Imports only torch and
+model/ (no tracking, no orchestration). Exit codes are the
 trainer's (model/stops.py): 0 completed, 3 diverged (a result), 2 a bad config, anything else a
 crash the stage retries; a rerun resumes from the arm's newest checkpoint.
 """
@@ -188,15 +189,27 @@ def _strict(value: Any) -> Any:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tasks.ablate.arm", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="the arm's directory: checkpoints/ and result.json")
     add_config_arguments(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def run_command(arguments: list[str], project: Path | None = None) -> dict[str, Any]:
+    """Train the arm that ``python -m tasks.ablate.arm <arguments>`` trains, in this process (a
+    worker's), its paths taken from ``project`` (default: the working directory); returns its
+    result. Raises :class:`UserError` on a bad config, as the command exits 2."""
+    args = parser().parse_args(arguments)
+    project = project or Path.cwd()
+    params = project / args.params
+    cfg = load_config(params, args.profile, parse_sets(args.sets))
+    return run_arm(cfg, params.resolve().parent, project / args.out)
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
-        params = Path(args.params)
-        cfg = load_config(params, args.profile, parse_sets(args.sets))
-        summary = run_arm(cfg, params.resolve().parent, Path(args.out))["summary"]
+        summary = run_command(sys.argv[1:] if argv is None else argv)["summary"]
     except UserError as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return 2

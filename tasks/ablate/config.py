@@ -28,8 +28,11 @@ class AblationConfig(Section):
 
     blocks: list[Block] = field(default_factory=lambda: ["pre_ln", "post_ln"])
     """Block placements compared (``model.block``)."""
-    precisions: list[PrecisionVariant] = field(default_factory=lambda: ["bf16", "fp32", "fp16", "fp16_unscaled"])
-    """Precisions compared: ``fp16`` with dynamic loss scaling, ``fp16_unscaled`` without."""
+    precisions: list[PrecisionVariant] = field(default_factory=lambda: ["fp32", "bf16", "fp16", "fp16_unscaled"])
+    """Precisions compared: ``fp16`` with dynamic loss scaling, ``fp16_unscaled`` without. The first,
+    every other family's, is fp32: those families vary the architecture and the optimizer, not the
+    format, and on a CPU without bf16 hardware fp32 is the fastest path (emulated bf16 took 1.4x its
+    step time here, benchmarks/bench_arms.py)."""
     beta2s: list[float] = field(default_factory=lambda: [0.95, 0.999])
     """Adam β₂ values compared."""
     warmups: list[int] = field(default_factory=lambda: [20, 0])

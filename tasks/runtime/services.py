@@ -271,6 +271,9 @@ def configure_environment() -> dict[str, str]:
     os.environ.setdefault("PREFECT_HOME", str(s.prefect_home))
     for key in ("DO_NOT_TRACK", "MLFLOW_DISABLE_TELEMETRY"):  # no usage telemetry from study runs
         os.environ.setdefault(key, "true")
+    # MLflow prints two "View run/experiment at" lines per run it ends: one per arm and trial.
+    # The stages' progress lines and Prefect artifacts link the runs instead.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     if "PREFECT_API_URL" not in os.environ and _use_server("prefect"):
         os.environ["PREFECT_API_URL"] = paths.prefect_url()
     if "MLFLOW_TRACKING_URI" not in os.environ:

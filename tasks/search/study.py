@@ -27,15 +27,11 @@ as in Wortsman et al.'s LR sensitivity), with ``status: diverged`` among its use
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
+import functools
 import hashlib
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -46,6 +42,8 @@ import numpy as np
 import optuna
 import yaml
 from optuna.trial import TrialState
+from prefect import task
+from prefect.futures import as_completed
 
 from model.callbacks import Callback
 from model.checkpoint import RunLock
@@ -54,16 +52,14 @@ from model.data import open_split
 from model.stops import Diverged
 from model.train import Trainer
 from model.typed_config import ConfigError
-from tasks.config import Config, config_from_dict
+from tasks.config import Config
 from tasks.pretrain.train import read_manifest
 from tasks.runtime.files import read_json, staged, write_json
 from tasks.runtime.outputs import MANIFEST, SEARCH_LR, SEARCH_METRICS, SEARCH_REPORTS
 from tasks.runtime.paths import state
+from tasks.runtime.progress import Progress, run_logger
+from tasks.runtime.workers import clean_state, task_runner, worker_count
 from tasks.search.fit import Point, counts, slope, transfer_check, transferred_log2_lr, width_summary
-
-PARENT_RUN_ENV = "SPIKELAB_SEARCH_PARENT_RUN"
-"""The MLflow run id of the search stage, for the trial runs the workers open under it."""
-
 
 # --------------------------------------------------------------------------------------------
 # What is searched
@@ -330,23 +326,41 @@ def objective(
 # --------------------------------------------------------------------------------------------
 
 
-def work(cfg: Config, project: Path, specs: list[StudySpec]) -> None:
-    """One worker: pop and train queued trials, study by study, until every queue is empty."""
-    import torch
+@functools.cache
+def worker_storage(url: str) -> optuna.storages.BaseStorage:
+    """The storage a worker process keeps open across its trials."""
+    return open_storage(url)
 
-    torch.set_num_threads(1)
-    storage, tokens = open_storage(optuna_storage(cfg)), Tokens.of(project)
+
+@functools.cache
+def worker_tokens(project: Path) -> Tokens:
+    """The token shards a worker process keeps mapped across its trials."""
+    return Tokens.of(project)
+
+
+@task
+def train_queued_trial(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> tuple[str, str]:
+    """In a worker: claim the first queued trial of ``specs`` (in order) and train it. Returns the
+    trial's name and status; ("", "none") when another worker took the last one."""
+    clean_state()
+    storage = worker_storage(optuna_storage(cfg))
     for spec in specs:
         study = load_study(storage, spec, cfg)
-        while (trial := claim(storage, study)) is not None:
-            run_trial(study, trial, spec, cfg, tokens)
+        if (trial := claim(storage, study)) is not None:
+            log2_lr, seed = suggest_point(trial, cfg)
+            return trial_name(spec, log2_lr, seed), run_trial(
+                study, trial, spec, cfg, worker_tokens(project), parent_run
+            )
+    return "", "none"
 
 
-def run_trial(study: optuna.Study, trial: optuna.Trial, spec: StudySpec, cfg: Config, tokens: Tokens) -> str:
+def run_trial(
+    study: optuna.Study, trial: optuna.Trial, spec: StudySpec, cfg: Config, tokens: Tokens, parent_run: str | None
+) -> str:
     """The objective in an MLflow run nested under the stage's, its outcome told to the study.
     An exception other than pruning fails the trial (queued again at the next start) and the
-    worker. Returns the trial's status: completed, diverged or pruned."""
-    with trial_run(spec, trial, *suggest_point(trial, cfg)) as callbacks:
+    task. Returns the trial's status: completed, diverged or pruned."""
+    with trial_run(spec, trial, *suggest_point(trial, cfg), parent_run) as callbacks:
         try:
             value = objective(trial, cfg, spec.parametrization, spec.width, tokens, callbacks)
         except optuna.TrialPruned:
@@ -359,12 +373,17 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: StudySpec, cfg: Co
         return trial.user_attrs["status"]
 
 
+def trial_name(spec: StudySpec, log2_lr: float, seed: int) -> str:
+    return f"{spec.kind} {spec.parametrization} w{spec.width} lr 2^{log2_lr:g} seed {seed}"
+
+
 @contextmanager
-def trial_run(spec: StudySpec, trial: optuna.Trial, log2_lr: float, seed: int) -> Iterator[list[Any]]:
-    """The trial's MLflow run, a child of the stage's (when a stage runs it), tagged with its study
-    and trial; yields the trainer callbacks that log to it. It ends as its stop kind says: a
-    diverged trial FAILED (model/stops.py), a completed or pruned one FINISHED."""
-    parent = os.environ.get(PARENT_RUN_ENV)
+def trial_run(
+    spec: StudySpec, trial: optuna.Trial, log2_lr: float, seed: int, parent: str | None
+) -> Iterator[list[Any]]:
+    """The trial's MLflow run, a child of the stage's run ``parent`` (None: no tracking), tagged
+    with its study and trial; yields the trainer callbacks that log to it. It ends as its stop
+    kind says: a diverged trial FAILED (model/stops.py), a completed or pruned one FINISHED."""
     if not parent:
         yield []
         return
@@ -379,9 +398,8 @@ def trial_run(spec: StudySpec, trial: optuna.Trial, log2_lr: float, seed: int) -
         "search.parametrization": spec.parametrization,
         "search.kind": spec.kind,
     }
-    name = f"{spec.kind} {spec.parametrization} w{spec.width} lr 2^{log2_lr:g} seed {seed}"
     try:
-        with child_run(name, tags, parent_id=parent):
+        with child_run(trial_name(spec, log2_lr, seed), tags, parent_id=parent):
             yield [MLflowMetrics()]
             status = trial.user_attrs.get("status")
             mlflow.set_tag("search.status", status)
@@ -392,57 +410,34 @@ def trial_run(spec: StudySpec, trial: optuna.Trial, log2_lr: float, seed: int) -
 
 
 def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> None:
-    """``search.workers`` processes on the storage (fewer when there are fewer trials); each dies
-    with this process. Raises when one failed (its trial is queued again at the next start)."""
+    """Queue the points of ``specs``, then one Prefect task per queued trial on ``search.workers``
+    worker processes (tasks/runtime/workers.py), one progress line per trial. Raises when a trial
+    failed (it is queued again at the next start)."""
     storage = open_storage(optuna_storage(cfg))
     queued = sum(prepare_study(storage, spec) for spec in specs)
-    n = min(worker_count(cfg), queued)
-    if n == 0:
+    if queued == 0:
         return
-    payload = json.dumps(
-        {"config": dataclasses.asdict(cfg), "project": str(project), "specs": [dataclasses.asdict(s) for s in specs]}
-    )
-    env = {**os.environ, **({PARENT_RUN_ENV: parent_run} if parent_run else {})}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER_START], stdin=subprocess.PIPE, env=env, preexec_fn=_die_with_parent
-        )
-        for _ in range(n)
-    ]
-    for proc in procs:
-        proc.stdin.write(payload.encode())
-        proc.stdin.close()
-    failed = [p.pid for p in procs if p.wait() != 0]
+    logger = run_logger()
+    progress = Progress("search", "trial", queued, logger)
+    failed = []
+    with task_runner(worker_count(cfg.search.workers, queued)) as runner:
+        futures = [
+            runner.submit(
+                train_queued_trial.with_options(task_run_name=f"{specs[0].kind} trial {i + 1}/{queued}"),
+                {"cfg": cfg, "project": project, "specs": specs, "parent_run": parent_run},
+            )
+            for i in range(queued)
+        ]
+        for future in as_completed(futures):
+            try:
+                name, status = future.result()
+            except Exception as e:
+                name, status = f"({type(e).__name__}: {e})", "failed"
+                failed.append(name)
+            progress.finished(name, status)
+    progress.close()
     if failed:
-        raise RuntimeError(f"search workers {failed} failed; their trials are queued again at the next run")
-
-
-WORKER_START = """
-import sys
-from tasks.runtime.startup import imports_without_gc
-with imports_without_gc():
-    from tasks.search.study import worker_main
-sys.exit(worker_main())
-"""
-"""What a worker process runs: ``python -m tasks.search.study``'s ``worker_main``, its imports (torch,
-optuna, mlflow) loaded without the cyclic GC (tasks/runtime/startup.py)."""
-
-
-def worker_count(cfg: Config) -> int:
-    return cfg.search.workers or len(os.sched_getaffinity(0))
-
-
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this worker when the search that started it dies (prctl PR_SET_PDEATHSIG)."""
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-
-
-def worker_main() -> int:
-    """``python -m tasks.search.study``: one worker; its job (config, project, studies) comes on stdin."""
-    job = json.loads(sys.stdin.read())
-    specs = [StudySpec(**{**s, "points": tuple(map(tuple, s["points"]))}) for s in job["specs"]]
-    work(config_from_dict(job["config"]), Path(job["project"]), specs)
-    return 0
+        raise RuntimeError(f"search trials failed: {failed}; their trials are queued again at the next run")
 
 
 # --------------------------------------------------------------------------------------------
@@ -569,7 +564,3 @@ LR_FILE_HEADER = """\
 # (tasks/search/study.py; how it was found: metrics/search.json). pretrain trains with it when
 # search.transfer_lr is true (tasks/pretrain/train.py: pretrain_config).
 """
-
-
-if __name__ == "__main__":
-    sys.exit(worker_main())
