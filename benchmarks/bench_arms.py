@@ -16,7 +16,9 @@ the new one, measured in one run on this machine's cores, for every arm shape th
             data, telemetry, detector and result files all inside the time.
 
 Every path trains the same ``--arms`` arms of each shape (the grid's first arms), one after
-another on one core: tokens per core-second = an arm's tokens / its wall seconds on that core. The
+another on one thread: tokens per core-second = an arm's tokens / the CPU seconds its process
+spent (CPU time, not wall time: on cores shared with other jobs wall time varies by +-20 % from run
+to run, CPU time by a few per cent). The
 new path's worker start-up (cluster, imports) and first arm (kernel and allocator warm-up) are
 charged as the stage pays them: once per worker, whose share of the grid is its arms over the
 workers; the worker's later arms at their measured mean. Reports the
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -165,19 +168,26 @@ def _prod(values: list[int]) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def previous_path(rows: list[dict[str, Any]], workdir: Path, precision: str | None) -> float:
-    """Wall seconds to train ``rows`` one after another, each in its own process on one thread."""
+def previous_path(rows: list[dict[str, Any]], workdir: Path, precision: str | None) -> list[float]:
+    """CPU seconds of each of ``rows`` trained in its own process on one thread, one after another."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     for key in WORKER_ENVIRONMENT:
         if key.startswith("MALLOC_"):
             env.pop(key, None)
-    start = time.perf_counter()
+    seconds = []
     for i, row in enumerate(rows):
         command = with_out(row["command"], workdir / f"previous-{precision}-{i}")
         if precision is not None:
             command = [*command, f"--set=precision.mode={precision}"]
+        before = _children_cpu()
         subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
+        seconds.append(_children_cpu() - before)
+    return seconds
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def with_out(command: list[str], out: Path) -> list[str]:
@@ -193,28 +203,36 @@ def with_out(command: list[str], out: Path) -> list[str]:
 
 def new_path(rows: list[dict[str, Any]], workdir: Path) -> dict[str, Any]:
     """A one-worker cluster with the stage's settings training ``rows`` one after another with
-    the stage's task body (its Prefect bookkeeping aside: no server here): the seconds to start
-    the cluster and the worker's imports (paid once per worker), and each arm's seconds."""
+    the stage's task body (its Prefect bookkeeping aside: no server here): the worker's CPU
+    seconds to start and import the arm code (paid once per worker), and each arm's."""
     from distributed import Client, LocalCluster
 
     from flows.ablate import train_arm
 
-    start = time.perf_counter()
     with configured_cluster(), LocalCluster(**cluster_kwargs(1)) as cluster, Client(cluster) as client:
-        client.submit(_import_arm_code, pure=False).result()
-        startup = time.perf_counter() - start
-        arms = []
-        for i, r in enumerate(rows):
-            began = time.perf_counter()
+        startup = client.submit(_cpu_after_imports, pure=False).result()
+        arms = [
             client.submit(
-                train_arm.fn, r["name"], with_out(r["command"], workdir / f"new-{i}"), ROOT, pure=False
+                _cpu_of, train_arm.fn, r["name"], with_out(r["command"], workdir / f"new-{i}"), ROOT, pure=False
             ).result()
-            arms.append(time.perf_counter() - began)
+            for i, r in enumerate(rows)
+        ]
     return {"startup_s": startup, "arm_s": arms}
 
 
-def _import_arm_code() -> None:
-    import flows.ablate  # noqa: F401  (what a worker imports with its first arm)
+def _cpu_after_imports() -> float:
+    """The worker's CPU seconds since it spawned, once it has imported what its first arm does."""
+    import flows.ablate  # noqa: F401
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cpu_of(fn: Any, *args: Any) -> float:
+    """CPU seconds of ``fn(*args)`` in this process."""
+    start = time.process_time()
+    fn(*args)
+    return time.process_time() - start
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,8 +253,8 @@ def bench_shape(
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     per_arm = {
-        "previous": previous / len(rows),
-        "previous_at_new_precision": previous_new_precision / len(rows),
+        "previous": sum(previous) / len(rows),
+        "previous_at_new_precision": sum(previous_new_precision) / len(rows),
         "new": stage_arm_seconds(new["startup_s"], new["arm_s"], arms_per_worker),
     }
     rates = {k: shape.tokens / s for k, s in per_arm.items()}
@@ -245,7 +263,8 @@ def bench_shape(
         "arms": [r["name"] for r in rows],
         "precision": {"previous": args.previous_precision, "new": arm_cfg.precision.mode},
         "limit": limit,
-        "seconds_per_arm": per_arm,
+        "cpu_s_per_arm": per_arm,
+        "previous_path": {"arm_s": previous, "at_new_precision_arm_s": previous_new_precision},
         "new_path": {**new, "arms_per_worker": arms_per_worker},
         "tokens_per_core_s": {"limit": limit["tokens_per_core_s"], **rates},
         "speedup_vs_previous": rates["new"] / rates["previous"],

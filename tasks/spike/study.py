@@ -43,6 +43,7 @@ from model.typed_config import InputError
 from tasks.config import Config
 from tasks.runtime.files import read_json
 from tasks.runtime.outputs import MANIFEST
+from tasks.runtime.progress import Progress, run_logger
 from tasks.spike.config import RecoveryConfig
 from tasks.spike.curves import trailing_mean
 
@@ -279,6 +280,7 @@ def run_study(cfg: Config, project: Path, milestone: Path, run_dir: Path) -> Stu
     origin = warm.origin
     position = int(origin[1]["loader"]["batches_served"])
     identities = {"control": study.identity({"branch": "control"})}
+    progress = Progress("spike", "branch", 1 + len(cfg.spike.kinds) * len(r.policies), run_logger())
     started = time.perf_counter()
     control = run_branch(
         study.maker(identities["control"]),
@@ -289,6 +291,7 @@ def run_study(cfg: Config, project: Path, milestone: Path, run_dir: Path) -> Stu
         cfg.spike,
         probe=lambda t: {"collapse": study.collapse(t.model)},
     )
+    progress.finished("control", control.status)
     probe_trainer = study.maker(identities["control"])([], None)
     probe_trainer.load(cpu_copy(origin[1]), origin[0], Load())
     collapse_before = study.collapse(probe_trainer.model)
@@ -324,8 +327,10 @@ def run_study(cfg: Config, project: Path, milestone: Path, run_dir: Path) -> Stu
                 **score(branch, control, injection, r, costs),
                 "collapse": branch.probe.get("collapse", {}),
             }
+            progress.finished(name, branch.status)
         observed = branches[kind].get("continue") or next(iter(branches[kind].values()))
         replays[kind], stats[kind] = examine(study, warm, origin, injection, poison, observed)
+    progress.close()
     return Study(
         cfg,
         origin_step,
