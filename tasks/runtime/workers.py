@@ -61,6 +61,8 @@ def configured_cluster() -> Any:
     import dask
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
+    # prefect-dask announces a dashboard URL even with none started (no dashboard_address)
+    logging.getLogger("prefect.task_runner.dask").setLevel(logging.WARNING)
     return dask.config.set({"distributed.nanny.pre-spawn-environ": WORKER_ENVIRONMENT})
 
 
