@@ -45,7 +45,7 @@ from tasks.config import Config, project_config
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import write_json
 from tasks.runtime.outputs import ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST
-from tasks.runtime.progress import Progress, run_logger
+from tasks.runtime.progress import Progress
 from tasks.runtime.tracking import child_run, log_params, log_summary, run_url, stage_run
 from tasks.runtime.workers import clean_state, task_runner, worker_count
 
@@ -95,10 +95,7 @@ def train_arm(name: str, command: list[str], project: Path) -> dict[str, Any]:
     """Train one arm in this worker as its command would; its result, or the exception that
     stopped it (retried, unless a :class:`ConfigError`: a bad config fails the same way again)."""
     clean_state()
-    result = run_command(command[1 + len(ARM_MODULE) :], project)
-    summary = result["summary"]
-    run_logger().info("%s: %s at step %s, val loss %s", name, summary["status"], summary["steps"], summary["val_loss"])
-    return result
+    return run_command(command[1 + len(ARM_MODULE) :], project)
 
 
 def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str) -> str | None:

@@ -37,3 +37,9 @@ def test_each_finished_unit_logs_done_over_total_its_outcome_and_an_eta_from_the
     )
     assert all(re.search(r"\d+/4 arms done", line) for line in log.lines)
     p.close()
+
+
+def test_a_unit_with_an_irregular_plural_is_counted_in_it():
+    log = Lines()
+    Progress("spike", "branch", 2, log, plural="branches").finished("control", "completed")
+    assert "spike: 1/2 branches done (1 completed)" in log.lines[0]

@@ -34,8 +34,9 @@ class Progress:
     """Counts finished units of one stage. ``total`` counts the units to run now (stored ones are
     not); the ETA assumes the units left take as long as the finished ones did on average."""
 
-    def __init__(self, stage: str, unit: str, total: int, logger: Any) -> None:
+    def __init__(self, stage: str, unit: str, total: int, logger: Any, plural: str | None = None) -> None:
         self.stage, self.unit, self.total, self.logger = stage, unit, total, logger
+        self.units = plural or f"{unit}s"
         self.done, self.outcomes, self.started = 0, Counter(), time.perf_counter()
         self.bar = _bar(total, unit) if sys.stderr.isatty() else None
         self.artifact = _artifact(stage, self.line()) if total and _in_flow_run() else None
@@ -49,7 +50,7 @@ class Progress:
         counts = ", ".join(f"{n} {k}" for k, n in sorted(self.outcomes.items()))
         eta = self.eta()
         parts = [
-            f"{self.stage}: {self.done}/{self.total} {self.unit}s done" + (f" ({counts})" if counts else ""),
+            f"{self.stage}: {self.done}/{self.total} {self.units} done" + (f" ({counts})" if counts else ""),
             f"elapsed {clock(time.perf_counter() - self.started)}",
             f"ETA {clock(eta)}" if eta is not None else "ETA unknown",
         ]

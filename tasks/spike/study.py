@@ -280,7 +280,7 @@ def run_study(cfg: Config, project: Path, milestone: Path, run_dir: Path) -> Stu
     origin = warm.origin
     position = int(origin[1]["loader"]["batches_served"])
     identities = {"control": study.identity({"branch": "control"})}
-    progress = Progress("spike", "branch", 1 + len(cfg.spike.kinds) * len(r.policies), run_logger())
+    progress = Progress("spike", "branch", 1 + len(cfg.spike.kinds) * len(r.policies), run_logger(), "branches")
     started = time.perf_counter()
     control = run_branch(
         study.maker(identities["control"]),
