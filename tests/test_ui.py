@@ -125,7 +125,7 @@ def test_the_pipeline_shows_one_task_per_stage_with_live_logs_and_each_stage_flo
     assert len(stamps) > len(logs) // 2, "lines are logged as they arrive, not all at the end"
 
 
-def test_every_stage_and_the_pipeline_publish_a_summary_linking_their_mlflow_runs(served, pipeline_run):
+def test_every_stage_publishes_a_summary_linking_its_mlflow_runs_and_fan_out_stages_their_progress(served, pipeline_run):
     _, env = served
     children = prefect(
         env,
@@ -134,10 +134,15 @@ def test_every_stage_and_the_pipeline_publish_a_summary_linking_their_mlflow_run
     )
     ids = [pipeline_run["id"], *(c["id"] for c in children)]
     artifacts = prefect(env, "artifacts/filter", {"artifacts": {"flow_run_id": {"any_": ids}}})
-    assert sorted(a["key"] for a in artifacts) == sorted(["pipeline-summary", *(f"{s}-summary" for s in STAGES)])
+    progress = [a for a in artifacts if a["type"] == "progress"]
+    summaries = [a for a in artifacts if a["type"] != "progress"]
+    assert sorted(a["key"] for a in summaries) == sorted(["pipeline-summary", *(f"{s}-summary" for s in STAGES)])
+    # the fan-out stages count their units; the search has two rounds (sweeps, then the transfer)
+    assert {a["key"] for a in progress} == {"search-progress", "spike-progress", "ablate-progress"}
+    assert all(float(a["data"]) == 100.0 and " done" in a["description"] for a in progress)
     mlflow_ui = env["MLFLOW_TRACKING_URI"]
     unlinked = [
-        a["key"] for a in artifacts if f"]({mlflow_ui}/#/experiments/" not in a["data"] or a["type"] != "markdown"
+        a["key"] for a in summaries if f"]({mlflow_ui}/#/experiments/" not in a["data"] or a["type"] != "markdown"
     ]
     assert not unlinked, f"artifacts without an MLflow link: {unlinked}"
     pretrain = next(a["data"] for a in artifacts if a["key"] == "pretrain-summary")
