@@ -125,7 +125,9 @@ def test_the_pipeline_shows_one_task_per_stage_with_live_logs_and_each_stage_flo
     assert len(stamps) > len(logs) // 2, "lines are logged as they arrive, not all at the end"
 
 
-def test_every_stage_publishes_a_summary_linking_its_mlflow_runs_and_fan_out_stages_their_progress(served, pipeline_run):
+def test_every_stage_publishes_a_summary_linking_its_mlflow_runs_and_fan_out_stages_their_progress(
+    served, pipeline_run
+):
     _, env = served
     children = prefect(
         env,
