@@ -26,8 +26,17 @@ from model.typed_config import UserError
 _NAME = re.compile(r"step_(\d+)\.pt")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint is incomplete, truncated, corrupt or unreadable."""
+class CheckpointError(UserError):
+    """A checkpoint is incomplete, truncated, corrupt, unreadable or another run's; the message
+    names the file. A UserError: one given as input (the spike study's pretrain milestone, ``train``'s
+    ``init_from``) stops the command with that line (exit 2); a run's own are passed over (load_latest)."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(path, why)  # both in args: the error pickles back across processes
+        self.path, self.why = path, why
+
+    def __str__(self) -> str:
+        return f"checkpoint {self.path} is unusable: {self.why}"
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -104,15 +113,15 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     """Verify the sidecar and load on the CPU with ``weights_only=True``; raises CheckpointError."""
     sidecar = _sidecar(path)
     if not sidecar.exists():
-        raise CheckpointError("no sha256 sidecar (incomplete write)")
+        raise CheckpointError(path, "no sha256 sidecar (incomplete write)")
     data = path.read_bytes()
     expected = sidecar.read_text().split()[0] if sidecar.stat().st_size else ""
     if hashlib.sha256(data).hexdigest() != expected:
-        raise CheckpointError(f"sha256 mismatch ({len(data)} bytes; truncated or corrupt)")
+        raise CheckpointError(path, f"sha256 mismatch ({len(data)} bytes; truncated or corrupt)")
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # a matching checksum over an unloadable file: wrong format or version
-        raise CheckpointError(f"unreadable: {e}") from e
+        raise CheckpointError(path, f"unreadable: {e}") from e
 
 
 def load_latest(directory: Path, identity: str, before: int | None = None) -> tuple[Path, dict[str, Any]] | None:
@@ -126,14 +135,10 @@ def load_latest(directory: Path, identity: str, before: int | None = None) -> tu
         try:
             state = load_checkpoint(path)
             if state.get("identity") != identity:
-                raise CheckpointError(f"belongs to run {state.get('identity')!r}, not {identity!r}")
+                raise CheckpointError(path, f"belongs to run {state.get('identity')!r}, not {identity!r}")
             return path, state
         except CheckpointError as e:
-            print(
-                f"spikelab: checkpoint {path} is unusable: {e}; falling back to the previous one",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"spikelab: {e}; falling back to the previous one", file=sys.stderr, flush=True)
     return None
 
 

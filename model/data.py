@@ -46,6 +46,11 @@ class Windows(Dataset):
         chunk = torch.from_numpy(self.tokens[i * self.span : (i + 1) * self.span].astype(np.int64))
         return chunk[:-1], chunk[1:]
 
+    def targets(self) -> np.ndarray:
+        """Every window's targets, (windows, T): the tokens a full pass over the shard scores (each
+        window's first token and the ragged tail are never targets)."""
+        return self.tokens[: len(self) * self.span].reshape(len(self), self.span)[:, 1:]
+
 
 class ResumableSampler(Sampler[list[int]]):
     """Yields batches of window indices forever, starting at batch ``start``; epoch e is a

@@ -261,7 +261,7 @@ class Trainer:
         (else a ConfigError names them); after optimizer state is loaded, the current config's
         hyperparameters apply."""
         if state.get("format") != CHECKPOINT_FORMAT:
-            raise CheckpointError(f"{source}: checkpoint format {state.get('format')!r}, expected {CHECKPOINT_FORMAT}")
+            raise CheckpointError(source, f"format {state.get('format')!r}, expected {CHECKPOINT_FORMAT}")
         changed = check_loadable(state["config"], self.cfg, str(source), allowed)
         if what.weights:
             self.model.load_state_dict(state["model"])

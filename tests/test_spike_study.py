@@ -1,16 +1,21 @@
 """The spike study's logic (tasks/spike/study.py, tasks/spike/postmortem.py): classification on synthetic
-curves, and a whole study on a tiny synthetic project, read back from its post-mortems."""
+curves, a whole study on a tiny synthetic project, read back from its post-mortems, and a damaged
+milestone refused before anything is written."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from model.checkpoint import CheckpointError
 from model.train import Trainer
+from model.typed_config import UserError
+from tasks.runtime.outputs import SPIKE_METRICS, SPIKE_RUN
 from tasks.spike.postmortem import SECTIONS, publish
 from tasks.spike.study import classify, run_study
 from tests.trainer_kit import markov_tokens, tiny_config
@@ -74,11 +79,12 @@ def write_shard(path, tokens) -> dict:
     return {"path": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "tokens": len(tokens)}
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """A tokenized project (Markov text, a poison pool of single-token runs), a pretrain milestone
-    at step 10, and the study run from it."""
-    project = tmp_path_factory.mktemp("project")
+MILESTONE = "pretrain/step_00000010.pt"
+
+
+def tiny_project(project: Path) -> np.ndarray:
+    """A tokenized project (Markov text, a poison pool of single-token runs) and a pretrain
+    milestone at step 10 (MILESTONE); returns the training tokens."""
     tokens_dir = project / "data" / "tokens"
     tokens_dir.mkdir(parents=True)
     train, val = markov_tokens(30_000), markov_tokens(4_000, seed=1)
@@ -97,12 +103,49 @@ def finished(tmp_path_factory):
     (tokens_dir / "manifest.json").write_text(
         json.dumps({"dtype": "uint16", "eot_id": 0, "vocab_size": 257, "splits": splits})
     )
-    cfg = tiny_config(**STUDY)
-    Trainer(cfg, train, val, [], project / "pretrain", identity="pretrain-id").run(until=10)
-    study = run_study(cfg, project, project / "pretrain" / "step_00000010.pt", project / "runs" / "spike")
+    Trainer(tiny_config(**STUDY), train, val, [], project / "pretrain", identity="pretrain-id").run(until=10)
+    return train
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """The study run on a tiny project, its outputs published."""
+    project = tmp_path_factory.mktemp("project")
+    train = tiny_project(project)
+    study = run_study(tiny_config(**STUDY), project, project / MILESTONE, project / "runs" / "spike")
     uris = {name: f"runs:/{name.replace('/', '-')}" for name in study.identities}
     metrics = publish(project, study, train, uris)
     return study, project, metrics
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside the tensors: torch.load alone would read it without a word
+    path.write_bytes(data)
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # torch.load fails on it, naming no file
+
+
+def drop_the_sidecar(path: Path) -> None:
+    path.with_name(path.name + ".sha256").unlink()
+
+
+@pytest.mark.parametrize("damage", [flip_a_byte, truncate, drop_the_sidecar])
+def test_a_damaged_milestone_stops_the_study_naming_it_before_anything_is_written(tmp_path, damage):
+    tiny_project(tmp_path)
+    damage(tmp_path / MILESTONE)
+    previous = tmp_path / SPIKE_METRICS
+    previous.parent.mkdir()
+    previous.write_text('{"from": "the previous run"}')
+
+    with pytest.raises(CheckpointError, match=f"^checkpoint {re.escape(str(tmp_path / MILESTONE))} is unusable: ") as e:
+        run_study(tiny_config(**STUDY), tmp_path, tmp_path / MILESTONE, tmp_path / SPIKE_RUN)
+
+    assert isinstance(e.value, UserError)  # the CLI prints that one line and exits 2
+    assert previous.read_text() == '{"from": "the previous run"}'
+    assert not (tmp_path / SPIKE_RUN).exists()  # stopped before the warm-up's first checkpoint
 
 
 def test_the_study_scores_every_policy_of_every_injection_against_the_control(finished):

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from model.checkpoint import load_checkpoint
 from model.data import TokenLoader, open_split
 from model.identity import run_identity
 from model.spike import (
@@ -239,12 +240,14 @@ class StudyRun:
     """The inputs of one study and a factory of trainers for its branches."""
 
     def __init__(self, cfg: Config, project: Path, milestone: Path, run_dir: Path):
+        # Verified before anything runs: a damaged milestone stops the stage naming the file, with
+        # no scratch checkpoint written and the previous outputs untouched (published last, staged).
+        self.parent = load_checkpoint(milestone)["identity"]
         self.cfg, self.project, self.milestone, self.run_dir = study_config(cfg), project, milestone, run_dir
         manifest = read_json(project / MANIFEST)
         self.data = {s: manifest["splits"][s]["sha256"] for s in ("train", "val", "poison")}
         self.eot = manifest["eot_id"]
         self.train, self.val = (open_split(project / MANIFEST, s) for s in ("train", "val"))
-        self.parent = torch.load(milestone, map_location="cpu", weights_only=True)["identity"]
 
     def identity(self, extra: dict[str, Any]) -> str:
         return run_identity(self.cfg, self.data, self.parent, {"study": "spike", **extra}).digest
@@ -363,7 +366,7 @@ def examine(study: StudyRun, warm: Warm, origin, injection: Injection, poison, o
     steps = offending_steps(observed, injection)
     batches = [observed.batches[s] for s in steps if s in observed.batches]
     target, path = rollback_target(warm.timeline, injection.start, cfg.recovery.rollback_steps)
-    start = (path, torch.load(path, map_location="cpu", weights_only=True))
+    start = (path, load_checkpoint(path))
     baseline = origin[1]["callbacks"][make_detector(cfg.spike).name]
     result = replay(
         study.maker(study.identity({"branch": "replay", "injection": injection.spec()})),
