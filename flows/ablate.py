@@ -1,14 +1,16 @@
-"""The ablate stage as a Prefect flow: the grid in ``ablation`` (tasks/ablate/grid.py: expand) fanned
-out as one Prefect task per arm onto ``ablation.workers`` long-lived worker processes
+"""The ablate stage as a Prefect flow: the study's families of arms (tasks/ablate/grid.py: expand)
+fanned out as one Prefect task per run onto ``ablation.workers`` long-lived worker processes
 (tasks/runtime/workers.py), each arm trained there as its own command ``python -m tasks.ablate.arm``
 would (from a clean global state), an arm that crashed retried ``ablation.retries`` times, then
 reported as failed while the others go on. One progress line per arm (done/total, ETA). An arm whose result
-is in ``runs/ablate/arms/<key>/`` (same config, data, injection and code) is not trained again.
+is in ``runs/ablate/arms/<key>/`` (same config, data, spike, probes and code) is not trained again;
+two families that ask for the same run share it. Beside the arms, the depth probe (gradient norms
+at initialisation against depth, Pre-LN vs Post-LN: tasks/ablate/depth.py).
 
 MLflow: the stage's run with a child per arm (its factors, its command, the figures the study
 compares, its per-step loss). Outputs: ``metrics/ablate.json`` (every arm, failed ones
-included, and per variant the mean, SD and 95 % interval of each figure) and the per-family
-figures in ``reports/ablate/``; the findings are the report stage's.
+included, per variant the mean, SD and 95 % interval of each figure, the depth probe) and the
+per-family figures in ``reports/ablate/``; the findings are the report stage's.
 """
 
 from __future__ import annotations
@@ -28,16 +30,17 @@ from flows.forms import Profile
 from model.typed_config import ConfigError
 from tasks.ablate.arm import run_command
 from tasks.ablate.figures import family_figures
+from tasks.ablate.depth import depth_probe
 from tasks.ablate.grid import (
     Arm,
     arm_config,
     arm_key,
     arm_metrics,
-    base_arm,
     code_digest,
     data_hashes,
     expand,
     overrides,
+    range_probe_every,
     read_result,
 )
 from tasks.ablate.stats import variant_table
@@ -55,6 +58,7 @@ ARM_MODULE = ["-m", "tasks.ablate.arm"]
 def arm_command(arm: Arm, cfg: Config, project: Path, directory: Path, stage_overrides: dict[str, Any]) -> list[str]:
     """The command that trains ``arm`` by itself: the stage's own overrides, then the arm's."""
     sets = {**stage_overrides, **overrides(arm, cfg.ablation)}
+    probe = range_probe_every(arm, cfg.ablation)
     return [
         sys.executable,
         *ARM_MODULE,
@@ -62,6 +66,8 @@ def arm_command(arm: Arm, cfg: Config, project: Path, directory: Path, stage_ove
         cfg.profile,
         "--out",
         str(directory.relative_to(project)),
+        *(["--spike", arm.spike] if arm.spike != "none" else []),
+        *([f"--range-probe-every={probe}"] if probe else []),
         *[f"--set={k}={_yaml(v)}" for k, v in sets.items()],
     ]
 
@@ -103,7 +109,7 @@ def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str
     tags = {
         "spikelab.arm": row["name"],
         "spikelab.variant": row["variant"],
-        "spikelab.families": ",".join(row["families"]),
+        "spikelab.family": row["family"],
         "spikelab.run_identity": row["key"],
         "spikelab.command": shown(row["command"]),
         "spikelab.cached": str(row["cached"]).lower(),
@@ -124,24 +130,26 @@ def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str
 
 
 def plan(cfg: Config, project: Path, stage_overrides: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every arm with its key, directory, command, and its result where one is stored."""
+    """Every arm with its key, directory, command, and its result where one is stored. Arms of two
+    families that are the same run (same key) share one directory and train once."""
     data, code = data_hashes(project / MANIFEST), code_digest()
-    base = base_arm(cfg.ablation, 0)
     rows = []
     for arm in expand(cfg.ablation):
-        key = arm_key(arm_config(cfg, arm), data, code)
+        arm_cfg = arm_config(cfg, arm)
+        key = arm_key(arm_cfg, data, code, arm.spike, range_probe_every(arm, cfg.ablation))
         directory = project / ABLATE_ARMS / key
         stored = read_result(directory)
         rows.append(
             {
-                "name": arm.name(base),
-                "variant": arm.variant(base),
+                "name": arm.name,
+                "family": arm.family,
+                "variant": arm.variant,
                 "seed": arm.seed,
-                "families": list(arm.families),
                 "factors": arm.factors,
                 "key": key,
                 "directory": directory,
                 "command": arm_command(arm, cfg, project, directory, stage_overrides),
+                "config": arm_cfg,
                 "cached": stored is not None and stored.get("key") == key,
                 "result": stored if stored is not None and stored.get("key") == key else None,
             }
@@ -149,15 +157,24 @@ def plan(cfg: Config, project: Path, stage_overrides: dict[str, Any]) -> list[di
     return rows
 
 
+def runs_to_train(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first row of each run (key) with no stored result: two families' shared arm trains once."""
+    todo: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if not row["cached"]:
+            todo.setdefault(row["key"], row)
+    return list(todo.values())
+
+
 @flow(name="ablate")
 def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
-    """Train every arm of the ablation grid (those not stored already), each with one injected
-    spike; write metrics/ablate.json and the per-family figures."""
+    """Train every arm of the study's families (those not stored already) and run the depth probe;
+    write metrics/ablate.json and the per-family figures."""
     cfg, project = project_config(profile, overrides)
     logger = get_run_logger()
     started = time.perf_counter()
     rows = plan(cfg, project, overrides or {})
-    todo = [row for row in rows if not row["cached"]]
+    todo = runs_to_train(rows)
     workers = worker_count(cfg.ablation.workers, len(todo))
     logger.info("%d arms: %d stored, %d to train, %d at a time", len(rows), len(rows) - len(todo), len(todo), workers)
     with stage_run(cfg, "ablate") as run:
@@ -200,51 +217,55 @@ def fan_out(
                 args = {"name": row["name"], "command": row["command"], "project": project}
                 futures[runner.submit(named, args)] = row
             for future in as_completed(list(futures)):
-                row = futures[future]
+                trained = futures[future]
                 try:
-                    row["result"] = future.result()
+                    result, error = future.result(), None
                 except ConfigError:
                     raise
                 except Exception as e:  # crashed on every try: reported, the others go on
-                    row["error"] = f"{type(e).__name__}: {e}"
-                    logger.error("arm %s failed: %s", row["name"], row["error"])
-                finalize(row, cfg)
-                row["mlflow"] = track_arm(row, row["result"], parent_id)
-                progress.finished(row["name"], row["status"])
+                    result, error = None, f"{type(e).__name__}: {e}"
+                    logger.error("arm %s failed: %s", trained["name"], error)
+                for row in rows:
+                    if row["key"] == trained["key"]:
+                        row["result"], row["error"] = result, error
+                        finalize(row)
+                        row["mlflow"] = track_arm(row, result, parent_id)
+                progress.finished(trained["name"], trained["status"])
     progress.close()
     for row in rows:
         if row["cached"]:
-            finalize(row, cfg)
+            finalize(row)
 
 
-def finalize(row: dict[str, Any], cfg: Config) -> None:
+def finalize(row: dict[str, Any]) -> None:
     result = row["result"]
-    row["metrics"] = arm_metrics(result, cfg) if result is not None else {}
+    row["metrics"] = arm_metrics(result, row["config"]) if result is not None else {}
     row["status"] = row["metrics"]["status"] if result is not None else "failed"
+
+
+TRACES = ("rows", "trajectories", "ranges")
+"""The per-step and per-layer traces of an arm's result: drawn in the figures, kept out of
+metrics/ablate.json (they stay in each arm's result.json and its MLflow run)."""
 
 
 def write_outputs(cfg: Config, project: Path, rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     """metrics/ablate.json and the figures, from every arm (failed ones are listed, not dropped)."""
     arms = [
-        {k: (str(v) if isinstance(v, Path) else v) for k, v in row.items() if k not in ("result", "directory")}
-        | {"command": shown(row["command"]), "rows": row["result"]["rows"] if row["result"] else []}
+        {k: (str(v) if isinstance(v, Path) else v) for k, v in row.items() if k not in ("result", "directory", "config")}
+        | {"command": shown(row["command"])}
+        | {t: (row["result"] or {}).get(t, []) for t in TRACES}
         for row in rows
     ]
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("completed", "diverged", "stopped", "failed")}
     metrics = {
-        "arms": [{k: v for k, v in a.items() if k != "rows"} for a in arms],
+        "arms": [{k: v for k, v in a.items() if k not in TRACES} for a in arms],
         "variants": variant_table(arms),
         "counts": counts,
         "failed": [r["name"] for r in rows if r["status"] == "failed"],
         "cached": sum(1 for r in rows if r["cached"]),
         "wall_s": wall_s,
-        "injection": {
-            "kind": cfg.ablation.inject,
-            "step": cfg.ablation.inject_step,
-            "magnitude": cfg.ablation.inject_magnitude,
-            "duration": cfg.ablation.inject_duration,
-        },
+        "depth_probe": depth_probe(cfg),
     }
     write_json(project / ABLATE_METRICS, metrics)
-    family_figures(cfg, arms, project / ABLATE_FIGURES)
+    family_figures(cfg, arms, metrics["depth_probe"], project / ABLATE_FIGURES)
     return metrics

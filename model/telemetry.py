@@ -102,6 +102,26 @@ def optimizer_norms(model: GPT, optimizer: torch.optim.Optimizer) -> dict[str, t
     return {"train/param_norm": get_total_norm(params), "train/adam_v_norm": v_norm}
 
 
+@torch.no_grad()
+def adam_update_rms(optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """RMS over every parameter element of g / √v̂ after an AdamW step, a device scalar (no sync):
+    g the (clipped) gradient the step used, v̂ the bias-corrected second moment it divided by, ε
+    left out. Near 1 when v̂ tracks g²; well above 1 when the second moment lags a growing gradient,
+    the state that precedes loss spikes (Wortsman et al. 2023b, arXiv 2304.13013)."""
+    total, count = None, 0
+    for group in optimizer.param_groups:
+        beta2 = group["betas"][1]
+        for p in group["params"]:
+            state = optimizer.state.get(p)
+            if p.grad is None or not state or "exp_avg_sq" not in state:
+                continue
+            correction = 1 - beta2 ** state["step"]
+            ratio = p.grad.float().square() / (state["exp_avg_sq"] / correction).clamp_min(1e-30)
+            total = ratio.sum() if total is None else total + ratio.sum()
+            count += p.numel()
+    return (total / max(1, count)).sqrt() if total is not None else torch.full((), float("nan"))
+
+
 def _layers(model: GPT) -> dict[str, torch.nn.Module]:
     return {
         "wte": model.wte,

@@ -1,8 +1,9 @@
-"""One ablation arm: the trainer on one thread, with the arm's injected spike,
-the spike detector and a per-step trace; writes ``<out>/result.json``.
+"""One ablation arm: the trainer on one thread with the spike detector, a per-step trace (loss,
+pre-clip grad norm, update RMS, flags), per-layer trajectories, and, where asked, an injected
+spike and the fp16 range probe; writes ``<out>/result.json``.
 
     python -m tasks.ablate.arm --profile default --out runs/ablate/arms/manual \\
-        --set model.block=post_ln --set schedule.warmup_steps=0 ...
+        --set model.block=post_ln --set schedule.warmup_steps=0 ... [--inject lr] [--range-probe-every 100]
 
 The ablate stage trains every arm as this command would, in a long-lived worker process
 (:func:`run_command`, tasks/runtime/workers.py); the command is in the arm's MLflow run (tag
@@ -30,17 +31,19 @@ from model.callbacks import Callback
 from model.data import open_split
 from model.spike import Injection, Trace, collapse_stats, injection_callback, make_detector, sample
 from model.stops import EXIT_CODES
+from model.probes import RangeProbe
+from model.telemetry import adam_update_rms
 from model.train import train
 from model.typed_config import UserError, add_config_arguments, parse_sets
-from tasks.ablate.grid import arm_key, code_digest, data_hashes, injection_spec
+from tasks.ablate.grid import SPIKES, arm_key, code_digest, data_hashes, injection_spec
 from tasks.config import Config, load_config
 
 MANIFEST = Path("data/tokens/manifest.json")
 
 
 class ArmTrace(Trace):
-    """The trace of every step (loss, pre-clip grad norm, skipped, flagged by the detector), kept
-    in checkpoints so a resumed arm still has its whole curve."""
+    """The trace of every step (loss, pre-clip grad norm, Adam's update RMS, skipped, flagged by the
+    detector), kept in checkpoints so a resumed arm still has its whole curve."""
 
     name = "arm_trace"
 
@@ -51,14 +54,23 @@ class ArmTrace(Trace):
     def on_after_step(self, trainer, result) -> None:
         skipped = (result.vetoed | result.skipped | result.overflow).float()
         flagged = self.detector.now.float()
-        self.rows.append((trainer.step, torch.stack([result.loss.float(), result.grad_norm.float(), skipped, flagged])))
+        rms = adam_update_rms(trainer.optimizer).to(result.loss.device)
+        values = torch.stack([result.loss.float(), result.grad_norm.float(), rms.float(), skipped, flagged])
+        self.rows.append((trainer.step, values))
 
     def read(self) -> list[dict[str, Any]]:
         if not self.rows:
             return list(self.saved)
         values = torch.stack([v for _, v in self.rows]).tolist()
         fresh = [
-            {"step": s, "loss": _finite(v[0]), "grad_norm": _finite(v[1]), "skipped": bool(v[2]), "flagged": bool(v[3])}
+            {
+                "step": s,
+                "loss": _finite(v[0]),
+                "grad_norm": _finite(v[1]),
+                "update_rms": _finite(v[2]),
+                "skipped": bool(v[3]),
+                "flagged": bool(v[4]),
+            }
             for (s, _), v in zip(self.rows, values)
         ]
         return [*self.saved, *fresh]
@@ -70,16 +82,25 @@ class ArmTrace(Trace):
         self.saved, self.rows = json.loads(state["rows"]), []
 
 
+LAYER_TRAJECTORIES = ("stats/attn_logit_max/", "stats/attn_entropy/", "stats/logits/log_z")
+"""The per-layer statistics (model/telemetry.py) an arm keeps over training, not only their extremes:
+what Wortsman et al. watch (attention-logit growth, output log Z) and seed 002's entropy collapse."""
+
+
 class LogitStats(Callback):
-    """The extremes over the run of what Wortsman et al. watch: the largest attention logit, the
-    largest output logit and log Z, the lowest attention entropy (seed 002's collapse)."""
+    """The trajectories of :data:`LAYER_TRAJECTORIES` at every layer-stats step, and their extremes
+    over the run: the largest attention logit, output logit and log Z, the lowest attention entropy."""
 
     name = "logit_stats"
 
     def __init__(self) -> None:
         self.stats: dict[str, float] = {}
+        self.trajectories: list[dict[str, float]] = []
 
     def on_log(self, step: int, metrics: dict[str, float]) -> None:
+        kept = {k: v for k, v in metrics.items() if k.startswith(LAYER_TRAJECTORIES)}
+        if kept:
+            self.trajectories.append({"step": step, **{k: _finite(v) for k, v in kept.items()}})
         for key, value, pick in (
             ("attn_logit_max", _max_of(metrics, "stats/attn_logit_max/"), max),
             ("logits_max", metrics.get("stats/logits/max"), max),
@@ -90,10 +111,11 @@ class LogitStats(Callback):
                 self.stats[key] = pick(self.stats.get(key, value), value)
 
     def state_dict(self) -> dict[str, Any]:
-        return dict(self.stats)
+        return {"stats": dict(self.stats), "trajectories": json.dumps(self.trajectories)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.stats = {k: float(v) for k, v in state.items()}
+        self.stats = {k: float(v) for k, v in state["stats"].items()}
+        self.trajectories = json.loads(state["trajectories"])
 
 
 def _max_of(metrics: dict[str, float], prefix: str) -> float | None:
@@ -110,29 +132,28 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def run_arm(cfg: Config, project: Path, out: Path) -> dict[str, Any]:
-    """Train the arm ``cfg`` describes into ``out``; returns (and writes) its result."""
+def run_arm(cfg: Config, project: Path, out: Path, spike: str = "none", range_every: int = 0) -> dict[str, Any]:
+    """Train the arm ``cfg`` describes into ``out``, with ``spike`` (tasks/ablate/grid.py:
+    injection_spec) and the fp16 range probe every ``range_every`` steps (0: none); returns (and
+    writes) its result."""
     manifest = project / MANIFEST
-    data = data_hashes(manifest)
-    key = arm_key(cfg, data, code_digest())
-    spec = injection_spec(cfg.ablation)
+    key = arm_key(cfg, data_hashes(manifest), code_digest(), spike, range_every)
+    spec = injection_spec(spike, cfg.ablation)
     detector = make_detector(cfg.spike)
     trace, stats = ArmTrace(detector), LogitStats()
+    ranges = [RangeProbe(range_every)] if range_every else []
+    injection = [injection_callback(Injection(**spec))] if spec else []
     train_tokens, val_tokens = open_split(manifest, "train"), open_split(manifest, "val")
     end = EndProbe(val_tokens, json.loads(manifest.read_text())["eot_id"])
-    summary = train(
-        cfg,
-        train_tokens,
-        val_tokens,
-        out,
-        [injection_callback(Injection(**spec)), detector, trace, stats, end],
-        identity=key,
-    )
+    callbacks = [*injection, detector, trace, stats, *ranges, end]
+    summary = train(cfg, train_tokens, val_tokens, out, callbacks, identity=key)
     result = {
         "key": key,
         "summary": summary,
         "rows": trace.read(),
         "stats": stats.stats,
+        "trajectories": stats.trajectories,
+        "ranges": ranges[0].read() if ranges else [],
         "injection": spec,
         "init_loss": math.log(cfg.tokenizer.vocab_size),
         "collapse": end.collapse,
@@ -192,6 +213,8 @@ def _strict(value: Any) -> Any:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tasks.ablate.arm", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="the arm's directory: checkpoints/ and result.json")
+    p.add_argument("--spike", default="none", choices=SPIKES, help="the injected spike (ablation.inject_*)")
+    p.add_argument("--range-probe-every", type=int, default=0, help="steps between fp16 range probes (0: none)")
     add_config_arguments(p)
     return p
 
@@ -204,7 +227,7 @@ def run_command(arguments: list[str], project: Path | None = None) -> dict[str, 
     project = project or Path.cwd()
     params = project / args.params
     cfg = load_config(params, args.profile, parse_sets(args.sets))
-    return run_arm(cfg, params.resolve().parent, project / args.out)
+    return run_arm(cfg, params.resolve().parent, project / args.out, args.spike, args.range_probe_every)
 
 
 def main(argv: list[str] | None = None) -> int:

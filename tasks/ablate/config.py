@@ -1,4 +1,23 @@
-"""The ablate stage's section of the study config: the grid of arms (tasks/ablate/grid.py expands it)."""
+"""The ablate stage's section of the study config: one family of arms per finding, each in the
+conditions its source names (tasks/ablate/grid.py expands them; tasks/report/preregistration.yaml
+declares what each family tests).
+
+Every arm trains from scratch at the arm scale (``d_model`` ... ``batch_size``) on the study's
+parametrization (``mup.parametrization`` at ``mup.base_width``) unless its family names another
+condition; clean arms take no injection (an injected spike goes only into the overflow family,
+beside an un-injected twin). The first value of each factor list is the family's base arm, the
+one that must end past the unigram plateau for the family to be tested:
+
+  xiong       block x warmup x LR   SP init, depth ``xiong_depth``        (Xiong et al. 2020)
+  precision   precision             one numeric path (emulated formats)   (Micikevicius et al. 2017)
+  overflow    precision x spike     LR spike tied to steps, clean twins   (Micikevicius et al. 2017)
+  beta2       β₂ x LR multiple      clean, >= 2/(1-β₂) steps              (Shazeer & Stern 2018;
+                                                                           Wortsman et al. 2023b)
+  wortsman    stabilizer x LR       SP, independent decay, 5 % warmup     (Wortsman et al. 2023)
+
+all of them x ``seeds``. Arms of one seed share initialisation, data order and validation
+batches: the report pairs them by seed.
+"""
 
 from __future__ import annotations
 
@@ -10,105 +29,165 @@ from model.typed_config import ConfigError, Section, in_open_unit, non_negative,
 
 PrecisionVariant = Literal["fp32", "bf16", "fp16", "fp16_unscaled"]
 Stabilizer = Literal["none", "qk_norm", "z_loss"]
-ArmInjection = Literal["lr", "grad", "param"]
 
 
 @dataclass(frozen=True)
 class AblationConfig(Section):
-    """The ablation grid (tasks/ablate/grid.py: expand). Every arm trains from scratch at the arm scale
-    below and takes one injected spike. The first value of each factor list is the base arm's;
-    each family varies its factors from the base, the rest held there:
+    """The study's arms, family by family (see the module doc)."""
 
-      block x warmup       blocks x warmups               (Xiong et al. 2020)
-      precision            precisions                     (Micikevicius et al. 2017)
-      beta2                beta2s                         (PaLM; Bai et al. 2025)
-      stabilizer x LR      stabilizers x lrs              (Wortsman et al. 2023, LR sensitivity)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
+    """Seeds of every arm (``train.seed``: init and data order). Xiong et al.'s finding needs >= 4."""
 
-    all of them x seeds. An arm in two families (the base arm is in all) runs once."""
+    # --- the arm scale, shared by every family -------------------------------------------------
+    d_model: int = 64
+    """Width (``model.d_model``); the study's ``mup.base_width`` is the same, so μP arms run at m = 1."""
+    n_layer: int = 2
+    """Blocks (``model.n_layer``) of every family but xiong's."""
+    n_head: int = 2
+    """Attention heads (``model.n_head``)."""
+    seq_len: int = 64
+    """Context length in tokens (``model.seq_len``)."""
+    batch_size: int = 8
+    """Sequences per step (``train.batch_size``)."""
+    steps: int = 800
+    """Steps of the precision and overflow arms: past the unigram plateau at ``lr`` (the μP base arm
+    crossed 0.5 nats below it at ~490 steps in the sizing run)."""
+    lr: float = 0.01
+    """Peak LR of the μP families (precision, overflow, beta2): the search's optimum at the base width."""
+    warmup_fraction: float = 0.05
+    """Warmup of every family but xiong's, as a fraction of its steps (Wortsman et al. use 5 %)."""
 
+    # --- xiong: Post-LN needs warmup ---------------------------------------------------------
     blocks: list[Block] = field(default_factory=lambda: ["pre_ln", "post_ln"])
     """Block placements compared (``model.block``)."""
+    xiong_warmups: list[float] = field(default_factory=lambda: [0.1, 0.0])
+    """Warmup as a fraction of ``xiong_steps`` (0: none); Xiong et al. compare none against warmup."""
+    xiong_lrs: list[float] = field(default_factory=lambda: [3e-3, 1e-3])
+    """The small LR grid (Adam, SP): Xiong et al. ran 5e-4 ... 1e-3 on 6- and 12-layer models."""
+    xiong_depth: int = 6
+    """Blocks of the xiong arms: the Post-LN gap in gradient scale grows with depth (Theorem 1)."""
+    xiong_steps: int = 400
+    """Steps of the xiong arms (SP Pre-LN at depth 6, LR 3e-3, crossed 0.5 nats below the unigram
+    baseline at ~155 steps in the sizing run)."""
+    probe_depths: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 12])
+    """Depths of the gradient-at-initialisation probe (Theorem 1's direct check), Pre-LN vs Post-LN."""
+
+    # --- precision: fp16 needs loss scaling ---------------------------------------------------
     precisions: list[PrecisionVariant] = field(default_factory=lambda: ["fp32", "bf16", "fp16", "fp16_unscaled"])
-    """Precisions compared: ``fp16`` with dynamic loss scaling, ``fp16_unscaled`` without. The first,
-    every other family's, is fp32: those families vary the architecture and the optimizer, not the
-    format, and on a CPU without bf16 hardware fp32 is the fastest path (emulated bf16 took 1.4x its
-    step time here, benchmarks/bench_arms.py)."""
+    """Formats compared on clean runs, every one through the same emulated numeric path
+    (model/precision.py: ``precision.emulate: always``): ``fp16`` with dynamic loss scaling,
+    ``fp16_unscaled`` without."""
+    range_probe_every: int = 100
+    """Steps between measurements of the fp16 range shares (model/probes.py: RangeProbe)."""
+
+    # --- overflow: an LR spike drives the forward pass past fp16's range -----------------------
+    overflow_precisions: list[PrecisionVariant] = field(default_factory=lambda: ["bf16", "fp16"])
+    """Formats that take the LR spike, each beside its clean twin of the precision family."""
+    inject_fraction: float = 0.5
+    """Where the spike starts, as a fraction of ``steps``."""
+    inject_magnitude: float = 100.0
+    """LR x this for ``inject_duration`` steps, tied to steps (no policy can skip it)."""
+    inject_duration: int = 3
+    """Steps the spike lasts."""
+
+    # --- beta2: β₂ = 0.999 is more spike-prone than 0.95 -------------------------------------
     beta2s: list[float] = field(default_factory=lambda: [0.95, 0.999])
     """Adam β₂ values compared."""
-    warmups: list[int] = field(default_factory=lambda: [20, 0])
-    """LR warmup lengths in steps compared (0: none)."""
+    beta2_lr_mults: list[float] = field(default_factory=lambda: [1.0, 4.0])
+    """LRs of the beta2 arms as multiples of ``lr``: the searched LR and a few times above it."""
+    beta2_steps: int = 2000
+    """Steps of the beta2 arms: >= 2 x 1/(1 - 0.999), two memories of the slow second moment."""
+    beta2_batch_size: int = 4
+    """Sequences per step of the beta2 arms: the finding counts steps, and 2,000 steps of 8
+    sequences would pass the corpus twice."""
+
+    # --- wortsman: qk-norm and z-loss lower LR sensitivity -------------------------------------
     stabilizers: list[Stabilizer] = field(default_factory=lambda: ["none", "qk_norm", "z_loss"])
-    """What the LR-sensitivity family compares: nothing, ``model.qk_norm``, ``model.z_loss``."""
-    lrs: list[float] = field(default_factory=lambda: [3e-4, 3e-3, 3e-2, 3e-1])
-    """The LR grid of the stabilizer family, the range Wortsman et al. measure LR sensitivity on."""
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    """Seeds of every arm (``train.seed``: init and data order)."""
-    lr: float = 0.01
-    """Peak LR of every family but the stabilizer one."""
+    """What the family compares: nothing, ``model.qk_norm``, ``model.z_loss``."""
+    lrs: list[float] = field(default_factory=lambda: [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1])
+    """The LR grid, half-decade spacing over Wortsman et al.'s 3e-4 ... 3e-1."""
     z_loss: float = 1e-4
-    """``model.z_loss`` coefficient of the ``z_loss`` stabilizer (PaLM's)."""
-    steps: int = 300
-    """Training steps per arm."""
-    d_model: int = 64
-    """Arm scale: width (``model.d_model``)."""
-    n_layer: int = 2
-    """Arm scale: blocks (``model.n_layer``)."""
-    n_head: int = 2
-    """Arm scale: attention heads (``model.n_head``)."""
-    seq_len: int = 64
-    """Arm scale: context length (``model.seq_len``)."""
-    batch_size: int = 8
-    """Arm scale: sequences per step (``train.batch_size``)."""
-    inject: ArmInjection = "lr"
-    """The spike every arm takes (model/spike.py): ``lr`` (LR x magnitude), ``grad`` (pre-clip
-    gradients x magnitude), ``param`` (block 0's matrices x magnitude)."""
-    inject_step: int = 150
-    """The first step that takes the injection."""
-    inject_magnitude: float = 100.0
-    """Its factor."""
-    inject_duration: int = 3
-    """Steps it lasts."""
+    """``model.z_loss`` coefficient of the ``z_loss`` stabilizer (Wortsman et al.; PaLM)."""
+    independent_weight_decay: float = 1e-4
+    """Weight decay of the wortsman arms, not scaled by the LR (``optim.weight_decay_mode:
+    independent``), as in the paper: coupled decay would change with the LR across the grid."""
+    wortsman_steps: int = 400
+    """Steps of the wortsman arms."""
+
+    # --- execution ---------------------------------------------------------------------------
     workers: int = 0
-    """Arms trained at once, each in its own process on one thread (0: the cores available)."""
+    """Arms trained at once, each in its own worker process on one thread (0: the cores available)."""
     retries: int = 1
     """Retries of an arm whose process crashed (a diverged arm is a result, never retried)."""
 
     def check(self) -> None:
-        for b2 in self.beta2s:
-            in_open_unit("ablation.beta2s", b2)
         for key in (
-            "lr",
-            "z_loss",
-            "steps",
             "d_model",
             "n_layer",
             "n_head",
             "seq_len",
             "batch_size",
+            "steps",
+            "lr",
+            "xiong_depth",
+            "xiong_steps",
+            "range_probe_every",
             "inject_magnitude",
             "inject_duration",
+            "beta2_steps",
+            "beta2_batch_size",
+            "z_loss",
+            "wortsman_steps",
         ):
             positive(f"ablation.{key}", getattr(self, key))
-        for lr in self.lrs:
-            positive("ablation.lrs", lr)
+        non_negative("ablation.independent_weight_decay", self.independent_weight_decay)
         non_negative("ablation.workers", self.workers)
         non_negative("ablation.retries", self.retries)
+        for b2 in self.beta2s:
+            in_open_unit("ablation.beta2s", b2)
+        for key in ("xiong_lrs", "lrs", "beta2_lr_mults", "probe_depths"):
+            for value in getattr(self, key):
+                positive(f"ablation.{key}", value)
+        if not 0 <= self.warmup_fraction < 1:
+            raise ConfigError(f"ablation.warmup_fraction: must be in [0, 1), got {self.warmup_fraction!r}")
+        for w in self.xiong_warmups:
+            if not 0 <= w < 1:
+                raise ConfigError(f"ablation.xiong_warmups: {w} is outside [0, 1) (a fraction of xiong_steps)")
         if self.d_model % (2 * self.n_head):
             raise ConfigError(
                 f"ablation.d_model: {self.d_model} is not a multiple of 2·ablation.n_head="
                 f"{2 * self.n_head} (heads of even size)"
             )
-        for w in self.warmups:
-            if not 0 <= w < self.steps:
-                raise ConfigError(f"ablation.warmups: {w} is outside 0..ablation.steps-1={self.steps - 1}")
-        if not self.inject_step > 0 or self.inject_step + self.inject_duration > self.steps:
+        in_open_unit("ablation.inject_fraction", self.inject_fraction)
+        if self.inject_step + self.inject_duration > self.steps:
             raise ConfigError(
-                f"ablation.inject_step: the injection (steps {self.inject_step}.."
-                f"{self.inject_step + self.inject_duration - 1}) must end within "
-                f"ablation.steps={self.steps}"
+                f"ablation.inject_fraction: the spike (steps {self.inject_step}.."
+                f"{self.inject_step + self.inject_duration - 1}) must end within ablation.steps={self.steps}"
             )
-        for key in ("blocks", "precisions", "beta2s", "warmups", "stabilizers", "lrs", "seeds"):
+        if not set(self.overflow_precisions) <= set(self.precisions):
+            raise ConfigError(
+                f"ablation.overflow_precisions: {self.overflow_precisions} must be among ablation.precisions="
+                f"{self.precisions} (each spiked arm is compared with its clean twin there)"
+            )
+        for key in (
+            "seeds",
+            "blocks",
+            "xiong_warmups",
+            "xiong_lrs",
+            "probe_depths",
+            "precisions",
+            "overflow_precisions",
+            "beta2s",
+            "beta2_lr_mults",
+            "stabilizers",
+            "lrs",
+        ):
             values = getattr(self, key)
             not_empty(f"ablation.{key}", values)
             if len(set(values)) != len(values):
                 raise ConfigError(f"ablation.{key}: {values} repeats a value (an arm would run twice)")
+
+    @property
+    def inject_step(self) -> int:
+        """The first step of the overflow family's spike."""
+        return max(1, round(self.steps * self.inject_fraction))

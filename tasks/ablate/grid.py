@@ -1,19 +1,22 @@
-"""The ablation grid: which arms a config asks for, the config each arm trains with, where its
-result lives, and what is read off its trace. Plain functions, no orchestration (flows/ablate.py
-fans the arms out, tasks/ablate/arm.py is the process that trains one).
+"""The study's arms: which arms a config asks for, the config each trains with, where its result
+lives, and what is read off its trace. Plain functions, no orchestration (flows/ablate.py fans the
+arms out, tasks/ablate/arm.py is the command that trains one).
 
-An arm is one training run from scratch at the arm scale (``ablation.d_model`` ...) that takes
-one injected spike (``ablation.inject*``). Its cache key is its run identity (config, data,
-injection) plus a digest of the training code, so an arm reruns when and only when one of those
-changes: adding a value to a factor list runs the new arms alone.
+An arm is one training run from scratch, in its family's conditions (tasks/ablate/config.py). Its
+cache key is its run identity (config, data, injection, probes) plus a digest of the training
+code, so an arm reruns when and only when one of those changes: adding a value to a factor list
+runs the new arms alone, and two families that ask for the same run (the overflow family's
+clean twins are the precision family's arms) share it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,25 +25,19 @@ import numpy as np
 from model.identity import run_identity
 from tasks.ablate.config import AblationConfig
 from tasks.config import Config
-from tasks.spike.curves import trailing_mean
 
-FAMILIES = {
-    "block_warmup": ("block", "warmup"),
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "xiong": ("block", "warmup", "lr"),
     "precision": ("precision",),
-    "beta2": ("beta2",),
-    "stabilizer_lr": ("stabilizer", "lr"),
+    "overflow": ("precision", "spike"),
+    "beta2": ("beta2", "lr_mult"),
+    "wortsman": ("stabilizer", "lr"),
 }
-"""Each family and the factors it varies from the base arm (tasks/ablate/config.py: AblationConfig)."""
+"""Each family and the factors it crosses (times the seeds); the first value of each factor is the
+family's base arm."""
 
-FACTOR_LISTS = {
-    "block": "blocks",
-    "precision": "precisions",
-    "beta2": "beta2s",
-    "warmup": "warmups",
-    "stabilizer": "stabilizers",
-    "lr": "lrs",
-}
-"""Factor -> its list in ``ablation``."""
+SPIKES = ("none", "lr")
+"""The overflow family's spike factor: its clean twin, and the LR spike tied to steps."""
 
 CODE_ROOT = Path(__file__).resolve().parents[2]
 """The checkout this module runs from (tasks/ablate/grid.py is two folders below it)."""
@@ -51,108 +48,159 @@ results are read, tasks/ablate/grid.py and the stage, can change without retrain
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """One point of the grid and one seed."""
+    """One run of a family: its factor values (in the family's order) and its seed."""
 
-    block: str
-    precision: str
-    beta2: float
-    warmup: int
-    stabilizer: str
-    lr: float
+    family: str
+    values: tuple[Any, ...]
     seed: int
-    families: tuple[str, ...] = ()
 
     @property
     def factors(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in FACTOR_LISTS}
+        return dict(zip(FAMILIES[self.family], self.values))
 
-    def variant(self, base: Arm) -> str:
-        """The factors that differ from the base arm, e.g. ``post_ln·warmup=0`` (``base``: none)."""
-        parts = [
-            (str(v) if k in ("block", "precision", "stabilizer") else f"{k}={v:g}")
-            for k, v in self.factors.items()
-            if v != base.factors[k]
-        ]
-        return "·".join(parts) or "base"
+    @property
+    def variant(self) -> str:
+        """Every factor, e.g. ``post_ln·warmup=0·lr=0.003`` (names alone for named variants)."""
+        return "·".join(v if isinstance(v, str) else f"{k}={v:g}" for k, v in self.factors.items())
 
-    def name(self, base: Arm) -> str:
-        return f"{self.variant(base)}/s{self.seed}"
+    @property
+    def name(self) -> str:
+        return f"{self.family}/{self.variant}/s{self.seed}"
+
+    @property
+    def spike(self) -> str:
+        """The spike the arm takes (``none``: a clean arm)."""
+        return self.factors.get("spike", "none")
 
 
-def base_arm(a: AblationConfig, seed: int) -> Arm:
-    return Arm(a.blocks[0], a.precisions[0], a.beta2s[0], a.warmups[0], a.stabilizers[0], a.lr, seed)
+def factor_values(a: AblationConfig) -> dict[str, dict[str, list[Any]]]:
+    """Per family, each factor's values from the config."""
+    return {
+        "xiong": {"block": a.blocks, "warmup": a.xiong_warmups, "lr": a.xiong_lrs},
+        "precision": {"precision": a.precisions},
+        "overflow": {"precision": a.overflow_precisions, "spike": list(SPIKES)},
+        "beta2": {"beta2": a.beta2s, "lr_mult": a.beta2_lr_mults},
+        "wortsman": {"stabilizer": a.stabilizers, "lr": a.lrs},
+    }
 
 
 def expand(a: AblationConfig) -> list[Arm]:
-    """Every arm the config asks for, once each, in family order then seed: the base arm and each
-    family's variations of it (an arm in several families lists them all)."""
-    arms: dict[tuple, Arm] = {}
-    for family, factors in FAMILIES.items():
-        lists = [getattr(a, FACTOR_LISTS[f]) for f in factors]
-        for values in _product(lists):
-            for seed in a.seeds:
-                arm = dataclasses.replace(base_arm(a, seed), **dict(zip(factors, values)))
-                key = (*arm.factors.values(), seed)
-                held = arms.get(key, arm)
-                arms[key] = dataclasses.replace(held, families=(*held.families, family))
-    return list(arms.values())
+    """Every arm the config asks for, family by family, each point of its grid once per seed."""
+    arms = []
+    for family, factors in factor_values(a).items():
+        for values in itertools.product(*factors.values()):
+            arms += [Arm(family, values, seed) for seed in a.seeds]
+    return arms
 
 
-def _product(lists: Sequence[Sequence[Any]]) -> Iterable[tuple]:
-    if not lists:
-        yield ()
-        return
-    for head in lists[0]:
-        for rest in _product(lists[1:]):
-            yield (head, *rest)
+def base_values(a: AblationConfig, family: str) -> dict[str, Any]:
+    """The family's base arm: the first value of each of its factors."""
+    return {k: v[0] for k, v in factor_values(a)[family].items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# An arm's config: the arm scale, its family's conditions, its factors
+# ----------------------------------------------------------------------------------------------
 
 
 def overrides(arm: Arm, a: AblationConfig) -> dict[str, Any]:
-    """The dotted keys that turn the study's config into this arm's: the arm scale, its factors,
-    one thread, evaluation at the end, checkpoints for a retry to resume from. With them,
+    """The dotted keys that turn the study's config into this arm's. With them,
     ``python -m tasks.ablate.arm --set KEY=VALUE ...`` trains the arm by itself."""
-    precision, scaled = ("fp16", False) if arm.precision == "fp16_unscaled" else (arm.precision, True)
-    return {
+    steps = family_steps(arm.family, a)
+    keys = {
         "model.d_model": a.d_model,
         "model.n_layer": a.n_layer,
         "model.n_head": a.n_head,
         "model.seq_len": a.seq_len,
+        "model.block": "pre_ln",
+        "model.qk_norm": False,
+        "model.z_loss": 0.0,
         "train.batch_size": a.batch_size,
         "train.grad_accum": 1,
-        "train.steps": a.steps,
+        "train.steps": steps,
         "train.seed": arm.seed,
-        "train.eval_every": a.steps,
+        "train.eval_every": steps,
+        "train.layer_stats_every": max(1, steps // 20),  # 20 points of each per-layer trajectory
         "train.cpu_threads": 1,
-        "model.block": arm.block,
-        "precision.mode": precision,
-        "precision.loss_scaling": scaled,
-        "optim.beta2": arm.beta2,
-        "schedule.warmup_steps": arm.warmup,
-        "optim.lr": arm.lr,
-        "model.qk_norm": arm.stabilizer == "qk_norm",
-        "model.z_loss": a.z_loss if arm.stabilizer == "z_loss" else 0.0,
-        "checkpoint.every_steps": max(1, a.steps // 4),
+        "optim.lr": a.lr,
+        "optim.beta2": 0.95,
+        "schedule.warmup_steps": round(a.warmup_fraction * steps),
+        "precision.mode": "fp32",
+        "precision.loss_scaling": True,
+        "checkpoint.every_steps": max(1, steps // 4),  # a retried arm resumes
         "checkpoint.keep_last": 1,
         "checkpoint.milestones": [],
         "checkpoint.every_minutes": 0.0,
-        "spike.kinds": [],  # the arm's injection is ablation.inject*, not the spike stage's
+        "spike.kinds": [],  # the overflow family's spike is the arm's own (tasks/ablate/arm.py)
     }
+    return keys | CONDITIONS[arm.family](arm.factors, a, steps)
+
+
+def _xiong(f: dict[str, Any], a: AblationConfig, steps: int) -> dict[str, Any]:
+    # Standard parametrization: μP's zero-initialised readout removes the large output-layer
+    # gradients at init that Xiong et al. describe.
+    return {
+        "mup.parametrization": "sp",
+        "model.n_layer": a.xiong_depth,
+        "model.block": f["block"],
+        "optim.lr": f["lr"],
+        "schedule.warmup_steps": round(f["warmup"] * steps),
+    }
+
+
+def _precision(f: dict[str, Any], a: AblationConfig, steps: int) -> dict[str, Any]:
+    # Every format through one numeric path (emulated matmul rounding), so formats differ and
+    # nothing else does; fp32 under emulation rounds nothing.
+    mode, scaled = ("fp16", False) if f["precision"] == "fp16_unscaled" else (f["precision"], True)
+    return {"precision.mode": mode, "precision.loss_scaling": scaled, "precision.emulate": "always"}
+
+
+def _beta2(f: dict[str, Any], a: AblationConfig, steps: int) -> dict[str, Any]:
+    return {"optim.beta2": f["beta2"], "optim.lr": a.lr * f["lr_mult"], "train.batch_size": a.beta2_batch_size}
+
+
+def _wortsman(f: dict[str, Any], a: AblationConfig, steps: int) -> dict[str, Any]:
+    return {
+        "mup.parametrization": "sp",
+        "optim.lr": f["lr"],
+        "optim.weight_decay_mode": "independent",
+        "optim.weight_decay": a.independent_weight_decay,
+        "model.qk_norm": f["stabilizer"] == "qk_norm",
+        "model.z_loss": a.z_loss if f["stabilizer"] == "z_loss" else 0.0,
+    }
+
+
+CONDITIONS = {"xiong": _xiong, "precision": _precision, "overflow": _precision, "beta2": _beta2, "wortsman": _wortsman}
+"""Each family's conditions on top of the arm scale (the module doc of tasks/ablate/config.py)."""
+
+
+def family_steps(family: str, a: AblationConfig) -> int:
+    return {"xiong": a.xiong_steps, "beta2": a.beta2_steps, "wortsman": a.wortsman_steps}.get(family, a.steps)
 
 
 def arm_config(cfg: Config, arm: Arm) -> Config:
     return cfg.replace(**overrides(arm, cfg.ablation))
 
 
-def injection_spec(a: AblationConfig) -> dict[str, Any]:
-    """The injection every arm takes (model/spike.py: Injection's fields)."""
+def injection_spec(kind: str, a: AblationConfig) -> dict[str, Any] | None:
+    """The spike an arm takes (model/spike.py: Injection's fields), None for a clean arm (``none``).
+    Tied to steps, not to stream positions, so nothing that skips batches can remove it."""
+    if kind == "none":
+        return None
     return {
-        "kind": a.inject,
+        "kind": kind,
         "start": a.inject_step,
         "position": a.inject_step - 1,
         "duration": a.inject_duration,
         "magnitude": a.inject_magnitude,
         "param_block": 0,
+        "tied_to": "step",
     }
+
+
+def range_probe_every(arm: Arm, a: AblationConfig) -> int:
+    """Steps between the fp16 range probe's measurements in this arm (0: none): the formats' families."""
+    return a.range_probe_every if arm.family in ("precision", "overflow") else 0
 
 
 def code_digest() -> str:
@@ -168,29 +216,22 @@ def code_digest() -> str:
 ARM_RESULT_KEYS = (
     "train.diverge_after",
     "train.diverge_loss",
+    "train.layer_stats_every",
     "spike.detect_window",
     "spike.detect_warmup",
     "spike.detect_zscore",
     "spike.detect_ratio",
 )
 """Keys outside the run identity that still change an arm's result.json: when it stops as diverged,
-and which steps its detector flags."""
+how often its per-layer trajectories are sampled, and which steps its detector flags."""
 
 
-def arm_key(cfg: Config, data: dict[str, str], code: str) -> str:
-    """The arm's cache key: its identity (config, data, injection, code) and ``ARM_RESULT_KEYS``."""
+def arm_key(cfg: Config, data: dict[str, str], code: str, spike: str, range_every: int) -> str:
+    """The arm's cache key: its identity (config, data, spike, probe, code) and ``ARM_RESULT_KEYS``."""
     flat = cfg.to_flat_dict()
-    return run_identity(
-        cfg,
-        data,
-        None,
-        {
-            "study": "ablate",
-            "injection": injection_spec(cfg.ablation),
-            "code": code,
-            "result": {k: flat[k] for k in ARM_RESULT_KEYS},
-        },
-    ).digest
+    injection = injection_spec(spike, cfg.ablation)
+    extra = {"study": "ablate", "injection": injection, "range_probe_every": range_every, "code": code}
+    return run_identity(cfg, data, None, extra | {"result": {k: flat[k] for k in ARM_RESULT_KEYS}}).digest
 
 
 def data_hashes(manifest: Path) -> dict[str, str]:
@@ -211,84 +252,60 @@ def read_result(directory: Path) -> dict[str, Any] | None:
 # ----------------------------------------------------------------------------------------------
 
 
-def spike_response(
-    rows: Sequence[dict[str, Any]], start: int, duration: int, smooth: int, epsilon: float, end: int
-) -> dict[str, Any]:
-    """How the arm took its injected spike, against its own loss just before it:
-
-      pre_spike_loss   mean loss of the ``smooth`` steps before ``start``
-      peak_ratio       highest loss of the ``duration + smooth`` steps from ``start``, over
-                       pre_spike_loss
-      recovery_steps   steps from ``start`` until the ``smooth``-step trailing mean is back within
-                       ``epsilon`` (relative) of pre_spike_loss; None if never within the run
-                       (then ``recovered`` is false)
-      censored_at      the steps from ``start`` to ``end``, the run's planned last step: what a run
-                       that never recovered counts as (a run that diverged early stopped logging,
-                       and must not look quick to recover for it)
-
-    A non-finite loss after ``start`` gives peak_ratio inf and no recovery."""
-    steps = np.array([r["step"] for r in rows])
-    loss = np.array([np.nan if r["loss"] is None else r["loss"] for r in rows], dtype=float)
-    before = loss[(steps >= start - smooth) & (steps < start)]
-    after_mask = steps >= start
-    after = loss[after_mask]
-    censored_at = end - start + 1
-    if not len(before) or not len(after) or not np.isfinite(before).all():
-        return {
-            "pre_spike_loss": None,
-            "peak_ratio": None,
-            "recovery_steps": None,
-            "recovered": False,
-            "censored_at": censored_at,
-        }
-    pre = float(before.mean())
-    if not np.isfinite(after).all():
-        return {
-            "pre_spike_loss": pre,
-            "peak_ratio": float("inf"),
-            "recovery_steps": None,
-            "recovered": False,
-            "censored_at": censored_at,
-        }
-    smoothed = trailing_mean(np.concatenate([before, after]), smooth)[len(before) :]
-    back = np.flatnonzero((smoothed <= pre * (1 + epsilon)) & (np.arange(len(after)) >= duration))
-    return {
-        "pre_spike_loss": pre,
-        "peak_ratio": float(after[: duration + smooth].max() / pre),
-        "recovery_steps": int(back[0]) if len(back) else None,
-        "recovered": bool(len(back)),
-        "censored_at": censored_at,
-    }
+def natural_spikes(rows: Sequence[dict[str, Any]], after: int, skip: range = range(0)) -> list[int]:
+    """Steps the detector flagged from step ``after`` on (the schedule's warmup excluded), outside
+    ``skip`` (an injection and the recovery it causes)."""
+    return [r["step"] for r in rows if r["flagged"] and r["step"] >= after and r["step"] not in skip]
 
 
-def natural_spikes(rows: Sequence[dict[str, Any]], start: int, window: int) -> list[int]:
-    """Steps the detector flagged outside ``[start, start + window)`` (the injection and the
-    recovery it causes)."""
-    return [r["step"] for r in rows if r["flagged"] and not start <= r["step"] < start + window]
+def _finite_mean(values: Sequence[float | None]) -> float | None:
+    return float(np.mean(values)) if values and all(v is not None and math.isfinite(v) for v in values) else None
 
 
-def arm_metrics(result: dict[str, Any], cfg: Config) -> dict[str, Any]:
-    """The figures the study compares, from an arm's result (tasks/ablate/arm.py writes it)."""
-    a, r = cfg.ablation, cfg.recovery
-    rows = result["rows"]
-    response = spike_response(rows, a.inject_step, a.inject_duration, r.smooth_steps, r.recover_epsilon, end=a.steps)
-    summary = result["summary"]
-    finals = [row["loss"] for row in rows[-r.smooth_steps :]]
-    final = float(np.mean(finals)) if finals and all(v is not None for v in finals) else None
+def arm_metrics(result: dict[str, Any], cfg: Config, smooth: int = 10) -> dict[str, Any]:
+    """The figures the study compares, from an arm's result (tasks/ablate/arm.py writes it), ``cfg``
+    being the arm's own config."""
+    rows, summary = result["rows"], result["summary"]
+    warmup = cfg.schedule.warmup_steps
+    injection = result.get("injection")
+    skip = range(injection["start"], injection["start"] + injection["duration"] + smooth) if injection else range(0)
+    spikes = natural_spikes(rows, warmup + 1, skip)
+    after_warmup = [r for r in rows if r["step"] > warmup]
+    update_rms = [r["update_rms"] for r in after_warmup if r.get("update_rms") is not None]
     return {
         "status": summary["status"],
         "diverged": summary["status"] == "diverged",
         "diverged_at": summary["diverged_at"],
-        "final_loss": final,
+        "final_loss": _finite_mean([r["loss"] for r in rows[-smooth:]]),
         "val_loss": summary["val_loss"],
         "init_loss": result["init_loss"],
         "nonfinite_steps": sum(1 for row in rows if row["loss"] is None or row["grad_norm"] is None),
         "skipped": summary["skipped"],
         "overflows": summary["overflows"],
-        "natural_spikes": len(natural_spikes(rows, a.inject_step, a.inject_duration + r.recover_steps)),
-        **response,
+        "natural_spikes": len(spikes),
+        "spikes_per_1k": 1000 * len(spikes) / max(1, len(after_warmup)),
+        "update_rms_max": max(update_rms) if update_rms else None,
+        "update_rms_mean": float(np.mean(update_rms)) if update_rms else None,
         **{k: result["stats"].get(k) for k in ("attn_logit_max", "logits_max", "log_z_max", "attn_entropy_min")},
+        **range_extremes(result.get("ranges", [])),
         **{f"collapse_{k}": v for k, v in result.get("collapse", {}).items()},
         "wall_s": summary["wall_s"],
         "precision_path": summary["precision"],
     }
+
+
+def range_extremes(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """From the range probe's rows: the largest per-layer share of activation gradients below fp16's
+    smallest subnormal (mean over probe steps, then the layer where it is largest), and the largest
+    share of activations above fp16's largest finite value at any probe."""
+    if not rows:
+        return {"grad_underflow_share": None, "act_overflow_share": None}
+    by_layer: dict[str, list[float]] = {}
+    overflow = 0.0
+    for row in rows:
+        if row["quantity"] == "act_grad_underflow":
+            by_layer.setdefault(row["layer"], []).append(row["share"])
+        elif row["quantity"] == "act_overflow":
+            overflow = max(overflow, row["share"])
+    underflow = max((float(np.mean(v)) for v in by_layer.values()), default=None)
+    return {"grad_underflow_share": underflow, "act_overflow_share": overflow}

@@ -1,416 +1,492 @@
-"""The findings the study tests, each against the stages' outputs, with a verdict decided by one
-rule written down before any result was seen (and not tuned since):
+"""The findings the study tests, each read off the stages' outputs as its pre-registered design
+says (tasks/report/preregistration.yaml: arms, metric, test, direction, α, margin, precondition),
+with its verdict from the one rule (tasks/report/verdict.py).
 
-  reproduced      every claim of the finding holds in the expected direction with p < 0.05
-  not reproduced  a claim goes significantly the other way, or no claim's estimate points the
-                  expected way, or a precondition of the finding fails (named in the numbers)
-  inconclusive    anything else: the right direction without significance, or too few runs
-
-A diverged arm is a result: its loss is the loss at init (tasks/ablate/stats.py: capped_loss).
+Every comparison is paired: arms of one seed (and, where a family crosses an LR grid, one LR)
+share initialisation, data order and validation batches, so a finding compares per-unit
+differences (tasks/ablate/stats.py: paired). A diverged arm is a result: its loss is the loss at
+initialisation (tasks/ablate/stats.py: capped_loss), and divergence is reported apart as a rate.
+A family is tested only if its base arm ended ``plateau_margin`` nats below the unigram baseline:
+an arm that learned no more than unigram statistics tests nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
 from typing import Any
 
-from tasks.ablate.grid import base_arm
-from tasks.ablate.stats import ALPHA, compare, derived, fisher, lr_sensitivity, slope_test
+import numpy as np
+import yaml
+
+from tasks.ablate.grid import base_values
+from tasks.ablate.stats import derived, divergence_rates, lr_sensitivity, paired, slope_test, tost_paired, tost_slope
 from tasks.config import Config
+from tasks.report.verdict import NOT_TESTED, Claim, verdict
 
-REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
-
-CHANGED_AFTER_RESULTS = (
-    "The injected spike's magnitude, set on the base arm alone: x10 for 3 steps (the first choice) gave a "
-    "peak ratio of 1.03, inside step-to-step noise; x30 gave 1.10; x100 (the spike stage's) 1.63, so the "
-    "default is x100.",
-    "What counts as a broken fp16 run: first 'diverged or any non-finite step', which counted the one "
-    "overflow step a dynamic loss scaler skips by design (scaled fp16 seed 2, normal loss) as breakage; "
-    "now 'diverged, or no finite loss at the end'. The verdict is the same under both (scaled fp16 broke "
-    "in 3/3 runs by the first rule, 2/3 by the second: the precondition fails either way).",
-    "A review after the first full study found five defects (this one and the next four), fixed with grid, "
-    "sizes, seeds and thresholds unchanged before the study was rerun. The spike-policy verdict had its own "
-    "rule (any policy not back to the control: not reproduced) instead of the one above, under which one "
-    "run per policy is at best inconclusive: it went from not reproduced to inconclusive.",
-    "An arm that diverged after the spike was censored at its last logged step, so it looked quick "
-    "to recover; it now counts every step to the run's planned end.",
-    "The trainer's divergence rule read a run whose fp16 loss scale collapsed (every step an "
-    "overflow, weights frozen) as completed; overflow steps now count toward train.diverge_after, so those "
-    "scaled fp16 arms read diverged (the fp16 finding already counted them broken).",
-    "A comparison with no spread between seeds was taken as significant (p = 0); it is now untested.",
-    "The arms' cache key lacked the divergence and spike-detector settings; it now has them.",
-)
-"""Every change made to the study after a result was seen, printed in the report. Nothing else
-(grid, sizes, seeds, thresholds, tests) was changed after seeing results."""
+DESIGN_FILE = Path(__file__).with_name("preregistration.yaml")
 
 
-@dataclasses.dataclass
-class Claim:
-    """One directional comparison a finding rests on: ``expected`` is the sign the finding predicts
-    for ``estimate``."""
-
-    what: str
-    estimate: float | None
-    p: float | None
-    expected: int = 1
-
-    @property
-    def holds(self) -> bool:
-        return (
-            self.estimate is not None
-            and self.p is not None
-            and _sign(self.estimate) == self.expected
-            and self.p < ALPHA
-        )
-
-    @property
-    def contradicted(self) -> bool:
-        return (
-            self.estimate is not None
-            and self.p is not None
-            and _sign(self.estimate) == -self.expected
-            and self.p < ALPHA
-        )
-
-    @property
-    def points_the_way(self) -> bool:
-        return self.estimate is not None and _sign(self.estimate) == self.expected
+@cache
+def design() -> dict[str, Any]:
+    """The pre-registered design (read once)."""
+    return yaml.safe_load(DESIGN_FILE.read_text(encoding="utf-8"))
 
 
-def _sign(x: float) -> int:
-    return (x > 0) - (x < 0)
-
-
-def verdict(claims: Sequence[Claim], precondition_failed: str | None = None) -> str:
-    if precondition_failed or any(c.contradicted for c in claims) or not any(c.points_the_way for c in claims):
-        return NOT_REPRODUCED
-    if claims and all(c.holds for c in claims):
-        return REPRODUCED
-    return INCONCLUSIVE
+def design_hash() -> str:
+    return hashlib.sha256(DESIGN_FILE.read_bytes()).hexdigest()[:16]
 
 
 @dataclasses.dataclass
 class Finding:
+    """A finding's verdict with what decided it: its claims (each a paired comparison), the
+    precondition that failed (if one did), the numbers a reader checks, and the arms it read."""
+
     key: str
-    claim: str
-    source: str
     verdict: str
+    claims: list[Claim]
+    precondition_failed: str | None
     numbers: str
-    test: str
     arms: list[str]
-    details: dict[str, Any]
+    base_val_loss: float | None = None
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def registered(self) -> dict[str, Any]:
+        return design()["findings"][self.key]
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.registered
+        return {
+            "verdict": self.verdict,
+            "claim": r["claim"],
+            "source": r["source"],
+            "test": r["test"],
+            "expected": r["expected"],
+            "precondition_failed": self.precondition_failed,
+            "mde": {c.what: c.mde for c in self.claims},
+            "claims": [dataclasses.asdict(c) for c in self.claims],
+            "numbers": self.numbers,
+            "base_val_loss": self.base_val_loss,
+            "arms": self.arms,
+            "details": self.details,
+        }
+
+
+def decide(
+    key: str,
+    claims: list[Claim],
+    numbers: str,
+    arms: list[str],
+    precondition_failed: str | None = None,
+    base_val_loss: float | None = None,
+    details: dict[str, Any] | None = None,
+) -> Finding:
+    return Finding(
+        key, verdict(claims, precondition_failed), claims, precondition_failed, numbers, arms, base_val_loss, details or {}
+    )
+
+
+def direction(what: str, comparison: dict[str, Any], expected: int) -> Claim:
+    """A directional claim from a paired comparison (tasks/ablate/stats.py: paired)."""
+    return Claim(
+        what,
+        comparison.get("estimate"),
+        comparison.get("p"),
+        expected,
+        ci95=comparison.get("ci95"),
+        mde=comparison.get("mde"),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
-# Arms of the grid
+# The arms, as metrics/ablate.json lists them
 # ----------------------------------------------------------------------------------------------
 
 
-class Grid:
-    """The ablate stage's arms, looked up by their factors (those not given held at the base)."""
+class Arms:
+    """The ablate stage's arms, looked up by family and factors; values keyed by their pairing
+    unit: the seed, and any factor not fixed by the lookup (e.g. the LR of a family that crosses an
+    LR grid), so two lookups that differ in one factor pair arm by arm."""
 
-    def __init__(self, cfg: Config, ablate: dict[str, Any]):
-        self.cfg, self.arms = cfg, ablate["arms"]
-        self.base = base_arm(cfg.ablation, 0).factors
+    def __init__(self, ablate: dict[str, Any]):
+        self.arms = ablate["arms"]
 
-    def select(self, **factors: Any) -> list[dict[str, Any]]:
-        want = {**self.base, **factors}
-        return sorted((a for a in self.arms if a["factors"] == want), key=lambda a: a["seed"])
+    def select(self, family: str, **factors: Any) -> list[dict[str, Any]]:
+        return [
+            a
+            for a in self.arms
+            if a["family"] == family and all(a["factors"].get(k) == v for k, v in factors.items())
+        ]
 
-    def values(self, figure: str, **factors: Any) -> list[float]:
-        """``figure`` of every seed of the variant; a failed arm (no result) is left out and listed."""
-        return [arm_figures(a["metrics"])[figure] for a in self.select(**factors) if a.get("metrics")]
+    def values(self, family: str, figure: str, **factors: Any) -> dict[tuple, Any]:
+        """``figure`` of every arm that ran, keyed by (seed, free factors...); failed arms are left out."""
+        out = {}
+        for a in self.select(family, **factors):
+            if a.get("metrics"):
+                free = tuple(v for k, v in sorted(a["factors"].items()) if k not in factors)
+                out[(a["seed"], *free)] = derived(a["metrics"])[figure]
+        return out
 
-    def names(self, **factors: Any) -> list[str]:
-        return [a["name"] for a in self.select(**factors)]
+    def names(self, family: str, **factors: Any) -> list[str]:
+        return [a["name"] for a in self.select(family, **factors)]
 
-    def by_seed(self, figure: str, **factors: Any) -> dict[int, float]:
-        return {a["seed"]: arm_figures(a["metrics"])[figure] for a in self.select(**factors) if a.get("metrics")}
-
-
-def arm_figures(metrics: dict[str, Any]) -> dict[str, Any]:
-    """An arm's figures as read back from metrics/ablate.json, where strict JSON wrote an infinite
-    peak ratio (the loss went non-finite after the injection: tasks/ablate/grid.py, spike_response) as
-    null: restored to inf, so such an arm counts as the worst spike, not as a missing one."""
-    figures = derived(metrics)
-    if figures.get("peak_ratio") is None and figures.get("pre_spike_loss") is not None:
-        figures["peak_ratio"] = math.inf
-    return figures
-
-
-def _fmt(values: Sequence[float]) -> str:
-    """Mean and count of the finite values, and how many were not finite (never dropped silently)."""
-    if not values:
-        return "no runs"
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    text = f"{sum(finite) / len(finite):.3f} (n={len(finite)})" if finite else "none finite"
-    return text + (f" + {len(values) - len(finite)} non-finite" if len(finite) < len(values) else "")
+    def mean(self, family: str, figure: str, **factors: Any) -> float | None:
+        values = [v for v in self.values(family, figure, **factors).values() if v is not None]
+        return float(np.mean(values)) if values else None
 
 
-def _cmp_text(c: dict[str, Any]) -> str:
-    g = f", g={c['hedges_g']:.2f}" if c.get("hedges_g") is not None else ""
+def subtract(a: dict[tuple, float], b: dict[tuple, float]) -> dict[tuple, float]:
+    """Per pairing unit, a − b, over the units both have."""
+    return {u: a[u] - b[u] for u in sorted(a.keys() & b.keys())}
+
+
+def plateau_gate(base_loss: float | None, unigram: float | None, what: str) -> str | None:
+    """The precondition every trained family shares: its base arm ended past the unigram plateau."""
+    margin = design()["plateau_margin"]
+    if unigram is None:
+        return "no unigram baseline (data/tokens missing)"
+    if base_loss is None:
+        return f"{what} has no finite loss"
+    if base_loss > unigram - margin:
+        return (
+            f"{what} ended at {base_loss:.3f} nats, not {margin:g} below the unigram baseline "
+            f"{unigram:.3f} (it has not learned past unigram statistics)"
+        )
+    return None
+
+
+def _cmp(c: dict[str, Any], unit: str = "nats") -> str:
+    """A paired comparison in a line: estimate [95 % CI], p, MDE, n."""
+    if c.get("estimate") is None:
+        return c.get("test", "untested")
+    ci = f" [{c['ci95'][0]:+.3g}, {c['ci95'][1]:+.3g}]" if c.get("ci95") else ""
     p = f", p={c['p']:.3g}" if c.get("p") is not None else f", {c['test']}"
-    return (f"Δ={c['diff']:+.3f}" if c.get("diff") is not None else "Δ undefined") + g + p
+    mde = f", MDE {c['mde']:.3g}" if c.get("mde") is not None else ""
+    return f"Δ={c['estimate']:+.3g} {unit}{ci}{p}{mde}, n={c['n']}"
 
 
-def xiong(grid: Grid) -> Finding:
-    a = grid.cfg.ablation
-    if len(a.blocks) < 2 or "post_ln" not in a.blocks or 0 not in a.warmups or len(a.warmups) < 2:
-        return _missing("xiong", "ablation.blocks needs pre_ln and post_ln, ablation.warmups 0 and a warmup")
-    warm = next(w for w in a.warmups if w)
-    loss = {(b, w): grid.by_seed("capped_loss", block=b, warmup=w) for b in ("pre_ln", "post_ln") for w in (0, warm)}
-    post = compare(list(loss["post_ln", 0].values()), list(loss["post_ln", warm].values()))
-    pre = compare(list(loss["pre_ln", 0].values()), list(loss["pre_ln", warm].values()))
-    seeds = sorted(set.intersection(*(set(v) for v in loss.values())))
-    harm = {b: [loss[b, 0][s] - loss[b, warm][s] for s in seeds] for b in ("pre_ln", "post_ln")}
-    interaction = compare(harm["post_ln"], harm["pre_ln"])
-    claims = [
-        Claim("post-LN: no warmup − warmup", post["diff"], post["p"]),
-        Claim("warmup's effect, post-LN − pre-LN (per seed)", interaction["diff"], interaction["p"]),
-    ]
-    diverged = {
-        b: sum(1 for m in grid.select(block=b, warmup=0) if m.get("status") == "diverged")
-        for b in ("pre_ln", "post_ln")
+def _rate(d: dict[str, Any]) -> str:
+    (ea, eb), (na, nb) = d["events"], d["n"]
+    p = f", McNemar p={d['p']:.3g}" if d.get("p") is not None else ""
+    return f"{ea}/{na} vs {eb}/{nb}{p}"
+
+
+def _diverged(arms: Arms, family: str, **factors: Any) -> dict[tuple, bool]:
+    return {u: bool(v) for u, v in arms.values(family, "diverged", **factors).items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# The findings
+# ----------------------------------------------------------------------------------------------
+
+
+def xiong_init(cfg: Config, ablate: dict[str, Any], **_: Any) -> Finding:
+    probe = ablate.get("depth_probe") or {}
+    if not probe.get("last_layer"):
+        return decide("xiong_init", [], "the depth probe did not run", [], "no depth probe in metrics/ablate.json")
+    last = probe["last_layer"]  # block -> depth -> seed -> gradient norm
+    depths = sorted(int(d) for d in last["post_ln"])
+    ratio = {
+        (int(s), d): math.log(last["post_ln"][str(d)][s] / last["pre_ln"][str(d)][s]) for d in depths for s in last["post_ln"][str(d)]
     }
-    numbers = (
-        f"final val loss (capped), no warmup vs {warm} steps: post-LN {_fmt(list(loss['post_ln', 0].values()))} "
-        f"vs {_fmt(list(loss['post_ln', warm].values()))} ({_cmp_text(post)}); pre-LN "
-        f"{_fmt(list(loss['pre_ln', 0].values()))} vs {_fmt(list(loss['pre_ln', warm].values()))} "
-        f"({_cmp_text(pre)}); interaction {_cmp_text(interaction)}; diverged without warmup: "
-        f"post-LN {diverged['post_ln']}, pre-LN {diverged['pre_ln']}; LR {a.lr:g}"
-    )
-    arms = [n for b in ("pre_ln", "post_ln") for w in (0, warm) for n in grid.names(block=b, warmup=w)]
-    return Finding(
-        "xiong",
-        "Post-LN needs warmup at a learning rate where Pre-LN trains without it",
-        "Xiong et al. 2020",
-        verdict(claims),
-        numbers,
-        "Welch t-tests on the final validation loss (capped at ln V), and on the per-seed warmup "
-        "effect post-LN vs pre-LN (the interaction)",
-        arms,
-        {"post_ln": post, "pre_ln": pre, "interaction": interaction},
-    )
-
-
-def is_broken(m: dict[str, Any]) -> bool:
-    """Diverged (the trainer's rule), or ended with no finite validation loss (e.g. scaled fp16 whose
-    forward overflows every step after a spike: the scaler skips them all). A step skipped on an
-    overflow is not breakage: dynamic loss scaling probes its scale that way by design."""
-    return bool(m["diverged"]) or m.get("val_loss") is None or not math.isfinite(m["val_loss"])
-
-
-def fp16(grid: Grid) -> Finding:
-    a = grid.cfg.ablation
-    needed = {"bf16", "fp16", "fp16_unscaled"}
-    if not needed <= set(a.precisions):
-        return _missing("fp16", f"ablation.precisions needs {sorted(needed)}")
-    loss = {p: grid.values("capped_loss", precision=p) for p in needed}
-    ran = {p: [arm["metrics"] for arm in grid.select(precision=p) if arm.get("metrics")] for p in needed}
-    broken = {p: sum(1 for m in ms if is_broken(m)) for p, ms in ran.items()}
-    runs = {p: len(ms) for p, ms in ran.items()}
-    vs_bf16, vs_scaled = (compare(loss["fp16_unscaled"], loss[p]) for p in ("bf16", "fp16"))
-    breaks = fisher(broken["fp16_unscaled"], runs["fp16_unscaled"], broken["bf16"], runs["bf16"])
-    peak = {p: grid.values("peak_ratio", precision=p) for p in needed}
+    deepest = {(s,): r for (s, d), r in ratio.items() if d == depths[-1]}
+    at_depth = paired(deepest, {u: 0.0 for u in deepest})
+    slope = slope_test([math.log(d) for _, d in ratio], list(ratio.values()))
     claims = [
-        Claim("unscaled fp16 − bf16, loss", vs_bf16["diff"], vs_bf16["p"]),
-        Claim("unscaled fp16 − scaled fp16, loss", vs_scaled["diff"], vs_scaled["p"]),
+        direction(f"log(Post-LN / Pre-LN) last-layer grad norm at depth {depths[-1]}", at_depth, +1),
+        Claim("slope of that log ratio on log depth", slope["slope"], slope["p"], +1, ci95=slope["ci95"]),
     ]
-    precondition = (
-        f"bf16 or scaled fp16 broke too ({broken['bf16']}, {broken['fp16']} runs)"
-        if broken["bf16"] or broken["fp16"]
-        else None
+    mean_ratio = {d: float(np.exp(np.mean([r for (s, dd), r in ratio.items() if dd == d]))) for d in depths}
+    numbers = (
+        "Post-LN / Pre-LN last-layer gradient norm at init, geometric mean over seeds: "
+        + ", ".join(f"L={d}: {mean_ratio[d]:.2f}x" for d in depths)
+        + f"; at L={depths[-1]} {_cmp(at_depth, 'log')}; slope on log L {slope['slope']:+.3f} "
+        f"[{slope['ci95'][0]:+.3f}, {slope['ci95'][1]:+.3f}], p={slope['p']:.3g} (Theorem 1 predicts +0.5)"
+    )
+    return decide("xiong_init", claims, numbers, [f"depth probe: L={d}" for d in depths], details={"ratio_by_depth": mean_ratio})
+
+
+def xiong(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -> Finding:
+    arms, a = Arms(ablate), cfg.ablation
+    if "post_ln" not in a.blocks or 0.0 not in a.xiong_warmups or len(a.xiong_warmups) < 2:
+        return _missing("xiong", "ablation.blocks needs post_ln, ablation.xiong_warmups 0 and a warmup")
+    base = base_values(a, "xiong")
+    warm = next(w for w in a.xiong_warmups if w)
+    loss = {(b, w): arms.values("xiong", "capped_loss", block=b, warmup=w) for b in a.blocks for w in (0.0, warm)}
+    post = paired(loss["post_ln", 0.0], loss["post_ln", warm])
+    pre = paired(loss["pre_ln", 0.0], loss["pre_ln", warm])
+    interaction = paired(subtract(loss["post_ln", 0.0], loss["post_ln", warm]), subtract(loss["pre_ln", 0.0], loss["pre_ln", warm]))
+    claims = [
+        direction("Post-LN: no warmup − warmup, final loss", post, +1),
+        direction("warmup's effect, Post-LN − Pre-LN (interaction)", interaction, +1),
+    ]
+    diverged = divergence_rates(_diverged(arms, "xiong", block="post_ln", warmup=0.0), _diverged(arms, "xiong", block="post_ln", warmup=warm))
+    base_loss = arms.mean("xiong", "capped_loss", **base)
+    numbers = (
+        f"final val loss (capped at ln V), paired by (seed, LR): Post-LN no warmup − {warm:.0%} warmup "
+        f"{_cmp(post)}; Pre-LN {_cmp(pre)}; interaction {_cmp(interaction)}; Post-LN diverged without vs "
+        f"with warmup {_rate(diverged)}; depth {a.xiong_depth}, SP, LRs {', '.join(f'{lr:g}' for lr in a.xiong_lrs)}"
+    )
+    return decide(
+        "xiong",
+        claims,
+        numbers,
+        arms.names("xiong"),
+        plateau_gate(base_loss, unigram, "the base arm (Pre-LN, warmup)"),
+        base_loss,
+        {"post_ln": post, "pre_ln": pre, "interaction": interaction, "divergence": diverged},
+    )
+
+
+def fp16(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -> Finding:
+    arms, a, registered = Arms(ablate), cfg.ablation, design()["findings"]["fp16"]
+    if not {"fp32", "fp16", "fp16_unscaled"} <= set(a.precisions):
+        return _missing("fp16", "ablation.precisions needs fp32, fp16 and fp16_unscaled")
+    loss = {p: arms.values("precision", "capped_loss", precision=p) for p in a.precisions}
+    unscaled = paired(loss["fp16_unscaled"], loss["fp16"])
+    scaled_diffs = subtract(loss["fp16"], loss["fp32"])
+    equivalence = tost_paired(list(scaled_diffs.values()), registered["margin"])
+    scaled = paired(loss["fp16"], loss["fp32"])
+    claims = [
+        direction("unscaled − scaled fp16, final loss", unscaled, +1),
+        Claim(
+            f"scaled fp16 ≡ fp32 within ±{registered['margin']:g} nats",
+            scaled.get("estimate"),
+            equivalence.get("p"),
+            0,
+            kind="equivalence",
+            p_difference=scaled.get("p"),
+            ci95=scaled.get("ci95"),
+            mde=scaled.get("mde"),
+        ),
+    ]
+    underflow = [v for v in arms.values("precision", "grad_underflow_share", precision="fp32").values() if v is not None]
+    share = float(np.mean(underflow)) if underflow else None
+    base_loss = arms.mean("precision", "capped_loss", precision=a.precisions[0])
+    failed = plateau_gate(base_loss, unigram, f"the base arm ({a.precisions[0]})")
+    if failed is None and (share is None or share < registered["threshold"]):
+        failed = (
+            "no activation-gradient underflow to lose: "
+            + ("the range probe did not run" if share is None else f"{share:.2%} of nonzero activation-gradient values")
+            + f" below 2⁻²⁴ in the fp32 arms (threshold {registered['threshold']:.0%})"
+        )
+    means = ", ".join(f"{p} {arms.mean('precision', 'capped_loss', precision=p):.4f}" for p in a.precisions)
+    numbers = (
+        f"final val loss (capped), mean over seeds: {means}; unscaled − scaled {_cmp(unscaled)}; scaled − fp32 "
+        f"{_cmp(scaled)}, TOST ±{registered['margin']:g} p={_p(equivalence)}; activation-gradient values below "
+        f"2⁻²⁴ in the fp32 arms (worst layer): {'-' if share is None else f'{share:.3%}'}"
+    )
+    return decide(
+        "fp16", claims, numbers, arms.names("precision"), failed, base_loss, {"underflow_share": share, "tost": equivalence}
+    )
+
+
+def overflow(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -> Finding:
+    arms, a = Arms(ablate), cfg.ablation
+    if not {"bf16", "fp16"} <= set(a.overflow_precisions):
+        return _missing("overflow", "ablation.overflow_precisions needs bf16 and fp16")
+    effect = {
+        p: subtract(
+            arms.values("overflow", "capped_loss", precision=p, spike="lr"),
+            arms.values("overflow", "capped_loss", precision=p, spike="none"),
+        )
+        for p in ("bf16", "fp16")
+    }
+    interaction = paired(effect["fp16"], effect["bf16"])
+    claims = [direction("spike's effect on final loss, fp16 − bf16", interaction, +1)]
+    overflowed = [v for v in arms.values("overflow", "act_overflow_share", precision="bf16", spike="lr").values() if v]
+    base_loss = arms.mean("overflow", "capped_loss", precision="bf16", spike="none")
+    failed = plateau_gate(base_loss, unigram, "the base arm (bf16, clean)")
+    if failed is None and not overflowed:
+        failed = "the spike drove no activation past 65,504 in the spiked bf16 arms (fp16's range was never reached)"
+    broken = divergence_rates(
+        {u: bool(v) for u, v in arms.values("overflow", "diverged", precision="fp16", spike="lr").items()},
+        {u: bool(v) for u, v in arms.values("overflow", "diverged", precision="bf16", spike="lr").items()},
     )
     numbers = (
-        f"final val loss (capped): unscaled fp16 {_fmt(loss['fp16_unscaled'])}, bf16 {_fmt(loss['bf16'])}, "
-        f"scaled fp16 {_fmt(loss['fp16'])}; vs bf16 {_cmp_text(vs_bf16)}, vs scaled {_cmp_text(vs_scaled)}; "
-        f"runs broken (diverged, or no finite loss at the end): unscaled "
-        f"{broken['fp16_unscaled']}/{runs['fp16_unscaled']}, "
-        f"bf16 {broken['bf16']}/{runs['bf16']}, scaled {broken['fp16']}/{runs['fp16']} (Fisher vs bf16 "
-        f"p={breaks['p']:.3g}); spike peak ratio: unscaled {_fmt(peak['fp16_unscaled'])}, bf16 "
-        f"{_fmt(peak['bf16'])}, scaled {_fmt(peak['fp16'])}" + (f"; {precondition}" if precondition else "")
+        f"spike (LR x{a.inject_magnitude:g} for {a.inject_duration} steps from step {a.inject_step}, tied to steps): "
+        f"effect on final loss fp16 {_mean(effect['fp16'])}, bf16 {_mean(effect['bf16'])}; fp16 − bf16 "
+        f"{_cmp(interaction)}; diverged under the spike fp16 vs bf16 {_rate(broken)}; spiked bf16 arms with "
+        f"activations above 65,504: {len(overflowed)}"
     )
-    return Finding(
-        "fp16",
-        "fp16 without loss scaling breaks (underflow or overflow to NaN) where bf16 and scaled "
-        "fp16 do not, above all under a spike",
-        "Micikevicius et al. 2017; seeds",
-        verdict(claims, precondition),
-        numbers,
-        "Welch t-tests on the final validation loss (capped); Fisher's exact test on broken runs",
-        [n for p in sorted(needed) for n in grid.names(precision=p)],
-        {"vs_bf16": vs_bf16, "vs_scaled": vs_scaled, "broken": broken, "fisher": breaks},
-    )
+    return decide("overflow", claims, numbers, arms.names("overflow"), failed, base_loss, {"divergence": broken})
 
 
-def beta2(grid: Grid) -> Finding:
-    a = grid.cfg.ablation
+def beta2(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -> Finding:
+    arms, a = Arms(ablate), cfg.ablation
     if not {0.95, 0.999} <= set(a.beta2s):
         return _missing("beta2", "ablation.beta2s needs 0.95 and 0.999")
-    peak = {b: grid.values("peak_ratio", beta2=b) for b in (0.95, 0.999)}
-    rec = {b: grid.values("recovery_steps_censored", beta2=b) for b in (0.95, 0.999)}
-    c_peak, c_rec = compare(peak[0.999], peak[0.95]), compare(rec[0.999], rec[0.95])
+    comparisons = {
+        figure: paired(arms.values("beta2", figure, beta2=0.999), arms.values("beta2", figure, beta2=0.95))
+        for figure in ("spikes_per_1k", "update_rms_max", "capped_loss")
+    }
     claims = [
-        Claim("peak ratio, 0.999 − 0.95", c_peak["diff"], c_peak["p"]),
-        Claim("recovery steps, 0.999 − 0.95", c_rec["diff"], c_rec["p"]),
+        direction("natural spikes per 1,000 steps, 0.999 − 0.95", comparisons["spikes_per_1k"], +1),
+        direction("largest update RMS, 0.999 − 0.95", comparisons["update_rms_max"], +1),
     ]
+    base_loss = arms.mean("beta2", "capped_loss", **base_values(a, "beta2"))
     numbers = (
-        f"injected spike ({a.inject} x{a.inject_magnitude:g} at step {a.inject_step}): peak ratio "
-        f"β₂=0.999 {_fmt(peak[0.999])} vs 0.95 {_fmt(peak[0.95])} ({_cmp_text(c_peak)}); steps to recover "
-        f"{_fmt(rec[0.999])} vs {_fmt(rec[0.95])} ({_cmp_text(c_rec)}; never-recovered runs count every step "
-        f"to the planned end)"
+        f"clean runs of {a.beta2_steps} steps, paired by (seed, LR x{', x'.join(f'{m:g}' for m in a.beta2_lr_mults)}): "
+        f"spikes per 1,000 steps {_mean(arms.values('beta2', 'spikes_per_1k', beta2=0.999))} vs "
+        f"{_mean(arms.values('beta2', 'spikes_per_1k', beta2=0.95))} ({_cmp(comparisons['spikes_per_1k'], '')}); "
+        f"largest update RMS {_mean(arms.values('beta2', 'update_rms_max', beta2=0.999))} vs "
+        f"{_mean(arms.values('beta2', 'update_rms_max', beta2=0.95))} ({_cmp(comparisons['update_rms_max'], '')}); "
+        f"final loss {_cmp(comparisons['capped_loss'])}"
     )
-    return Finding(
+    return decide(
         "beta2",
-        "β₂ = 0.999 spikes higher and recovers slower than β₂ = 0.95",
-        "PaLM; Bai et al. 2025; seed 004",
-        verdict(claims),
+        claims,
         numbers,
-        "Welch t-tests on the peak ratio and on the steps to recover",
-        [n for b in (0.95, 0.999) for n in grid.names(beta2=b)],
-        {"peak": c_peak, "recovery": c_rec},
+        arms.names("beta2"),
+        plateau_gate(base_loss, unigram, "the base arm (β₂ 0.95, searched LR)"),
+        base_loss,
+        comparisons,
     )
 
 
-def lr_sensitivities(grid: Grid, stabilizer: str) -> dict[int, float]:
-    """Per seed, the LR sensitivity of ``stabilizer`` over ``ablation.lrs``; a seed with a failed arm
-    (no result, as in :meth:`Grid.values`) has no sensitivity."""
-    a = grid.cfg.ablation
-    by_seed: dict[int, dict[float, float]] = {}
-    for lr in a.lrs:
-        for seed, loss in grid.by_seed("capped_loss", stabilizer=stabilizer, lr=lr).items():
-            by_seed.setdefault(seed, {})[lr] = loss
-    init = math.log(grid.cfg.tokenizer.vocab_size)
-    return {s: lr_sensitivity(losses, init) for s, losses in sorted(by_seed.items()) if len(losses) == len(a.lrs)}
+def lr_sensitivities(arms: Arms, cfg: Config, stabilizer: str) -> dict[tuple, float]:
+    """Per seed, the LR sensitivity of ``stabilizer`` over ``ablation.lrs`` (a seed missing an arm has none)."""
+    by_seed: dict[tuple, dict[float, float]] = {}
+    for (seed, lr), loss in arms.values("wortsman", "capped_loss", stabilizer=stabilizer).items():
+        by_seed.setdefault((seed,), {})[lr] = loss
+    init = math.log(cfg.tokenizer.vocab_size)
+    return {s: lr_sensitivity(v, init) for s, v in by_seed.items() if len(v) == len(cfg.ablation.lrs)}
 
 
-def wortsman(grid: Grid) -> Finding:
-    a = grid.cfg.ablation
+def critical_lr(arms: Arms, stabilizer: str) -> dict[int, float | None]:
+    """Per seed, the lowest LR at which the arm diverged (None: none did)."""
+    out: dict[int, float | None] = {}
+    for (seed, lr), diverged in sorted(arms.values("wortsman", "diverged", stabilizer=stabilizer).items()):
+        out.setdefault(seed, None)
+        if diverged and out[seed] is None:
+            out[seed] = lr
+    return out
+
+
+def wortsman(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -> Finding:
+    arms, a = Arms(ablate), cfg.ablation
     others = [s for s in ("qk_norm", "z_loss") if s in a.stabilizers]
     if "none" not in a.stabilizers or not others or len(a.lrs) < 2:
-        return _missing("wortsman", "ablation.stabilizers needs none and qk_norm/z_loss, ablation.lrs two or more")
-    sens = {s: lr_sensitivities(grid, s) for s in ["none", *others]}
-    comparisons = {s: compare(list(sens[s].values()), list(sens["none"].values())) for s in others}
-    claims = [Claim(f"LR sensitivity, {s} − none", c["diff"], c["p"], expected=-1) for s, c in comparisons.items()]
+        return _missing("wortsman", "ablation.stabilizers needs none and qk_norm or z_loss; ablation.lrs two or more")
+    sens = {s: lr_sensitivities(arms, cfg, s) for s in ["none", *others]}
+    comparisons = {s: paired(sens[s], sens["none"]) for s in others}
+    claims = [direction(f"LR sensitivity, {s} − none", c, -1) for s, c in comparisons.items()]
+    best = {lr: arms.mean("wortsman", "capped_loss", stabilizer="none", lr=lr) for lr in a.lrs}
+    best_lr = min((lr for lr in best if best[lr] is not None), key=best.get, default=None)
+    base_loss = best.get(best_lr)
+    critical = {s: critical_lr(arms, s) for s in ["none", *others]}
     numbers = "; ".join(
-        [f"LR sensitivity over LRs {', '.join(f'{lr:g}' for lr in a.lrs)}: none {_fmt(list(sens['none'].values()))}"]
-        + [f"{s} {_fmt(list(sens[s].values()))} ({_cmp_text(c)})" for s, c in comparisons.items()]
+        [f"LR sensitivity over LRs {', '.join(f'{lr:g}' for lr in a.lrs)}: none {_mean(sens['none'])}"]
+        + [f"{s} {_mean(sens[s])} ({_cmp(c)})" for s, c in comparisons.items()]
+        + [
+            "lowest LR that diverged, per seed: "
+            + ", ".join(f"{s} {[critical[s][k] for k in sorted(critical[s])]}" for s in critical)
+        ]
     )
-    return Finding(
+    return decide(
         "wortsman",
-        "qk-norm and z-loss lower LR sensitivity",
-        "Wortsman et al. 2023",
-        verdict(claims),
+        claims,
         numbers,
-        "LR sensitivity per seed (mean over the LR grid of min(loss, loss at init) − the grid's best); "
-        "Welch t-tests against no stabilizer",
-        [n for s in ["none", *others] for lr in a.lrs for n in grid.names(stabilizer=s, lr=lr)],
-        {"sensitivity": {s: v for s, v in sens.items()}, "comparisons": comparisons},
+        arms.names("wortsman"),
+        plateau_gate(base_loss, unigram, f"the base arm (none, at its best LR {best_lr:g})" if best_lr else "none"),
+        base_loss,
+        {"sensitivity": {s: list(v.values()) for s, v in sens.items()}, "comparisons": comparisons, "critical_lr": critical},
     )
 
 
-def mu_transfer(search: dict[str, Any] | None) -> Finding:
-    claim, source = "under μP the optimal LR stays put across width; under SP it shifts", "Yang & Hu 2021"
+def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | None, **_: Any) -> Finding:
+    registered = design()["findings"]["mu_transfer"]
     if not search or not {"sp", "mup"} <= search.keys():
-        return Finding(
-            "mu_transfer", claim, source, INCONCLUSIVE, "the search stage compared no SP and μP", "-", [], {}
-        )
-    fits = {}
+        return decide("mu_transfer", [], "the search stage compared no SP and μP", [], "no SP and μP search")
+    fits, xy = {}, {}
     for p in ("sp", "mup"):
         points = [
             (math.log2(int(w)), opt) for w, entry in search[p]["widths"].items() for opt in entry["per_seed"].values()
         ]
-        fits[p] = slope_test([x for x, _ in points], [y for _, y in points])
+        xy[p] = ([x for x, _ in points], [y for _, y in points])
+        fits[p] = slope_test(*xy[p])
+    equivalence = tost_slope(*xy["mup"], registered["margin"])
     sp, mup = fits["sp"], fits["mup"]
-    claims = [Claim("SP: slope of log₂ η* on log₂ width", sp["slope"], sp["p"], expected=-1)]
-    moved = f"μP's optimum moves too (slope {mup['slope']:+.2f}, p={mup['p']:.3g})" if mup["p"] < ALPHA else None
+    claims = [
+        Claim("SP: slope of log₂ η* on log₂ width", sp["slope"], sp["p"], -1, ci95=sp["ci95"]),
+        Claim(
+            f"μP: slope within ±{registered['margin']:g}",
+            mup["slope"],
+            equivalence["p"],
+            0,
+            kind="equivalence",
+            p_difference=mup["p"],
+            ci95=mup["ci95"],
+        ),
+    ]
+    s = cfg.search
+    failed = None
+    if s.lr_points < 7 or len(s.seeds) < 3 or len(s.widths) < 3:
+        failed = f"the search has {s.lr_points} LR points, {len(s.seeds)} seeds, {len(s.widths)} widths (needs >= 7, 3, 3)"
+    worst = max(entry["loss_opt"] for p in ("sp", "mup") for entry in search[p]["widths"].values())
+    failed = failed or plateau_gate(worst, unigram, "the search's worst fitted optimum")
     numbers = (
-        f"slope of log₂ η* vs log₂ width: SP {sp['slope']:+.2f} (95 % CI {sp['ci95'][0]:+.2f}..{sp['ci95'][1]:+.2f}, "
-        f"p={sp['p']:.3g}); μP {mup['slope']:+.3f} (95 % CI {mup['ci95'][0]:+.2f}..{mup['ci95'][1]:+.2f}, "
-        f"p={mup['p']:.3g}); widths {', '.join(sorted(search['sp']['widths'], key=int))}; transferred LR "
-        f"{search.get('transfer', {}).get('lr', float('nan')):.3g}, loss gap to a direct sweep "
-        f"{search.get('transfer', {}).get('loss_gap', float('nan')):+.3f}" + (f"; {moved}" if moved else "")
+        f"slope of log₂ η* on log₂ width: SP {sp['slope']:+.2f} [{sp['ci95'][0]:+.2f}, {sp['ci95'][1]:+.2f}], "
+        f"p={sp['p']:.3g}; μP {mup['slope']:+.3f} [{mup['ci95'][0]:+.2f}, {mup['ci95'][1]:+.2f}], TOST "
+        f"±{registered['margin']:g} p={_p(equivalence)}; widths {', '.join(sorted(search['sp']['widths'], key=int))}; "
+        f"loss at the optimum up to {worst:.3f} nats"
     )
-    return Finding(
-        "mu_transfer",
-        claim,
-        source,
-        verdict(claims, moved),
-        numbers,
-        "linear regression of the per-seed optimum on log₂ width (scipy linregress), t-test of slope = 0",
-        ["search stage: " + ", ".join(search.get("studies", []))],
-        fits,
-    )
+    return decide("mu_transfer", claims, numbers, ["search stage: " + ", ".join(search.get("studies", []))], failed, worst, fits)
 
 
-def spike_policies(spike: dict[str, Any] | None, cfg: Config) -> Finding:
-    """Seed 004's classification of each policy's run against the clean control, through the same
-    rule as every finding. Each policy has one run, so no claim is tested (p is None): the verdict
-    is at best inconclusive, and not reproduced when nothing points the expected way."""
-    claim = "rollback / skip-batch bring the run back to the clean control; continue leaves a gap after a type-2 spike"
-    source = "PaLM §5.1; seed 004"
-    test = (
-        f"seed 004's classification against the clean control (ε={cfg.recovery.recover_epsilon:g}, "
-        f"W={cfg.recovery.recover_steps}); one run per policy, so no significance test applies"
-    )
+def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
+    """The spike stage today branches from one origin, one run per policy: below the registered
+    design (>= 6 origins), so the finding is not tested; its classification is reported."""
     if not spike:
-        return Finding("spike", claim, source, INCONCLUSIVE, "the spike stage did not run", test, [], {})
-    rows, gapped, claims = [], [], []
+        return decide("spike", [], "the spike stage did not run", [], "the spike stage did not run")
+    rows = []
     for kind, by_policy in spike.items():
-        if not isinstance(by_policy, dict) or "continue" not in by_policy:
-            continue
-        cont = by_policy["continue"]
-        rows.append(
-            f"{kind}: continue type {cont['type']} (gap {cont['final_gap']:+.1%})"
-            + "".join(
-                f", {p} type {by_policy[p]['type']} (gap {by_policy[p]['final_gap']:+.1%})"
-                for p in ("rollback", "skip_batch")
-                if p in by_policy
+        if isinstance(by_policy, dict) and "continue" in by_policy:
+            rows.append(
+                f"{kind}: "
+                + ", ".join(
+                    f"{p} type {s['type']} (gap {s['final_gap']:+.1%})"
+                    for p, s in by_policy.items()
+                    if isinstance(s, dict) and "type" in s
+                )
             )
-        )
-        if cont["type"] == 2:  # the spike the claim is about: continuing left a gap
-            gapped.append(kind)
-            claims += [
-                Claim(f"{kind}: {p} back to the control (type 1)", 1 if by_policy[p]["type"] == 1 else -1, None)
-                for p in ("rollback", "skip_batch")
-                if p in by_policy
-            ]
-    precondition = None if gapped else "no injection left continue with a gap (type 2)"
-    numbers = "; ".join(rows) or "no injection with a continue branch"
-    return Finding(
+    origins = 1
+    return decide(
         "spike",
-        claim,
-        source,
-        verdict(claims, precondition),
-        numbers + (f"; {precondition}" if precondition else ""),
-        test,
-        [f"spike stage: {k}/{p}" for k in gapped for p in ("continue", "rollback", "skip_batch")],
-        {"type2_under_continue": gapped},
+        [],
+        "; ".join(rows) or "no injection with a continue branch",
+        [f"spike stage: {len(rows)} injections from step {spike.get('origin_step')}"],
+        f"{origins} origin, one run per policy (the design needs >= 6 origins for a paired test)",
     )
 
 
 def _missing(key: str, why: str) -> Finding:
-    claims = {
-        "xiong": ("Post-LN needs warmup at a learning rate where Pre-LN trains without it", "Xiong et al. 2020"),
-        "fp16": ("fp16 without loss scaling breaks where bf16 and scaled fp16 do not", "Micikevicius et al. 2017"),
-        "beta2": ("β₂ = 0.999 spikes higher and recovers slower than β₂ = 0.95", "PaLM; Bai et al. 2025"),
-        "wortsman": ("qk-norm and z-loss lower LR sensitivity", "Wortsman et al. 2023"),
-    }
-    claim, source = claims[key]
-    return Finding(key, claim, source, INCONCLUSIVE, f"not in this grid: {why}", "-", [], {})
+    return decide(key, [], f"not in this grid: {why}", [], f"not in this grid: {why}")
 
 
-FINDINGS: tuple[Callable[..., Finding], ...] = (xiong, fp16, beta2, wortsman)
-"""The findings read off the ablation grid, in the report's order (then μ-transfer and spike)."""
+def _mean(values: dict[Any, float | None]) -> str:
+    finite = [v for v in values.values() if v is not None and math.isfinite(v)]
+    return f"{np.mean(finite):.3g}" if finite else "-"
+
+
+def _p(test: dict[str, Any]) -> str:
+    return f"{test['p']:.3g}" if test.get("p") is not None else "-"
+
+
+FINDINGS: tuple[Callable[..., Finding], ...] = (xiong_init, xiong, fp16, overflow, beta2, wortsman, mu_transfer, spike)
+"""The findings in the report's order (the keys of tasks/report/preregistration.yaml)."""
 
 
 def evaluate(
-    cfg: Config, ablate: dict[str, Any], search: dict[str, Any] | None, spike: dict[str, Any] | None
+    cfg: Config,
+    ablate: dict[str, Any],
+    search: dict[str, Any] | None,
+    spike_metrics: dict[str, Any] | None,
+    unigram: float | None,
 ) -> list[Finding]:
-    grid = Grid(cfg, ablate)
-    out = [f(grid) for f in FINDINGS]
-    out.insert(3, mu_transfer(search))
-    out.append(spike_policies(spike, cfg))
-    return out
+    return [f(cfg=cfg, ablate=ablate, search=search, spike=spike_metrics, unigram=unigram) for f in FINDINGS]
