@@ -45,6 +45,7 @@ from tasks.ablate.grid import (
 )
 from tasks.ablate.stats import variant_table
 from tasks.config import Config, project_config
+from tasks.data.unigram import unigram_baseline
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import write_json
 from tasks.runtime.outputs import ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST
@@ -265,7 +266,8 @@ def write_outputs(cfg: Config, project: Path, rows: list[dict[str, Any]], wall_s
         "cached": sum(1 for r in rows if r["cached"]),
         "wall_s": wall_s,
         "depth_probe": depth_probe(cfg),
+        "unigram_val_loss": unigram_baseline(project / MANIFEST, cfg.ablation.seq_len)["unigram_val_loss"],
     }
     write_json(project / ABLATE_METRICS, metrics)
-    family_figures(cfg, arms, metrics["depth_probe"], project / ABLATE_FIGURES)
+    family_figures(cfg, arms, metrics["depth_probe"], metrics["unigram_val_loss"], project / ABLATE_FIGURES)
     return metrics

@@ -15,12 +15,14 @@ from model.typed_config import InputError
 from tasks.config import project_config
 from tasks.params import RESOLVED
 from tasks.report.findings import evaluate
-from tasks.report.render import provenance, render_html, render_markdown, verdicts
+from tasks.report.figures import forest_plot
+from tasks.report.render import forest_rows, provenance, render_html, render_markdown, report_json
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import read_json, staged, write_json
 from tasks.runtime.outputs import (
     ABLATE_METRICS,
     PRETRAIN_METRICS,
+    REPORT_FOREST,
     REPORT_HTML,
     REPORT_MD,
     REPORT_METRICS,
@@ -45,19 +47,21 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
     ablate = read_json(project / ABLATE_METRICS)
     search, spike, pretrain = (optional(project / p) for p in (SEARCH_METRICS, SPIKE_METRICS, PRETRAIN_METRICS))
     with stage_run(cfg, "report") as run:
-        findings = evaluate(cfg, ablate, search, spike)
+        findings = evaluate(cfg, ablate, search, spike, ablate.get("unigram_val_loss"))
         origin = provenance(project, RESOLVED, git_lineage().get("mlflow.source.git.commit"))
         runs = latest_stage_runs(cfg.tracking.experiment, STAGES_REPORTED)
+        with staged(project / REPORT_FOREST) as (forest,):
+            forest_plot(forest_rows(findings), forest)
         text = render_markdown(cfg, project, findings, ablate, search, spike, pretrain, origin, runs)
         with staged(project / REPORT_MD, project / REPORT_HTML) as (md, page):
             md.write_text(text, encoding="utf-8")
             page.write_text(render_html(text, (project / REPORT_MD).parent), encoding="utf-8")
-        summary = verdicts(findings)
+        summary = report_json(findings, ablate)
         write_json(project / REPORT_METRICS, summary)
         log_summary({k.replace(" ", "_"): v for k, v in summary["counts"].items()})
-        for path in (REPORT_MD, REPORT_HTML, REPORT_METRICS):
+        for path in (REPORT_MD, REPORT_HTML, REPORT_METRICS, REPORT_FOREST):
             mlflow.log_artifact(str(project / path))
-        publish_summary("report", run, {f.claim: f.verdict for f in findings})
+        publish_summary("report", run, {f.registered["claim"]: f.verdict for f in findings}, [project / REPORT_FOREST])
     print(
         f"[spikelab] report: {project / REPORT_MD} and {project / REPORT_HTML} "
         f"({', '.join(f'{n} {v}' for v, n in summary['counts'].items())})"

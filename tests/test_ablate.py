@@ -1,44 +1,97 @@
-"""The ablation grid and the study's statistics, on fixed inputs: the grid expands to exactly the
-configured arms, each arm's config is valid and carries its factors, the tests and intervals
-match values computed by hand, the verdict rule, LR sensitivity and the spike response."""
+"""The study's families of arms, on fixed inputs: the config expands to exactly the configured arms,
+each arm trains in its family's conditions (the papers'), families that ask for the same run share
+it, a bad config is refused naming its key, and what is read off an arm's trace."""
 
 from __future__ import annotations
-
-import json
-import math
 
 import pytest
 
 from model.typed_config import ConfigError
-from tasks.ablate.grid import ARM_CODE, CODE_ROOT, arm_config, arm_key, base_arm, code_digest, expand, spike_response
-from tasks.ablate.stats import compare, describe, fisher, lr_sensitivity, recovery_censored, slope_test
+from tasks.ablate.grid import (
+    ARM_CODE,
+    CODE_ROOT,
+    Arm,
+    arm_config,
+    arm_key,
+    arm_metrics,
+    code_digest,
+    expand,
+    injection_spec,
+    natural_spikes,
+    range_extremes,
+)
 from tasks.config import Config
-from tasks.report.findings import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim, evaluate, is_broken, verdict
-from tasks.runtime.files import _finite_or_null
+
+DATA = {"train": "a" * 64, "val": "b" * 64}
 
 
-def grid(**ablation) -> Config:
+def study(**ablation) -> Config:
     return Config().replace(**{f"ablation.{k}": v for k, v in ablation.items()})
 
 
-def test_the_default_grid_is_the_base_arm_and_each_familys_variations_once_per_seed():
+def test_the_default_study_is_each_familys_grid_once_per_seed():
     a = Config().ablation
     arms = expand(a)
-    # block x warmup (2x2) + 3 more precisions + 1 more beta2 + stabilizer x lr (3x4, the base LR not in lrs)
-    assert len(arms) == (4 + 3 + 1 + 12) * len(a.seeds) == 60
-    assert len({(tuple(arm.factors.values()), arm.seed) for arm in arms}) == len(arms), "an arm listed twice"
-    base = base_arm(a, 0)
-    assert base.families == () and expand(a)[0].factors == base.factors
-    assert set(expand(a)[0].families) == {"block_warmup", "precision", "beta2"}  # the base LR is not on the LR grid
-    names = [arm.name(base) for arm in arms]
+    per_seed = {"xiong": 2 * 2 * 2, "precision": 4, "overflow": 2 * 2, "beta2": 2 * 2, "wortsman": 3 * 7}
+    assert len(arms) == sum(per_seed.values()) * len(a.seeds)
+    for family, n in per_seed.items():
+        assert sum(arm.family == family for arm in arms) == n * len(a.seeds)
+    names = [arm.name for arm in arms]
     assert len(set(names)) == len(names)
-    assert "post_ln·warmup=0/s2" in names and "qk_norm·lr=0.3/s0" in names and "fp16_unscaled/s1" in names
+    assert "xiong/post_ln·warmup=0·lr=0.003/s3" in names and "wortsman/qk_norm·lr=0.3/s0" in names
+    assert "overflow/fp16·lr/s1" in names and "beta2/beta2=0.999·lr_mult=4/s2" in names
 
 
-def test_the_base_lr_on_the_lr_grid_shares_the_base_arm():
-    arms = expand(grid(lrs=[0.01, 0.1], seeds=[0]).ablation)
-    assert len(arms) == 4 + 3 + 1 + (3 * 2 - 1)
-    assert set(arms[0].families) == {"block_warmup", "precision", "beta2", "stabilizer_lr"}
+def test_adding_a_value_adds_exactly_its_arms():
+    before = {a.name for a in expand(Config().ablation)}
+    after = {a.name for a in expand(study(beta2s=[0.95, 0.999, 0.99]).ablation)}
+    assert before < after and len(after - before) == 2 * 4  # β₂ = 0.99 x 2 LR multiples x 4 seeds
+
+
+def test_each_family_trains_in_the_conditions_its_source_names():
+    cfg = Config()
+    a = cfg.ablation
+    for arm in expand(a):
+        c, f = arm_config(cfg, arm), arm.factors
+        assert (c.model.d_model, c.train.seed, c.train.cpu_threads) == (a.d_model, arm.seed, 1)
+        if arm.family == "xiong":  # SP init, depth, no warmup vs a fraction of the run
+            assert c.mup.parametrization == "sp" and c.model.n_layer == a.xiong_depth
+            assert (c.model.block, c.optim.lr, c.train.steps) == (f["block"], f["lr"], a.xiong_steps)
+            assert c.schedule.warmup_steps == round(f["warmup"] * a.xiong_steps)
+        elif arm.family in ("precision", "overflow"):  # one numeric path for every format
+            assert c.precision.emulate == "always" and c.train.steps == a.steps
+            assert c.precision.mode == ("fp16" if f["precision"].startswith("fp16") else f["precision"])
+            assert c.precision.loss_scaling == (f["precision"] != "fp16_unscaled")
+        elif arm.family == "beta2":  # at least two memories of the slow second moment
+            assert c.train.steps >= 2 / (1 - 0.999) and c.optim.beta2 == f["beta2"]
+            assert c.optim.lr == pytest.approx(a.lr * f["lr_mult"])
+        else:  # Wortsman et al.: SP, independent weight decay, 5 % warmup
+            assert c.mup.parametrization == "sp" and c.optim.weight_decay_mode == "independent"
+            assert c.optim.weight_decay == a.independent_weight_decay
+            assert c.schedule.warmup_steps == round(0.05 * a.wortsman_steps)
+            assert c.model.qk_norm == (f["stabilizer"] == "qk_norm")
+            assert c.model.z_loss == (a.z_loss if f["stabilizer"] == "z_loss" else 0.0)
+        assert c.spike.kinds == [], "the spike stage's injections never reach an arm"
+
+
+def test_only_the_overflow_family_takes_a_spike_and_it_is_tied_to_steps():
+    a = Config().ablation
+    injected = [arm for arm in expand(a) if arm.spike != "none"]
+    assert injected and {arm.family for arm in injected} == {"overflow"}
+    spec = injection_spec("lr", a)
+    assert spec["tied_to"] == "step" and spec["start"] == a.steps // 2 and spec["magnitude"] == a.inject_magnitude
+    assert injection_spec("none", a) is None
+
+
+def test_the_overflow_familys_clean_twins_are_the_precision_familys_runs():
+    cfg = Config()
+    key = {}
+    for arm in expand(cfg.ablation):
+        probe = cfg.ablation.range_probe_every
+        key[arm.name] = arm_key(arm_config(cfg, arm), DATA, "code", arm.spike, probe)
+    assert key["overflow/fp16·none/s0"] == key["precision/fp16/s0"]
+    assert key["overflow/fp16·lr/s0"] != key["precision/fp16/s0"]
+    assert key["precision/fp16/s0"] != key["precision/fp16/s1"]
 
 
 def test_the_arm_code_digest_covers_existing_files_of_this_checkout():
@@ -47,217 +100,30 @@ def test_the_arm_code_digest_covers_existing_files_of_this_checkout():
     assert len(code_digest()) == 16 and code_digest() == code_digest()
 
 
-def test_adding_a_value_adds_exactly_its_arms():
-    before = {(tuple(a.factors.values()), a.seed) for a in expand(Config().ablation)}
-    after = {(tuple(a.factors.values()), a.seed) for a in expand(grid(beta2s=[0.95, 0.999, 0.99]).ablation)}
-    assert before < after and len(after - before) == 3  # β₂ = 0.99 x 3 seeds
-
-
-def test_each_arm_config_is_valid_and_carries_its_factors():
-    cfg = Config()
-    for arm in expand(cfg.ablation):
-        c = arm_config(cfg, arm)
-        assert (c.model.block, c.optim.beta2, c.schedule.warmup_steps, c.optim.lr, c.train.seed) == (
-            arm.block,
-            arm.beta2,
-            arm.warmup,
-            arm.lr,
-            arm.seed,
-        )
-        assert c.precision.mode == ("fp16" if arm.precision.startswith("fp16") else arm.precision)
-        assert c.precision.loss_scaling == (arm.precision != "fp16_unscaled")
-        assert c.model.qk_norm == (arm.stabilizer == "qk_norm")
-        assert c.model.z_loss == (cfg.ablation.z_loss if arm.stabilizer == "z_loss" else 0.0)
-        assert (c.model.d_model, c.train.steps, c.train.cpu_threads) == (cfg.ablation.d_model, cfg.ablation.steps, 1)
-
-
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
         ("ablation.precisions", ["bf16", "fp8"], "ablation.precisions[1]"),
-        ("ablation.inject_step", 299, "ablation.inject_step"),
-        ("ablation.warmups", [20, 300], "ablation.warmups"),
+        ("ablation.inject_fraction", 1.0, "ablation.inject_fraction"),
+        ("ablation.xiong_warmups", [0.1, 1.5], "ablation.xiong_warmups"),
         ("ablation.beta2s", [0.95, 0.95], "repeats a value"),
         ("ablation.d_model", 30, "ablation.d_model"),
         ("ablation.lrs", [], "ablation.lrs: must not be empty"),
+        ("ablation.overflow_precisions", ["bf16", "fp16"], None),  # fine as it is
+        ("ablation.seeds", [0, 0], "repeats a value"),
     ],
 )
-def test_a_bad_grid_is_refused_naming_the_key(key, value, message):
+def test_a_bad_study_is_refused_naming_the_key(key, value, message):
+    if message is None:
+        Config().replace(**{key: value})
+        return
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         Config().replace(**{key: value})
 
 
-# ----------------------------------------------------------------------------------------------
-# Statistics against hand-computed values
-# ----------------------------------------------------------------------------------------------
-
-
-def test_describe_gives_mean_sd_and_the_t_interval():
-    d = describe([1.0, 2.0, 3.0, None, float("inf")])
-    assert (d["n"], d["missing"], d["mean"], d["sd"]) == (3, 2, 2.0, 1.0)
-    half = 4.302652729911275 * 1.0 / math.sqrt(3)  # t(0.975, df=2) x SD / sqrt(n)
-    assert d["ci95"] == pytest.approx([2.0 - half, 2.0 + half])
-    assert describe([5.0])["ci95"] is None
-
-
-def test_compare_is_welchs_test_with_hedges_g():
-    a, b = [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0]
-    c = compare(a, b)
-    va, vb = 5 / 3, 4.0  # sample variances
-    t = (2.5 - 4.0) / math.sqrt(va / 4 + vb / 3)
-    pooled = math.sqrt((3 * va + 2 * vb) / 5)
-    assert c["diff"] == pytest.approx(-1.5) and c["t"] == pytest.approx(t)
-    assert c["hedges_g"] == pytest.approx(-1.5 / pooled * (1 - 3 / (4 * 7 - 9)))
-    assert 0.2 < c["p"] < 0.4  # Welch df ~ 3.4, |t| ~ 1.14
-    assert compare([1.0], [2.0, 3.0])["p"] is None
-
-
-def test_compare_with_an_infinite_value_keeps_the_sign_and_runs_no_test():
-    c = compare([1.0, math.inf, 2.0], [1.0, 1.1, 0.9])
-    assert c["diff"] == math.inf and c["p"] is None and c["test"].startswith("none")
-    assert compare([math.inf, 1.0], [math.inf, 2.0])["diff"] is None  # inf - inf: no sign either
-
-
-def json_round_trip(data):
-    """What a later stage reads back from metrics/*.json (tasks/runtime/files.py: write_json)."""
-    return json.loads(json.dumps(_finite_or_null(data), allow_nan=False))
-
-
-def test_a_spike_whose_loss_never_came_back_finite_counts_as_infinite_after_the_json_round_trip():
-    cfg = Config()
-    base = base_arm(cfg.ablation, 0)
-    rows_ = rows([5.0] * 150 + [None] * 150)
-    arms = []
-    for arm in expand(cfg.ablation):
-        broken = arm.precision == "fp16" or arm.beta2 == 0.999
-        response = spike_response(rows_ if broken else rows([5.0] * 300), 150, 3, 10, 0.03, end=300)
-        metrics = {"val_loss": 5.0, "init_loss": 6.0, "diverged": False, "nonfinite_steps": 0, **response}
-        arms.append(
-            {
-                "name": arm.name(base),
-                "seed": arm.seed,
-                "factors": arm.factors,
-                "status": "completed",
-                "metrics": metrics,
-            }
-        )
-    findings = {f.key: f for f in evaluate(cfg, json_round_trip({"arms": arms}), None, None)}
-    assert "scaled none finite + 3 non-finite" in findings["fp16"].numbers  # not "no runs", not a crash
-    assert "(Δ=+inf, none (a non-finite value: no t-test))" in findings["beta2"].numbers  # the worst, not missing
-    assert findings["beta2"].verdict == INCONCLUSIVE  # the right direction, untested
-
-
-def test_a_loss_scalers_overflow_skip_is_not_breakage_but_no_finite_loss_at_the_end_is():
-    assert not is_broken({"diverged": False, "nonfinite_steps": 1, "val_loss": 5.9})
-    assert is_broken({"diverged": False, "nonfinite_steps": 148, "val_loss": None})  # every step overflowed
-    assert is_broken({"diverged": True, "nonfinite_steps": 28, "val_loss": None})
-
-
-def test_fisher_and_the_slope_test_are_scipys():
-    assert fisher(3, 3, 0, 3)["p"] == pytest.approx(0.1)  # 2 / C(6,3)
-    s = slope_test([0, 1, 2, 3], [1.0, 3.0, 5.0, 7.1])
-    assert s["slope"] == pytest.approx(2.03) and s["p"] < 1e-3 and s["ci95"][0] < 2.03 < s["ci95"][1]
-
-
-def test_lr_sensitivity_caps_at_the_loss_at_init_and_counts_divergence():
-    # losses 3.0, 2.5, nan (diverged), 9.0 (above init 7): capped 3.0, 2.5, 7, 7; best 2.5
-    value = lr_sensitivity({1e-3: 3.0, 1e-2: 2.5, 1e-1: float("nan"), 1.0: 9.0}, init_loss=7.0)
-    assert value == pytest.approx((0.5 + 0.0 + 4.5 + 4.5) / 4)
-
-
-@pytest.mark.parametrize(
-    ("claims", "expected"),
-    [
-        ([Claim("a", 1.0, 0.01), Claim("b", 2.0, 0.001)], REPRODUCED),
-        ([Claim("a", 1.0, 0.01), Claim("b", 2.0, 0.2)], INCONCLUSIVE),
-        ([Claim("a", -1.0, 0.3), Claim("b", -2.0, 0.2)], NOT_REPRODUCED),  # nothing points the way
-        ([Claim("a", 1.0, 0.01), Claim("b", -2.0, 0.01)], NOT_REPRODUCED),  # one significantly opposite
-        ([Claim("a", -1.0, 0.01, expected=-1)], REPRODUCED),
-        ([Claim("a", 1.0, None)], INCONCLUSIVE),
-    ],
-)
-def test_the_verdict_rule(claims, expected):
-    assert verdict(claims) == expected
-
-
-def test_a_failed_precondition_is_not_reproduced():
-    assert verdict([Claim("a", 1.0, 0.001)], precondition_failed="bf16 broke too") == NOT_REPRODUCED
-
-
-def rows(losses, start=1):
-    return [{"step": start + i, "loss": v, "grad_norm": 1.0, "flagged": False} for i, v in enumerate(losses)]
-
-
-def test_spike_response_measures_peak_and_recovery_against_the_loss_before_it():
-    losses = [4.0] * 10 + [8.0, 6.0, 5.0] + [4.0] * 30  # injected at step 11
-    r = spike_response(rows(losses), start=11, duration=3, smooth=5, epsilon=0.03, end=43)
-    assert r["pre_spike_loss"] == 4.0 and r["peak_ratio"] == 2.0
-    assert r["recovered"] and r["recovery_steps"] == 3 + 5 - 1  # the 5-step mean is back once the spike left it
-
-
-def test_a_run_that_never_recovers_is_censored_and_a_nan_has_no_recovery():
-    never = spike_response(rows([4.0] * 10 + [6.0] * 20), start=11, duration=3, smooth=5, epsilon=0.03, end=30)
-    assert not never["recovered"] and never["recovery_steps"] is None and never["censored_at"] == 20
-    nan = spike_response(rows([4.0] * 10 + [None] * 5), start=11, duration=3, smooth=5, epsilon=0.03, end=30)
-    assert nan["peak_ratio"] == float("inf") and not nan["recovered"]
-
-
-def test_a_run_that_diverged_soon_after_the_spike_counts_every_planned_step_as_unrecovered():
-    # It stopped logging 5 steps after the spike; counting only its logged steps would make it the
-    # quickest to "recover" in the grid.
-    early = spike_response(rows([4.0] * 10 + [6.0] * 5), start=11, duration=3, smooth=5, epsilon=0.03, end=300)
-    assert early["censored_at"] == 290
-    assert recovery_censored(early) == 290.0
-
-
-def test_a_comparison_with_no_spread_between_seeds_is_untested_not_significant():
-    c = compare([6.9, 6.9, 6.9], [5.0, 5.0, 5.0])  # e.g. every seed diverged to the cap vs a flat control
-    assert c["diff"] == pytest.approx(1.9) and c["p"] is None and "no spread" in c["test"]
-    assert verdict([Claim("capped loss", c["diff"], c["p"])]) == INCONCLUSIVE
-
-
-def policy(kind_type, gap=0.0):
-    return {"type": kind_type, "final_gap": gap}
-
-
-@pytest.mark.parametrize(
-    "policies, expected",
-    [
-        ({"continue": policy(2, 0.2), "rollback": policy(1), "skip_batch": policy(1)}, INCONCLUSIVE),  # n=1: untested
-        ({"continue": policy(2, 0.2), "rollback": policy(2, 0.1), "skip_batch": policy(1)}, INCONCLUSIVE),
-        ({"continue": policy(2, 0.2), "rollback": policy(2, 0.1), "skip_batch": policy(2, 0.1)}, NOT_REPRODUCED),
-        ({"continue": policy(1), "rollback": policy(1), "skip_batch": policy(1)}, NOT_REPRODUCED),  # no gap to close
-    ],
-)
-def test_the_spike_policy_finding_goes_through_the_one_verdict_rule(policies, expected):
-    finding = {f.key: f for f in evaluate(Config(), {"arms": []}, None, {"lr": policies})}["spike"]
-    assert finding.verdict == expected
-    assert finding.verdict != REPRODUCED  # one run per policy can never reproduce a finding
-
-
-def test_post_ln_arms_that_diverged_without_warmup_are_counted():
-    cfg = Config()
-    base = base_arm(cfg.ablation, 0)
-    arms = []
-    for arm in expand(cfg.ablation):
-        diverged = arm.factors["block"] == "post_ln" and arm.factors["warmup"] == 0
-        metrics = {
-            "val_loss": None if diverged else 5.0,
-            "init_loss": 6.9,
-            "diverged": diverged,
-            **spike_response(rows([5.0] * 300), 150, 3, 10, 0.03, end=300),
-        }
-        arms.append(
-            {
-                "name": arm.name(base),
-                "seed": arm.seed,
-                "factors": arm.factors,
-                "status": "diverged" if diverged else "completed",
-                "metrics": metrics,
-            }
-        )
-    xiong = {f.key: f for f in evaluate(cfg, {"arms": arms}, None, None)}["xiong"]
-    assert "diverged without warmup: post-LN 3, pre-LN 0" in xiong.numbers
+def test_a_spiked_format_must_have_its_clean_twin():
+    with pytest.raises(ConfigError, match="ablation.overflow_precisions"):
+        study(precisions=["fp32", "bf16"], overflow_precisions=["bf16", "fp16"])
 
 
 @pytest.mark.parametrize(
@@ -269,6 +135,90 @@ def test_post_ln_arms_that_diverged_without_warmup_are_counted():
     ],
 )
 def test_an_arm_is_rerun_when_a_setting_that_shapes_its_result_changes(key, value, new_key):
-    cfg = arm_config(Config(), base_arm(Config().ablation, 0))
-    data = {"train": "a" * 64, "val": "b" * 64}
-    assert (arm_key(cfg.replace(**{key: value}), data, "code") != arm_key(cfg, data, "code")) == new_key
+    cfg = arm_config(Config(), Arm("precision", ("fp32",), 0))
+    before = arm_key(cfg, DATA, "code", "none", 100)
+    assert (arm_key(cfg.replace(**{key: value}), DATA, "code", "none", 100) != before) == new_key
+
+
+def test_a_spike_or_a_probe_changes_the_arms_key():
+    cfg = arm_config(Config(), Arm("precision", ("fp32",), 0))
+    keys = {arm_key(cfg, DATA, "code", s, p) for s in ("none", "lr") for p in (0, 100)}
+    assert len(keys) == 4
+
+
+# ----------------------------------------------------------------------------------------------
+# What is read off an arm's trace
+# ----------------------------------------------------------------------------------------------
+
+
+def trace(losses, flagged=(), rms=None) -> list[dict]:
+    return [
+        {
+            "step": i + 1,
+            "loss": loss,
+            "grad_norm": 1.0,
+            "update_rms": None if rms is None else rms[i],
+            "skipped": False,
+            "flagged": i + 1 in flagged,
+        }
+        for i, loss in enumerate(losses)
+    ]
+
+
+def test_natural_spikes_leave_out_the_warmup_and_the_injection_window():
+    rows = trace([5.0] * 100, flagged={3, 40, 41, 70})
+    assert natural_spikes(rows, after=6) == [40, 41, 70]
+    assert natural_spikes(rows, after=6, skip=range(38, 45)) == [70]
+
+
+def arm_result(losses, flagged=(), rms=None, status="completed", injection=None, ranges=()) -> dict:
+    return {
+        "rows": trace(losses, flagged, rms),
+        "summary": {
+            "status": status,
+            "diverged_at": None,
+            "val_loss": losses[-1],
+            "skipped": 0,
+            "overflows": 0,
+            "wall_s": 1.0,
+            "precision": "fp32",
+        },
+        "init_loss": 6.93,
+        "stats": {"attn_logit_max": 3.0},
+        "ranges": list(ranges),
+        "injection": injection,
+    }
+
+
+def test_arm_metrics_count_spikes_per_thousand_steps_after_warmup_and_the_update_rms_after_it():
+    cfg = Config().replace(**{"schedule.warmup_steps": 10, "train.steps": 110})
+    rms = [9.0] * 10 + [1.0] * 99 + [2.5]  # warmup's large updates are not counted
+    m = arm_metrics(arm_result([5.0] * 110, flagged={5, 50, 80}, rms=rms), cfg)
+    assert m["natural_spikes"] == 2 and m["spikes_per_1k"] == pytest.approx(1000 * 2 / 100)
+    assert m["update_rms_max"] == 2.5 and m["update_rms_mean"] == pytest.approx((99 + 2.5) / 100)
+    assert m["final_loss"] == 5.0 and m["attn_logit_max"] == 3.0
+
+
+def test_an_injected_spike_and_its_aftermath_are_not_natural_spikes():
+    cfg = Config().replace(**{"schedule.warmup_steps": 0, "train.steps": 100})
+    injection = {"start": 50, "duration": 3}
+    m = arm_metrics(arm_result([5.0] * 100, flagged={50, 51, 55, 90}, injection=injection), cfg, smooth=10)
+    assert m["natural_spikes"] == 1  # step 90; 50..62 is the injection's window
+
+
+def test_a_loss_that_went_non_finite_at_the_end_has_no_final_loss():
+    cfg = Config()
+    m = arm_metrics(arm_result([5.0] * 20 + [None] * 10, status="diverged"), cfg)
+    assert m["final_loss"] is None and m["diverged"] and m["nonfinite_steps"] == 10
+
+
+def test_range_extremes_take_the_worst_layer_of_the_mean_over_probes():
+    rows = [
+        {"step": 1, "layer": "block0", "quantity": "act_grad_underflow", "share": 0.02},
+        {"step": 100, "layer": "block0", "quantity": "act_grad_underflow", "share": 0.04},
+        {"step": 1, "layer": "block1", "quantity": "act_grad_underflow", "share": 0.05},
+        {"step": 100, "layer": "block1", "quantity": "act_grad_underflow", "share": 0.0},
+        {"step": 100, "layer": "block1", "quantity": "act_overflow", "share": 1e-4},
+    ]
+    assert range_extremes(rows) == {"grad_underflow_share": pytest.approx(0.03), "act_overflow_share": 1e-4}
+    assert range_extremes([]) == {"grad_underflow_share": None, "act_overflow_share": None}

@@ -30,6 +30,9 @@ from tasks.report.verdict import NOT_TESTED, Claim, verdict
 
 DESIGN_FILE = Path(__file__).with_name("preregistration.yaml")
 
+FAMILY_OF = {"xiong": "xiong", "fp16": "precision", "overflow": "overflow", "beta2": "beta2", "wortsman": "wortsman"}
+"""The family of arms each trained finding reads (tasks/ablate/grid.py: FAMILIES)."""
+
 
 @cache
 def design() -> dict[str, Any]:

@@ -1,14 +1,16 @@
 """The study's report, from the stages' outputs: ``reports/REPORT.md`` and the same page as one
 self-contained ``reports/report.html`` (figures embedded, opens offline), plus the verdicts as
-``metrics/report.json``. Sections: provenance (code version, profile, config hash), the findings
-table (tasks/report/findings.py), the ablation's variants with their intervals and figures, the
-μ-transfer, the spike study's policy table and post-mortems, pretraining, and the MLflow runs.
+``metrics/report.json``.
+
+Order, as a reader wants it: provenance and the rule; the findings (forest plot and table); one
+section per finding with its pre-registered design, its claims and its figures; the arms per
+family; the search, spike and pretraining stages; the change history; the MLflow runs. Verdicts
+are text badges (``REPRODUCED`` in a code span, a coloured box in the HTML): no emoji font needed.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import html
 import re
@@ -17,21 +19,37 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import Config
-from tasks.report.findings import CHANGED_AFTER_RESULTS, Finding, is_broken
+from tasks.report.findings import FAMILY_OF, Finding, design, design_hash
+from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED
 
 REPORTS = Path("reports")
-VERDICT_MARK = {"reproduced": "✅ reproduced", "not reproduced": "❌ not reproduced", "inconclusive": "❔ inconclusive"}
+VERDICTS = (REPRODUCED, CONTRADICTED, NOT_TESTED, INCONCLUSIVE)
 
-VARIANT_COLUMNS = (
+FINDING_FIGURES = {
+    "xiong_init": ["ablate/depth_probe.png"],
+    "xiong": ["ablate/xiong.png"],
+    "fp16": ["ablate/precision.png"],
+    "overflow": ["ablate/overflow.png"],
+    "beta2": ["ablate/beta2.png"],
+    "wortsman": ["ablate/wortsman.png", "ablate/trajectories.png"],
+    "mu_transfer": ["search/*.png"],
+    "spike": ["spike/*.png"],
+}
+"""The figures (globs under reports/) shown in each finding's section."""
+
+FAMILY_COLUMNS = (
     ("capped_loss", "val loss (capped)", "{:.3f}"),
-    ("peak_ratio", "spike peak ratio", "{:.3f}"),
-    ("recovery_steps_censored", "steps to recover", "{:.0f}"),
-    ("natural_spikes", "natural spikes", "{:.1f}"),
-    ("nonfinite_steps", "non-finite steps", "{:.1f}"),
-    ("attn_logit_max", "max attn logit", "{:.0f}"),
+    ("spikes_per_1k", "spikes / 1k steps", "{:.2f}"),
+    ("update_rms_max", "max update RMS", "{:.2f}"),
+    ("attn_logit_max", "max attn logit", "{:.3g}"),
     ("log_z_max", "max log Z", "{:.2f}"),
+    ("grad_underflow_share", "grads < 2⁻²⁴", "{:.2%}"),
 )
-"""The per-variant columns: figure, header, format of the mean."""
+"""The per-variant columns of the arms' tables: figure, header, format of the mean."""
+
+
+def badge(verdict: str) -> str:
+    return f"`{verdict.upper()}`"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -39,23 +57,13 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in clean)]
 
 
-def _interval(d: dict[str, Any], fmt: str) -> str:
-    if d.get("mean") is None:
-        return "-"
-    text = fmt.format(d["mean"])
-    if d.get("ci95"):
-        lo, hi = d["ci95"]
-        text += f" [{fmt.format(lo)}, {fmt.format(hi)}]"
-    return text + (f" ({d['missing']} not finite)" if d.get("missing") else "")
+def _images(project: Path, patterns: list[str]) -> list[str]:
+    paths = sorted({p for pattern in patterns for p in (project / REPORTS).glob(pattern)})
+    return [f"![{p.stem}]({p.relative_to(project / REPORTS).as_posix()})" for p in paths]
 
 
-def _figures(directory: Path, project: Path) -> list[str]:
-    return [f"![{p.stem}]({p.relative_to(project / REPORTS).as_posix()})" for p in sorted(directory.glob("*.png"))]
-
-
-def config_hash(project: Path, resolved: Path) -> str:
-    path = project / resolved
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "unknown (no params/resolved.yaml)"
+def _num(value: float | None, fmt: str = "{:+.3g}") -> str:
+    return "-" if value is None else fmt.format(value)
 
 
 def render_markdown(
@@ -69,113 +77,145 @@ def render_markdown(
     provenance: dict[str, str],
     stage_runs: dict[str, str],
 ) -> str:
+    counts = ", ".join(f"{sum(f.verdict == v for f in findings)} {v}" for v in VERDICTS)
     lines = [
         "# spikelab study report",
         "",
         f"Profile **{cfg.profile}** · code `{provenance['commit']}` · config hash `{provenance['config_hash']}` "
-        f"(sha256 of params/resolved.yaml) · built {provenance['built']}",
+        f"(sha256 of params/resolved.yaml) · design hash `{design_hash()}` (sha256 of "
+        f"tasks/report/preregistration.yaml) · built {provenance['built']}",
         "",
-        "Every number below is computed from the stages' outputs (`metrics/*.json`); verdicts follow one rule "
-        "fixed before the results (tasks/report/findings.py): *reproduced* when every claim holds in the expected "
-        "direction with p < 0.05, *not reproduced* when a claim goes significantly the other way, a "
-        "precondition fails (named in the numbers) or no "
-        "estimate points the expected way, *inconclusive* otherwise. Diverged runs count, at the loss at "
-        "initialisation; none is dropped.",
-        "",
-        "Changed after seeing results (and nothing else):",
-        "",
-        *(f"{i}. {c}" for i, c in enumerate(CHANGED_AFTER_RESULTS, 1)),
+        f"**{len(findings)} findings: {counts}.** Each finding was tested as its pre-registered design says "
+        "(tasks/report/preregistration.yaml), with one rule for all: "
+        f"{badge(NOT_TESTED)} when a named precondition failed; {badge(CONTRADICTED)} when any claim is "
+        f"significant (p < {design()['alpha']:g}) the other way; {badge(REPRODUCED)} when every claim is "
+        f"significant the predicted way (a \"no effect\" claim by two one-sided tests); {badge(INCONCLUSIVE)} "
+        "otherwise. Comparisons are paired by seed; diverged runs count at the loss at initialisation, and none "
+        f"is dropped. Unigram baseline on validation: **{_num(ablate.get('unigram_val_loss'), '{:.3f}')} nats**; "
+        f"a family is tested only if its base arm ended {design()['plateau_margin']:g} nats below it.",
         "",
         "## Findings",
         "",
+        *_images(project, ["report/forest.png"]),
+        "",
     ]
     lines += _table(
-        ["finding", "source", "verdict", "numbers", "test", "arms"],
+        ["finding", "source", "verdict", "why", "base arm val loss", "smallest detectable effect"],
         [
             [
-                f.claim,
-                f.source,
-                VERDICT_MARK[f.verdict],
-                f.numbers,
-                f.test,
-                f"{len(f.arms)}: " + ", ".join(f.arms[:6]) + (" …" if len(f.arms) > 6 else ""),
+                f"[{f.registered['claim']}](#{f.key})",
+                f.registered["source"],
+                badge(f.verdict),
+                f.precondition_failed or "; ".join(_claim_line(c) for c in f.claims) or "-",
+                _num(f.base_val_loss, "{:.3f}"),
+                "; ".join(f"{_num(c.mde, '{:.3g}')}" for c in f.claims) or "-",
             ]
             for f in findings
         ],
     )
+    lines.append("")
+    for f in findings:
+        lines += _finding_section(project, f)
     lines += [
-        "",
-        *_ablation_section(cfg, project, ablate),
+        *_arms_section(cfg, ablate),
         *_search_section(project, search),
         *_spike_section(project, spike),
         *_pretrain_section(project, pretrain),
+        *_changes_section(),
         *_runs_section(ablate, stage_runs),
     ]
     return "\n".join(lines) + "\n"
 
 
-def _ablation_section(cfg: Config, project: Path, ablate: dict[str, Any]) -> list[str]:
-    a, counts = cfg.ablation, ablate["counts"]
+def _claim_line(c) -> str:
+    state = "holds" if c.holds else "contradicted" if c.contradicted else "not significant"
+    p = f"p={c.p:.3g}" if c.p is not None else "no test"
+    return f"{c.what}: {_num(c.estimate)} ({p}, {state})"
+
+
+def _finding_section(project: Path, f: Finding) -> list[str]:
+    r = f.registered
     lines = [
-        "## Ablation grid",
+        f'<a id="{f.key}"></a>',
+        "",
+        f"## {r['claim']} — {badge(f.verdict)}",
+        "",
+        f"*Source:* {r['source']}. *Arms:* {r['arms']}. *Metric:* {r['metric']}. *Test:* {r['test']}. "
+        f"*Predicted:* {r['expected']}. *Precondition:* {r['precondition']}. *Why:* {r['justification']}.",
+        "",
+    ]
+    if f.precondition_failed:
+        lines += [f"**Not tested:** {f.precondition_failed}.", ""]
+    lines += [f"Numbers: {f.numbers}", ""]
+    if f.claims:
+        lines += _table(
+            ["claim", "estimate", "95 % interval", "p", "smallest detectable effect (80 % power)", "state"],
+            [
+                [
+                    c.what,
+                    _num(c.estimate),
+                    f"[{c.ci95[0]:+.3g}, {c.ci95[1]:+.3g}]" if c.ci95 else "-",
+                    _num(c.p, "{:.3g}"),
+                    _num(c.mde, "{:.3g}"),
+                    "holds" if c.holds else "contradicted" if c.contradicted else "not significant",
+                ]
+                for c in f.claims
+            ],
+        )
+        lines.append("")
+    return [*lines, *_images(project, FINDING_FIGURES.get(f.key, [])), ""]
+
+
+def _arms_section(cfg: Config, ablate: dict[str, Any]) -> list[str]:
+    counts = ablate["counts"]
+    lines = [
+        "## The arms, family by family",
         "",
         f"{len(ablate['arms'])} arms ({counts['completed']} completed, {counts['diverged']} diverged, "
         f"{counts['failed']} failed after retries{': ' + ', '.join(ablate['failed']) if ablate['failed'] else ''}), "
-        f"each trained from scratch for {a.steps} steps at width {a.d_model}, {a.n_layer} blocks, "
-        f"{a.seq_len}-token context, batch {a.batch_size}, seeds {a.seeds}, with one injected spike "
-        f"({a.inject} x{a.inject_magnitude:g} for {a.inject_duration} steps from step {a.inject_step}). "
-        "Per variant: mean over seeds [95 % t-interval].",
+        f"each trained from scratch at width {cfg.ablation.d_model}, {cfg.ablation.seq_len}-token context, "
+        f"seeds {cfg.ablation.seeds}. Per variant: mean over seeds [95 % t-interval].",
         "",
     ]
-    lines += _scale_note(ablate)
-    header = ["variant", "seeds", "status", *(h for _, h, _ in VARIANT_COLUMNS)]
+    header = ["family", "variant", "seeds", "status", *(h for _, h, _ in FAMILY_COLUMNS)]
     rows = []
-    for variant, entry in ablate["variants"].items():
+    for name, entry in ablate["variants"].items():
         statuses = ", ".join(f"{entry['status'].count(s)} {s}" for s in sorted(set(entry["status"])))
+        family, variant = name.split("/", 1)
         rows.append(
-            [
-                variant,
-                str(len(entry["seeds"])),
-                statuses,
-                *(_interval(entry["figures"][k], fmt) for k, _, fmt in VARIANT_COLUMNS),
-            ]
+            [family, variant, str(len(entry["seeds"])), statuses]
+            + [_interval(entry["figures"].get(k, {}), fmt) for k, _, fmt in FAMILY_COLUMNS]
         )
-    lines += _table(header, rows)
-    return [*lines, "", *_figures(project / REPORTS / "ablate", project), ""]
+    return [*lines, *_table(header, rows), ""]
 
 
-def _scale_note(ablate: dict[str, Any]) -> list[str]:
-    """How far training got at this scale, so a reader can weigh effects the findings look for."""
-    ran = [arm["metrics"] for arm in ablate["arms"] if arm.get("metrics")]
-    finite = [m["val_loss"] for m in ran if not is_broken(m)]
-    if not finite:
-        return []
-    init = max(m["init_loss"] for m in ran)
-    return [
-        f"What this scale can show: the {len(finite)} arms that ended with a finite loss ended between "
-        f"{min(finite):.3f} and {max(finite):.3f} nats of validation loss, against {init:.3f} at "
-        "initialisation: every arm is early in training, so the differences the findings test are small "
-        "at this scale, and an inconclusive row lacks power rather than counting against its finding.",
-        "",
-    ]
+def _interval(d: dict[str, Any], fmt: str) -> str:
+    if d.get("mean") is None:
+        return "-"
+    text = fmt.format(d["mean"])
+    if d.get("ci95"):
+        lo, hi = d["ci95"]
+        text += f" [{fmt.format(lo)}, {fmt.format(hi)}]"
+    return text + (f" ({d['missing']} not finite)" if d.get("missing") else "")
 
 
 def _search_section(project: Path, search: dict[str, Any] | None) -> list[str]:
     if not search:
         return ["## μ-transfer (search stage)", "", "The search stage has not run.", ""]
-    lines = ["## μ-transfer (search stage)", ""]
     rows = [
         [
             p,
             f"{search[p]['slope']:+.3f} ± {search[p]['slope_std']:.3f}",
             ", ".join(
-                f"{w}: {search[p]['widths'][w]['log2_lr_opt']:.2f}" for w in sorted(search[p]["widths"], key=int)
+                f"{w}: {search[p]['widths'][w]['log2_lr_opt']:.2f} ({search[p]['widths'][w]['loss_opt']:.3f} nats)"
+                for w in sorted(search[p]["widths"], key=int)
             ),
         ]
         for p in ("sp", "mup")
         if p in search
     ]
-    lines += _table(["parametrization", "slope of log₂ η* vs log₂ width (± SD over seeds)", "log₂ η* per width"], rows)
+    lines = ["## μ-transfer (search stage)", ""]
+    lines += _table(["parametrization", "slope (± SD over seeds)", "log₂ η* (loss there) per width"], rows)
     transfer = search.get("transfer", {})
     if transfer:
         lines += [
@@ -184,18 +224,12 @@ def _search_section(project: Path, search: dict[str, Any] | None) -> list[str]:
             f"target width {transfer.get('loss_gap', float('nan')):+.4f} nats; compute ratio "
             f"{transfer.get('compute_ratio', float('nan')):.2f}.",
         ]
-    return [*lines, "", *_figures(project / REPORTS / "search", project), ""]
+    return [*lines, ""]
 
 
 def _spike_section(project: Path, spike: dict[str, Any] | None) -> list[str]:
     if not spike:
         return ["## Spike study", "", "The spike stage has not run.", ""]
-    lines = [
-        "## Spike study (from the pretrain milestone)",
-        "",
-        f"False alarms on the clean control: {spike.get('false_positives')}.",
-        "",
-    ]
     rows = []
     for kind, by_policy in spike.items():
         if isinstance(by_policy, dict) and "continue" in by_policy:
@@ -214,26 +248,23 @@ def _spike_section(project: Path, spike: dict[str, Any] | None) -> list[str]:
                             f"{s['cost_usd']:.5f}",
                         ]
                     )
-    lines += _table(
-        [
-            "injection",
-            "policy",
-            "type",
-            "peak ratio",
-            "steps to recover",
-            "final gap",
-            "detection latency",
-            "cost (USD)",
-        ],
-        rows,
-    )
+    lines = [
+        "## Spike study (from the pretrain milestone)",
+        "",
+        f"False alarms on the clean control: {spike.get('false_positives')}.",
+        "",
+        *_table(
+            ["injection", "policy", "type", "peak ratio", "steps to recover", "final gap", "detection latency", "cost (USD)"],
+            rows,
+        ),
+    ]
     postmortems = sorted((project / REPORTS / "postmortems").glob("*.md"))
-    lines += [
+    return [
+        *lines,
         "",
         "Post-mortems: " + (", ".join(f"[{p.stem}](postmortems/{p.name})" for p in postmortems) or "none"),
         "",
     ]
-    return [*lines, *_figures(project / REPORTS / "spike", project), ""]
 
 
 def _pretrain_section(project: Path, pretrain: dict[str, Any] | None) -> list[str]:
@@ -247,7 +278,20 @@ def _pretrain_section(project: Path, pretrain: dict[str, Any] | None) -> list[st
         f"{pretrain['final_loss']:.4f}, validation loss {pretrain['val_loss']:.4f}; grad norm "
         f"{tel.get('grad_norm', float('nan')):.3g}, max attention logit {tel.get('attn_logit_max', float('nan')):.3g}.",
         "",
-        *_figures(project / REPORTS / "pretrain", project),
+        *_images(project, ["pretrain/*.png"]),
+        "",
+    ]
+
+
+def _changes_section() -> list[str]:
+    changes = design().get("changes_after_results") or []
+    return [
+        "## Changes made after a result was seen",
+        "",
+        f"Design hash `{design_hash()}`. Every change to the design, the arms, sizes, seeds, thresholds or tests "
+        "made after any of its results was seen (tasks/report/preregistration.yaml, `changes_after_results`):",
+        "",
+        *([f"{i}. {c}" for i, c in enumerate(changes, 1)] or ["None."]),
         "",
     ]
 
@@ -255,7 +299,7 @@ def _pretrain_section(project: Path, pretrain: dict[str, Any] | None) -> list[st
 def _runs_section(ablate: dict[str, Any], stage_runs: dict[str, str]) -> list[str]:
     lines = ["## MLflow runs", ""]
     lines += [f"- {stage}: [{url}]({url})" for stage, url in stage_runs.items()] or ["- no tracking server answered"]
-    lines += ["", "Ablation arms (child runs of the ablate stage's run; each reproduces with its command):", ""]
+    lines += ["", "Arms (child runs of the ablate stage's run; each reproduces with its command):", ""]
     lines += _table(
         ["arm", "status", "MLflow", "command"],
         [
@@ -275,16 +319,19 @@ def _runs_section(ablate: dict[str, Any], stage_runs: dict[str, str]) -> list[st
 # HTML
 # ----------------------------------------------------------------------------------------------
 
+BADGE_COLOURS = {REPRODUCED: "#1a7f37", CONTRADICTED: "#cf222e", NOT_TESTED: "#6e7781", INCONCLUSIVE: "#9a6700"}
+
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;line-height:1.45}
 table{border-collapse:collapse;font-size:.85em;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top}
-th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee;margin:.5em 0}code{font-size:.85em;word-break:break-all}"""
+th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee;margin:.5em 0}code{font-size:.85em;word-break:break-all}
+.badge{color:#fff;border-radius:4px;padding:1px 6px;font-weight:600;font-size:.8em;white-space:nowrap}"""
 
 
 def render_html(markdown_text: str, reports_dir: Path) -> str:
-    """The markdown as one page with every figure embedded (data URIs): nothing to fetch."""
+    """The markdown as one page with every figure embedded (data URIs) and verdicts as coloured badges."""
     from markdown_it import MarkdownIt
 
-    body = MarkdownIt("commonmark").enable("table").render(markdown_text)
+    body = MarkdownIt("commonmark", {"html": True}).enable("table").render(markdown_text)
 
     def embed(match: re.Match) -> str:
         path = reports_dir / html.unescape(match.group(1))
@@ -293,20 +340,50 @@ def render_html(markdown_text: str, reports_dir: Path) -> str:
         return f'src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}"'
 
     body = re.sub(r'src="([^"]+\.png)"', embed, body)
+    for verdict, colour in BADGE_COLOURS.items():
+        body = body.replace(
+            f"<code>{verdict.upper()}</code>", f'<span class="badge" style="background:{colour}">{verdict.upper()}</span>'
+        )
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>spikelab study report</title>"
         f"<style>{STYLE}</style></head><body>{body}</body></html>\n"
     )
 
 
-def verdicts(findings: list[Finding]) -> dict[str, Any]:
-    """metrics/report.json: per finding its verdict and details; counts per verdict."""
+def report_json(findings: list[Finding], ablate: dict[str, Any]) -> dict[str, Any]:
+    """metrics/report.json: per finding its verdict, test, source, smallest detectable effects and
+    claims; the unigram baseline and each family's base-arm loss; counts per verdict."""
     return {
-        "findings": {f.key: dataclasses.asdict(f) for f in findings},
-        "counts": {
-            v: sum(1 for f in findings if f.verdict == v) for v in ("reproduced", "not reproduced", "inconclusive")
-        },
+        "design_hash": design_hash(),
+        "unigram_val_loss": ablate.get("unigram_val_loss"),
+        "base_val_loss": {FAMILY_OF[f.key]: f.base_val_loss for f in findings if f.key in FAMILY_OF},
+        "findings": {f.key: f.to_json() for f in findings},
+        "counts": {v: sum(1 for f in findings if f.verdict == v) for v in VERDICTS},
     }
+
+
+def forest_rows(findings: list[Finding]) -> list[dict[str, Any]]:
+    """One row per claim for the forest plot (tasks/report/figures.py)."""
+    return [
+        {
+            "finding": f.key,
+            "claim": c.what,
+            "estimate": c.estimate,
+            "ci95": c.ci95,
+            "expected": c.expected,
+            "kind": c.kind,
+            "margin": f.registered.get("margin") if c.kind == "equivalence" else None,
+            "verdict": f.verdict,
+            "unit": c.unit,
+        }
+        for f in findings
+        for c in f.claims
+    ]
+
+
+def config_hash(project: Path, resolved: Path) -> str:
+    path = project / resolved
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "unknown (no params/resolved.yaml)"
 
 
 def provenance(project: Path, resolved: Path, commit: str | None) -> dict[str, str]:
@@ -315,3 +392,4 @@ def provenance(project: Path, resolved: Path, commit: str | None) -> dict[str, s
         "config_hash": config_hash(project, resolved),
         "built": time.strftime("%Y-%m-%d %H:%M %Z"),
     }
+

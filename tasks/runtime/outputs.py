@@ -77,5 +77,9 @@ REPORT_MD = Path("reports/REPORT.md")
 """report: the findings table with verdicts, the stages' key results, links to every run."""
 REPORT_HTML = Path("reports/report.html")
 """report: the same, one self-contained page (figures embedded), opens offline."""
+REPORT_FIGURES = Path("reports/report")
+"""report: its own figures."""
+REPORT_FOREST = REPORT_FIGURES / "forest.png"
+"""report: every claim's paired effect with its 95 % interval, findings side by side."""
 REPORT_METRICS = Path("metrics/report.json")
 """report: each finding's verdict, numbers and test (a DVC metric)."""
