@@ -29,8 +29,8 @@ from prefect.futures import as_completed
 from flows.forms import Profile
 from model.typed_config import ConfigError
 from tasks.ablate.arm import run_command
-from tasks.ablate.figures import family_figures
 from tasks.ablate.depth import depth_probe
+from tasks.ablate.figures import family_figures
 from tasks.ablate.grid import (
     Arm,
     arm_config,
@@ -252,7 +252,11 @@ metrics/ablate.json (they stay in each arm's result.json and its MLflow run)."""
 def write_outputs(cfg: Config, project: Path, rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     """metrics/ablate.json and the figures, from every arm (failed ones are listed, not dropped)."""
     arms = [
-        {k: (str(v) if isinstance(v, Path) else v) for k, v in row.items() if k not in ("result", "directory", "config")}
+        {
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in row.items()
+            if k not in ("result", "directory", "config")
+        }
         | {"command": shown(row["command"])}
         | {t: (row["result"] or {}).get(t, []) for t in TRACES}
         for row in rows

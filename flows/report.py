@@ -14,8 +14,8 @@ from flows.forms import Profile
 from model.typed_config import InputError
 from tasks.config import project_config
 from tasks.params import RESOLVED
-from tasks.report.findings import evaluate
 from tasks.report.figures import forest_plot
+from tasks.report.findings import evaluate
 from tasks.report.render import forest_rows, provenance, render_html, render_markdown, report_json
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import read_json, staged, write_json

@@ -29,9 +29,9 @@ import torch
 
 from model.callbacks import Callback
 from model.data import open_split
+from model.probes import RangeProbe
 from model.spike import Injection, Trace, collapse_stats, injection_callback, make_detector, sample
 from model.stops import EXIT_CODES
-from model.probes import RangeProbe
 from model.telemetry import adam_update_rms
 from model.train import train
 from model.typed_config import UserError, add_config_arguments, parse_sets

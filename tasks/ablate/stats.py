@@ -34,9 +34,9 @@ FIGURES = (
     "final_loss",
     "val_loss",
     "capped_loss",
-    "peak_ratio",
-    "recovery_steps_censored",
     "natural_spikes",
+    "spikes_per_1k",
+    "update_rms_max",
     "nonfinite_steps",
     "skipped",
     "overflows",
@@ -44,6 +44,8 @@ FIGURES = (
     "logits_max",
     "log_z_max",
     "attn_entropy_min",
+    "grad_underflow_share",
+    "act_overflow_share",
 )
 """Per-arm figures summarised per variant (tasks/ablate/grid.py: arm_metrics, plus the derived ones)."""
 
@@ -56,17 +58,10 @@ def capped_loss(m: dict[str, Any]) -> float:
     return min(loss, m["init_loss"])
 
 
-def recovery_censored(m: dict[str, Any]) -> float | None:
-    """Recovery steps, a run that never recovered counted as the steps it had left (a lower bound)."""
-    if m.get("recovery_steps") is not None:
-        return float(m["recovery_steps"])
-    return float(m["censored_at"]) if m.get("censored_at") is not None else None
-
-
 def derived(m: dict[str, Any]) -> dict[str, Any]:
     if not m:
         return {}
-    return {**m, "capped_loss": capped_loss(m), "recovery_steps_censored": recovery_censored(m)}
+    return {**m, "capped_loss": capped_loss(m)}
 
 
 def describe(values: Sequence[float | None]) -> dict[str, Any]:
@@ -91,12 +86,12 @@ def describe(values: Sequence[float | None]) -> dict[str, Any]:
 
 
 def variant_table(arms: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per variant: its factors, seeds, statuses and every FIGURES entry described over seeds."""
+    """Per ``family/variant``: its factors, seeds, statuses and every FIGURES entry described over seeds."""
     table: dict[str, dict[str, Any]] = {}
     for arm in arms:
         entry = table.setdefault(
-            arm["variant"],
-            {"factors": arm["factors"], "families": arm["families"], "seeds": [], "status": [], "_m": []},
+            f"{arm['family']}/{arm['variant']}",
+            {"family": arm["family"], "factors": arm["factors"], "seeds": [], "status": [], "_m": []},
         )
         entry["seeds"].append(arm["seed"])
         entry["status"].append(arm["status"])
@@ -106,53 +101,6 @@ def variant_table(arms: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         entry["diverged"] = sum(1 for m in ms if m["diverged"])
         entry["figures"] = {f: describe([m.get(f) for m in ms]) for f in FIGURES}
     return table
-
-
-def compare(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
-    """Group ``a`` against group ``b``: the mean difference a - b, Hedges' g (pooled SD, small-sample
-    corrected), and Welch's t-test (unequal variances), two-sided. With no spread in either group
-    (every seed the same value) the test is undefined and p is None, as with an infinite value (a
-    spike whose loss never came back finite), which leaves only the sign of the difference."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    with np.errstate(invalid="ignore"):
-        diff = float(a.mean() - b.mean())  # inf where one side has an infinite value, nan where both
-    out: dict[str, Any] = {
-        "test": "Welch t-test",
-        "n": [len(a), len(b)],
-        "mean_a": float(a.mean()),
-        "mean_b": float(b.mean()),
-        "diff": None if math.isnan(diff) else diff,
-        "hedges_g": None,
-        "t": None,
-        "p": None,
-    }
-    if not (np.isfinite(a).all() and np.isfinite(b).all()):
-        out["test"] = "none (a non-finite value: no t-test)"
-        return out
-    if len(a) < 2 or len(b) < 2:
-        out["test"] = "none (fewer than 2 seeds a side)"
-        return out
-    if np.ptp(a) == 0 and np.ptp(b) == 0:  # every seed the same value on both sides (e.g. all at the cap)
-        out["test"] = "none (no spread between seeds: no t-test)"
-        return out
-    pooled = math.sqrt(((len(a) - 1) * a.var(ddof=1) + (len(b) - 1) * b.var(ddof=1)) / (len(a) + len(b) - 2))
-    correction = 1 - 3 / (4 * (len(a) + len(b)) - 9)
-    out["hedges_g"] = diff / pooled * correction
-    result = stats.ttest_ind(a, b, equal_var=False)
-    out["t"], out["p"] = float(result.statistic), float(result.pvalue)
-    return out
-
-
-def fisher(events_a: int, n_a: int, events_b: int, n_b: int) -> dict[str, Any]:
-    """Fisher's exact test of two event counts (diverged runs), two-sided."""
-    odds, p = stats.fisher_exact([[events_a, n_a - events_a], [events_b, n_b - events_b]])
-    return {
-        "test": "Fisher exact",
-        "events": [events_a, events_b],
-        "n": [n_a, n_b],
-        "odds_ratio": float(odds),
-        "p": float(p),
-    }
 
 
 def mde_paired(n: int, sd: float, alpha: float = ALPHA, power: float = POWER) -> float | None:

@@ -26,7 +26,7 @@ import yaml
 from tasks.ablate.grid import base_values
 from tasks.ablate.stats import derived, divergence_rates, lr_sensitivity, paired, slope_test, tost_paired, tost_slope
 from tasks.config import Config
-from tasks.report.verdict import NOT_TESTED, Claim, verdict
+from tasks.report.verdict import Claim, verdict
 
 DESIGN_FILE = Path(__file__).with_name("preregistration.yaml")
 
@@ -90,11 +90,18 @@ def decide(
     details: dict[str, Any] | None = None,
 ) -> Finding:
     return Finding(
-        key, verdict(claims, precondition_failed), claims, precondition_failed, numbers, arms, base_val_loss, details or {}
+        key,
+        verdict(claims, precondition_failed),
+        claims,
+        precondition_failed,
+        numbers,
+        arms,
+        base_val_loss,
+        details or {},
     )
 
 
-def direction(what: str, comparison: dict[str, Any], expected: int) -> Claim:
+def direction(what: str, comparison: dict[str, Any], expected: int, unit: str = "nats") -> Claim:
     """A directional claim from a paired comparison (tasks/ablate/stats.py: paired)."""
     return Claim(
         what,
@@ -103,6 +110,7 @@ def direction(what: str, comparison: dict[str, Any], expected: int) -> Claim:
         expected,
         ci95=comparison.get("ci95"),
         mde=comparison.get("mde"),
+        unit=unit,
     )
 
 
@@ -121,9 +129,7 @@ class Arms:
 
     def select(self, family: str, **factors: Any) -> list[dict[str, Any]]:
         return [
-            a
-            for a in self.arms
-            if a["family"] == family and all(a["factors"].get(k) == v for k, v in factors.items())
+            a for a in self.arms if a["family"] == family and all(a["factors"].get(k) == v for k, v in factors.items())
         ]
 
     def values(self, family: str, figure: str, **factors: Any) -> dict[tuple, Any]:
@@ -174,9 +180,9 @@ def _cmp(c: dict[str, Any], unit: str = "nats") -> str:
 
 
 def _rate(d: dict[str, Any]) -> str:
-    (ea, eb), (na, nb) = d["events"], d["n"]
+    (ea, eb), n = d["events"], d["n"]
     p = f", McNemar p={d['p']:.3g}" if d.get("p") is not None else ""
-    return f"{ea}/{na} vs {eb}/{nb}{p}"
+    return f"{ea}/{n} vs {eb}/{n}{p}"
 
 
 def _diverged(arms: Arms, family: str, **factors: Any) -> dict[tuple, bool]:
@@ -195,14 +201,16 @@ def xiong_init(cfg: Config, ablate: dict[str, Any], **_: Any) -> Finding:
     last = probe["last_layer"]  # block -> depth -> seed -> gradient norm
     depths = sorted(int(d) for d in last["post_ln"])
     ratio = {
-        (int(s), d): math.log(last["post_ln"][str(d)][s] / last["pre_ln"][str(d)][s]) for d in depths for s in last["post_ln"][str(d)]
+        (int(s), d): math.log(last["post_ln"][str(d)][s] / last["pre_ln"][str(d)][s])
+        for d in depths
+        for s in last["post_ln"][str(d)]
     }
     deepest = {(s,): r for (s, d), r in ratio.items() if d == depths[-1]}
     at_depth = paired(deepest, {u: 0.0 for u in deepest})
     slope = slope_test([math.log(d) for _, d in ratio], list(ratio.values()))
     claims = [
-        direction(f"log(Post-LN / Pre-LN) last-layer grad norm at depth {depths[-1]}", at_depth, +1),
-        Claim("slope of that log ratio on log depth", slope["slope"], slope["p"], +1, ci95=slope["ci95"]),
+        direction(f"log(Post-LN / Pre-LN) last-layer grad norm at depth {depths[-1]}", at_depth, +1, "log ratio"),
+        Claim("slope of that log ratio on log depth", slope["slope"], slope["p"], +1, ci95=slope["ci95"], unit="slope"),
     ]
     mean_ratio = {d: float(np.exp(np.mean([r for (s, dd), r in ratio.items() if dd == d]))) for d in depths}
     numbers = (
@@ -211,7 +219,9 @@ def xiong_init(cfg: Config, ablate: dict[str, Any], **_: Any) -> Finding:
         + f"; at L={depths[-1]} {_cmp(at_depth, 'log')}; slope on log L {slope['slope']:+.3f} "
         f"[{slope['ci95'][0]:+.3f}, {slope['ci95'][1]:+.3f}], p={slope['p']:.3g} (Theorem 1 predicts +0.5)"
     )
-    return decide("xiong_init", claims, numbers, [f"depth probe: L={d}" for d in depths], details={"ratio_by_depth": mean_ratio})
+    return decide(
+        "xiong_init", claims, numbers, [f"depth probe: L={d}" for d in depths], details={"ratio_by_depth": mean_ratio}
+    )
 
 
 def xiong(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -> Finding:
@@ -223,12 +233,16 @@ def xiong(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) 
     loss = {(b, w): arms.values("xiong", "capped_loss", block=b, warmup=w) for b in a.blocks for w in (0.0, warm)}
     post = paired(loss["post_ln", 0.0], loss["post_ln", warm])
     pre = paired(loss["pre_ln", 0.0], loss["pre_ln", warm])
-    interaction = paired(subtract(loss["post_ln", 0.0], loss["post_ln", warm]), subtract(loss["pre_ln", 0.0], loss["pre_ln", warm]))
+    interaction = paired(
+        subtract(loss["post_ln", 0.0], loss["post_ln", warm]), subtract(loss["pre_ln", 0.0], loss["pre_ln", warm])
+    )
     claims = [
         direction("Post-LN: no warmup − warmup, final loss", post, +1),
         direction("warmup's effect, Post-LN − Pre-LN (interaction)", interaction, +1),
     ]
-    diverged = divergence_rates(_diverged(arms, "xiong", block="post_ln", warmup=0.0), _diverged(arms, "xiong", block="post_ln", warmup=warm))
+    diverged = divergence_rates(
+        _diverged(arms, "xiong", block="post_ln", warmup=0.0), _diverged(arms, "xiong", block="post_ln", warmup=warm)
+    )
     base_loss = arms.mean("xiong", "capped_loss", **base)
     numbers = (
         f"final val loss (capped at ln V), paired by (seed, LR): Post-LN no warmup − {warm:.0%} warmup "
@@ -266,9 +280,12 @@ def fp16(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -
             p_difference=scaled.get("p"),
             ci95=scaled.get("ci95"),
             mde=scaled.get("mde"),
+            unit="nats",
         ),
     ]
-    underflow = [v for v in arms.values("precision", "grad_underflow_share", precision="fp32").values() if v is not None]
+    underflow = [
+        v for v in arms.values("precision", "grad_underflow_share", precision="fp32").values() if v is not None
+    ]
     share = float(np.mean(underflow)) if underflow else None
     base_loss = arms.mean("precision", "capped_loss", precision=a.precisions[0])
     failed = plateau_gate(base_loss, unigram, f"the base arm ({a.precisions[0]})")
@@ -285,7 +302,13 @@ def fp16(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -
         f"2⁻²⁴ in the fp32 arms (worst layer): {'-' if share is None else f'{share:.3%}'}"
     )
     return decide(
-        "fp16", claims, numbers, arms.names("precision"), failed, base_loss, {"underflow_share": share, "tost": equivalence}
+        "fp16",
+        claims,
+        numbers,
+        arms.names("precision"),
+        failed,
+        base_loss,
+        {"underflow_share": share, "tost": equivalence},
     )
 
 
@@ -329,8 +352,8 @@ def beta2(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) 
         for figure in ("spikes_per_1k", "update_rms_max", "capped_loss")
     }
     claims = [
-        direction("natural spikes per 1,000 steps, 0.999 − 0.95", comparisons["spikes_per_1k"], +1),
-        direction("largest update RMS, 0.999 − 0.95", comparisons["update_rms_max"], +1),
+        direction("natural spikes per 1,000 steps, 0.999 − 0.95", comparisons["spikes_per_1k"], +1, "spikes/1k"),
+        direction("largest update RMS, 0.999 − 0.95", comparisons["update_rms_max"], +1, "RMS"),
     ]
     base_loss = arms.mean("beta2", "capped_loss", **base_values(a, "beta2"))
     numbers = (
@@ -398,7 +421,11 @@ def wortsman(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: An
         arms.names("wortsman"),
         plateau_gate(base_loss, unigram, f"the base arm (none, at its best LR {best_lr:g})" if best_lr else "none"),
         base_loss,
-        {"sensitivity": {s: list(v.values()) for s, v in sens.items()}, "comparisons": comparisons, "critical_lr": critical},
+        {
+            "sensitivity": {s: list(v.values()) for s, v in sens.items()},
+            "comparisons": comparisons,
+            "critical_lr": critical,
+        },
     )
 
 
@@ -416,7 +443,7 @@ def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | Non
     equivalence = tost_slope(*xy["mup"], registered["margin"])
     sp, mup = fits["sp"], fits["mup"]
     claims = [
-        Claim("SP: slope of log₂ η* on log₂ width", sp["slope"], sp["p"], -1, ci95=sp["ci95"]),
+        Claim("SP: slope of log₂ η* on log₂ width", sp["slope"], sp["p"], -1, ci95=sp["ci95"], unit="slope"),
         Claim(
             f"μP: slope within ±{registered['margin']:g}",
             mup["slope"],
@@ -425,12 +452,15 @@ def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | Non
             kind="equivalence",
             p_difference=mup["p"],
             ci95=mup["ci95"],
+            unit="slope",
         ),
     ]
     s = cfg.search
     failed = None
     if s.lr_points < 7 or len(s.seeds) < 3 or len(s.widths) < 3:
-        failed = f"the search has {s.lr_points} LR points, {len(s.seeds)} seeds, {len(s.widths)} widths (needs >= 7, 3, 3)"
+        failed = (
+            f"the search has {s.lr_points} LR points, {len(s.seeds)} seeds, {len(s.widths)} widths (needs >= 7, 3, 3)"
+        )
     worst = max(entry["loss_opt"] for p in ("sp", "mup") for entry in search[p]["widths"].values())
     failed = failed or plateau_gate(worst, unigram, "the search's worst fitted optimum")
     numbers = (
@@ -439,7 +469,9 @@ def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | Non
         f"±{registered['margin']:g} p={_p(equivalence)}; widths {', '.join(sorted(search['sp']['widths'], key=int))}; "
         f"loss at the optimum up to {worst:.3f} nats"
     )
-    return decide("mu_transfer", claims, numbers, ["search stage: " + ", ".join(search.get("studies", []))], failed, worst, fits)
+    return decide(
+        "mu_transfer", claims, numbers, ["search stage: " + ", ".join(search.get("studies", []))], failed, worst, fits
+    )
 
 
 def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:

@@ -89,7 +89,7 @@ def render_markdown(
         "(tasks/report/preregistration.yaml), with one rule for all: "
         f"{badge(NOT_TESTED)} when a named precondition failed; {badge(CONTRADICTED)} when any claim is "
         f"significant (p < {design()['alpha']:g}) the other way; {badge(REPRODUCED)} when every claim is "
-        f"significant the predicted way (a \"no effect\" claim by two one-sided tests); {badge(INCONCLUSIVE)} "
+        f'significant the predicted way (a "no effect" claim by two one-sided tests); {badge(INCONCLUSIVE)} '
         "otherwise. Comparisons are paired by seed; diverged runs count at the loss at initialisation, and none "
         f"is dropped. Unigram baseline on validation: **{_num(ablate.get('unigram_val_loss'), '{:.3f}')} nats**; "
         f"a family is tested only if its base arm ended {design()['plateau_margin']:g} nats below it.",
@@ -254,7 +254,16 @@ def _spike_section(project: Path, spike: dict[str, Any] | None) -> list[str]:
         f"False alarms on the clean control: {spike.get('false_positives')}.",
         "",
         *_table(
-            ["injection", "policy", "type", "peak ratio", "steps to recover", "final gap", "detection latency", "cost (USD)"],
+            [
+                "injection",
+                "policy",
+                "type",
+                "peak ratio",
+                "steps to recover",
+                "final gap",
+                "detection latency",
+                "cost (USD)",
+            ],
             rows,
         ),
     ]
@@ -342,7 +351,8 @@ def render_html(markdown_text: str, reports_dir: Path) -> str:
     body = re.sub(r'src="([^"]+\.png)"', embed, body)
     for verdict, colour in BADGE_COLOURS.items():
         body = body.replace(
-            f"<code>{verdict.upper()}</code>", f'<span class="badge" style="background:{colour}">{verdict.upper()}</span>'
+            f"<code>{verdict.upper()}</code>",
+            f'<span class="badge" style="background:{colour}">{verdict.upper()}</span>',
         )
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>spikelab study report</title>"
@@ -392,4 +402,3 @@ def provenance(project: Path, resolved: Path, commit: str | None) -> dict[str, s
         "config_hash": config_hash(project, resolved),
         "built": time.strftime("%Y-%m-%d %H:%M %Z"),
     }
-

@@ -53,6 +53,7 @@ class Claim:
     p_difference: float | None = None
     ci95: list[float] | None = None
     mde: float | None = None
+    unit: str = ""
 
     def __post_init__(self) -> None:
         allowed = {DIRECTION: (1, -1), EQUIVALENCE: (0,)}

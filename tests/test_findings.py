@@ -1,0 +1,133 @@
+"""The findings on constructed studies: each finding reads the arms its pre-registered design names,
+pairs them by seed, gates on the unigram plateau and on its own precondition, and reaches each of
+the four verdicts where the numbers say so; metrics/report.json carries what a reader checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tasks.ablate.grid import expand
+from tasks.config import Config
+from tasks.report.findings import FINDINGS, FAMILY_OF, design, evaluate
+from tasks.report.render import forest_rows, report_json
+from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED
+
+UNIGRAM = 5.97
+INIT = math.log(1024)
+
+
+def loss_of(family: str, f: dict, seed: int, effects: dict) -> float:
+    """A final loss well past the plateau, a per-seed offset shared by every arm of the seed (what
+    pairing removes), noise small against the effects, and the constructed effects."""
+    loss = 4.5 + 0.05 * seed + 0.002 * ((seed * 7 + len(str(f))) % 5)
+    if family == "xiong" and f["block"] == "post_ln" and f["warmup"] == 0:
+        loss += effects.get("post_ln_no_warmup", 0.0) * (1 + 0.1 * seed)
+    if family == "precision" and f["precision"] == "fp16_unscaled":
+        loss += effects.get("unscaled", 0.0) * (1 + 0.1 * seed)
+    if family == "wortsman":
+        loss += 0.1 * abs(math.log10(f["lr"]) + 2) * (0.5 if f["stabilizer"] != "none" else 1.0) * (1 + 0.05 * seed)
+    return loss + effects.get("all", 0.0)
+
+
+def study(cfg: Config, **effects) -> dict:
+    arms = []
+    for arm in expand(cfg.ablation):
+        f = arm.factors
+        metrics = {
+            "status": "completed",
+            "diverged": False,
+            "val_loss": loss_of(arm.family, f, arm.seed, effects),
+            "init_loss": INIT,
+            "spikes_per_1k": 1.0 + arm.seed + (effects.get("beta2_spikes", 0.0) if f.get("beta2") == 0.999 else 0),
+            "update_rms_max": 1.0 + 0.1 * arm.seed + (0.5 if f.get("beta2") == 0.999 else 0),
+            "grad_underflow_share": effects.get("underflow", 0.05),
+            "act_overflow_share": 1e-3 if f.get("spike") == "lr" else 0.0,
+        }
+        arms.append({"name": arm.name, "family": arm.family, "seed": arm.seed, "factors": f, "metrics": metrics})
+    probe = {
+        "last_layer": {
+            b: {str(d): {str(s): (2.0 if b == "post_ln" else 1.0) * d ** (0.5 if b == "post_ln" else 0) * (1 + 0.01 * s) for s in cfg.ablation.seeds} for d in cfg.ablation.probe_depths}
+            for b in ("pre_ln", "post_ln")
+        }
+    }
+    return {"arms": arms, "depth_probe": probe, "unigram_val_loss": UNIGRAM}
+
+
+def verdicts(cfg: Config, ablate: dict, search=None) -> dict:
+    return {f.key: f for f in evaluate(cfg, ablate, search, None, ablate["unigram_val_loss"])}
+
+
+def test_the_design_registers_every_finding_the_code_evaluates_and_nothing_else():
+    registered = design()["findings"]
+    assert [f.__name__ for f in FINDINGS] == list(registered)
+    for key, entry in registered.items():
+        assert {"claim", "source", "arms", "metric", "test", "expected", "justification", "precondition"} <= entry.keys(), key
+    assert "PaLM" not in registered["beta2"]["source"], "PaLM raised β₂; the claim's sources are Adafactor and Wortsman 2023b"
+
+
+def test_a_constructed_post_ln_warmup_effect_is_reproduced_and_its_reverse_contradicted():
+    cfg = Config()
+    assert verdicts(cfg, study(cfg, post_ln_no_warmup=0.3))["xiong"].verdict == REPRODUCED
+    assert verdicts(cfg, study(cfg, post_ln_no_warmup=-0.3))["xiong"].verdict == CONTRADICTED
+    assert verdicts(cfg, study(cfg))["xiong"].verdict == INCONCLUSIVE  # no effect: nothing significant
+
+
+def test_a_family_whose_base_arm_sits_on_the_plateau_is_not_tested_saying_why():
+    cfg = Config()
+    found = verdicts(cfg, study(cfg, post_ln_no_warmup=0.3, all=1.2))  # every arm at ~5.7 > 5.97 - 0.5
+    for key in FAMILY_OF:
+        assert found[key].verdict == NOT_TESTED
+        assert "not 0.5 below the unigram baseline 5.970" in found[key].precondition_failed
+
+
+def test_fp16_is_not_tested_when_no_gradient_would_underflow_and_tested_when_enough_would():
+    cfg = Config()
+    none = verdicts(cfg, study(cfg, unscaled=0.2, underflow=0.001))["fp16"]
+    assert none.verdict == NOT_TESTED and "0.10% of nonzero activation-gradient values" in none.precondition_failed
+    some = verdicts(cfg, study(cfg, unscaled=0.2, underflow=0.05))["fp16"]
+    assert some.precondition_failed is None
+    assert some.claims[0].holds, "unscaled fp16 is worse in every seed"
+    assert some.claims[1].kind == "equivalence" and some.claims[1].holds, "scaled fp16 equals fp32 within the margin"
+    assert some.verdict == REPRODUCED
+
+
+def test_stabilizers_that_flatten_the_loss_vs_lr_curve_lower_lr_sensitivity():
+    cfg = Config()
+    found = verdicts(cfg, study(cfg))["wortsman"]
+    assert [c.estimate < 0 for c in found.claims] == [True, True]
+    assert found.verdict == REPRODUCED
+
+
+def test_the_depth_probe_reads_a_ratio_that_grows_like_the_square_root_of_depth():
+    cfg = Config()
+    found = verdicts(cfg, study(cfg))["xiong_init"]
+    assert found.claims[1].estimate == pytest.approx(0.5, abs=1e-6)
+    assert found.verdict == REPRODUCED
+
+
+def test_mu_transfer_is_not_tested_on_a_search_below_the_registered_size():
+    cfg = Config()  # the default search: 5 LR points, 2 seeds
+    search = {
+        p: {"widths": {str(w): {"per_seed": {"0": -8.0 - k * i, "1": -8.1 - k * i}, "loss_opt": 5.0} for i, w in enumerate((32, 64, 128))}}
+        for p, k in (("sp", 1.0), ("mup", 0.0))
+    }
+    found = verdicts(cfg, study(cfg), search)["mu_transfer"]
+    assert found.verdict == NOT_TESTED and "5 LR points, 2 seeds" in found.precondition_failed
+
+
+def test_report_json_carries_the_verdict_test_source_and_mde_of_every_finding_and_the_baselines():
+    cfg = Config()
+    ablate = study(cfg, post_ln_no_warmup=0.3)
+    findings = evaluate(cfg, ablate, None, None, UNIGRAM)
+    out = report_json(findings, ablate)
+    assert out["unigram_val_loss"] == UNIGRAM
+    assert set(out["base_val_loss"]) == {"xiong", "precision", "overflow", "beta2", "wortsman"}
+    assert all(v < UNIGRAM - 0.5 for v in out["base_val_loss"].values())
+    for key, f in out["findings"].items():
+        assert {"verdict", "test", "source", "mde"} <= f.keys(), key
+    assert out["findings"]["xiong"]["mde"]["Post-LN: no warmup − warmup, final loss"] > 0
+    assert sum(out["counts"].values()) == len(findings)
+    rows = forest_rows(findings)
+    assert rows and {r["finding"] for r in rows} >= {"xiong", "wortsman", "beta2"}
