@@ -14,7 +14,7 @@ slower than fp32, so there (``emulate: auto`` decides by the CPU's flags, see
 (F.linear, matmul/@, bmm, mm, scaled_dot_product_attention) rounds its inputs to the low-precision
 type, multiplies in fp32 (tensor cores accumulate in fp32 too) and rounds its output to the
 low-precision type. Values keep the fp32 dtype but are exactly representable in bf16/fp16, so range
-effects are the real ones: an fp16 output >= 65520 rounds to inf (65504 is the largest finite
+effects are the real ones: an fp16 output >= 65520 rounds to inf (``FP16_MAX``, 65504, is the largest finite
 fp16), bf16 keeps fp32's range. Autograd carries the rounding into the backward pass (the gradient
 of a rounding is a rounding), so fp16 gradients overflow and underflow as on the GPU, which is what
 loss scaling is about. Not emulated: element-wise ops that real autocast runs in low precision
@@ -37,6 +37,14 @@ from torch.overrides import TorchFunctionMode
 from model.config import PrecisionConfig
 
 LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+# fp16's range (IEEE half: 5 exponent bits): why fp16 needs loss scaling and bf16 does not.
+FP16_MAX = 65504.0
+"""Largest finite fp16; magnitudes from 65520 up round to inf."""
+FP16_SMALLEST_NORMAL = 2.0**-14
+"""Below it fp16 is subnormal: fewer than 11 significant bits."""
+FP16_SMALLEST_SUBNORMAL = 2.0**-24
+"""Smallest positive fp16; magnitudes below it round to 0 (under 2^-25) or up to it."""
 
 # The matrix products a GPU would send to tensor cores under autocast.
 MATRIX_PRODUCTS = frozenset(
