@@ -27,6 +27,7 @@ Parametrization = Literal["sp", "mup"]
 ScheduleKind = Literal["cosine", "linear", "constant"]
 Device = Literal["auto", "cpu", "cuda"]
 Emulation = Literal["auto", "always", "never"]
+Init = Literal["gpt2", "xavier"]
 
 FP32_SMALLEST_NORMAL = 2.0**-126
 """The smallest fp32 number with full precision; ``optim.eps`` must not be below it."""
@@ -72,6 +73,11 @@ class ModelConfig(Section):
     """Dropout probability on attention and residual branches."""
     init_std: float = 0.02
     """Std of weight init at ``mup.base_width`` (SP uses it at every width)."""
+    init: Init = "gpt2"
+    """``gpt2``: every matrix N(0, init_std), residual output projections ÷ √(2L), embeddings N(0,
+    init_std) (GPT-2; μP scales it with width). ``xavier``: the original Transformer's, the condition
+    of Xiong et al. 2020: Xavier-normal matrices with no depth scaling and unit-scale embeddings (its
+    √d-scaled embedding lookup); SP only."""
 
     def check(self) -> None:
         for key in ("n_layer", "n_head", "d_model", "seq_len"):
@@ -276,6 +282,8 @@ class TrainingConfig(SectionedConfig):
                 "model.tie_embeddings: must be false with mup.parametrization=mup "
                 "(μP scales the readout apart from the embedding)"
             )
+        if self.mup.parametrization == "mup" and self.model.init != "gpt2":
+            raise ConfigError(f"model.init: {self.model.init!r} is an SP init; μP has its own (use gpt2)")
         if self.schedule.warmup_steps > self.train.steps:
             raise ConfigError(
                 f"schedule.warmup_steps: {self.schedule.warmup_steps} exceeds train.steps={self.train.steps}"

@@ -135,6 +135,26 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
+        if self.cfg.init == "xavier":
+            self._xavier_init()
+        else:
+            self._gpt2_init()
+        for module in self.modules():
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                module.reset_parameters()
+
+    def _xavier_init(self) -> None:
+        """The original Transformer's init (Xiong et al. 2020's setting): unit-scale embeddings,
+        Xavier-normal matrices, no depth scaling, so the residual stream grows with depth."""
+        nn.init.normal_(self.wte.weight, std=1.0)
+        nn.init.normal_(self.wpe.weight, std=1.0)
+        for lin in self.modules():
+            if isinstance(lin, nn.Linear) and lin.weight is not self.wte.weight:
+                nn.init.xavier_normal_(lin.weight)
+
+    def _gpt2_init(self) -> None:
         std, m, L = self.cfg.init_std, self.width_mult, self.cfg.n_layer
         nn.init.normal_(self.wte.weight, std=std)
         nn.init.normal_(self.wpe.weight, std=std)
@@ -150,11 +170,6 @@ class GPT(nn.Module):
                 nn.init.zeros_(self.readout.weight)
             else:
                 nn.init.normal_(self.readout.weight, std=std / math.sqrt(m))
-        for module in self.modules():
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
-                module.reset_parameters()
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None

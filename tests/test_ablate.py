@@ -214,11 +214,11 @@ def test_a_loss_that_went_non_finite_at_the_end_has_no_final_loss():
 
 def test_range_extremes_take_the_worst_layer_of_the_mean_over_probes():
     rows = [
-        {"step": 1, "layer": "block0", "quantity": "act_grad_underflow", "share": 0.02},
-        {"step": 100, "layer": "block0", "quantity": "act_grad_underflow", "share": 0.04},
-        {"step": 1, "layer": "block1", "quantity": "act_grad_underflow", "share": 0.05},
-        {"step": 100, "layer": "block1", "quantity": "act_grad_underflow", "share": 0.0},
-        {"step": 100, "layer": "block1", "quantity": "act_overflow", "share": 1e-4},
+        {"step": 1, "layer": "block0", "quantity": "act_grad_below_subnormal", "share": 0.02},
+        {"step": 100, "layer": "block0", "quantity": "act_grad_below_subnormal", "share": 0.04},
+        {"step": 1, "layer": "block1", "quantity": "act_grad_below_subnormal", "share": 0.05},
+        {"step": 100, "layer": "block1", "quantity": "act_grad_below_subnormal", "share": 0.0},
+        {"step": 100, "layer": "block1", "quantity": "act_above_max", "share": 1e-4},
     ]
     assert range_extremes(rows) == {"grad_underflow_share": pytest.approx(0.03), "act_overflow_share": 1e-4}
     assert range_extremes([]) == {"grad_underflow_share": None, "act_overflow_share": None}

@@ -10,7 +10,7 @@ import pytest
 
 from tasks.ablate.grid import expand
 from tasks.config import Config
-from tasks.report.findings import FINDINGS, FAMILY_OF, design, evaluate
+from tasks.report.findings import FAMILY_OF, FINDINGS, design, evaluate
 from tasks.report.render import forest_rows, report_json
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED
 
@@ -47,9 +47,17 @@ def study(cfg: Config, **effects) -> dict:
         }
         arms.append({"name": arm.name, "family": arm.family, "seed": arm.seed, "factors": f, "metrics": metrics})
     probe = {
-        "last_layer": {
-            b: {str(d): {str(s): (2.0 if b == "post_ln" else 1.0) * d ** (0.5 if b == "post_ln" else 0) * (1 + 0.01 * s) for s in cfg.ablation.seeds} for d in cfg.ablation.probe_depths}
-            for b in ("pre_ln", "post_ln")
+        "xavier": {
+            "last_layer": {
+                b: {
+                    str(d): {
+                        str(s): (2.0 if b == "post_ln" else 1.0) * d ** (0.5 if b == "post_ln" else 0) * (1 + 0.01 * s)
+                        for s in cfg.ablation.seeds
+                    }
+                    for d in cfg.ablation.probe_depths
+                }
+                for b in ("pre_ln", "post_ln")
+            }
         }
     }
     return {"arms": arms, "depth_probe": probe, "unigram_val_loss": UNIGRAM}
@@ -63,8 +71,19 @@ def test_the_design_registers_every_finding_the_code_evaluates_and_nothing_else(
     registered = design()["findings"]
     assert [f.__name__ for f in FINDINGS] == list(registered)
     for key, entry in registered.items():
-        assert {"claim", "source", "arms", "metric", "test", "expected", "justification", "precondition"} <= entry.keys(), key
-    assert "PaLM" not in registered["beta2"]["source"], "PaLM raised β₂; the claim's sources are Adafactor and Wortsman 2023b"
+        assert {
+            "claim",
+            "source",
+            "arms",
+            "metric",
+            "test",
+            "expected",
+            "justification",
+            "precondition",
+        } <= entry.keys(), key
+    assert "PaLM" not in registered["beta2"]["source"], (
+        "PaLM raised β₂; the claim's sources are Adafactor and Wortsman 2023b"
+    )
 
 
 def test_a_constructed_post_ln_warmup_effect_is_reproduced_and_its_reverse_contradicted():
@@ -110,7 +129,12 @@ def test_the_depth_probe_reads_a_ratio_that_grows_like_the_square_root_of_depth(
 def test_mu_transfer_is_not_tested_on_a_search_below_the_registered_size():
     cfg = Config()  # the default search: 5 LR points, 2 seeds
     search = {
-        p: {"widths": {str(w): {"per_seed": {"0": -8.0 - k * i, "1": -8.1 - k * i}, "loss_opt": 5.0} for i, w in enumerate((32, 64, 128))}}
+        p: {
+            "widths": {
+                str(w): {"per_seed": {"0": -8.0 - k * i, "1": -8.1 - k * i}, "loss_opt": 5.0}
+                for i, w in enumerate((32, 64, 128))
+            }
+        }
         for p, k in (("sp", 1.0), ("mup", 0.0))
     }
     found = verdicts(cfg, study(cfg), search)["mu_transfer"]

@@ -153,7 +153,7 @@ def run_arm(cfg: Config, project: Path, out: Path, spike: str = "none", range_ev
         "rows": trace.read(),
         "stats": stats.stats,
         "trajectories": stats.trajectories,
-        "ranges": ranges[0].read() if ranges else [],
+        "ranges": [row._asdict() for row in ranges[0].rows] if ranges else [],
         "injection": spec,
         "init_loss": math.log(cfg.tokenizer.vocab_size),
         "collapse": end.collapse,

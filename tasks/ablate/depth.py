@@ -1,8 +1,8 @@
 """The depth probe: Xiong et al.'s Theorem 1 checked directly, without training. Per block layout,
 depth and seed, the gradient norm of each block's weight matrices after one backward pass at
-initialisation (standard parametrization, model/probes.py: gradient_norms_at_init), at the arm
-scale of the study. Post-LN's last-layer gradient is predicted to exceed Pre-LN's by a factor
-that grows like √L.
+initialisation (model/probes.py: gradient_norms_at_init), at the arm scale of the study, under the
+paper's init (tasks/ablate/grid.py: XIONG_MODEL) and, for comparison, this project's GPT-2 init.
+Post-LN's last-layer gradient is predicted to exceed Pre-LN's by a factor that grows like √L.
 """
 
 from __future__ import annotations
@@ -12,15 +12,29 @@ from typing import Any
 
 import numpy as np
 
+from model.config import ModelConfig
 from model.probes import gradient_norms_at_init
+from tasks.ablate.grid import XIONG_MODEL
 from tasks.config import Config
+
+INITS = ("xavier", "gpt2")
+"""The paper's init (the finding's condition) and the study's own (what a GPT-2-style model sees)."""
 
 
 def depth_probe(cfg: Config) -> dict[str, Any]:
-    """``last_layer``: block -> depth -> seed -> the last block's gradient norm; ``per_layer``:
-    block -> depth -> each block's norm, mean over seeds (JSON keys are strings)."""
+    """Per init: ``last_layer``: block -> depth -> seed -> the last block's gradient norm;
+    ``per_layer``: block -> depth -> each block's norm, mean over seeds (JSON keys are strings)."""
     a = cfg.ablation
-    model = dataclasses.replace(cfg.model, d_model=a.d_model, n_head=a.n_head, seq_len=a.seq_len)
+    paper = {k.split(".", 1)[1]: v for k, v in XIONG_MODEL.items() if k.startswith("model.")}
+    model = dataclasses.replace(cfg.model, d_model=a.d_model, n_head=a.n_head, seq_len=a.seq_len, **paper)
+    out: dict[str, Any] = {"depths": list(a.probe_depths), "seeds": list(a.seeds)}
+    for init in INITS:
+        out[init] = _sweep(dataclasses.replace(model, init=init), cfg)
+    return out
+
+
+def _sweep(model: ModelConfig, cfg: Config) -> dict[str, Any]:
+    a = cfg.ablation
     last: dict[str, dict[str, dict[str, float]]] = {}
     per_layer: dict[str, dict[str, list[float]]] = {}
     for block in a.blocks:
@@ -33,4 +47,4 @@ def depth_probe(cfg: Config) -> dict[str, Any]:
             per_layer.setdefault(block, {})[str(depth)] = [
                 float(np.mean([n[f"block{i}"] for n in norms.values()])) for i in range(depth)
             ]
-    return {"depths": list(a.probe_depths), "seeds": list(a.seeds), "last_layer": last, "per_layer": per_layer}
+    return {"last_layer": last, "per_layer": per_layer}

@@ -137,10 +137,11 @@ def overrides(arm: Arm, a: AblationConfig) -> dict[str, Any]:
 
 
 def _xiong(f: dict[str, Any], a: AblationConfig, steps: int) -> dict[str, Any]:
-    # Standard parametrization: μP's zero-initialised readout removes the large output-layer
-    # gradients at init that Xiong et al. describe.
+    # The paper's model: the original Transformer's init (SP, Xavier, unit-scale embeddings; μP's
+    # zero-initialised readout and GPT-2's depth-scaled init both remove the large output-layer
+    # gradients at init Xiong et al. describe), LayerNorm, a GELU feed-forward.
     return {
-        "mup.parametrization": "sp",
+        **XIONG_MODEL,
         "model.n_layer": a.xiong_depth,
         "model.block": f["block"],
         "optim.lr": f["lr"],
@@ -169,6 +170,9 @@ def _wortsman(f: dict[str, Any], a: AblationConfig, steps: int) -> dict[str, Any
         "model.z_loss": a.z_loss if f["stabilizer"] == "z_loss" else 0.0,
     }
 
+
+XIONG_MODEL = {"mup.parametrization": "sp", "model.init": "xavier", "model.norm": "layernorm", "model.mlp": "gelu"}
+"""The model Xiong et al. study, for the xiong arms and the depth probe (tasks/ablate/depth.py)."""
 
 CONDITIONS = {"xiong": _xiong, "precision": _precision, "overflow": _precision, "beta2": _beta2, "wortsman": _wortsman}
 """Each family's conditions on top of the arm scale (the module doc of tasks/ablate/config.py)."""
@@ -295,17 +299,18 @@ def arm_metrics(result: dict[str, Any], cfg: Config, smooth: int = 10) -> dict[s
 
 
 def range_extremes(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
-    """From the range probe's rows: the largest per-layer share of activation gradients below fp16's
-    smallest subnormal (mean over probe steps, then the layer where it is largest), and the largest
-    share of activations above fp16's largest finite value at any probe."""
+    """From the range probe's rows (model/probes.py: QUANTITIES): the largest per-layer share of
+    activation gradients below fp16's smallest subnormal (mean over probe steps, then the layer where
+    it is largest), and the largest share of activations above fp16's largest finite value (block
+    outputs or MLP pre-activations) at any probe."""
     if not rows:
         return {"grad_underflow_share": None, "act_overflow_share": None}
     by_layer: dict[str, list[float]] = {}
     overflow = 0.0
     for row in rows:
-        if row["quantity"] == "act_grad_underflow":
+        if row["quantity"] == "act_grad_below_subnormal":
             by_layer.setdefault(row["layer"], []).append(row["share"])
-        elif row["quantity"] == "act_overflow":
+        elif row["quantity"] in ("act_above_max", "mlp_pre_above_max") and math.isfinite(row["share"]):
             overflow = max(overflow, row["share"])
     underflow = max((float(np.mean(v)) for v in by_layer.values()), default=None)
     return {"grad_underflow_share": underflow, "act_overflow_share": overflow}

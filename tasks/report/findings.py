@@ -195,10 +195,10 @@ def _diverged(arms: Arms, family: str, **factors: Any) -> dict[tuple, bool]:
 
 
 def xiong_init(cfg: Config, ablate: dict[str, Any], **_: Any) -> Finding:
-    probe = ablate.get("depth_probe") or {}
+    probe = (ablate.get("depth_probe") or {}).get("xavier") or {}
     if not probe.get("last_layer"):
         return decide("xiong_init", [], "the depth probe did not run", [], "no depth probe in metrics/ablate.json")
-    last = probe["last_layer"]  # block -> depth -> seed -> gradient norm
+    last = probe["last_layer"]  # block -> depth -> seed -> gradient norm, under the paper's init
     depths = sorted(int(d) for d in last["post_ln"])
     ratio = {
         (int(s), d): math.log(last["post_ln"][str(d)][s] / last["pre_ln"][str(d)][s])
