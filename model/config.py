@@ -28,6 +28,7 @@ ScheduleKind = Literal["cosine", "linear", "constant"]
 Device = Literal["auto", "cpu", "cuda"]
 Emulation = Literal["auto", "always", "never"]
 Init = Literal["gpt2", "xavier"]
+WeightDecayMode = Literal["coupled", "independent"]
 
 FP32_SMALLEST_NORMAL = 2.0**-126
 """The smallest fp32 number with full precision; ``optim.eps`` must not be below it."""
@@ -126,7 +127,13 @@ class OptimConfig(Section):
     0/0 = NaN; subnormals keep few bits and are flushed to 0 wherever flush-to-zero is on. Below
     about 1e-19 (√ of the smallest normal) a gradient whose square underflows steps by m/ε ≫ 1."""
     weight_decay: float = 0.1
-    """Decoupled weight decay on hidden matrices (μP: scaled with the LR so lr·wd is width-invariant)."""
+    """Weight decay of hidden matrices (and of what ``decay_*`` adds); how a step applies it:
+    ``weight_decay_mode``."""
+    weight_decay_mode: WeightDecayMode = "coupled"
+    """``coupled``: torch's AdamW, each step p -= lr·wd·p, so decay follows the LR schedule (μP:
+    hidden matrices get wd × m, keeping lr·wd width-invariant). ``independent``: fully decoupled
+    (Loshchilov & Hutter; Wortsman et al. 2023), each step p -= wd·p whatever the LR, so use a
+    wd about lr times smaller (e.g. 1e-4); the decay is width-invariant as it is (no × m)."""
     decay_norms_and_biases: bool = False
     """Also decay norm gains and biases."""
     decay_embeddings: bool = False

@@ -10,10 +10,12 @@ Three rules, each evaluated every step on the step's loss and pre-clip gradient 
 
 It decides in ``on_before_optimizer``, before the update, so a policy that runs after it in the
 same event (``order`` > 30) can veto the very step it flags through :attr:`SpikeDetector.now`.
-A flagged value does not enter the window, so a spike does not raise its own baseline. The
-detector keeps its window, the step of its first and newest detection and a per-rule count as
-device tensors (part of checkpoints); :meth:`detections` reads them on the host, at a log point or
-after the run, and :meth:`flagged_steps` every step this run flagged (one sync, after the run).
+A flagged value does not enter the window, so a spike does not raise its own baseline; a caller
+that judges the new values a level, not a spike (skip_step at its veto cap), restarts the window
+from them with :meth:`SpikeDetector.rebaseline`. The detector keeps its window, the step of its
+first and newest detection and a per-rule count as device tensors (part of checkpoints);
+:meth:`detections` reads them on the host, at a log point or after the run, and
+:meth:`flagged_steps` every step this run flagged (one sync, after the run).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class SpikeDetector(Callback):
         self.history: torch.Tensor | None = None  # (2, window): loss, grad norm; NaN = empty slot
         self.now: torch.Tensor | None = None  # bool scalar: this step is flagged
         self.flags: list[tuple[int, torch.Tensor]] = []  # (step, flag) of this run, read after it
+        self.latest: torch.Tensor | None = None  # this step's (loss, grad norm)
 
     def _init_state(self, device: torch.device) -> None:
         self.history = torch.full((2, self.window), float("nan"), device=device)
@@ -69,12 +72,25 @@ class SpikeDetector(Callback):
         self.counts += hits.long()
         self.first = torch.where((self.first < 0) & spike, pending.step, self.first)
         self.last = torch.where(spike, pending.step, self.last)
-        # Only unflagged, finite values extend the baseline (an index_copy keeps it sync-free).
-        keep = ~spike & torch.isfinite(values).all()
+        self.latest = values
+        self._append(values, ~spike)  # only unflagged values extend the baseline
+
+    def _append(self, values: torch.Tensor, where: torch.Tensor) -> None:
+        """Put finite ``values`` in the window's next slot where ``where`` holds (sync-free)."""
+        keep = where & torch.isfinite(values).all()
         slot = self.cursor % self.window
         current = self.history.index_select(1, slot.view(1)).squeeze(1)
         self.history.index_copy_(1, slot.view(1), torch.where(keep, values, current).view(2, 1))
         self.cursor = self.cursor + keep.long()
+
+    @torch.no_grad()
+    def rebaseline(self, where: torch.Tensor) -> None:
+        """Where ``where`` holds (a bool scalar tensor), empty the window and restart it from this
+        step's values, flagged or not: the old level is no baseline any more. The z-score and
+        ratio rules then wait for ``warmup`` values again. On the device, no sync."""
+        self.history = torch.where(where, torch.full_like(self.history, float("nan")), self.history)
+        self.cursor = torch.where(where, 0, self.cursor)
+        self._append(self.latest, where)
 
     def rules(self, values: torch.Tensor) -> torch.Tensor:
         """(zscore, ratio, nonfinite) hits for this step's (loss, grad norm), against the window."""

@@ -14,25 +14,25 @@ def param_groups(model: GPT, cfg: OptimConfig) -> list[dict]:
     """Split parameters by role; each group carries ``lr_mult`` applied on top of the schedule.
 
     hidden matrices  lr × 1/m, wd × m   (μP: Adam's update size is width-independent only if the
-                                         LR shrinks with fan-in; lr·wd stays constant so decay
-                                         strength does not change with width)
+                                         LR shrinks with fan-in; coupled decay steps by lr·wd,
+                                         kept constant so decay strength does not change with
+                                         width; independent decay steps by wd itself: × 1)
     embeddings       lr × 1, no decay unless ``decay_embeddings``
     readout          lr × 1, decayed like a matrix (μP divides its output by m instead)
     norms, biases    lr × 1, no decay unless ``decay_norms_and_biases``
-    Under SP m = 1, so every group gets the base LR and weight decay.
+    Under SP m = 1, so every group gets the base LR and weight decay. A group's decay is AdamW's
+    ``weight_decay`` when coupled, its ``independent_decay`` (applied by the step, model/step.py)
+    when independent; the other is 0.
     """
     m = model.width_mult
+    coupled = cfg.weight_decay_mode == "coupled"
     embeddings = {id(model.wte.weight), id(model.wpe.weight)}
     readout = {id(model.readout.weight)} - embeddings  # tied readout counts as embedding
     groups: dict[str, dict] = {
-        "hidden": {"params": [], "lr_mult": 1.0 / m, "weight_decay": cfg.weight_decay * m},
-        "embedding": {"params": [], "lr_mult": 1.0, "weight_decay": cfg.weight_decay if cfg.decay_embeddings else 0.0},
-        "readout": {"params": [], "lr_mult": 1.0, "weight_decay": cfg.weight_decay},
-        "vector": {
-            "params": [],
-            "lr_mult": 1.0,
-            "weight_decay": cfg.weight_decay if cfg.decay_norms_and_biases else 0.0,
-        },
+        "hidden": {"params": [], "lr_mult": 1.0 / m, "decay": cfg.weight_decay * m if coupled else cfg.weight_decay},
+        "embedding": {"params": [], "lr_mult": 1.0, "decay": cfg.weight_decay if cfg.decay_embeddings else 0.0},
+        "readout": {"params": [], "lr_mult": 1.0, "decay": cfg.weight_decay},
+        "vector": {"params": [], "lr_mult": 1.0, "decay": cfg.weight_decay if cfg.decay_norms_and_biases else 0.0},
     }
     seen: set[int] = set()
     for p in model.parameters():  # parameters() yields a tied tensor once
@@ -49,7 +49,18 @@ def param_groups(model: GPT, cfg: OptimConfig) -> list[dict]:
             else "vector"
         )
         groups[role]["params"].append(p)
-    return [{"name": name, "lr": cfg.lr * g["lr_mult"], **g} for name, g in groups.items() if g["params"]]
+    return [
+        {
+            "name": name,
+            "lr": cfg.lr * g["lr_mult"],
+            "params": g["params"],
+            "lr_mult": g["lr_mult"],
+            "weight_decay": g["decay"] if coupled else 0.0,
+            "independent_decay": 0.0 if coupled else g["decay"],
+        }
+        for name, g in groups.items()
+        if g["params"]
+    ]
 
 
 def build_adamw(model: GPT, cfg: OptimConfig) -> torch.optim.AdamW:

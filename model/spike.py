@@ -1,10 +1,14 @@
 """Spike injections and recovery policies, as trainer callbacks, and the branch driver that runs a
 policy to the end of its window in run segments.
 
-Injections, deterministic from the config. Each is tied to a window of the training stream, the
-batches at positions [position, position + duration): the steps that consume them get it, so a
-policy that skips those batches (skip_batch, rollback) avoids it and a replay of them meets it
-again, as PaLM found its spikes tied to data windows:
+Injections, deterministic from the config. Each is tied to a window of ``duration``:
+
+  stream  the batches at positions [position, position + duration): the steps that consume them
+          get it, so a policy that skips those batches (skip_batch, rollback) avoids it and a
+          replay of them meets it again, as PaLM found its spikes tied to data windows
+  step    optimizer steps [start, start + duration), whatever batches they consume: skipping
+          batches cannot remove it, and a rollback that replays those steps meets it again (a
+          spike of the dynamics, not of the data). Not for ``data``, which is the batches.
 
   data   those batches replaced by poison-pool sequences (excluding the source, swap_data, ends it)
   lr     LR × magnitude for the steps that consume them
@@ -25,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import torch
 
@@ -64,12 +68,17 @@ class RecoverySettings(Protocol):
     rollback_steps: int
     lr_factor: float
     max_retries: int
+    max_consecutive_vetoes: int
+
+
+TiedTo = Literal["stream", "step"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Injection:
     """One injected spike: its stream window starts at ``position`` (the batches served at the
-    origin) and meets step ``start`` (the origin step + 1) on a run that skips nothing."""
+    origin) and meets step ``start`` (the origin step + 1) on a run that skips nothing;
+    ``tied_to`` says which of the two it follows (module doc)."""
 
     kind: str
     start: int
@@ -77,6 +86,11 @@ class Injection:
     duration: int
     magnitude: float
     param_block: int = 0
+    tied_to: TiedTo = "stream"
+
+    def __post_init__(self) -> None:
+        if self.tied_to not in get_args(TiedTo) or (self.kind == "data" and self.tied_to != "stream"):
+            raise ValueError(f"{self.kind} injection: tied_to={self.tied_to!r}; 'stream' or 'step' ('stream' for data)")
 
     @classmethod
     def from_config(cls, kind: str, cfg: InjectionSettings, origin_step: int, origin_position: int) -> Injection:
@@ -96,6 +110,15 @@ class Injection:
     def in_window(self, position: int) -> bool:
         return self.position <= position < self.position + self.duration
 
+    def window_index(self, trainer) -> int | None:
+        """Where the step about to run falls in the window (0 .. duration-1; None outside it):
+        counted in optimizer steps if step-tied, else by the stream position of its first batch."""
+        if self.tied_to == "step":
+            index = trainer.step + 1 - self.start
+        else:
+            index = trainer.loader.batches_served - self.position
+        return index if 0 <= index < self.duration else None
+
 
 class LRSpike(Callback):
     name, order = "inject_lr", 40
@@ -104,7 +127,7 @@ class LRSpike(Callback):
         self.injection = injection
 
     def on_step_start(self, trainer) -> None:
-        if self.injection.in_window(trainer.loader.batches_served):  # this step's first batch
+        if self.injection.window_index(trainer) is not None:
             trainer.scale_lr(self.injection.magnitude)
 
 
@@ -112,7 +135,7 @@ class GradSpike(LRSpike):
     name = "inject_grad"
 
     def on_step_start(self, trainer) -> None:
-        if self.injection.in_window(trainer.loader.batches_served):
+        if self.injection.window_index(trainer) is not None:
             trainer.scale_grad(self.injection.magnitude)
 
 
@@ -121,7 +144,7 @@ class ParamSpike(LRSpike):
 
     @torch.no_grad()
     def on_step_start(self, trainer) -> None:
-        if trainer.loader.batches_served == self.injection.position:
+        if self.injection.window_index(trainer) == 0:
             for p in trainer.model.blocks[self.injection.param_block].parameters():
                 if p.dim() == 2:  # matrices; norm gains stay
                     p.mul_(self.injection.magnitude)
@@ -267,16 +290,43 @@ class Policy(Callback):
 
 
 class SkipStep(Policy):
-    """Veto the update of every flagged step on the device (OLMo-core's skip-step optimizer)."""
+    """Veto the update of a flagged step on the device (OLMo-core's skip-step optimizer), at most
+    ``max_consecutive_vetoes`` in a row: the next flagged step goes through and the detector
+    restarts its window from it. Flagged values never enter the window, so after a genuine level
+    shift (the loss settles higher) every later step would be flagged and vetoed and the run
+    would stop learning; the cap treats a run of flags that long as the new level."""
 
     kind = "skip_step"
 
+    def __init__(self, detector: SpikeDetector, cfg: RecoverySettings):
+        super().__init__(detector, cfg)
+        self.streak: torch.Tensor | int = 0  # consecutive vetoes (a device tensor after a step)
+        self.at_cap: list[tuple[int, torch.Tensor]] = []  # (step, let through at the cap), read after the run
+        self.passed: set[int] = set()
+
     def on_before_optimizer(self, trainer, pending) -> None:
-        if self.detector.now is not None:
-            pending.veto(self.detector.now)
+        flagged = self.detector.now
+        if flagged is None:
+            return
+        at_cap = flagged & (self.streak >= self.cfg.max_consecutive_vetoes)
+        veto = flagged & ~at_cap
+        pending.veto(veto)
+        self.detector.rebaseline(at_cap)
+        self.streak = torch.where(veto, self.streak + 1, 0)
+        self.at_cap.append((pending.step, at_cap))
+
+    def on_train_end(self, summary) -> None:
+        if self.at_cap:
+            hits = torch.stack([hit for _, hit in self.at_cap]).tolist()  # one sync, after the run
+            self.passed = {step for (step, _), hit in zip(self.at_cap, hits) if hit}
+        super().on_train_end(summary)
 
     def react(self, trainer, step: int) -> None:
-        self.record(step, "update vetoed (weights and Adam state untouched)")
+        if step in self.passed:
+            cap = self.cfg.max_consecutive_vetoes
+            self.record(step, f"let through after {cap} vetoes in a row (a level shift); detector re-baselined")
+        else:
+            self.record(step, "update vetoed (weights and Adam state untouched)")
 
 
 class LowerLR(Policy):

@@ -3,7 +3,7 @@
     TrainModule  forward/backward over the micro-batches (precision context, loss scaling),
                  unscale, gradient multiplier, pre-clip global norm; then, apart, the optimizer
                  step: clipping, a skip decided on the device (non-finite values or a callback's
-                 veto), AdamW, loss-scale update.
+                 veto), independent weight decay, AdamW, loss-scale update.
     PendingStep  a step between backward and the update, as ``on_before_optimizer`` sees it.
     StepResult   what a step did, as device tensors.
 
@@ -120,7 +120,9 @@ class TrainModule:
         overflow = ~grads_finite if self.scaler.is_enabled() else torch.zeros_like(grads_finite)
         nonfinite = ~(grads_finite & torch.isfinite(pending.loss + pending.z_loss))
         before = [p.detach().clone() for p in params] if watch_update else None
-        _guarded_step(self.optimizer, nonfinite | pending.vetoed)
+        skip = nonfinite | pending.vetoed
+        _decay_independently(self.optimizer, skip)
+        _guarded_step(self.optimizer, skip)
         self.scaler.update()  # backs the loss scale off after an overflow, grows it after a clean stretch
         ratio = None
         if before is not None:
@@ -154,8 +156,22 @@ class TrainModule:
                 betas=(cfg.optim.beta1, cfg.optim.beta2),
                 eps=cfg.optim.eps,
                 weight_decay=spec["weight_decay"],
+                independent_decay=spec["independent_decay"],
                 lr_mult=spec["lr_mult"],
             )
+
+
+@torch.no_grad()
+def _decay_independently(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """p ← p·(1 − d) for each group's ``independent_decay`` d (``optim.weight_decay_mode:
+    independent``), first, as AdamW decays before its update; a skipped step multiplies by 1.0,
+    which leaves p bitwise (decided on the device). Done here rather than as AdamW's weight_decay
+    = d / lr: that is exact only up to rounding, divides by zero where the LR is 0, and would have
+    to follow every LR change (schedule, μP multiplier, an injection, lower_lr)."""
+    for group in optimizer.param_groups:
+        params = [p for p in group["params"] if p.grad is not None]  # those AdamW steps
+        if group["independent_decay"] and params:
+            torch._foreach_mul_(params, torch.where(skip, 1.0, 1.0 - group["independent_decay"]))
 
 
 def _guarded_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:

@@ -226,6 +226,7 @@ class Trainer:
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = self.stop_reason or reason
+        self.stopping = True  # asked in on_step_end, the Checkpointer (last there) still saves this step
 
     def fire(self, hook: str, *args: Any) -> None:
         """Call ``hook`` on every callback that has it (duck typing: subclassing Callback is optional)."""
@@ -380,7 +381,7 @@ class Trainer:
         status = self._status_after(log_now)
         self.stopping = status != "completed"  # latched: a signal from here on stops after the next step
         self.fire("on_step_end", self)
-        return status
+        return "stopped" if status == "completed" and self.stop_reason else status  # asked at step end
 
     def _status_after(self, log_now: bool) -> RunStatus:
         if log_now and (at := self.divergence.diverged_at()) is not None:

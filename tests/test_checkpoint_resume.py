@@ -89,6 +89,34 @@ def test_stopped_and_resumed_run_is_bitwise_identical_to_uninterrupted_run(tmp_p
     assert rows(tmp_path / "resumed_csv") == rows(tmp_path / "straight_csv")
 
 
+def test_fp16_resume_after_the_loss_scale_moved_is_bitwise_the_straight_run(tmp_path):
+    # From 2^20 the scale backs off twice, then grows after every 3 clean steps: stopped at step
+    # 4 it has moved and is 2 clean steps into an interval, so the resume must restore both.
+    cfg = tiny_config(
+        **{
+            "train.steps": 9,
+            "precision.mode": "fp16",
+            "precision.emulate": "always",
+            "precision.init_scale": 2.0**20,
+            "precision.growth_interval": 3,
+        }
+    )
+    straight, first, second = Recorder(), Recorder(), Recorder()
+    train(cfg, TOKENS, VAL, tmp_path / "straight", [straight])
+    with pytest.raises(Preempted):
+        train(cfg, TOKENS, VAL, tmp_path / "resumed", [first, StopAt(4)])
+    saved = load_checkpoint(tmp_path / "resumed/checkpoints/step_00000004.pt")["scaler"]
+    assert saved["scale"] < 2.0**20 and saved["_growth_tracker"] == 2
+    train(cfg, TOKENS, VAL, tmp_path / "resumed", [second])
+
+    scales = lambda rec: [v for _, v in rec.series("train/loss_scale")]  # noqa: E731
+    assert scales(first) + scales(second) == scales(straight)
+    assert max(scales(straight)[4:]) > saved["scale"]  # it grew after the resume point
+    a, b = (load_checkpoint(tmp_path / f"{run}/checkpoints/step_00000009.pt") for run in ("straight", "resumed"))
+    assert a["scaler"] == b["scaler"]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
 CORRUPTION_CFG = {"train.steps": 6, "checkpoint.every_steps": 2, "checkpoint.keep_last": 3}
 
 

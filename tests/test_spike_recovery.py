@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
 from model.callbacks import Callback
-from model.spike import Injection, run_branch, warm_up
+from model.spike import Injection, SkipStep, make_detector, run_branch, warm_up
+from model.step import PendingStep
 from model.train import Trainer
 from tasks.spike.config import RecoveryConfig, SpikeConfig
 from tests.trainer_kit import markov_tokens, tiny_config
@@ -53,6 +59,44 @@ class Positions(Callback):
             self.keep[trainer.step] = {part: {k: _clone(v) for k, v in d.items()} for part, d in state.items()}
 
 
+class AppliedLR(Callback):
+    """The LR every step's update used (SP: every group's)."""
+
+    name = "applied_lr"
+
+    def __init__(self) -> None:
+        self.log: list[tuple[int, float]] = []
+
+    def on_before_optimizer(self, trainer, pending):
+        self.log.append((pending.step, trainer.optimizer.param_groups[0]["lr"]))
+
+
+class Served(Callback):
+    """The inputs every step trains on, after any injection."""
+
+    name, order = "served", 45
+
+    def __init__(self) -> None:
+        self.x: dict[int, torch.Tensor] = {}
+
+    def on_batch(self, trainer, batches):
+        self.x[trainer.step + 1] = batches[0][0].cpu()
+
+
+def segments(log: list[tuple[int, float]]) -> list[list[tuple[int, float]]]:
+    """A branch's per-step log cut where a restart goes back in steps."""
+    cuts = [0, *(i for i in range(1, len(log)) if log[i][0] <= log[i - 1][0]), len(log)]
+    return [log[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def rollback_targets(result) -> list[int]:
+    return [
+        int(a["action"].split("step ")[1].split(",")[0])
+        for a in result.actions
+        if a["action"].startswith("rolled back")
+    ]
+
+
 def _clone(value):
     return {k: v.clone() for k, v in value.items()} if isinstance(value, dict) else value.clone()
 
@@ -73,10 +117,14 @@ def study(tmp_path_factory):
     return {"root": root, "timeline": warm.timeline, "alarms": warm.alarms, "origin": warm.origin}
 
 
-def branch(study, kind, policy, log=None, keep=None, steps=(), recovery=RECOVERY, until=ORIGIN + 12):
-    extra = [Positions(log if log is not None else [], keep if keep is not None else {}, steps)]
-    make = lambda cbs, d: Trainer(CFG, TOKENS, VAL, [*cbs, *extra], d)  # noqa: E731
-    injection = None if kind is None else Injection.from_config(kind, SPIKE, ORIGIN, ORIGIN)
+def branch(
+    study, kind, policy, log=None, keep=None, steps=(), recovery=RECOVERY, until=ORIGIN + 12, tied_to="stream", extra=()
+):
+    watch = [Positions(log if log is not None else [], keep if keep is not None else {}, steps), *extra]
+    make = lambda cbs, d: Trainer(CFG, TOKENS, VAL, [*cbs, *watch], d)  # noqa: E731
+    injection = None
+    if kind is not None:
+        injection = dataclasses.replace(Injection.from_config(kind, SPIKE, ORIGIN, ORIGIN), tied_to=tied_to)
     return run_branch(
         make,
         study["origin"],
@@ -87,7 +135,7 @@ def branch(study, kind, policy, log=None, keep=None, steps=(), recovery=RECOVERY
         injection,
         poison(SPIKE.duration),
         study["timeline"],
-        study["root"] / f"{kind}-{policy}",
+        Path(tempfile.mkdtemp(prefix=f"{kind}-{policy}-", dir=study["root"])),
     )
 
 
@@ -121,6 +169,14 @@ def test_skip_batch_serves_exactly_the_batches_after_the_skipped_ones(study):
     assert result.segments == 2 and result.status == "completed"
 
 
+def test_skip_batch_stops_at_a_step_it_flags_mid_segment_and_restarts_from_the_state_before_it(study):
+    log = []
+    detected = branch(study, "lr", "skip_batch", log=log).detections[0]  # the LR spike shows a step late
+    assert detected > ORIGIN + 1  # not the segment's first step: the state before it is a recent one
+    first, restart = segments(log)[:2]
+    assert first[-1][0] == detected and restart[0][0] == detected
+
+
 def test_rollback_restores_an_earlier_checkpoint_skips_the_window_and_gives_up_at_the_retry_cap(study):
     log = []
     # An LR spike that lasts: every restart meets it again, so the branch must give up.
@@ -141,11 +197,106 @@ def test_rollback_restores_an_earlier_checkpoint_skips_the_window_and_gives_up_a
     rollbacks = [a for a in result.actions if a["action"].startswith("rolled back")]
     assert len(rollbacks) == RECOVERY.max_retries + 1
     assert result.status == "stopped" and "gave up" in result.stop_reason
-    first = rollbacks[0]
-    target = int(first["action"].split("step ")[1].split(",")[0])
+    first, target = rollbacks[0], rollback_targets(result)[0]
     assert target <= first["step"] - RECOVERY.rollback_steps
     # The next segment starts at the target's step with the batches up to the detection skipped.
     starts = [i for i in range(1, len(log)) if log[i][0] <= log[i - 1][0]]
     step, position = log[starts[0]]
     assert step == target + 1
     assert position == dict(log[: starts[0]])[first["step"]] + 1
+
+
+@pytest.mark.parametrize("tied_to", ["stream", "step"])
+def test_skip_batch_skips_a_stream_tied_lr_injection_but_a_step_tied_one_hits_the_replayed_steps(study, tied_to):
+    log, lrs = [], AppliedLR()
+    result = branch(study, "lr", "skip_batch", log=log, tied_to=tied_to, extra=[lrs])
+    assert result.segments >= 2
+    position, lr = dict(log), dict(lrs.log)  # a replayed step's values replace the abandoned ones
+    injected_steps = range(ORIGIN + 1, ORIGIN + 1 + SPIKE.duration)
+    replayed = [s for s in injected_steps if position[s] >= ORIGIN + SPIKE.duration]  # on batches past the window
+    assert replayed
+    factor = SPIKE.magnitude if tied_to == "step" else 1.0
+    assert [lr[s] for s in replayed] == pytest.approx([CFG.optim.lr * factor] * len(replayed))
+
+
+def test_lower_lr_cuts_the_applied_lr_by_lr_factor_from_the_step_after_the_detection(study):
+    lrs = AppliedLR()
+    detected = branch(study, "data", "lower_lr", extra=[lrs]).detections[0]
+    expected = [CFG.optim.lr * (1.0 if s <= detected else RECOVERY.lr_factor) for s in range(ORIGIN + 1, ORIGIN + 13)]
+    assert [lr for _, lr in lrs.log] == pytest.approx(expected)
+
+
+def test_each_rollback_goes_further_back_and_lowers_the_applied_lr_again(study):
+    # A step-tied LR spike: every replay of its steps meets it again, so the branch rolls back twice.
+    lrs = AppliedLR()
+    result = branch(study, "lr", "rollback", tied_to="step", extra=[lrs])
+    first, second = rollback_targets(result)
+    assert second < first and result.status == "completed"
+    injected = range(ORIGIN + 1, ORIGIN + 1 + SPIKE.duration)
+    for attempt, segment in enumerate(segments(lrs.log)):  # LR x lr_factor per rollback, compounding
+        base = CFG.optim.lr * RECOVERY.lr_factor**attempt
+        assert [lr for _, lr in segment] == pytest.approx(
+            [base * (SPIKE.magnitude if s in injected else 1) for s, _ in segment]
+        )
+    assert [segment[0][0] for segment in segments(lrs.log)[1:]] == [first + 1, second + 1]
+
+
+def test_swap_data_serves_the_clean_batches_from_the_step_after_the_detection(study):
+    swapped, clean = Served(), Served()
+    detected = branch(study, "data", "swap_data", extra=[swapped]).detections[0]
+    branch(study, None, "continue", extra=[clean])
+    assert detected < ORIGIN + SPIKE.duration  # the poison window outlasts the detection
+    assert torch.equal(swapped.x[detected], poison(1)[0][0])
+    assert all(torch.equal(swapped.x[s], clean.x[s]) for s in range(detected + 1, ORIGIN + 13))
+
+
+# ----------------------------------------------------------------------------------------------
+# The detector and skip_step on given values (window 16, warmup 8, 6σ)
+# ----------------------------------------------------------------------------------------------
+
+
+def level(value: float, n: int, seed: int = 0) -> list[float]:
+    """``n`` values around ``value`` (1 % noise)."""
+    rng = random.Random(seed)
+    return [value + 0.01 * value * rng.gauss(0, 1) for _ in range(n)]
+
+
+def feed(losses: list[float], policy_cfg: RecoveryConfig | None = None):
+    """Steps 1, 2, ... with these losses (a steady grad norm) through a detector and, with a
+    config, skip_step after it; returns the detector, the policy and the vetoed steps."""
+    detector = make_detector(SPIKE)
+    policy = SkipStep(detector, policy_cfg) if policy_cfg else None
+    vetoed = []
+    for step, (loss, grad_norm) in enumerate(zip(losses, level(1.0, len(losses), seed=1)), start=1):
+        pending = PendingStep(step, torch.tensor(loss), torch.tensor(0.0), torch.tensor(grad_norm), {})
+        detector.on_before_optimizer(None, pending)
+        if policy:
+            policy.on_before_optimizer(None, pending)
+        vetoed.append((step, pending.vetoed))
+    return detector, policy, [step for step, v in vetoed if v]
+
+
+def test_the_detector_flags_every_step_of_a_multi_step_spike():
+    detector, _, _ = feed(level(2.0, 20) + [4.0, 4.0, 4.0] + level(2.0, 5, seed=2))
+    assert detector.flagged_steps() == [21, 22, 23]
+
+
+def test_the_detector_catches_a_second_spike_as_its_baseline_kept_out_the_first():
+    # Had 4.0 entered the 16-value window, mean + 6σ would be ~5 and the second spike missed.
+    detector, _, _ = feed(level(2.0, 20) + [4.0] + level(2.0, 10, seed=2) + [4.0] + level(2.0, 3, seed=3))
+    assert detector.flagged_steps() == [21, 32]
+
+
+def test_the_detector_does_not_flag_a_sharp_loss_drop():
+    detector, _, _ = feed(level(2.0, 20) + level(0.5, 20, seed=2))
+    assert detector.flagged_steps() == []
+
+
+def test_skip_step_lets_a_level_shift_through_after_the_veto_cap_and_still_vetoes_a_later_spike():
+    # The loss settles 50 % higher at step 21; a spike at step 51, after the re-based warm-up.
+    cfg = RecoveryConfig(max_consecutive_vetoes=4)
+    detector, policy, vetoed = feed(level(2.0, 20) + level(3.0, 30, seed=2) + [6.0] + level(3.0, 3, seed=3), cfg)
+    assert vetoed == [21, 22, 23, 24, 51]
+    assert detector.flagged_steps() == [21, 22, 23, 24, 25, 51]
+    policy.on_train_end({})
+    assert [a["action"].startswith("let through") for a in policy.actions] == [False] * 4 + [True, False]

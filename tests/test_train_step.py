@@ -140,6 +140,57 @@ def test_logged_learning_rate_follows_the_schedule_and_the_lr_scale_hook():
     assert halve.group_lrs["hidden"][1] == pytest.approx(cfg.mup.base_width / cfg.model.d_model)
 
 
+class DecayOnly(Callback):
+    """Zero gradients every step, so Adam's update is exactly 0 and only weight decay moves a
+    weight; vetoes step ``veto_at``. Keeps a hidden matrix before step 1 and after every step, and
+    the scheduled LR of every step."""
+
+    def __init__(self, veto_at: int):
+        self.veto_at, self.weights, self.lrs = veto_at, [], []
+
+    def on_step_start(self, trainer) -> None:
+        trainer.scale_grad(0.0)
+        if trainer.step == 0:
+            self.weights.append(trainer.model.blocks[0].mlp.up.weight.detach().clone())
+
+    def on_before_optimizer(self, trainer, pending) -> None:
+        self.lrs.append(trainer.optimizer.param_groups[0]["lr"] / trainer.optimizer.param_groups[0]["lr_mult"])
+        if pending.step == self.veto_at:
+            pending.veto()
+
+    def on_step_end(self, trainer) -> None:
+        self.weights.append(trainer.model.blocks[0].mlp.up.weight.detach().clone())
+
+
+DECAY_CFG = {
+    "train.steps": 6,
+    "optim.lr": 0.5,  # far from 1, so lr·wd and wd differ
+    "optim.weight_decay": 0.1,
+    "schedule.warmup_steps": 3,
+    "schedule.kind": "cosine",
+    "mup.parametrization": "mup",  # m = 1/4: hidden matrices get lr × 4
+}
+
+
+def test_independent_weight_decay_shrinks_by_exactly_one_minus_wd_per_step_whatever_the_lr():
+    decay = DecayOnly(veto_at=4)
+    train(tiny_config(**DECAY_CFG, **{"optim.weight_decay_mode": "independent"}), TOKENS, VAL, callbacks=[decay])
+    assert len(set(decay.lrs)) == 5  # warmup, peak twice, cosine down to min_lr_ratio
+    expected = decay.weights[0].clone()
+    for step, after in enumerate(decay.weights[1:], start=1):
+        if step != 4:  # the vetoed step leaves the weights bitwise, decay included
+            expected.mul_(1 - 0.1)  # no × m under μP, no × lr
+        assert torch.equal(after, expected), step
+
+
+def test_coupled_weight_decay_shrinks_by_one_minus_lr_times_wd_per_step():
+    decay = DecayOnly(veto_at=0)
+    train(tiny_config(**DECAY_CFG), TOKENS, VAL, callbacks=[decay])
+    w = decay.weights
+    ratios = [(w[k + 1] / w[k])[w[k] != 0].mean().item() for k in range(6)]
+    assert ratios == pytest.approx([1 - lr * 0.1 for lr in decay.lrs], rel=1e-6)  # μP: (lr/m)·(wd·m)
+
+
 def test_metrics_arrive_at_their_cadence_with_finite_values():
     cfg = tiny_config(
         **{

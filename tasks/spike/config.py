@@ -110,6 +110,12 @@ class RecoveryConfig(Section):
     """``rollback`` (per attempt, compounding) and ``lower_lr``: LR multiplier from then on."""
     max_retries: int = 2
     """``rollback``: rollbacks after the first before the branch gives up (status ``stopped``)."""
+    max_consecutive_vetoes: int = 4
+    """``skip_step``: flagged steps vetoed in a row; the next flagged one is taken as a level shift
+    (the loss settled higher): its update goes through and the detector restarts its window from
+    it. 4 is what OLMo-core's skip-step amounts to, whose 128-step window takes in every value,
+    skipped or not: a large shift is within its 6σ after 3-4 steps. Keep it at least
+    ``spike.duration``, so an injected window is vetoed whole."""
     checkpoint_every: int = 10
     """Checkpoint cadence of the control and the branches (rollback targets)."""
     eval_steps: int = 60
@@ -132,6 +138,7 @@ class RecoveryConfig(Section):
             "eval_steps",
             "recover_steps",
             "smooth_steps",
+            "max_consecutive_vetoes",
         ):
             positive(f"recovery.{key}", getattr(self, key))
         non_negative("recovery.max_retries", self.max_retries)
