@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, get_args
 
 import numpy as np
@@ -145,15 +145,15 @@ class RangeProbe(Callback):
 
     name, order = "range_probe", 70
 
-    def __init__(self, every: int):
+    def __init__(self, every: int, also_at: Iterable[int] = ()):
         if every < 1:
             raise ValueError(f"range probe: every must be >= 1, got {every}")
-        self.every = every
+        self.every, self.also_at = every, frozenset(also_at)  # also_at: e.g. the steps after an injected spike
         self.rows: list[RangeRow] = []
         self.recorder: RangeRecorder | None = None  # installed during a probe step only
 
     def due(self, step: int) -> bool:
-        return step == 1 or step % self.every == 0
+        return step == 1 or step % self.every == 0 or step in self.also_at
 
     def on_step_start(self, trainer: Trainer) -> None:
         if self.due(trainer.step + 1):

@@ -191,7 +191,9 @@ def arm_result(losses, flagged=(), rms=None, status="completed", injection=None,
 
 
 def test_arm_metrics_count_spikes_per_thousand_steps_after_warmup_and_the_update_rms_after_it():
-    cfg = Config().replace(**{"schedule.warmup_steps": 10, "train.steps": 110})
+    cfg = arm_config(Config(), Arm("precision", ("fp32",), 0)).replace(
+        **{"schedule.warmup_steps": 10, "train.steps": 110}
+    )
     rms = [9.0] * 10 + [1.0] * 99 + [2.5]  # warmup's large updates are not counted
     m = arm_metrics(arm_result([5.0] * 110, flagged={5, 50, 80}, rms=rms), cfg)
     assert m["natural_spikes"] == 2 and m["spikes_per_1k"] == pytest.approx(1000 * 2 / 100)
@@ -200,7 +202,9 @@ def test_arm_metrics_count_spikes_per_thousand_steps_after_warmup_and_the_update
 
 
 def test_an_injected_spike_and_its_aftermath_are_not_natural_spikes():
-    cfg = Config().replace(**{"schedule.warmup_steps": 0, "train.steps": 100})
+    cfg = arm_config(Config(), Arm("precision", ("fp32",), 0)).replace(
+        **{"schedule.warmup_steps": 0, "train.steps": 100}
+    )
     injection = {"start": 50, "duration": 3}
     m = arm_metrics(arm_result([5.0] * 100, flagged={50, 51, 55, 90}, injection=injection), cfg, smooth=10)
     assert m["natural_spikes"] == 1  # step 90; 50..62 is the injection's window

@@ -24,8 +24,10 @@ def loss_of(family: str, f: dict, seed: int, effects: dict) -> float:
     loss = 4.5 + 0.05 * seed + 0.002 * ((seed * 7 + len(str(f))) % 5)
     if family == "xiong" and f["block"] == "post_ln" and f["warmup"] == 0:
         loss += effects.get("post_ln_no_warmup", 0.0) * (1 + 0.1 * seed)
-    if family == "precision" and f["precision"] == "fp16_unscaled":
-        loss += effects.get("unscaled", 0.0) * (1 + 0.1 * seed)
+    if family == "precision":
+        loss += 0.001 * ((seed + sum(map(ord, f["precision"]))) % 3)  # formats differ a little, seed by seed
+        if f["precision"] == "fp16_unscaled":
+            loss += effects.get("unscaled", 0.0) * (1 + 0.1 * seed)
     if family == "wortsman":
         loss += 0.1 * abs(math.log10(f["lr"]) + 2) * (0.5 if f["stabilizer"] != "none" else 1.0) * (1 + 0.05 * seed)
     return loss + effects.get("all", 0.0)
@@ -51,7 +53,7 @@ def study(cfg: Config, **effects) -> dict:
             "last_layer": {
                 b: {
                     str(d): {
-                        str(s): (2.0 if b == "post_ln" else 1.0) * d ** (0.5 if b == "post_ln" else 0) * (1 + 0.01 * s)
+                        str(s): (2.0 * d**0.5 * (1 + 0.01 * s) if b == "post_ln" else 1 + 0.02 * s)
                         for s in cfg.ablation.seeds
                     }
                     for d in cfg.ablation.probe_depths

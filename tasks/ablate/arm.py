@@ -39,6 +39,8 @@ from tasks.ablate.grid import SPIKES, arm_key, code_digest, data_hashes, injecti
 from tasks.config import Config, load_config
 
 MANIFEST = Path("data/tokens/manifest.json")
+SPIKE_PROBE_STEPS = 10
+"""Steps after an injected spike that the range probe measures too: where activations overflow."""
 
 
 class ArmTrace(Trace):
@@ -141,7 +143,8 @@ def run_arm(cfg: Config, project: Path, out: Path, spike: str = "none", range_ev
     spec = injection_spec(spike, cfg.ablation)
     detector = make_detector(cfg.spike)
     trace, stats = ArmTrace(detector), LogitStats()
-    ranges = [RangeProbe(range_every)] if range_every else []
+    after_spike = range(spec["start"], spec["start"] + spec["duration"] + SPIKE_PROBE_STEPS) if spec else ()
+    ranges = [RangeProbe(range_every, after_spike)] if range_every else []
     injection = [injection_callback(Injection(**spec))] if spec else []
     train_tokens, val_tokens = open_split(manifest, "train"), open_split(manifest, "val")
     end = EndProbe(val_tokens, json.loads(manifest.read_text())["eot_id"])

@@ -308,9 +308,11 @@ def range_extremes(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     by_layer: dict[str, list[float]] = {}
     overflow = 0.0
     for row in rows:
+        if not math.isfinite(row["share"]):  # nothing nonzero to take a share of (e.g. fp16's flushed zeros)
+            continue
         if row["quantity"] == "act_grad_below_subnormal":
             by_layer.setdefault(row["layer"], []).append(row["share"])
-        elif row["quantity"] in ("act_above_max", "mlp_pre_above_max") and math.isfinite(row["share"]):
+        elif row["quantity"] in ("act_above_max", "mlp_pre_above_max"):
             overflow = max(overflow, row["share"])
     underflow = max((float(np.mean(v)) for v in by_layer.values()), default=None)
     return {"grad_underflow_share": underflow, "act_overflow_share": overflow}
