@@ -1,137 +1,412 @@
-"""The ablate stage's figures (PNG, matplotlib Agg, open offline): per family, the training loss
-of each variant over the whole run and around the injected spike, the mean over seeds as a line
-and the seeds' range as a band; for the stabilizer x LR family, final loss against LR per
-stabilizer (the LR-sensitivity curve of Wortsman et al. 2023)."""
+"""The ablate stage's figures (PNG, matplotlib Agg, open offline), one per family and two beside:
+
+xiong.png         loss curves per (block, warmup) at each LR; final loss per variant and LR, seeds as dots
+depth_probe.png   last-layer gradient norm at init vs depth, Pre-LN vs Post-LN; per-layer norms at the deepest
+precision.png     loss curves per format; per layer the share of activation gradients below fp16's range
+overflow.png      loss spiked vs clean for each format, the spike's window shaded
+beta2.png         update RMS per β₂; loss with the detector's flags; natural spikes per 1,000 steps
+wortsman.png      final loss vs LR per stabilizer (the LR-sensitivity curve of Wortsman et al. 2023)
+trajectories.png  wortsman family: largest attention logit, output log Z, lowest attention entropy
+
+Curves are the mean over seeds as a line and the seeds' min..max as a band. Every loss axis shows the
+unigram baseline and the plateau threshold below it: a run above the threshold has learned no more
+than unigram statistics and tests nothing (tasks/report/preregistration.yaml: plateau_margin).
+Drawn on matplotlib's Figure directly (no pyplot state), so figures can be drawn from any thread.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 from tasks.ablate.grid import FAMILIES
 from tasks.ablate.stats import capped_loss
 from tasks.config import Config
 from tasks.spike.curves import trailing_mean
 
-TITLES = {"block_warmup": "Block placement x warmup", "precision": "Precision", "beta2": "Adam β₂"}
+Arm = dict[str, Any]
+Trace = list[tuple[int, float | None]]
+"""One arm's (step, value) pairs of one quantity; None where it was not finite."""
+
+BLOCKS = {"pre_ln": "Pre-LN", "post_ln": "Post-LN"}
+UNDERFLOW = "act_grad_underflow"
+"""The range probe's quantity (model/probes.py): the share of nonzero activation gradients below 2^-24."""
+DPI = 90
 
 
-def family_figures(cfg: Config, arms: Sequence[dict[str, Any]], out: Path) -> list[Path]:
-    import matplotlib
+@dataclasses.dataclass(frozen=True)
+class LossAxes:
+    """What every loss axis shows besides its curves, and how its curves are smoothed."""
 
-    matplotlib.use("Agg")
+    unigram: float | None
+    plateau_margin: float
+    smooth: int
+
+    def finish(self, ax: Axes, arms: Sequence[Arm], ylabel: str = "training loss (nats)") -> None:
+        """The unigram baseline, the plateau threshold, the label, and a top at the loss at init
+        (a diverging run would stretch the axis to its blow-up)."""
+        if self.unigram is not None:
+            ax.axhline(self.unigram, color="k", lw=1, label=f"unigram baseline {self.unigram:.2f}")
+            ax.axhline(self.unigram - self.plateau_margin, color="k", ls=":", lw=1, label="plateau threshold")
+        init = _init_loss(arms)
+        if init is not None:
+            ax.set_ylim(top=min(init * 1.05, ax.get_ylim()[1]))
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+
+
+def family_figures(
+    cfg: Config,
+    arms: Sequence[Arm],
+    depth_probe: dict[str, Any] | None,
+    unigram: float | None,
+    out: Path,
+    *,
+    plateau_margin: float,
+    underflow_threshold: float,
+) -> list[Path]:
+    """Every figure whose family has arms (the depth probe's: whose probe ran) into ``out``, the PNGs
+    already there removed first; returns the paths written. ``plateau_margin`` and
+    ``underflow_threshold`` are the pre-registered design's (plateau_margin, findings.fp16.threshold)."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.png"):
         stale.unlink()
-    paths = []
-    for family in FAMILIES:
-        members = [a for a in arms if family in a["families"]]
-        if not members:
-            continue
-        path = out / f"{family}.png"
-        if family == "stabilizer_lr":
-            lr_sensitivity_figure(members, path)
-        else:
-            curves_figure(cfg, TITLES[family], members, path)
-        paths.append(path)
-    return paths
+    loss = LossAxes(unigram, plateau_margin, cfg.recovery.smooth_steps)
+    family = {name: [arm for arm in arms if arm["family"] == name] for name in FAMILIES}
+    figures: list[tuple[str, Any, Callable[[Path], Path]]] = [
+        ("xiong", family["xiong"], partial(xiong_figure, family["xiong"], loss)),
+        ("depth_probe", depth_probe, partial(depth_probe_figure, depth_probe)),
+        ("precision", family["precision"], partial(precision_figure, family["precision"], loss, underflow_threshold)),
+        ("overflow", family["overflow"], partial(overflow_figure, family["overflow"], loss, cfg)),
+        ("beta2", family["beta2"], partial(beta2_figure, family["beta2"], loss)),
+        ("wortsman", family["wortsman"], partial(wortsman_figure, family["wortsman"], loss)),
+        ("trajectories", family["wortsman"], partial(trajectories_figure, family["wortsman"])),
+    ]
+    return [draw(out / f"{name}.png") for name, data, draw in figures if data]
 
 
-def _by_variant(arms: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+# ----------------------------------------------------------------------------------------------
+# Shared pieces: grouping, per-step tables, bands, seed dots
+# ----------------------------------------------------------------------------------------------
+
+
+def _groups(arms: Sequence[Arm], *factors: str) -> dict[tuple, list[Arm]]:
+    """The arms by their values of ``factors``, in the grid's order (seeds of one point together)."""
+    groups: dict[tuple, list[Arm]] = {}
     for arm in arms:
-        groups[arm["variant"]].append(arm)
+        groups.setdefault(tuple(arm["factors"][f] for f in factors), []).append(arm)
     return groups
 
 
-def _band(arms: Sequence[dict[str, Any]], length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per step: mean, min and max over the seeds that reached it (NaN where none did)."""
-    table = np.full((len(arms), length), np.nan)
-    for i, arm in enumerate(arms):
-        for row in arm["rows"]:
-            if row["loss"] is not None and row["step"] <= length:
-                table[i, row["step"] - 1] = row["loss"]
+def _values(arms: Sequence[Arm], factor: str) -> list[Any]:
+    return list(dict.fromkeys(arm["factors"][factor] for arm in arms))
+
+
+def _init_loss(arms: Sequence[Arm]) -> float | None:
+    """The loss at init, ln V, from the arms that ran (a failed arm has no metrics)."""
+    return max((arm["metrics"]["init_loss"] for arm in arms if arm["metrics"]), default=None)
+
+
+def _row_trace(arm: Arm, key: str) -> Trace:
+    return [(row["step"], row[key]) for row in arm["rows"]]
+
+
+def _range_trace(arm: Arm, quantity: str, layer: str) -> Trace:
+    return [(r["step"], r["share"]) for r in arm["ranges"] if r["quantity"] == quantity and r["layer"] == layer]
+
+
+def _layer_trace(arm: Arm, prefix: str, reduce: Callable[[list[float]], float]) -> Trace:
+    """A per-layer statistic at the layer-stats steps, reduced over layers (max or min)."""
+    trace: Trace = []
+    for t in arm["trajectories"]:
+        values = [v for k, v in t.items() if k.startswith(prefix) and v is not None]
+        trace.append((t["step"], reduce(values) if values else None))
+    return trace
+
+
+def _table(traces: Sequence[Trace]) -> tuple[np.ndarray, np.ndarray]:
+    """The steps any trace has, and a traces x steps table of values, NaN where one has none."""
+    steps = np.array(sorted({step for trace in traces for step, _ in trace}), dtype=float)
+    column = {step: i for i, step in enumerate(steps)}
+    table = np.full((len(traces), len(steps)), np.nan)
+    for i, trace in enumerate(traces):
+        for step, value in trace:
+            if value is not None:
+                table[i, column[step]] = value
+    return steps, table
+
+
+def _band(ax: Axes, traces: Sequence[Trace], label: str, smooth: int = 1, **style: Any) -> None:
+    """The mean over ``traces`` as a line and their min..max as a band, each a trailing mean over
+    ``smooth`` points, at the steps some trace reached with a finite value (where every arm failed,
+    only a legend entry that says so)."""
+    steps, table = _table(traces)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # steps no seed reached
-        return np.nanmean(table, 0), np.nanmin(table, 0), np.nanmax(table, 0)
+        warnings.simplefilter("ignore", RuntimeWarning)  # steps where no trace is finite
+        mean, low, high = np.nanmean(table, 0), np.nanmin(table, 0), np.nanmax(table, 0)
+    finite = np.isfinite(mean)
+    if not finite.any():
+        ax.plot([], [], label=f"{label}: no finished arm", **style)
+        return
+    mean, low, high = (trailing_mean(curve[finite], smooth) for curve in (mean, low, high))
+    seeds = int(np.isfinite(table).any(axis=1).sum())
+    (line,) = ax.plot(steps[finite], mean, lw=1.2, label=f"{label} (n={seeds})", **style)
+    ax.fill_between(steps[finite], low, high, color=line.get_color(), alpha=0.2, lw=0)
 
 
-def curves_figure(cfg: Config, title: str, arms: Sequence[dict[str, Any]], path: Path) -> None:
-    import matplotlib.pyplot as plt
+def _seed_dots(
+    ax: Axes, x: float, arms: Sequence[Arm], value: Callable[[dict], float | None], color: Any, spread: float = 0.04
+) -> list[float]:
+    """Each arm's ``value`` at ``x``, seeds ``spread`` apart sideways, diverged arms as crosses;
+    returns the values drawn (a failed arm, with no metrics, has none)."""
+    ran = [arm for arm in arms if arm["metrics"] and value(arm["metrics"]) is not None]
+    for i, arm in enumerate(ran):
+        diverged = arm["metrics"]["diverged"]
+        ax.plot(
+            x + spread * (i - (len(ran) - 1) / 2),
+            value(arm["metrics"]),
+            "x" if diverged else "o",
+            color=color,
+            ms=8 if diverged else 4,
+            mew=2 if diverged else 1,
+            alpha=0.8,
+        )
+    return [value(arm["metrics"]) for arm in ran]
 
+
+def _diverged_key(ax: Axes, label: str = "diverged (its loss counted as ln V)") -> None:
+    ax.plot([], [], "kx", ms=8, mew=2, label=label)
+
+
+def _strip(
+    ax: Axes,
+    arms: Sequence[Arm],
+    cluster: str,
+    hue: tuple[str, ...],
+    value: Callable[[dict], float | None],
+    labels: tuple[Callable[..., str], Callable[[Any], str]],
+) -> None:
+    """Each arm's ``value`` as a dot, in one cluster along x per value of the ``cluster`` factor and
+    a color per point of the ``hue`` factors within it (colors ``C0``, ``C1``... in the grid's order,
+    as the curves'); ``labels`` names a hue point and a cluster."""
+    clusters, hues = _values(arms, cluster), list(_groups(arms, *hue))
+    hue_label, cluster_label = labels
+    for (c, *h), members in _groups(arms, cluster, *hue).items():
+        i = hues.index(tuple(h))
+        _seed_dots(ax, clusters.index(c) + 0.8 * (i + 0.5) / len(hues) - 0.4, members, value, f"C{i}")
+    for i, h in enumerate(hues):
+        ax.plot([], [], "o", color=f"C{i}", label=hue_label(*h))
+    ax.set_xticks(range(len(clusters)), [cluster_label(c) for c in clusters])
+    ax.grid(alpha=0.3)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# The figures
+# ----------------------------------------------------------------------------------------------
+
+
+def _xiong_label(block: str, warmup: float) -> str:
+    return f"{BLOCKS.get(block, block)}, " + (f"warmup {warmup:.0%}" if warmup else "no warmup")
+
+
+def xiong_figure(arms: Sequence[Arm], loss: LossAxes, path: Path) -> Path:
+    """Xiong et al. 2020: loss curves per (block, warmup), one panel per LR; final loss per point."""
+    lrs, variants = _values(arms, "lr"), list(_groups(arms, "block", "warmup"))
+    fig = Figure(figsize=(5 * len(lrs), 8.5))
+    grid = fig.add_gridspec(2, len(lrs))
+    for column, lr in enumerate(lrs):
+        ax = fig.add_subplot(grid[0, column])
+        at_lr = [a for a in arms if a["factors"]["lr"] == lr]
+        for (block, warmup), members in _groups(at_lr, "block", "warmup").items():
+            traces = [_row_trace(a, "loss") for a in members]
+            color = f"C{variants.index((block, warmup))}"
+            _band(ax, traces, _xiong_label(block, warmup), loss.smooth, color=color)
+        ax.set(title=f"(a) training loss at LR {lr:g}", xlabel="step")
+        loss.finish(ax, arms)
+        ax.legend(fontsize=7, loc="upper right")
+    ax = fig.add_subplot(grid[1, :])
+    _strip(ax, arms, "lr", ("block", "warmup"), capped_loss, (_xiong_label, lambda lr: f"LR {lr:g}"))
+    _diverged_key(ax)
+    ax.set_title("(b) final validation loss per seed")
+    loss.finish(ax, arms, "final validation loss, capped at ln V (nats)")
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def depth_probe_figure(probe: dict[str, Any], path: Path) -> Path:
+    """Xiong et al.'s Theorem 1 at init: the last block's gradient norm against depth, per block."""
+    fig = Figure(figsize=(11, 4.2))
+    by_depth, per_layer = fig.subplots(1, 2)
+    deepest = max(probe["depths"])
+    for i, (block, norms) in enumerate(probe["last_layer"].items()):
+        depths = sorted(int(d) for d in norms)
+        for d in depths:
+            seeds = list(norms[str(d)].values())
+            by_depth.plot([d] * len(seeds), seeds, "o", color=f"C{i}", alpha=0.5, ms=4)
+        means = [np.mean(list(norms[str(d)].values())) for d in depths]
+        by_depth.plot(depths, means, "-", color=f"C{i}", label=f"{BLOCKS.get(block, block)} (mean; dots: seeds)")
+        layers = probe["per_layer"][block][str(deepest)]
+        per_layer.plot(range(len(layers)), layers, "o-", color=f"C{i}", label=BLOCKS.get(block, block))
+    by_depth.set(xscale="log", yscale="log", xlabel="depth (blocks)", ylabel="gradient norm of the last block")
+    by_depth.set_xticks(probe["depths"], [str(d) for d in probe["depths"]])
+    by_depth.set_xticks([], minor=True)
+    by_depth.set_title("last block's gradient norm at initialisation")
+    per_layer.set(yscale="log", xlabel="block", ylabel="gradient norm (mean over seeds)")
+    per_layer.set_title(f"per block at depth {deepest}, at initialisation")
+    for ax in (by_depth, per_layer):
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def precision_figure(arms: Sequence[Arm], loss: LossAxes, threshold: float, path: Path) -> Path:
+    """Micikevicius et al. 2017: loss per format; the activation gradients fp16 would flush to zero."""
+    fig = Figure(figsize=(12, 4.5))
+    curves, shares = fig.subplots(1, 2)
+    for (precision,), members in _groups(arms, "precision").items():
+        _band(curves, [_row_trace(a, "loss") for a in members], precision, loss.smooth)
+    curves.set(title="training loss per format", xlabel="step")
+    loss.finish(curves, arms)
+    curves.legend(fontsize=7)
+    probed = [a for a in arms if a["factors"]["precision"] in ("fp32", "fp16_unscaled")]
+    layers = list(dict.fromkeys(r["layer"] for a in probed for r in a["ranges"] if r["quantity"] == UNDERFLOW))
+    for (precision,), members in _groups(probed, "precision").items():
+        for i, layer in enumerate(layers):
+            style = {"color": f"C{i % 10}", "ls": "-" if precision == "fp32" else "--", "marker": "."}
+            _band(shares, [_range_trace(a, UNDERFLOW, layer) for a in members], f"{precision} {layer}", **style)
+    shares.axhline(threshold, color="r", ls=":", label=f"precondition: {threshold:.0%} in some layer")
+    shares.set(yscale="log", xlabel="step", ylabel="share of nonzero values below 2^-24")
+    shares.set_title("activation gradients below fp16's smallest subnormal\n(solid: fp32, dashed: fp16 unscaled)")
+    shares.grid(alpha=0.3, which="both")
+    shares.legend(fontsize=6, ncol=2)
+    return _save(fig, path)
+
+
+def overflow_figure(arms: Sequence[Arm], loss: LossAxes, cfg: Config, path: Path) -> Path:
+    """An LR spike per format against its clean twin: the whole run, then every step around the spike."""
     a = cfg.ablation
-    steps = np.arange(1, a.steps + 1)
-    fig, (whole, zoom) = plt.subplots(1, 2, figsize=(12, 4.2))
-    lo, hi = max(1, a.inject_step - 20), min(a.steps, a.inject_step + 80)
-    for variant, members in _by_variant(arms).items():
-        mean, low, high = _band(members, a.steps)
-        if np.isnan(mean).all():
-            zoom.plot([], [], label=f"{variant}: no result ({len(members)} failed)")
-            continue
-        diverged = sum(1 for m in members if m["status"] in ("diverged", "failed"))
-        label = f"{variant} ({len(members)} seeds" + (f", {diverged} diverged/failed)" if diverged else ")")
-        smooth = [
-            trailing_mean(np.nan_to_num(c, nan=np.nanmax(c)), cfg.recovery.smooth_steps) for c in (mean, low, high)
-        ]
-        for ax, window, (mid, bottom, top) in (
-            (whole, slice(None), smooth),
-            (zoom, slice(lo - 1, hi), (mean, low, high)),
-        ):
-            (line,) = ax.plot(steps[window], mid[window], lw=1.2, label=label)
-            ax.fill_between(steps[window], bottom[window], top[window], color=line.get_color(), alpha=0.2, lw=0)
-    for ax in (whole, zoom):
-        ax.axvspan(
-            a.inject_step,
-            a.inject_step + a.inject_duration - 1,
-            color="red",
-            alpha=0.15,
-            label=f"injected: {a.inject} x{a.inject_magnitude:g}, {a.inject_duration} steps",
-        )
+    precisions = _values(arms, "precision")
+    window = (a.inject_step, a.inject_step + a.inject_duration - 1)
+    fig = Figure(figsize=(5.5 * len(precisions), 8))
+    axes = fig.subplots(2, len(precisions), squeeze=False)
+    for column, precision in enumerate(precisions):
+        members = [arm for arm in arms if arm["factors"]["precision"] == precision]
+        for ax, smooth in ((axes[0, column], loss.smooth), (axes[1, column], 1)):
+            for (spike,), twins in _groups(members, "spike").items():
+                label = "clean" if spike == "none" else f"{spike} spike"
+                _band(ax, [_row_trace(t, "loss") for t in twins], label, smooth)
+            ax.axvspan(
+                *window, color="red", alpha=0.2, label=f"spike: LR x{a.inject_magnitude:g}, {a.inject_duration} steps"
+            )
+            loss.finish(ax, members)
+            ax.set_xlabel("step")
+        axes[0, column].set_title(f"{precision}: whole run ({loss.smooth}-step trailing mean)")
+        axes[1, column].set_title(f"{precision}: around the spike, every step")
+        axes[1, column].set_xlim(max(1, a.inject_step - 20), min(a.steps, a.inject_step + 80))
+        axes[0, column].legend(fontsize=7)
+    return _save(fig, path)
+
+
+def beta2_figure(arms: Sequence[Arm], loss: LossAxes, path: Path) -> Path:
+    """Shazeer & Stern 2018, Wortsman et al. 2023b: update RMS and loss spikes per β₂, per LR multiple."""
+    mults = _values(arms, "lr_mult")
+    fig = Figure(figsize=(5.5 * len(mults), 11))
+    grid = fig.add_gridspec(3, len(mults))
+    for column, mult in enumerate(mults):
+        at_mult = [a for a in arms if a["factors"]["lr_mult"] == mult]
+        _beta2_curves(fig.add_subplot(grid[0, column]), fig.add_subplot(grid[1, column]), at_mult, loss)
+    ax = fig.add_subplot(grid[2, :])
+    _strip(ax, arms, "lr_mult", ("beta2",), lambda m: m["spikes_per_1k"], (_beta2_label, lambda m: f"LR x{m:g}"))
+    _diverged_key(ax, "diverged")
+    ax.set(ylabel="spikes per 1,000 steps", title="natural loss spikes after warmup, per seed")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def _beta2_label(beta2: float) -> str:
+    return f"β₂ {beta2:g}"
+
+
+def _beta2_curves(rms: Axes, curves: Axes, arms: Sequence[Arm], loss: LossAxes) -> None:
+    """At one LR multiple: the update RMS per β₂, and the loss per β₂ with the detector's flags."""
+    for i, ((beta2,), members) in enumerate(_groups(arms, "beta2").items()):
+        _band(rms, [_row_trace(a, "update_rms") for a in members], _beta2_label(beta2), loss.smooth, color=f"C{i}")
+        _band(curves, [_row_trace(a, "loss") for a in members], _beta2_label(beta2), loss.smooth, color=f"C{i}")
+        flagged = [r for a in members for r in a["rows"] if r["flagged"] and r["loss"] is not None]
+        curves.plot([r["step"] for r in flagged], [r["loss"] for r in flagged], "v", color=f"C{i}", ms=5)
+    mult = arms[0]["factors"]["lr_mult"]
+    rms.axhline(1, color="k", ls="--", lw=1, label="update RMS 1")
+    rms.set(title=f"Adam update RMS, LR x{mult:g}", xlabel="step", ylabel="update RMS")
+    rms.grid(alpha=0.3)
+    rms.legend(fontsize=7)
+    curves.set(title=f"training loss, LR x{mult:g} (▼ the detector's flags)", xlabel="step")
+    loss.finish(curves, arms)
+    curves.legend(fontsize=7, ncol=2)
+
+
+def wortsman_figure(arms: Sequence[Arm], loss: LossAxes, path: Path) -> Path:
+    """Wortsman et al. 2023: final loss against LR per stabilizer, the LR-sensitivity curve."""
+    fig = Figure(figsize=(8, 5))
+    ax = fig.subplots()
+    for i, ((stabilizer,), members) in enumerate(_groups(arms, "stabilizer").items()):
+        lrs, means = [], []
+        for (lr,), seeds in _groups(members, "lr").items():
+            if values := _seed_dots(ax, lr, seeds, capped_loss, f"C{i}", spread=0):  # a log axis: no spread
+                lrs.append(lr)
+                means.append(np.mean(values))
+        ax.plot(lrs, means, "-", color=f"C{i}", label=f"{stabilizer} (mean; dots: seeds)")
+    init = _init_loss(arms)
+    if init is not None:
+        ax.axhline(init, color="gray", ls="--", lw=1, label=f"loss at init ln V = {init:.2f}")
+    _diverged_key(ax)
+    ax.set(xscale="log", xlabel="peak learning rate", title="LR sensitivity: final loss vs LR per stabilizer")
+    loss.finish(ax, arms, "final validation loss, capped at ln V (nats)")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+TRAJECTORIES = (
+    ("largest attention logit (max over layers)", "stats/attn_logit_max/", max, "log"),
+    ("output log Z", "stats/logits/log_z", max, "linear"),
+    ("attention entropy, nats (min over layers)", "stats/attn_entropy/", min, "linear"),
+)
+"""Each row of trajectories.png: its title, the trajectory key (or per-layer prefix), how the layers
+are reduced (log Z has one), its y scale (attention logits grow by orders of magnitude at high LR)."""
+
+
+def trajectories_figure(arms: Sequence[Arm], path: Path) -> Path:
+    """Wortsman et al. 2023's mechanisms over training: one panel per quantity x stabilizer, a line
+    per LR (mean over seeds, band: their range)."""
+    stabilizers, lrs = _values(arms, "stabilizer"), sorted(_values(arms, "lr"))
+    colors = colormaps["viridis"](np.linspace(0, 0.9, len(lrs)))
+    fig = Figure(figsize=(4.5 * len(stabilizers), 3.3 * len(TRAJECTORIES)))
+    axes = fig.subplots(len(TRAJECTORIES), len(stabilizers), squeeze=False, sharex=True)
+    for row, (title, prefix, reduce, scale) in enumerate(TRAJECTORIES):
+        for column, stabilizer in enumerate(stabilizers):
+            ax = axes[row, column]
+            stabilized = [a for a in arms if a["factors"]["stabilizer"] == stabilizer]
+            for (lr,), members in _groups(stabilized, "lr").items():
+                traces = [_layer_trace(a, prefix, reduce) for a in members]
+                _band(ax, traces, f"LR {lr:g}", color=colors[lrs.index(lr)])
+            ax.set(yscale=scale, title=f"{stabilizer}: {title}")
+            ax.grid(alpha=0.3)
+    for ax in axes[-1]:
         ax.set_xlabel("step")
-        ax.set_ylabel("training loss (nats)")
-        ax.grid(alpha=0.3)
-    whole.set_title(
-        f"{title}: whole run, {cfg.recovery.smooth_steps}-step trailing mean\n(mean over seeds, band = min..max)"
-    )
-    zoom.set_title(f"around the injected spike, every step (steps {lo}..{hi})")
-    inits = [arm["metrics"]["init_loss"] for arm in arms if arm.get("metrics")]
-    if inits:  # a diverging run would stretch the axis to its blow-up
-        whole.set_ylim(top=min(max(inits) * 1.05, whole.get_ylim()[1]))
-    zoom.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
-def lr_sensitivity_figure(arms: Sequence[dict[str, Any]], path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    by_stabilizer: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-    ran = [arm for arm in arms if arm.get("metrics")]  # a failed arm has no loss: left out, as in the findings
-    for arm in ran:
-        by_stabilizer[arm["factors"]["stabilizer"]][arm["factors"]["lr"]].append(capped_loss(arm["metrics"]))
-    for stabilizer, by_lr in by_stabilizer.items():
-        lrs = sorted(by_lr)
-        means = [np.mean(by_lr[lr]) for lr in lrs]
-        (line,) = ax.plot(lrs, means, marker="o", label=stabilizer)
-        ax.fill_between(
-            lrs, [min(by_lr[lr]) for lr in lrs], [max(by_lr[lr]) for lr in lrs], color=line.get_color(), alpha=0.2, lw=0
-        )
-    if ran:
-        init = max(arm["metrics"]["init_loss"] for arm in ran)
-        ax.axhline(init, color="gray", ls="--", lw=1, label="loss at init (cap; diverged runs sit here)")
-    ax.set_xscale("log")
-    ax.set_xlabel("peak learning rate")
-    ax.set_ylabel("final validation loss, capped (nats)")
-    ax.set_title("LR sensitivity: final loss vs LR (mean over seeds, band = min..max)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    axes[0, -1].legend(fontsize=7)
+    return _save(fig, path)

@@ -1,0 +1,173 @@
+"""The study's figures: the ablate stage's per-family PNGs and the report's forest plot, drawn from
+constructed arms and claims (failed and diverged arms among them). What is checked is that each
+figure is written, readable and only where its family has arms, never its pixels."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from tasks.ablate.figures import family_figures
+from tasks.config import Config
+from tasks.report.figures import forest_plot
+
+STEPS = 60
+INIT = math.log(8192)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def arm(family: str, seed: int, *, failed: bool = False, diverged: bool = False, **factors) -> dict:
+    """An arm as the stage hands it to the figures: a falling loss (None at the end of a diverged
+    one), update RMS, flags, per-layer trajectories and range-probe rows; a failed arm has none."""
+    base = {"name": f"{family}/{factors}/s{seed}", "family": family, "variant": str(factors), "seed": seed}
+    base |= {"factors": factors}
+    if failed:
+        return base | {"status": "failed", "metrics": {}, "rows": [], "trajectories": [], "ranges": []}
+    loss = [INIT * math.exp(-s / 40) + 3 + 0.05 * seed for s in range(1, STEPS + 1)]
+    rows = [
+        {
+            "step": s,
+            "loss": None if diverged and s > STEPS - 5 else v,
+            "grad_norm": 1.0,
+            "update_rms": 0.2 + 0.01 * s,
+            "skipped": False,
+            "flagged": s % 25 == 0,
+        }
+        for s, v in enumerate(loss, 1)
+    ]
+    trajectories = [
+        {
+            "step": s,
+            "stats/attn_logit_max/block0": s / 5,
+            "stats/attn_logit_max/block1": s / 4,
+            "stats/attn_entropy/block0": 2 - s / 60,
+            "stats/attn_entropy/block1": 1.8,
+            "stats/logits/log_z": 9 - s / 20,
+        }
+        for s in range(10, STEPS + 1, 10)
+    ]
+    ranges = [
+        {"step": s, "layer": f"block{b}.mlp", "quantity": q, "share": share}
+        for s in range(20, STEPS + 1, 20)
+        for b in (0, 1)
+        for q, share in (("act_grad_underflow", 0.002 * (b + 1) * s), ("act_overflow", 0.0), ("act_max", 3.0))
+    ]
+    metrics = {
+        "status": "diverged" if diverged else "completed",
+        "diverged": diverged,
+        "val_loss": None if diverged else loss[-1],
+        "final_loss": None if diverged else loss[-1],
+        "init_loss": INIT,
+        "spikes_per_1k": 1000 * 2 / STEPS,
+        "update_rms_max": 0.8,
+    }
+    traces = {"rows": rows, "trajectories": trajectories, "ranges": ranges}
+    return base | {"status": metrics["status"], "metrics": metrics} | traces
+
+
+def _study_arms() -> list[dict]:
+    """A few arms of every family; Post-LN without warmup at the high LR diverges in seed 1, and so
+    does the unstabilised wortsman arm at LR 0.1; one precision and one wortsman arm failed."""
+    post_ln_diverges = ("post_ln", 0.0, 3e-3, 1)
+    arms = [
+        arm("xiong", seed, block=block, warmup=warmup, lr=lr, diverged=(block, warmup, lr, seed) == post_ln_diverges)
+        for block in ("pre_ln", "post_ln")
+        for warmup in (0.1, 0.0)
+        for lr in (3e-3, 1e-3)
+        for seed in (0, 1)
+    ]
+    arms += [arm("precision", seed, precision=p) for p in ("fp32", "bf16", "fp16", "fp16_unscaled") for seed in (0, 1)]
+    arms += [arm("precision", 2, precision="fp16", failed=True)]
+    arms += [
+        arm("overflow", seed, precision=p, spike=s) for p in ("bf16", "fp16") for s in ("none", "lr") for seed in (0, 1)
+    ]
+    arms += [arm("beta2", seed, beta2=b, lr_mult=m) for b in (0.95, 0.999) for m in (1.0, 4.0) for seed in (0, 1)]
+    arms += [
+        arm("wortsman", seed, stabilizer=st, lr=lr, diverged=lr == 1e-1 and st == "none")
+        for st in ("none", "qk_norm", "z_loss")
+        for lr in (1e-3, 1e-2, 1e-1)
+        for seed in (0, 1)
+    ]
+    return arms + [arm("wortsman", 2, stabilizer="none", lr=1e-2, failed=True)]
+
+
+DEPTH_PROBE = {
+    "depths": [2, 4, 8],
+    "seeds": [0, 1],
+    "last_layer": {
+        b: {str(d): {"0": k * d**0.5, "1": k * d**0.5 * 1.1} for d in (2, 4, 8)}
+        for b, k in (("pre_ln", 1.0), ("post_ln", 3.0))
+    },
+    "per_layer": {b: {"8": [k / (i + 1) for i in range(8)]} for b, k in (("pre_ln", 1.0), ("post_ln", 3.0))},
+}
+ALL_FIGURES = ["xiong", "depth_probe", "precision", "overflow", "beta2", "wortsman", "trajectories"]
+ARMS = _study_arms()
+CFG = Config().replace(**{"ablation.steps": STEPS})
+DESIGN = {"plateau_margin": 0.5, "underflow_threshold": 0.01}
+UNIGRAM = 5.97
+
+
+def assert_readable_png(path: Path) -> None:
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    height, width = matplotlib.image.imread(path).shape[:2]
+    assert height > 100 and width > 100
+
+
+def test_every_family_gets_its_figure_failed_and_diverged_arms_included(tmp_path):
+    paths = family_figures(CFG, ARMS, DEPTH_PROBE, UNIGRAM, tmp_path, **DESIGN)
+    assert [p.name for p in paths] == [f"{name}.png" for name in ALL_FIGURES]
+    assert sorted(tmp_path.iterdir()) == sorted(paths)
+    for path in paths:
+        assert_readable_png(path)
+
+
+@pytest.mark.parametrize("family, figures", [("xiong", ["xiong"]), ("wortsman", ["wortsman", "trajectories"])])
+def test_a_family_without_arms_gets_no_figure(tmp_path, family, figures):
+    others = [a for a in ARMS if a["family"] != family]
+    paths = family_figures(CFG, others, DEPTH_PROBE, UNIGRAM, tmp_path, **DESIGN)
+    assert {p.stem for p in paths} == set(ALL_FIGURES) - set(figures)
+
+
+def test_no_depth_probe_no_depth_figure_and_stale_pngs_are_removed(tmp_path):
+    (tmp_path / "stabilizer_lr.png").write_bytes(PNG_SIGNATURE)
+    beta2 = [a for a in ARMS if a["family"] == "beta2"]
+    paths = family_figures(CFG, beta2, {}, UNIGRAM, tmp_path, **DESIGN)
+    assert [p.name for p in paths] == ["beta2.png"]
+    assert [p.name for p in tmp_path.iterdir()] == ["beta2.png"]
+
+
+def test_a_family_whose_arms_all_failed_still_gets_its_figure(tmp_path):
+    failed = [arm("precision", seed, precision="fp32", failed=True) for seed in (0, 1)]
+    (path,) = family_figures(CFG, failed, None, None, tmp_path, **DESIGN)
+    assert_readable_png(path)
+
+
+def claim(finding: str, verdict: str, estimate: float | None = 0.3, **fields) -> dict:
+    """A claim row as the report hands it to the forest plot: a direction claim in nats unless told."""
+    return {
+        "finding": finding,
+        "claim": f"{finding}: a claim as long as the design's, wrapped on the left of its row",
+        "estimate": estimate,
+        "ci95": None if estimate is None else [estimate - 0.2, estimate + 0.25],
+        "expected": 1,
+        "kind": "direction",
+        "margin": None,
+        "verdict": verdict,
+        "unit": "nats",
+    } | fields
+
+
+def test_the_forest_plot_draws_every_verdict_a_missing_estimate_and_an_equivalence_claim(tmp_path):
+    rows = [
+        claim("xiong", "reproduced"),
+        claim("xiong", "contradicted", estimate=-0.4),
+        claim("fp16", "inconclusive", expected=-1, unit="spikes per 1,000 steps"),
+        claim("fp16", "reproduced", estimate=0.004, expected=0, kind="equivalence", margin=0.02),
+        claim("overflow", "not tested", estimate=None),
+    ]
+    path = forest_plot(rows, tmp_path / "forest.png")
+    assert path == tmp_path / "forest.png"
+    assert_readable_png(path)
