@@ -46,6 +46,7 @@ from tasks.ablate.grid import (
 from tasks.ablate.stats import variant_table
 from tasks.config import Config, project_config
 from tasks.data.unigram import unigram_baseline
+from tasks.report.design import design
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import write_json
 from tasks.runtime.outputs import ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST
@@ -273,5 +274,14 @@ def write_outputs(cfg: Config, project: Path, rows: list[dict[str, Any]], wall_s
         "unigram_val_loss": unigram_baseline(project / MANIFEST, cfg.ablation.seq_len)["unigram_val_loss"],
     }
     write_json(project / ABLATE_METRICS, metrics)
-    family_figures(cfg, arms, metrics["depth_probe"], metrics["unigram_val_loss"], project / ABLATE_FIGURES)
+    registered = design()
+    family_figures(
+        cfg,
+        arms,
+        metrics["depth_probe"],
+        metrics["unigram_val_loss"],
+        project / ABLATE_FIGURES,
+        plateau_margin=registered["plateau_margin"],
+        underflow_threshold=registered["findings"]["fp16"]["threshold"],
+    )
     return metrics

@@ -53,7 +53,11 @@ def arm(family: str, seed: int, *, failed: bool = False, diverged: bool = False,
         {"step": s, "layer": f"block{b}.mlp", "quantity": q, "share": share}
         for s in range(20, STEPS + 1, 20)
         for b in (0, 1)
-        for q, share in (("act_grad_underflow", 0.002 * (b + 1) * s), ("act_overflow", 0.0), ("act_max", 3.0))
+        for q, share in (
+            ("act_grad_below_subnormal", 0.002 * (b + 1) * s),
+            ("act_above_max", 0.0),
+            ("mlp_pre_above_max", 0.0),
+        )
     ]
     metrics = {
         "status": "diverged" if diverged else "completed",
@@ -94,15 +98,14 @@ def _study_arms() -> list[dict]:
     return arms + [arm("wortsman", 2, stabilizer="none", lr=1e-2, failed=True)]
 
 
-DEPTH_PROBE = {
-    "depths": [2, 4, 8],
-    "seeds": [0, 1],
+DEPTH_SWEEP = {
     "last_layer": {
         b: {str(d): {"0": k * d**0.5, "1": k * d**0.5 * 1.1} for d in (2, 4, 8)}
         for b, k in (("pre_ln", 1.0), ("post_ln", 3.0))
     },
     "per_layer": {b: {"8": [k / (i + 1) for i in range(8)]} for b, k in (("pre_ln", 1.0), ("post_ln", 3.0))},
 }
+DEPTH_PROBE = {"depths": [2, 4, 8], "seeds": [0, 1], "xavier": DEPTH_SWEEP, "gpt2": DEPTH_SWEEP}
 ALL_FIGURES = ["xiong", "depth_probe", "precision", "overflow", "beta2", "wortsman", "trajectories"]
 ARMS = _study_arms()
 CFG = Config().replace(**{"ablation.steps": STEPS})

@@ -38,7 +38,7 @@ Trace = list[tuple[int, float | None]]
 """One arm's (step, value) pairs of one quantity; None where it was not finite."""
 
 BLOCKS = {"pre_ln": "Pre-LN", "post_ln": "Post-LN"}
-UNDERFLOW = "act_grad_underflow"
+UNDERFLOW = "act_grad_below_subnormal"
 """The range probe's quantity (model/probes.py): the share of nonzero activation gradients below 2^-24."""
 DPI = 90
 
@@ -248,27 +248,36 @@ def xiong_figure(arms: Sequence[Arm], loss: LossAxes, path: Path) -> Path:
     return _save(fig, path)
 
 
+INIT_TITLES = {"xavier": "the paper's init (Xavier, unit-scale embeddings)", "gpt2": "this project's GPT-2 init"}
+
+
 def depth_probe_figure(probe: dict[str, Any], path: Path) -> Path:
-    """Xiong et al.'s Theorem 1 at init: the last block's gradient norm against depth, per block."""
-    fig = Figure(figsize=(11, 4.2))
-    by_depth, per_layer = fig.subplots(1, 2)
+    """Xiong et al.'s Theorem 1 at init: the last block's gradient norm against depth, per block
+    layout, under each init the probe ran (tasks/ablate/depth.py: INITS); and per block at the
+    deepest depth under the paper's init."""
+    inits = [i for i in INIT_TITLES if probe.get(i)]
+    fig = Figure(figsize=(5.5 * (len(inits) + 1), 4.2))
+    axes = fig.subplots(1, len(inits) + 1)
     deepest = max(probe["depths"])
-    for i, (block, norms) in enumerate(probe["last_layer"].items()):
-        depths = sorted(int(d) for d in norms)
-        for d in depths:
-            seeds = list(norms[str(d)].values())
-            by_depth.plot([d] * len(seeds), seeds, "o", color=f"C{i}", alpha=0.5, ms=4)
-        means = [np.mean(list(norms[str(d)].values())) for d in depths]
-        by_depth.plot(depths, means, "-", color=f"C{i}", label=f"{BLOCKS.get(block, block)} (mean; dots: seeds)")
-        layers = probe["per_layer"][block][str(deepest)]
+    for ax, init in zip(axes, inits):
+        for i, (block, norms) in enumerate(probe[init]["last_layer"].items()):
+            depths = sorted(int(d) for d in norms)
+            for d in depths:
+                seeds = list(norms[str(d)].values())
+                ax.plot([d] * len(seeds), seeds, "o", color=f"C{i}", alpha=0.5, ms=4)
+            means = [np.mean(list(norms[str(d)].values())) for d in depths]
+            ax.plot(depths, means, "-", color=f"C{i}", label=f"{BLOCKS.get(block, block)} (mean; dots: seeds)")
+        ax.set(xscale="log", yscale="log", xlabel="depth (blocks)", ylabel="gradient norm of the last block")
+        ax.set_xticks(probe["depths"], [str(d) for d in probe["depths"]])
+        ax.set_xticks([], minor=True)
+        ax.set_title(f"last block at init: {INIT_TITLES[init]}", fontsize=9)
+    per_layer = axes[-1]
+    for i, (block, by_depth) in enumerate(probe[inits[0]]["per_layer"].items()):
+        layers = by_depth[str(deepest)]
         per_layer.plot(range(len(layers)), layers, "o-", color=f"C{i}", label=BLOCKS.get(block, block))
-    by_depth.set(xscale="log", yscale="log", xlabel="depth (blocks)", ylabel="gradient norm of the last block")
-    by_depth.set_xticks(probe["depths"], [str(d) for d in probe["depths"]])
-    by_depth.set_xticks([], minor=True)
-    by_depth.set_title("last block's gradient norm at initialisation")
     per_layer.set(yscale="log", xlabel="block", ylabel="gradient norm (mean over seeds)")
-    per_layer.set_title(f"per block at depth {deepest}, at initialisation")
-    for ax in (by_depth, per_layer):
+    per_layer.set_title(f"per block at depth {deepest}: {INIT_TITLES[inits[0]]}", fontsize=9)
+    for ax in axes:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     return _save(fig, path)

@@ -50,7 +50,7 @@ def forest_plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
             _claim(fig, ax, item)
     _shade_alternate_findings(fig, [ax for ax, item in zip(axes, layout) if isinstance(item, str)])
     fig.suptitle("Pre-registered claims: estimate and 95 % interval, each on its own axis", fontsize=11)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")  # the report stages it under a temporary name
     return path
 
 

@@ -13,35 +13,20 @@ an arm that learned no more than unigram statistics tests nothing.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections.abc import Callable
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from tasks.ablate.grid import base_values
 from tasks.ablate.stats import derived, divergence_rates, lr_sensitivity, paired, slope_test, tost_paired, tost_slope
 from tasks.config import Config
+from tasks.report.design import design
 from tasks.report.verdict import Claim, verdict
-
-DESIGN_FILE = Path(__file__).with_name("preregistration.yaml")
 
 FAMILY_OF = {"xiong": "xiong", "fp16": "precision", "overflow": "overflow", "beta2": "beta2", "wortsman": "wortsman"}
 """The family of arms each trained finding reads (tasks/ablate/grid.py: FAMILIES)."""
-
-
-@cache
-def design() -> dict[str, Any]:
-    """The pre-registered design (read once)."""
-    return yaml.safe_load(DESIGN_FILE.read_text(encoding="utf-8"))
-
-
-def design_hash() -> str:
-    return hashlib.sha256(DESIGN_FILE.read_bytes()).hexdigest()[:16]
 
 
 @dataclasses.dataclass

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import Config
-from tasks.report.findings import FAMILY_OF, Finding, design, design_hash
+from tasks.report.design import design, design_hash
+from tasks.report.findings import FAMILY_OF, Finding
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED
 
 REPORTS = Path("reports")
