@@ -28,9 +28,10 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 GRID = {
     "ablation.blocks": ["pre_ln"],
-    "ablation.precisions": ["bf16"],
+    "ablation.xiong_warmups": [0.2],
+    "ablation.precisions": ["fp32"],
+    "ablation.overflow_precisions": ["fp32"],
     "ablation.beta2s": [0.95, 0.999],
-    "ablation.warmups": [5, 0],
     "ablation.stabilizers": ["none"],
     "ablation.lrs": [0.003],
     "ablation.seeds": [0],
@@ -38,19 +39,31 @@ GRID = {
     "ablation.retries": 1,
     "tracking.experiment": "ablate-test",
 }
-"""Four arms: base, warmup=0, beta2=0.999 and lr=0.003 (the stabilizer family's LR grid)."""
+"""One arm or two per family, seven in all, six runs: the overflow family's clean twin is the
+precision family's fp32 arm."""
+KILLED = "xiong/pre_ln·warmup=0.2·lr=0.003/s0"
+CRASHES = "beta2/beta2=0.999·lr_mult=1/s0"
+NAMES = {
+    KILLED,
+    "precision/fp32/s0",
+    "overflow/fp32·none/s0",
+    "overflow/fp32·lr/s0",
+    "beta2/beta2=0.95·lr_mult=1/s0",
+    CRASHES,
+    "wortsman/none·lr=0.003/s0",
+}
 
 
 @task(retry_condition_fn=lambda task, run, state: True)
 def faulty_train_arm(name: str, command: list[str], project: Path) -> dict:
-    """train_arm, except that beta2=0.999 raises every time and the first try of warmup=0 kills
-    its worker process (SIGKILL: nothing of it can report). Pickled by value for the workers."""
+    """train_arm, except that CRASHES raises every time and the first try of KILLED kills its
+    worker process (SIGKILL: nothing of it can report). Pickled by value for the workers."""
     import flows.ablate as stage
 
-    if name.startswith("beta2=0.999"):
+    if name == CRASHES:
         raise RuntimeError("a planted crash")
     marker = project / "killed-once"
-    if name.startswith("warmup=0") and not marker.exists():
+    if name == KILLED and not marker.exists():
         marker.touch()
         os.kill(os.getpid(), signal.SIGKILL)
     return stage.train_arm.fn(name, command, project)
@@ -104,26 +117,26 @@ def first_run(project):
     return state, json.loads((project / "metrics" / "ablate.json").read_text())
 
 
-def by_variant(metrics) -> dict[str, dict]:
-    return {a["variant"]: a for a in metrics["arms"]}
+def by_name(metrics) -> dict[str, dict]:
+    return {a["name"]: a for a in metrics["arms"]}
 
 
 def test_every_arm_is_a_prefect_task_and_a_crash_is_retried_then_reported_without_losing_the_others(first_run, project):
     state, metrics = first_run
     assert state.is_completed()
-    arms = by_variant(metrics)
-    assert set(arms) == {"base", "warmup=0", "beta2=0.999", "lr=0.003"}
-    assert arms["beta2=0.999"]["status"] == "failed" and "a planted crash" in arms["beta2=0.999"]["error"]
-    assert {v: a["status"] for v, a in arms.items() if v != "beta2=0.999"} == dict.fromkeys(
-        ["base", "warmup=0", "lr=0.003"], "completed"
-    )
-    assert metrics["counts"]["failed"] == 1 and metrics["failed"] == ["beta2=0.999/s0"]
+    arms = by_name(metrics)
+    assert set(arms) == NAMES
+    assert arms[CRASHES]["status"] == "failed" and "a planted crash" in arms[CRASHES]["error"]
+    assert {n: a["status"] for n, a in arms.items() if n != CRASHES} == dict.fromkeys(NAMES - {CRASHES}, "completed")
+    assert metrics["counts"]["failed"] == 1 and metrics["failed"] == [CRASHES]
     runs = task_runs(state)
-    assert runs["arm beta2=0.999/s0"] == ("FAILED", 2), "tried, then retried once (ablation.retries)"
+    assert len(runs) == 6, "the shared clean twin trains once"
+    assert arms["overflow/fp32·none/s0"]["key"] == arms["precision/fp32/s0"]["key"]
+    assert runs[f"arm {CRASHES}"] == ("FAILED", 2), "tried, then retried once (ablation.retries)"
     # A killed worker cannot report: Dask's nanny starts a new worker and the scheduler gives the
     # arm to it (distributed.scheduler.allowed-failures), the same task run trained once more.
-    assert (project / "killed-once").exists() and runs["arm warmup=0/s0"][0] == "COMPLETED"
-    assert runs["arm base/s0"] == ("COMPLETED", 1)
+    assert (project / "killed-once").exists() and runs[f"arm {KILLED}"][0] == "COMPLETED"
+    assert runs["arm precision/fp32/s0"] == ("COMPLETED", 1)
 
 
 def test_every_arm_has_its_mlflow_child_run_under_the_stage_run(first_run, live_services):
@@ -143,24 +156,23 @@ def test_every_arm_has_its_mlflow_child_run_under_the_stage_run(first_run, live_
 def test_unchanged_arms_are_not_trained_again_and_new_arms_train_alone(first_run, project):
     import flows.ablate as stage
 
-    results = {
-        a["variant"]: project / "runs" / "ablate" / "arms" / a["key"] / "result.json" for a in first_run[1]["arms"]
-    }
+    results = {a["name"]: project / "runs" / "ablate" / "arms" / a["key"] / "result.json" for a in first_run[1]["arms"]}
     before = {v: p.stat().st_mtime_ns for v, p in results.items() if p.exists()}
     with on_test_servers(project):
         state = stage.ablate_flow(
             profile="smoke", overrides={**GRID, "ablation.beta2s": [0.95, 0.999, 0.99]}, return_state=True
         )
     metrics = json.loads((project / "metrics" / "ablate.json").read_text())
-    arms = by_variant(metrics)
-    assert {v for v, a in arms.items() if not a["cached"]} == {"beta2=0.999", "beta2=0.99"}
-    assert set(task_runs(state)) == {"arm beta2=0.999/s0", "arm beta2=0.99/s0"}
-    assert all(results[v].stat().st_mtime_ns == t for v, t in before.items()), "a stored result was rewritten"
-    assert metrics["counts"] == {"completed": 5, "diverged": 0, "stopped": 0, "failed": 0}
+    arms = by_name(metrics)
+    new = "beta2/beta2=0.99·lr_mult=1/s0"
+    assert {n for n, a in arms.items() if not a["cached"]} == {CRASHES, new}
+    assert set(task_runs(state)) == {f"arm {CRASHES}", f"arm {new}"}
+    assert all(results[n].stat().st_mtime_ns == t for n, t in before.items()), "a stored result was rewritten"
+    assert metrics["counts"] == {"completed": 8, "diverged": 0, "stopped": 0, "failed": 0}
 
 
 def test_an_arm_reproduces_bitwise_from_its_own_command(first_run, project, tmp_path):
-    arm = by_variant(first_run[1])["base"]
+    arm = by_name(first_run[1])["overflow/fp32·lr/s0"]  # a spiked arm with the range probe: every option
     stored = json.loads((project / "runs" / "ablate" / "arms" / arm["key"] / "result.json").read_text())
     command = shlex.split(arm["command"])
     out = tmp_path / "again"
@@ -179,11 +191,20 @@ def test_the_report_has_a_verdict_on_every_finding_and_every_figure_it_links_exi
     with on_test_servers(project):
         assert report_flow(profile="smoke", overrides=GRID, return_state=True).is_completed()
     text = (project / "reports" / "REPORT.md").read_text()
-    findings = json.loads((project / "metrics" / "report.json").read_text())["findings"]
-    assert set(findings) == {"xiong", "fp16", "beta2", "mu_transfer", "wortsman", "spike"}
-    for f in findings.values():
-        assert f["verdict"] in ("reproduced", "not reproduced", "inconclusive")
-        assert re.search(re.escape(f["claim"]) + r".*\| (✅ reproduced|❌ not reproduced|❔ inconclusive) \|", text)
+    report = json.loads((project / "metrics" / "report.json").read_text())
+    findings = report["findings"]
+    assert set(findings) == {"xiong_init", "xiong", "fp16", "overflow", "beta2", "wortsman", "mu_transfer", "spike"}
+    for key, f in findings.items():
+        assert f["verdict"] in ("reproduced", "contradicted", "not tested", "inconclusive")
+        assert f"[{f['claim']}](#{key}) | {f['source']} | `{f['verdict'].upper()}` |" in text
+    assert report["unigram_val_loss"] > 0 and set(report["base_val_loss"]) == {
+        "xiong",
+        "precision",
+        "overflow",
+        "beta2",
+        "wortsman",
+    }
+    assert "report/forest.png" in text
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert images and all((project / "reports" / i).is_file() for i in images)
     page = (project / "reports" / "report.html").read_text()

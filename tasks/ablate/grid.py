@@ -308,7 +308,7 @@ def range_extremes(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     by_layer: dict[str, list[float]] = {}
     overflow = 0.0
     for row in rows:
-        if not math.isfinite(row["share"]):  # nothing nonzero to take a share of (e.g. fp16's flushed zeros)
+        if row["share"] is None or not math.isfinite(row["share"]):  # nothing nonzero (JSON null: NaN)
             continue
         if row["quantity"] == "act_grad_below_subnormal":
             by_layer.setdefault(row["layer"], []).append(row["share"])

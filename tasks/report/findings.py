@@ -181,6 +181,8 @@ def _diverged(arms: Arms, family: str, **factors: Any) -> dict[tuple, bool]:
 
 def xiong_init(cfg: Config, ablate: dict[str, Any], **_: Any) -> Finding:
     probe = (ablate.get("depth_probe") or {}).get("xavier") or {}
+    if not {"pre_ln", "post_ln"} <= set(cfg.ablation.blocks) or len(cfg.ablation.probe_depths) < 2:
+        return _missing("xiong_init", "ablation.blocks needs pre_ln and post_ln, ablation.probe_depths two or more")
     if not probe.get("last_layer"):
         return decide("xiong_init", [], "the depth probe did not run", [], "no depth probe in metrics/ablate.json")
     last = probe["last_layer"]  # block -> depth -> seed -> gradient norm, under the paper's init
@@ -211,7 +213,7 @@ def xiong_init(cfg: Config, ablate: dict[str, Any], **_: Any) -> Finding:
 
 def xiong(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -> Finding:
     arms, a = Arms(ablate), cfg.ablation
-    if "post_ln" not in a.blocks or 0.0 not in a.xiong_warmups or len(a.xiong_warmups) < 2:
+    if not {"pre_ln", "post_ln"} <= set(a.blocks) or 0.0 not in a.xiong_warmups or len(a.xiong_warmups) < 2:
         return _missing("xiong", "ablation.blocks needs post_ln, ablation.xiong_warmups 0 and a warmup")
     base = base_values(a, "xiong")
     warm = next(w for w in a.xiong_warmups if w)
