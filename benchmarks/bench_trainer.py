@@ -71,7 +71,7 @@ def bench_config(args: argparse.Namespace) -> Config:
             "checkpoint.every_steps": steps // 2,
             "checkpoint.every_minutes": 0.0,
             "checkpoint.milestones": [],
-            "spike.at_step": 1,
+            "spike.origins": [1],
         }
     )
 

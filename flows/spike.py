@@ -1,6 +1,7 @@
-"""The spike stage as a Prefect flow: from a pretrain milestone, a clean control and one branch per
-injection and recovery policy (tasks/spike/study.py), tracked as one parent MLflow run with a child per
-branch; post-mortems, figures and ``metrics/spike.json`` published (tasks/spike/postmortem.py)."""
+"""The spike stage as a Prefect flow: from each pretrain milestone in ``spike.origins``, a clean control
+and one branch per injection and recovery policy (tasks/spike/study.py), tracked as one parent MLflow
+run with a child per branch; post-mortems, figures and ``metrics/spike.json`` published
+(tasks/spike/postmortem.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+import numpy as np
 from mlflow.entities import Metric
 from prefect import flow, task
 
@@ -33,17 +35,18 @@ def milestone_file(project: Path, step: int) -> Path:
     path = checkpoint_path(project / PRETRAIN_MILESTONES, step)
     if not path.is_file():
         raise InputError(
-            f"{path}: missing; run the pretrain stage with spike.at_step={step} among "
+            f"{path}: missing; run the pretrain stage with spike.origins step {step} among "
             f"checkpoint.milestones (dvc repro pretrain)"
         )
     return path
 
 
 @task(name="spike-study")
-def study_task(cfg, project: Path) -> Study:
-    """Warm-up, control, every injection x policy branch, replays (one process: runs set global
-    RNG and thread state, and branches are short)."""
-    return run_study(cfg, project, milestone_file(project, cfg.spike.at_step), project / SPIKE_RUN)
+def study_task(cfg, project: Path) -> list[Study]:
+    """Per origin: warm-up, control, every injection x policy branch, replays (one process: runs set
+    global RNG and thread state, and branches are short)."""
+    milestones = {step: milestone_file(project, step) for step in cfg.spike.origins}
+    return run_study(cfg, project, milestones, project / SPIKE_RUN)
 
 
 def track_branch(study: Study, kind: str | None, policy: str) -> str:
@@ -55,7 +58,7 @@ def track_branch(study: Study, kind: str | None, policy: str) -> str:
         "spikelab.branch": name,
         "spikelab.policy": policy,
         "spikelab.run_identity": study.identities[name],
-        "spikelab.checkpoint": f"pretrain milestone {study.cfg.spike.at_step}, origin step {study.origin_step}",
+        "spikelab.checkpoint": f"pretrain milestone {study.milestone}, origin step {study.origin_step}",
         "spikelab.injection": json.dumps(injection) if injection else "none",
     }
     with child_run(name, tags) as run:
@@ -82,32 +85,39 @@ def track_branch(study: Study, kind: str | None, policy: str) -> str:
 
 @flow(name="spike")
 def spike_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
-    """Inject, detect, recover and write the post-mortems, from the milestone ``spike.at_step``."""
+    """Inject, detect, recover and write the post-mortems, from the milestones ``spike.origins``."""
     cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "spike") as run:
-        study = study_task(cfg, project)
-        uris = {"control": track_branch(study, None, "continue")}
-        for kind, by_policy in study.branches.items():
-            for policy in by_policy:
-                uris[study.branch_name(kind, policy)] = track_branch(study, kind, policy)
-        metrics = publish(project, study, open_split(project / MANIFEST, "train"), uris)
-        log_summary({"false_positives": metrics["false_positives"], "cpu_seconds": study.cpu_seconds})
+        studies = study_task(cfg, project)
+        uris = {}
+        for study in studies:
+            uris[study.branch_name(None, "continue")] = track_branch(study, None, "continue")
+            for kind, by_policy in study.branches.items():
+                for policy in by_policy:
+                    uris[study.branch_name(kind, policy)] = track_branch(study, kind, policy)
+        metrics = publish(project, studies, open_split(project / MANIFEST, "train"), uris)
+        log_summary({"false_positives": metrics["false_positives"], "cpu_seconds": metrics["cpu_seconds"]})
         mlflow.log_artifact(str(project / SPIKE_METRICS))
         mlflow.log_artifacts(str(project / POSTMORTEMS), artifact_path="postmortems")
         figures = sorted((project / SPIKE_FIGURES).glob("*.png"))
         for figure in figures:
             mlflow.log_artifact(str(figure), artifact_path="figures")
-        publish_summary("spike", run, headline(study), figures)
+        publish_summary("spike", run, headline(studies), figures)
 
 
-def headline(study: Study) -> dict[str, str]:
-    """One line per injection and policy for the Prefect artifact."""
-    out = {"false alarms on the control": str(len(study.false_positives))}
-    for kind, by_policy in study.scores.items():
-        out[f"{kind}: replay"] = "spiked (data)" if study.replays[kind]["spiked"] else "no spike (data and state)"
-        for policy, s in by_policy.items():
+def headline(studies: list[Study]) -> dict[str, str]:
+    """One line per injection and policy for the Prefect artifact: types and mean scores over origins."""
+    out = {
+        "origins": ", ".join(str(s.milestone) for s in studies),
+        "false alarms on the controls": str(sum(len(s.false_positives) for s in studies)),
+    }
+    first = studies[0]
+    for kind, by_policy in first.scores.items():
+        out[f"{kind}: replay"] = "spiked (data)" if first.replays[kind]["spiked"] else "no spike (data and state)"
+        for policy in by_policy:
+            scores = [s.scores[kind][policy] for s in studies]
             out[f"{kind} / {policy}"] = (
-                f"type {s['type']}, peak x{s['peak_ratio']:.2f}, recover "
-                f"{s['steps_to_recover']}, gap {s['final_gap']:+.3f}, ${s['cost_usd']:.5f}"
+                f"types {[s['type'] for s in scores]}, mean gap {np.mean([s['final_gap'] for s in scores]):+.3f}, "
+                f"mean excess {np.mean([s['excess_area'] for s in scores]):.2f} nat·steps"
             )
     return out

@@ -93,7 +93,9 @@ class Injection:
             raise ValueError(f"{self.kind} injection: tied_to={self.tied_to!r}; 'stream' or 'step' ('stream' for data)")
 
     @classmethod
-    def from_config(cls, kind: str, cfg: InjectionSettings, origin_step: int, origin_position: int) -> Injection:
+    def from_config(
+        cls, kind: str, cfg: InjectionSettings, origin_step: int, origin_position: int, tied_to: TiedTo = "stream"
+    ) -> Injection:
         return cls(
             kind,
             origin_step + 1,
@@ -101,6 +103,7 @@ class Injection:
             cfg.duration,
             1.0 if kind == "data" else cfg.magnitude,
             cfg.param_block,
+            tied_to,
         )
 
     def spec(self) -> dict[str, Any]:

@@ -52,10 +52,11 @@ class Config(TrainingConfig):
             raise ConfigError(
                 f"data.max_doc_bytes: {self.data.max_doc_bytes} is below filter.max_chars={self.filter.max_chars}"
             )
-        if self.spike.kinds and self.spike.at_step not in self.checkpoint.milestones:
+        outside = [step for step in self.spike.origins if step not in self.checkpoint.milestones]
+        if self.spike.kinds and outside:
             raise ConfigError(
-                f"spike.at_step: {self.spike.at_step} is not a pretrain milestone "
-                f"(checkpoint.milestones={self.checkpoint.milestones}); the study starts from one"
+                f"spike.origins: {outside} not pretrain milestones "
+                f"(checkpoint.milestones={self.checkpoint.milestones}); the study branches from them"
             )
         if not 0 <= self.spike.param_block < self.model.n_layer:
             raise ConfigError(f"spike.param_block: {self.spike.param_block} is outside 0..model.n_layer-1")

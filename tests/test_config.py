@@ -337,7 +337,7 @@ def test_overlay_result_is_validated_as_a_whole(tmp_path):
     # Each file is valid alone; together warmup exceeds steps.
     write_params(tmp_path, "train:\n  steps: 250\n", "profiles/short.yaml")
     params = write_params(
-        tmp_path, "schedule:\n  warmup_steps: 260\ncheckpoint:\n  milestones: [100]\nspike:\n  at_step: 100\n"
+        tmp_path, "schedule:\n  warmup_steps: 260\ncheckpoint:\n  milestones: [100]\nspike:\n  origins: [100]\n"
     )
     load_config(params)
     msg = config_error(params, profile="short")
@@ -395,7 +395,9 @@ def test_the_default_profile_names_no_keys(tmp_path):
 def test_explicit_means_different_from_the_default_profile_not_from_the_declared_default(tmp_path):
     write_params(tmp_path, "train:\n  steps: 500\n", "profiles/default.yaml")
     write_params(
-        tmp_path, "train:\n  steps: 30\ncheckpoint:\n  milestones: [20]\nspike:\n  at_step: 20\n", "profiles/smoke.yaml"
+        tmp_path,
+        "train:\n  steps: 30\ncheckpoint:\n  milestones: [20]\nspike:\n  origins: [20]\n",
+        "profiles/smoke.yaml",
     )
     # 300 is the declared default but not the default profile's value: the user set it.
     assert load_config(write_params(tmp_path, "profile: smoke\ntrain:\n  steps: 300\n")).train.steps == 300
@@ -420,7 +422,7 @@ def test_override_strings_are_read_like_dvc_set_except_for_string_keys(tmp_path)
             "optim.lr": "3e-4",
             "tracking.experiment": "3",
             "model.block": "post_ln",
-            "spike.at_step": "50",
+            "spike.origins": "[50]",
             "checkpoint.milestones": "[50]",
         },
     )
@@ -443,7 +445,9 @@ def test_a_bad_override_is_rejected_naming_its_key(tmp_path, override, key):
 
 def test_a_profile_override_selects_the_overlay_and_may_not_contradict_the_argument(tmp_path):
     write_params(
-        tmp_path, "train:\n  steps: 30\ncheckpoint:\n  milestones: [20]\nspike:\n  at_step: 20\n", "profiles/smoke.yaml"
+        tmp_path,
+        "train:\n  steps: 30\ncheckpoint:\n  milestones: [20]\nspike:\n  origins: [20]\n",
+        "profiles/smoke.yaml",
     )
     params = write_params(tmp_path, "profile: default\n")
     assert load_config(params, overrides={"profile": "smoke"}).train.steps == 30

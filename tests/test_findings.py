@@ -157,3 +157,42 @@ def test_report_json_carries_the_verdict_test_source_and_mde_of_every_finding_an
     assert sum(out["counts"].values()) == len(findings)
     rows = forest_rows(findings)
     assert rows and {r["finding"] for r in rows} >= {"xiong", "wortsman", "beta2"}
+
+
+def spike_metrics(n_origins: int, fix_effect: float, tied_to: str = "step") -> dict:
+    """metrics/spike.json with ``n_origins`` origins where continue ends ~20 % above its control and
+    rollback and skip_batch end ``fix_effect`` (relative) from continue, origin by origin."""
+
+    def scores(gap: float) -> dict:
+        return {"final_gap": gap, "excess_area": 50 * gap, "val_gap": 4 * gap, "type": 2, "status": "completed"}
+
+    origins = {}
+    for i in range(n_origins):
+        gap = 0.2 + 0.01 * i  # the per-origin offset pairing removes
+        lr = {p: scores(gap + fix_effect * (1 + 0.1 * i)) for p in ("rollback", "skip_batch")}
+        origins[str(250 + 50 * i)] = {"lr": {"injection": {"tied_to": tied_to}, "continue": scores(gap), **lr}}
+    return {"origins": origins}
+
+
+def spike_finding(metrics: dict):
+    return next(f for f in evaluate(Config(), study(Config()), None, metrics, UNIGRAM) if f.key == "spike")
+
+
+def test_rollback_and_skip_batch_closing_continues_gap_at_six_origins_reproduce_the_spike_finding():
+    found = spike_finding(spike_metrics(6, -0.15))
+    assert found.verdict == REPRODUCED and len(found.claims) == 4  # final gap and excess loss, per policy
+    assert {c.unit for c in found.claims} == {"relative", "nat·steps"}
+
+
+def test_fixes_that_widen_the_gap_contradict_the_spike_finding():
+    assert spike_finding(spike_metrics(6, +0.15)).verdict == CONTRADICTED
+
+
+def test_the_spike_finding_is_not_tested_below_six_gapped_origins_or_on_a_removable_injection():
+    five = spike_finding(spike_metrics(5, -0.15))
+    assert five.verdict == NOT_TESTED and "5 of 5 origins" in five.precondition_failed
+    closed = spike_metrics(6, -0.15)
+    closed["origins"]["250"]["lr"]["continue"]["final_gap"] = 0.01  # continue itself came back there
+    assert "5 of 6 origins" in spike_finding(closed).precondition_failed
+    stream = spike_finding(spike_metrics(6, -0.15, tied_to="stream"))
+    assert stream.verdict == NOT_TESTED and "tied to the stream" in stream.precondition_failed

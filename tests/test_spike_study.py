@@ -1,6 +1,6 @@
-"""The spike study's logic (tasks/spike/study.py, tasks/spike/postmortem.py): classification on synthetic
-curves, a whole study on a tiny synthetic project, read back from its post-mortems, and a damaged
-milestone refused before anything is written."""
+"""The spike study's logic (tasks/spike/study.py, tasks/spike/postmortem.py): classification and the
+excess-loss area on synthetic curves, a whole two-origin study on a tiny synthetic project, read back
+from its metrics and post-mortems, and a damaged milestone refused before anything is written."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from model.checkpoint import CheckpointError
+from model.spike import Branch
 from model.train import Trainer
 from model.typed_config import UserError
 from tasks.runtime.outputs import SPIKE_METRICS, SPIKE_RUN
 from tasks.spike.postmortem import SECTIONS, publish
-from tasks.spike.study import classify, run_study
+from tasks.spike.study import classify, excess_area, run_study, window_curves
 from tests.trainer_kit import markov_tokens, tiny_config
 
 CONTROL = [3.0 - 0.002 * t for t in range(100)]
@@ -48,13 +49,31 @@ def test_a_recoverable_spike_reports_when_it_came_back():
     assert 15 <= result.steps_to_recover <= 30 and abs(result.final_gap) < 0.03
 
 
+def test_the_excess_loss_area_sums_only_the_steps_above_the_control():
+    branch = np.array([3.0, 5.0, 4.0, 3.0])
+    control = np.array([3.0, 3.0, 3.5, 3.2])
+    assert excess_area(branch, control) == pytest.approx(0 + 2.0 + 0.5 + 0)  # the step below counts 0, not -0.2
+
+
+def rows(losses, first=1):
+    return [{"step": first + i, "loss": loss} for i, loss in enumerate(losses)]
+
+
+def test_a_branch_that_gave_up_or_went_non_finite_counts_at_the_cap_from_there_on():
+    control = Branch("continue", rows=rows([3.0, 3.0, 3.0, 3.0]))
+    gave_up = Branch("skip_batch", status="stopped", rows=rows([4.0, float("nan")]))
+    b, c = window_curves(gave_up, control, smooth=1, cap=7.0)
+    assert b.tolist() == [4.0, 7.0, 7.0, 7.0] and c.tolist() == [3.0] * 4
+    assert excess_area(b, c) == pytest.approx(1.0 + 3 * 4.0)
+
+
 STUDY = {
     "train.steps": 40,
-    "checkpoint.milestones": [10],
+    "checkpoint.milestones": [10, 14],
     "checkpoint.every_steps": 5,
     "optim.lr": 3e-3,
     "schedule.kind": "constant",
-    "spike.at_step": 10,
+    "spike.origins": [10, 14],
     "spike.warm_steps": 12,
     "spike.detect_window": 16,
     "spike.detect_warmup": 8,
@@ -80,11 +99,12 @@ def write_shard(path, tokens) -> dict:
 
 
 MILESTONE = "pretrain/step_00000010.pt"
+MILESTONES = {10: MILESTONE, 14: "pretrain/step_00000014.pt"}
 
 
 def tiny_project(project: Path) -> np.ndarray:
     """A tokenized project (Markov text, a poison pool of single-token runs) and a pretrain
-    milestone at step 10 (MILESTONE); returns the training tokens."""
+    milestones at steps 10 and 14 (MILESTONES); returns the training tokens."""
     tokens_dir = project / "data" / "tokens"
     tokens_dir.mkdir(parents=True)
     train, val = markov_tokens(30_000), markov_tokens(4_000, seed=1)
@@ -103,7 +123,7 @@ def tiny_project(project: Path) -> np.ndarray:
     (tokens_dir / "manifest.json").write_text(
         json.dumps({"dtype": "uint16", "eot_id": 0, "vocab_size": 257, "splits": splits})
     )
-    Trainer(tiny_config(**STUDY), train, val, [], project / "pretrain", identity="pretrain-id").run(until=10)
+    Trainer(tiny_config(**STUDY), train, val, [], project / "pretrain", identity="pretrain-id").run(until=14)
     return train
 
 
@@ -112,10 +132,11 @@ def finished(tmp_path_factory):
     """The study run on a tiny project, its outputs published."""
     project = tmp_path_factory.mktemp("project")
     train = tiny_project(project)
-    study = run_study(tiny_config(**STUDY), project, project / MILESTONE, project / "runs" / "spike")
-    uris = {name: f"runs:/{name.replace('/', '-')}" for name in study.identities}
-    metrics = publish(project, study, train, uris)
-    return study, project, metrics
+    milestones = {step: project / path for step, path in MILESTONES.items()}
+    studies = run_study(tiny_config(**STUDY), project, milestones, project / "runs" / "spike")
+    uris = {name: f"runs:/{name.replace('/', '-')}" for study in studies for name in study.identities}
+    metrics = publish(project, studies, train, uris)
+    return studies, project, metrics
 
 
 def flip_a_byte(path: Path) -> None:
@@ -141,30 +162,46 @@ def test_a_damaged_milestone_stops_the_study_naming_it_before_anything_is_writte
     previous.write_text('{"from": "the previous run"}')
 
     with pytest.raises(CheckpointError, match=f"^checkpoint {re.escape(str(tmp_path / MILESTONE))} is unusable: ") as e:
-        run_study(tiny_config(**STUDY), tmp_path, tmp_path / MILESTONE, tmp_path / SPIKE_RUN)
+        run_study(
+            tiny_config(**STUDY), tmp_path, {s: tmp_path / p for s, p in MILESTONES.items()}, tmp_path / SPIKE_RUN
+        )
 
     assert isinstance(e.value, UserError)  # the CLI prints that one line and exits 2
     assert previous.read_text() == '{"from": "the previous run"}'
     assert not (tmp_path / SPIKE_RUN).exists()  # stopped before the warm-up's first checkpoint
 
 
-def test_the_study_scores_every_policy_of_every_injection_against_the_control(finished):
-    study, project, metrics = finished
-    assert set(study.scores) == {"data", "lr"}
-    assert all(set(s) == set(study.cfg.recovery.policies) for s in study.scores.values())
-    assert metrics["false_positives"] == 0
-    assert all(metrics[k][p]["latency"] is not None for k in ("data", "lr") for p in study.cfg.recovery.policies)
+def test_every_origin_scores_every_policy_of_every_injection_against_its_own_control(finished):
+    studies, project, metrics = finished
+    policies = studies[0].cfg.recovery.policies
+    assert list(metrics["origins"]) == ["10", "14"] and metrics["false_positives"] == 0
+    for entry in metrics["origins"].values():
+        assert all(set(policies) <= set(entry[k]) for k in ("data", "lr"))
+        assert all(entry[k][p]["latency"] is not None for k in ("data", "lr") for p in policies)
+        assert all(entry[k][p]["excess_area"] >= 0 for k in ("data", "lr") for p in policies)
+    assert metrics["origins"]["14"]["origin_step"] == 14 + studies[0].cfg.spike.warm_steps
     assert sorted(p.name for p in (project / "reports" / "spike").iterdir()) == ["data.png", "lr.png"]
 
 
+def test_the_lr_injection_is_tied_to_steps_and_the_data_injection_to_the_stream(finished):
+    _, _, metrics = finished
+    for entry in metrics["origins"].values():
+        assert (entry["lr"]["injection"]["tied_to"], entry["data"]["injection"]["tied_to"]) == ("step", "stream")
+
+
 def test_data_injection_serves_only_spike_causing_poison(finished):
-    study, _, _ = finished
+    study = finished[0][0]
     batch = study.branches["data"]["continue"].batches[study.injections["data"].start]
     assert set(batch[0].unique().tolist()) == {256}  # the run, never the harmless range
 
 
-def test_the_postmortem_has_every_template_section_and_the_numbers_of_the_run(finished):
-    study, project, metrics = finished
+def test_the_postmortem_has_every_template_section_and_the_numbers_of_the_first_origin(finished):
+    studies, project, metrics = finished
+    study, metrics = studies[0], metrics["origins"]["10"]
+    assert sorted(p.name for p in (project / "reports" / "postmortems").glob("*.md")) == [
+        "spike_1_data.md",
+        "spike_2_lr.md",
+    ]
     text = (project / "reports" / "postmortems" / "spike_1_data.md").read_text()
     headings = re.findall(r"^## (.+)$", text, flags=re.M)
     assert headings == list(SECTIONS)
@@ -178,9 +215,9 @@ def test_the_postmortem_has_every_template_section_and_the_numbers_of_the_run(fi
     assert quoted("Peak loss") == round(s["peak_loss"], 4)
     assert quoted(f"Recovery loss ({study.cfg.recovery.recover_steps} steps later)") == round(s["recovery_loss"], 4)
     assert quoted("Grad norm peak") == round(s["grad_norm_peak"], 4)
-    assert "runs:/data-continue" in text and "Batch index range:" in text
+    assert "runs:/10-data-continue" in text and "Batch index range:" in text
     assert (project / "reports" / "postmortems" / "spike_1_data_tokens.png").stat().st_size > 0
-    assert json.loads((project / "metrics" / "spike.json").read_text())["data"]["symptoms"] == s
+    assert json.loads((project / "metrics" / "spike.json").read_text())["origins"]["10"]["data"]["symptoms"] == s
     observed = metrics["data"]["continue"]
     assert f"- Type: {observed['type']} (" in text
     for policy, scores in metrics["data"].items():
@@ -191,7 +228,7 @@ def test_the_postmortem_has_every_template_section_and_the_numbers_of_the_run(fi
 @pytest.mark.parametrize(
     ("dotted", "key"),
     [
-        ({"spike.at_step": 11}, "spike.at_step"),  # not a milestone
+        ({"spike.origins": [10, 11]}, "spike.origins"),  # 11 is not a milestone
         ({"spike.data_reasons": ["too_short"]}, "spike.data_reasons"),  # harmless headings never injected
         ({"spike.warm_steps": 4}, "spike.warm_steps"),  # the detector would be blind
     ],

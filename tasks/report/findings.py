@@ -461,29 +461,75 @@ def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | Non
     )
 
 
+SPIKE_MIN_ORIGINS = 6
+"""Origins the spike finding needs (registered): the fewest pairs whose signed-rank test can reach
+p < 0.05 (2 / 2^6 = 0.031, tasks/ablate/stats.py: WILCOXON_FROM)."""
+
+SPIKE_FIXES = ("rollback", "skip_batch")
+"""The policies the spike finding claims bring the run back, each against ``continue``."""
+
+
 def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
-    """The spike stage today branches from one origin, one run per policy: below the registered
-    design (>= 6 origins), so the finding is not tested; its classification is reported."""
+    """Rollback and skip_batch against continue after a step-tied LR spike, paired by origin, on the
+    final gap (relative, smoothed training loss) and the area of excess loss (nat·steps), over the
+    origins where continue *left a gap*: its own final gap above ``recovery.recover_epsilon`` (per
+    origin, the registered condition the claim is about). Not tested below SPIKE_MIN_ORIGINS such
+    origins, or when the LR injection was stream-tied (skipping batches would remove it)."""
     if not spike:
         return decide("spike", [], "the spike stage did not run", [], "the spike stage did not run")
-    rows = []
-    for kind, by_policy in spike.items():
-        if isinstance(by_policy, dict) and "continue" in by_policy:
-            rows.append(
-                f"{kind}: "
-                + ", ".join(
-                    f"{p} type {s['type']} (gap {s['final_gap']:+.1%})"
-                    for p, s in by_policy.items()
-                    if isinstance(s, dict) and "type" in s
-                )
-            )
-    origins = 1
+    by_origin = {o: entry["lr"] for o, entry in spike["origins"].items() if "lr" in entry}
+    if not by_origin:
+        return decide("spike", [], "no lr injection in the spike stage", [], "spike.kinds has no lr injection")
+    epsilon = cfg.recovery.recover_epsilon
+    gapped = [o for o, lr in by_origin.items() if lr["continue"]["final_gap"] > epsilon]
+    values = {
+        (figure, policy): {o: v for o in gapped if (v := by_origin[o][policy][figure]) is not None}  # val: diverged
+        for figure in ("final_gap", "excess_area", "val_gap")
+        for policy in ("continue", *SPIKE_FIXES)
+    }
+    comparisons = {
+        (figure, policy): paired(values[figure, policy], values[figure, "continue"])
+        for figure in ("final_gap", "excess_area", "val_gap")
+        for policy in SPIKE_FIXES
+    }
+    claims = [
+        claim
+        for policy in SPIKE_FIXES
+        for claim in (
+            direction(f"{policy} − continue, final gap", comparisons["final_gap", policy], -1, "relative"),
+            direction(f"{policy} − continue, excess loss", comparisons["excess_area", policy], -1, "nat·steps"),
+        )
+    ]
+    failed = None
+    step_tied = all(lr["injection"]["tied_to"] == "step" for lr in by_origin.values())
+    if not step_tied:
+        failed = "the lr injection was tied to the stream: skip_batch and rollback could skip it (removable)"
+    elif len(gapped) < SPIKE_MIN_ORIGINS:
+        failed = (
+            f"{len(gapped)} of {len(by_origin)} origins had continue end more than {epsilon:.0%} above the "
+            f"control (needs >= {SPIKE_MIN_ORIGINS})"
+        )
+    numbers = "; ".join(
+        [
+            f"continue left a gap > {epsilon:.0%} at {len(gapped)} of {len(by_origin)} origins "
+            f"(mean final gap {_mean(values['final_gap', 'continue'])})",
+            *(
+                f"{policy} − continue: final gap {_cmp(comparisons['final_gap', policy], '')}, excess loss "
+                f"{_cmp(comparisons['excess_area', policy], 'nat·steps')}, val loss "
+                f"{_cmp(comparisons['val_gap', policy])}; types "
+                f"{[by_origin[o][policy]['type'] for o in gapped]}, gave up at "
+                f"{sum(by_origin[o][policy]['status'] != 'completed' for o in gapped)} origins"
+                for policy in SPIKE_FIXES
+            ),
+        ]
+    )
     return decide(
         "spike",
-        [],
-        "; ".join(rows) or "no injection with a continue branch",
-        [f"spike stage: {len(rows)} injections from step {spike.get('origin_step')}"],
-        f"{origins} origin, one run per policy (the design needs >= 6 origins for a paired test)",
+        claims,
+        numbers,
+        [f"spike stage: origins {', '.join(by_origin)}, lr x{cfg.spike.magnitude:g} for {cfg.spike.duration} steps"],
+        failed,
+        details={f"{figure}/{policy}": c for (figure, policy), c in comparisons.items()},
     )
 
 

@@ -1,6 +1,6 @@
 """The spike stage's sections of the study config: ``spike`` (the injections, the detector, the
-collapse check) and ``recovery`` (the policies). Whether ``spike.at_step`` is a pretrain
-milestone and ``spike.param_block`` a block of the model are rules across sections
+collapse check) and ``recovery`` (the policies). Whether every ``spike.origins`` step is a
+pretrain milestone and ``spike.param_block`` a block of the model are rules across sections
 (tasks/config.py). model/spike.py takes these sections as they are (duck-typed: model/ imports
 no study code)."""
 
@@ -35,8 +35,10 @@ class SpikeConfig(Section):
     ``data`` replaces the next batches with poison-pool sequences, ``lr`` multiplies the LR,
     ``grad`` multiplies the gradients before clipping, ``param`` multiplies every weight matrix
     of one block once. Empty: no spike study (runs that never study one, e.g. unit tests)."""
-    at_step: int = 200
-    """The pretrain milestone (``checkpoint.milestones``) every branch starts from."""
+    origins: list[int] = field(default_factory=lambda: [200])
+    """Pretrain milestones (``checkpoint.milestones``) the study branches from, each with its own
+    warm-up, control and policy branches: the pairing units of the recovery finding, which needs
+    at least 6 (tasks/report/findings.py: spike)."""
     warm_steps: int = 64
     """Steps of clean training from the milestone before the injection: the detector's warm-up
     (at least ``detect_warmup``) and the pre-spike checkpoints a rollback goes back to."""
@@ -77,6 +79,10 @@ class SpikeConfig(Section):
         ):
             positive(f"spike.{key}", getattr(self, key))
         non_negative("spike.sample_prompts", self.sample_prompts)
+        if self.kinds:
+            not_empty("spike.origins", self.origins)
+        if len(set(self.origins)) != len(self.origins):
+            raise ConfigError(f"spike.origins: {self.origins} names a milestone twice")
         if not 2 <= self.detect_warmup <= self.detect_window:
             raise ConfigError(
                 f"spike.detect_warmup: need 2 <= {self.detect_warmup} <= spike.detect_window={self.detect_window}"

@@ -1,5 +1,6 @@
 """Post-mortems (seed 004's "Loss-spike post-mortem template", section by section) and the spike
-figures, from a finished :class:`tasks.spike.study.Study`.
+figures, from the first origin's :class:`tasks.spike.study.Study` (one incident write-up per
+injection; the other origins are the recovery finding's pairing units, in ``metrics/spike.json``).
 
 The numbers a post-mortem quotes come from :func:`symptoms` and the study's scores, the same
 values ``metrics/spike.json`` holds; the lessons are rules over that evidence (:func:`lessons`).
@@ -8,6 +9,7 @@ values ``metrics/spike.json`` holds; the lessons are rules over that evidence (:
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +124,8 @@ def render(study: Study, kind: str, number: int, run_uris: dict[str, str], histo
     lines = [
         f"# Spike #{number} — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "",
-        f"Injected `{kind}` spike at step {injection.start} (study from pretrain milestone "
-        f"{cfg.spike.at_step}, origin step {study.origin_step}, window to step {study.end_step}).",
+        f"Injected `{kind}` spike at step {injection.start}, tied to the {injection.tied_to} (study from "
+        f"pretrain milestone {study.milestone}, origin step {study.origin_step}, window to step {study.end_step}).",
         "",
         "## Symptoms",
         f"- Pre-spike loss: {_fmt(s['pre_spike_loss'])}",
@@ -135,7 +137,7 @@ def render(study: Study, kind: str, number: int, run_uris: dict[str, str], histo
         "",
         "## Evidence",
         f"- mlflow run: {run_uris.get(study.branch_name(kind, s['observed_policy']), '-')} "
-        f"(control: {run_uris.get('control', '-')})",
+        f"(control: {run_uris.get(study.branch_name(None, 'continue'), '-')})",
         f"- Batch index range: {replay['positions'][0]}–{replay['positions'][-1]} "
         f"(stream positions of steps {replay['steps'][0]}–{replay['steps'][-1]})",
         f"- Token histogram for offending batches: ![token histogram]({histogram})",
@@ -278,11 +280,14 @@ def spike_figures(study: Study, out_dir: Path) -> list[Path]:
     return paths
 
 
-def publish(project: Path, study: Study, train_tokens: np.ndarray, run_uris: dict[str, str]) -> dict[str, Any]:
-    """The stage's outputs, atomically: metrics/spike.json, figures, post-mortems. Returns the metrics."""
-    metrics = summary_metrics(study)
+def publish(
+    project: Path, studies: Sequence[Study], train_tokens: np.ndarray, run_uris: dict[str, str]
+) -> dict[str, Any]:
+    """The stage's outputs, atomically: metrics/spike.json (every origin), the figures and
+    post-mortems (the first origin's). Returns the metrics."""
+    metrics = summary_metrics(studies)
     with staged(project / SPIKE_METRICS, project / SPIKE_FIGURES, project / POSTMORTEMS) as (json_out, figs, pms):
-        spike_figures(study, figs)
-        write_postmortems(study, train_tokens, pms, run_uris)
+        spike_figures(studies[0], figs)
+        write_postmortems(studies[0], train_tokens, pms, run_uris)
         write_json(json_out, metrics)
     return metrics

@@ -1,18 +1,21 @@
-"""The spike study: from a pretrain milestone, a clean control and, per injection kind, one branch
-per recovery policy; each spike classified and each policy scored against the control; the PaLM
-replay test; the collapse check. Plain functions over model/spike.py (the flow adds tracking);
-post-mortems and figures: tasks/spike/postmortem.py.
+"""The spike study: from each pretrain milestone in ``spike.origins``, a clean control and, per
+injection kind, one branch per recovery policy; each spike classified and each policy scored
+against its origin's control; the PaLM replay test; the collapse check. Plain functions over
+model/spike.py (the flow adds tracking); post-mortems and figures: tasks/spike/postmortem.py.
 
-Every branch starts bitwise from one origin: the milestone continued cleanly for
+Every branch of an origin starts bitwise from one state: the milestone continued cleanly for
 ``spike.warm_steps`` (the detector's warm-up), with the data order of pretraining. Scores compare
 per-step training losses, smoothed over ``recovery.smooth_steps`` because a branch that skipped
-batches sees other batches than the control at the same step.
+batches sees other batches than the control at the same step. Origins are run one after another
+in this process: a branch is a few seconds of a small model, and runs set global RNG and thread
+state.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,9 +70,15 @@ def study_config(cfg: Config) -> Config:
     )
 
 
-def window(cfg: Config) -> tuple[int, int]:
-    """(origin, end): the step every branch starts from and the step it runs to."""
-    origin = cfg.spike.at_step + cfg.spike.warm_steps
+TIED_TO = {"data": "stream"}
+"""What each injection kind follows (model/spike.py: Injection); every other kind is tied to
+optimizer steps, a spike of the dynamics that no policy removes by skipping batches (the recovery
+finding's precondition). Poisoned data stays with its batches: skipping them is a fair recovery."""
+
+
+def window(cfg: Config, milestone: int) -> tuple[int, int]:
+    """(origin, end): the step every branch from ``milestone`` starts from and the step it runs to."""
+    origin = milestone + cfg.spike.warm_steps
     return origin, origin + cfg.recovery.eval_steps
 
 
@@ -151,6 +160,29 @@ def classify(
     return Classification(2, None, final, f"settled {final:+.1%} from the control (> {epsilon:.0%})")
 
 
+def window_curves(branch: Branch, control: Branch, smooth: int, cap: float) -> tuple[np.ndarray, np.ndarray]:
+    """The branch's and the control's smoothed losses over the control's steps (the injection to
+    the window's end). Every loss is capped at ``cap`` (ln V, the loss of a uniform guess), and a
+    step the branch never reached (it gave up or diverged) or whose loss is not finite counts at
+    the cap: a policy that lost the run scores as the worst outcome instead of leaving the paired
+    test, as a diverged arm's loss is its loss at init (tasks/ablate/stats.py: capped_loss)."""
+    mine = {r["step"]: r["loss"] for r in branch.rows}
+
+    def capped(loss: float | None) -> float:
+        return min(loss, cap) if loss is not None and math.isfinite(loss) else cap
+
+    steps = [r["step"] for r in control.rows]
+    b = np.array([capped(mine.get(s)) for s in steps])
+    c = np.array([capped(r["loss"]) for r in control.rows])
+    return trailing_mean(b, smooth), trailing_mean(c, smooth)
+
+
+def excess_area(branch: np.ndarray, control: np.ndarray) -> float:
+    """Area of excess loss, nat·steps: the sum over steps of max(0, branch − control), both smoothed;
+    what the spike cost on top of the clean run, whether it lingered or came back."""
+    return float(np.clip(branch - control, 0.0, None).sum())
+
+
 def aligned_losses(branch: Branch, control: Branch) -> tuple[list[float], list[float]]:
     """Losses of the steps both ran, in step order (a branch that gave up ends early)."""
     mine = {r["step"]: r["loss"] for r in branch.rows}
@@ -169,10 +201,15 @@ class Costs:
     gpu_hour_usd: float
 
 
-def score(branch: Branch, control: Branch, injection: Injection, r: RecoveryConfig, costs: Costs) -> dict[str, Any]:
-    """A policy's scores against the control (seed 004's incident cost included)."""
+def score(
+    branch: Branch, control: Branch, injection: Injection, r: RecoveryConfig, costs: Costs, cap: float
+) -> dict[str, Any]:
+    """A policy's scores against the control (seed 004's incident cost included). ``final_gap``
+    (relative, at the window's end) and ``excess_area`` read the capped curves of
+    :func:`window_curves`; the type describes the raw ones."""
     losses, control_losses = aligned_losses(branch, control)
     kind = classify(losses, control_losses, r.recover_epsilon, r.recover_steps, r.smooth_steps)
+    smooth_branch, smooth_clean = window_curves(branch, control, r.smooth_steps, cap)
     smooth_control = trailing_mean(np.asarray(control_losses), r.smooth_steps)
     peak = max(losses[i] / smooth_control[i] for i in range(len(losses))) if losses else float("nan")
     rerun = branch.steps_run - control.steps_run
@@ -188,7 +225,8 @@ def score(branch: Branch, control: Branch, injection: Injection, r: RecoveryConf
         "peak_loss": max(losses) if losses else float("nan"),
         "grad_norm_peak": max((row["grad_norm"] for row in branch.rows), default=float("nan")),
         "final_loss": float(np.mean(losses[-r.smooth_steps :])) if losses else float("nan"),
-        "final_gap": kind.final_gap,
+        "final_gap": float(smooth_branch[-1] / smooth_clean[-1] - 1.0),
+        "excess_area": excess_area(smooth_branch, smooth_clean),
         "val_loss": branch.val_loss,
         "val_gap": (branch.val_loss - control.val_loss) if branch.val_loss is not None else None,
         "detected_at": detected[0] if detected else None,
@@ -214,9 +252,10 @@ def score(branch: Branch, control: Branch, injection: Injection, r: RecoveryConf
 
 @dataclasses.dataclass
 class Study:
-    """Everything the stage computed; the flow tracks it and writes the reports from it."""
+    """Everything the stage computed from one origin; the flow tracks it and writes the reports from it."""
 
     cfg: Config
+    milestone: int
     origin_step: int
     end_step: int
     warm: Warm
@@ -233,7 +272,12 @@ class Study:
     cpu_seconds: float = 0.0
 
     def branch_name(self, kind: str | None, policy: str) -> str:
-        return "control" if kind is None else f"{kind}/{policy}"
+        return branch_name(self.milestone, kind, policy)
+
+
+def branch_name(milestone: int, kind: str | None, policy: str) -> str:
+    """A branch's name across the study (MLflow child run, run identity key): origin, kind, policy."""
+    return f"{milestone}/control" if kind is None else f"{milestone}/{kind}/{policy}"
 
 
 class StudyRun:
@@ -273,20 +317,36 @@ def layer_stats(model, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, fl
     return to_floats(stats)
 
 
-def run_study(cfg: Config, project: Path, milestone: Path, run_dir: Path) -> Study:
-    """The whole study; ``run_dir`` holds its checkpoints (scratch, rebuilt on a rerun)."""
+def run_study(cfg: Config, project: Path, milestones: dict[int, Path], run_dir: Path) -> list[Study]:
+    """The whole study, one :class:`Study` per origin (``milestones``: step -> checkpoint file);
+    ``run_dir`` holds its checkpoints (scratch, rebuilt on a rerun)."""
+    # Every milestone verified before anything runs: a damaged one stops the stage naming the file,
+    # with no scratch checkpoint written and the previous outputs untouched (published last, staged).
+    runs = {step: StudyRun(cfg, project, path, run_dir / f"origin_{step}") for step, path in milestones.items()}
+    r = cfg.recovery
+    progress = Progress(
+        "spike", "branch", len(runs) * (1 + len(cfg.spike.kinds) * len(r.policies)), run_logger(), "branches"
+    )
+    studies = [run_origin(study, step, progress) for step, study in runs.items()]
+    progress.close()
+    return studies
+
+
+def run_origin(study: StudyRun, milestone: int, progress: Progress) -> Study:
+    """Warm-up, control, every injection x policy branch and the replays, from one milestone."""
     cpu0 = time.process_time()
-    study = StudyRun(cfg, project, milestone, run_dir)
-    cfg, r = study.cfg, study.cfg.recovery
-    origin_step, end = window(cfg)
-    warm = warm_up(study.maker(study.identity({"branch": "warm"})), milestone, origin_step, cfg.spike, run_dir / "warm")
+    cfg, r, run_dir = study.cfg, study.cfg.recovery, study.run_dir
+    origin_step, end = window(cfg, milestone)
+    warm = warm_up(
+        study.maker(study.identity({"branch": "warm"})), study.milestone, origin_step, cfg.spike, run_dir / "warm"
+    )
     origin = warm.origin
     position = int(origin[1]["loader"]["batches_served"])
-    identities = {"control": study.identity({"branch": "control"})}
-    progress = Progress("spike", "branch", 1 + len(cfg.spike.kinds) * len(r.policies), run_logger(), "branches")
+    control_name = branch_name(milestone, None, "continue")
+    identities = {control_name: study.identity({"branch": "control"})}
     started = time.perf_counter()
     control = run_branch(
-        study.maker(identities["control"]),
+        study.maker(identities[control_name]),
         origin,
         end,
         "continue",
@@ -294,8 +354,8 @@ def run_study(cfg: Config, project: Path, milestone: Path, run_dir: Path) -> Stu
         cfg.spike,
         probe=lambda t: {"collapse": study.collapse(t.model)},
     )
-    progress.finished("control", control.status)
-    probe_trainer = study.maker(identities["control"])([], None)
+    progress.finished(control_name, control.status)
+    probe_trainer = study.maker(identities[control_name])([], None)
     probe_trainer.load(cpu_copy(origin[1]), origin[0], Load())
     collapse_before = study.collapse(probe_trainer.model)
     costs = Costs(
@@ -304,13 +364,14 @@ def run_study(cfg: Config, project: Path, milestone: Path, run_dir: Path) -> Stu
         float(probe_trainer.flops_per_token),
         cfg.spike.gpu_hour_usd,
     )
-    poison = poison_batches(project, cfg, cfg.spike.duration) if "data" in cfg.spike.kinds else []
+    cap = math.log(cfg.tokenizer.vocab_size)
+    poison = poison_batches(study.project, cfg, cfg.spike.duration) if "data" in cfg.spike.kinds else []
     branches, injections, scores, replays, stats = {}, {}, {}, {}, {}
     for kind in cfg.spike.kinds:
-        injection = Injection.from_config(kind, cfg.spike, origin_step, position)
+        injection = Injection.from_config(kind, cfg.spike, origin_step, position, TIED_TO.get(kind, "step"))
         injections[kind], branches[kind], scores[kind] = injection, {}, {}
         for policy in r.policies:
-            name = f"{kind}/{policy}"
+            name = branch_name(milestone, kind, policy)
             identities[name] = study.identity({"injection": injection.spec(), "policy": policy})
             branch = run_branch(
                 study.maker(identities[name]),
@@ -327,15 +388,15 @@ def run_study(cfg: Config, project: Path, milestone: Path, run_dir: Path) -> Stu
             )
             branches[kind][policy] = branch
             scores[kind][policy] = {
-                **score(branch, control, injection, r, costs),
+                **score(branch, control, injection, r, costs, cap),
                 "collapse": branch.probe.get("collapse", {}),
             }
             progress.finished(name, branch.status)
         observed = branches[kind].get("continue") or next(iter(branches[kind].values()))
         replays[kind], stats[kind] = examine(study, warm, origin, injection, poison, observed)
-    progress.close()
     return Study(
         cfg,
+        milestone,
         origin_step,
         end,
         warm,
@@ -418,8 +479,9 @@ def symptoms(study: Study, kind: str) -> dict[str, Any]:
     }
 
 
-def summary_metrics(study: Study) -> dict[str, Any]:
-    """``metrics/spike.json``: per injection and policy, the scores without the action log."""
+def origin_metrics(study: Study) -> dict[str, Any]:
+    """One origin's entry of ``metrics/spike.json``: per injection and policy, the scores without
+    the action log, and the injection as run (``tied_to`` included: the finding checks it)."""
     control_losses = [r["loss"] for r in study.control.rows]
     out: dict[str, Any] = {
         "origin_step": study.origin_step,
@@ -436,8 +498,20 @@ def summary_metrics(study: Study) -> dict[str, Any]:
     }
     for kind, by_policy in study.scores.items():
         out[kind] = {
+            "injection": study.injections[kind].spec(),
             "replay_spiked": study.replays[kind]["spiked"],
             "symptoms": symptoms(study, kind),
             **{p: {k: v for k, v in s.items() if k not in ("actions", "why")} for p, s in by_policy.items()},
         }
+    return out
+
+
+def summary_metrics(studies: Sequence[Study]) -> dict[str, Any]:
+    """``metrics/spike.json``: every origin's entry, keyed by its milestone, and the totals."""
+    out = {
+        "origins": {str(s.milestone): origin_metrics(s) for s in studies},
+        "postmortem_origin": studies[0].milestone,
+        "false_positives": sum(len(s.false_positives) for s in studies),
+        "cpu_seconds": sum(s.cpu_seconds for s in studies),
+    }
     return json.loads(json.dumps(out, default=str))
