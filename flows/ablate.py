@@ -178,9 +178,17 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
     rows = plan(cfg, project, overrides or {})
     todo = runs_to_train(rows)
     workers = worker_count(cfg.ablation.workers, len(todo))
-    logger.info("%d arms: %d stored, %d to train, %d at a time", len(rows), len(rows) - len(todo), len(todo), workers)
+    cached = sum(row["cached"] for row in rows)
+    logger.info(
+        "%d arms (%d runs): %d stored, %d to train, %d at a time",
+        len(rows),
+        len({row["key"] for row in rows}),
+        cached,
+        len(todo),
+        workers,
+    )
     with stage_run(cfg, "ablate") as run:
-        log_summary({"arms": len(rows), "arms_cached": len(rows) - len(todo), "workers": workers})
+        log_summary({"arms": len(rows), "arms_cached": cached, "workers": workers})
         fan_out(cfg, project, rows, todo, workers, run.info.run_id)
         for row in rows:
             if row["cached"]:
@@ -189,7 +197,7 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         headline = {
             "arms": len(rows),
             "trained now": len(todo),
-            "stored (not rerun)": len(rows) - len(todo),
+            "stored (not rerun)": cached,
             "diverged": metrics["counts"]["diverged"],
             "failed (crashed after retries)": metrics["counts"]["failed"],
             "wall_s": metrics["wall_s"],
