@@ -47,10 +47,10 @@ def test_set_values_are_typed_by_their_key_and_a_malformed_pair_is_a_user_error(
     from tasks.config import load_config
 
     sets = parse_sets(
-        ["optim.lr=0.02", "model.qk_norm=true", "train.steps=450", "model.block=post_ln", "data.path=007"]
+        ["optim.lr=0.02", "model.qk_norm=true", "train.steps=550", "model.block=post_ln", "data.path=007"]
     )
     cfg = load_config(REPO / "params.yaml", overrides=sets)
-    assert (cfg.optim.lr, cfg.model.qk_norm, cfg.train.steps, cfg.model.block) == (0.02, True, 450, "post_ln")
+    assert (cfg.optim.lr, cfg.model.qk_norm, cfg.train.steps, cfg.model.block) == (0.02, True, 550, "post_ln")
     assert cfg.data.path == "007"  # a string-typed key keeps its text, not YAML's 7
     for bad in ("optim.lr", "=3"):
         with pytest.raises(UserError, match="expected key=value"):

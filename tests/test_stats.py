@@ -168,3 +168,13 @@ def test_divergence_rates_pair_the_seeds_and_test_the_discordant_ones():
 def test_divergence_with_no_discordant_pair_is_untested():
     r = divergence_rates({0: True, 1: False}, {0: True, 1: False})
     assert r["p"] is None and "no discordant pairs" in r["test"] and r["risk_difference"] == 0.0
+
+
+def test_slope_test_gives_the_t_interval_of_the_slope_by_hand():
+    # x = 0..3, y = 0, 1, 1, 3: Sxx = 5, Sxy = 4.5, slope 0.9; residuals 0.1, 0.2, -0.7, 0.4, SSE 0.7,
+    # s² = 0.35 (2 df), se = sqrt(0.35 / 5) = 0.264575; t(0.975, 2) = 4.302653 -> half-width 1.138380.
+    fit = slope_test([0, 1, 2, 3], [0, 1, 1, 3])
+    assert fit["slope"] == pytest.approx(0.9)
+    assert fit["ci95"] == pytest.approx([0.9 - 1.138380, 0.9 + 1.138380], abs=1e-5)
+    t = 0.9 / math.sqrt(0.07)
+    assert fit["p"] == pytest.approx(1 - t / math.sqrt(2 + t * t))  # two-sided, Student t with 2 df in closed form
