@@ -207,9 +207,10 @@ def gradient_norms_at_init(
 ) -> dict[str, float]:
     """Gradient Frobenius norm of each block's weight matrices (``block0``..) and of the readout,
     after one forward/backward at init (no optimizer step) of a ``depth``-block GPT with
-    ``block`` layout and the standard parametrization (the project's GPT and its init: std
-    ``cfg.init_std``, residual projections scaled by 1/√(2L), no zero-init readout). The batch is
-    fixed; each seed draws a new init; the norms are averaged over the seeds."""
+    ``block`` layout and the standard parametrization (the project's GPT under ``cfg.init``: GPT-2's
+    std ``cfg.init_std`` with residual projections ÷ √(2L), or the original Transformer's Xavier init;
+    no zero-init readout). The batch is fixed; each seed draws a new init; the norms are averaged
+    over the seeds."""
     cfg = dataclasses.replace(cfg, n_layer=depth, block=block)
     idx = _fixed_tokens(batch, cfg.seq_len, vocab)
     per_seed = [_layer_grad_norms(cfg, seed, vocab, idx) for seed in seeds]

@@ -206,7 +206,7 @@ def test_an_injected_spike_and_its_aftermath_are_not_natural_spikes():
         **{"schedule.warmup_steps": 0, "train.steps": 100}
     )
     injection = {"start": 50, "duration": 3}
-    m = arm_metrics(arm_result([5.0] * 100, flagged={50, 51, 55, 90}, injection=injection), cfg, smooth=10)
+    m = arm_metrics(arm_result([5.0] * 100, flagged={50, 51, 55, 90}, injection=injection), cfg)
     assert m["natural_spikes"] == 1  # step 90; 50..62 is the injection's window
 
 

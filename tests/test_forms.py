@@ -13,7 +13,7 @@ from model.config import ModelConfig, OptimConfig
 
 
 def test_the_profile_is_a_choice_among_the_overlays_present_or_params_yaml_s_own():
-    assert typing.get_args(ProfileChoice) == (KEEP, "default", "gpu", "smoke")
+    assert typing.get_args(ProfileChoice) == (KEEP, "default", "extended", "gpu", "smoke")
 
 
 def test_each_field_is_typed_as_declared_and_described_by_the_config_docstring():

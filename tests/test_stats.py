@@ -54,7 +54,7 @@ def test_a_group_without_spread_against_one_with_spread_is_tested_because_the_di
     assert r["p"] < 0.01
 
 
-def test_from_six_pairs_the_signed_rank_test_is_used_with_the_hodges_lehmann_estimate():
+def test_from_six_pairs_the_signed_rank_test_is_used_with_the_hodges_lehmann_shift_beside_the_mean():
     a = {s: 10.0 + d for s, d in enumerate([1, 2, 3, 4, 5, 20])}
     b = {s: 10.0 for s in range(6)}
     r = paired(a, b)
@@ -62,7 +62,7 @@ def test_from_six_pairs_the_signed_rank_test_is_used_with_the_hodges_lehmann_est
     assert r["p"] == pytest.approx(2 / 2**6)  # all 6 differences positive: 1 sign pattern in 64, twice
     # Walsh averages: 15 from 1..5 (1, 1.5, 2, 2, 2.5, 2.5, 3, 3, 3, 3.5, 3.5, 4, ...) and 6 with 20 (>= 10.5);
     # the 11th of 21 is 3.5, where the mean is pulled to 35/6 by the one large difference.
-    assert r["estimate"] == 3.5 and r["mean_diff"] == pytest.approx(35 / 6)
+    assert r["hodges_lehmann"] == 3.5 and r["estimate"] == r["mean_diff"] == pytest.approx(35 / 6)
     # One sign flipped, the largest: W- = 6; rank subsets summing to <= 6 number 14, p = 2 * 14 / 64.
     flipped = paired({s: d for s, d in enumerate([1, 2, 3, 4, 5, -6])}, {s: 0.0 for s in range(6)})
     assert flipped["p"] == pytest.approx(0.4375)

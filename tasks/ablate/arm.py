@@ -3,7 +3,7 @@ pre-clip grad norm, update RMS, flags), per-layer trajectories, and, where asked
 spike and the fp16 range probe; writes ``<out>/result.json``.
 
     python -m tasks.ablate.arm --profile default --out runs/ablate/arms/manual \\
-        --set model.block=post_ln --set schedule.warmup_steps=0 ... [--inject lr] [--range-probe-every 100]
+        --set model.block=post_ln --set schedule.warmup_steps=0 ... [--spike lr] [--range-probe-every 100]
 
 The ablate stage trains every arm as this command would, in a long-lived worker process
 (:func:`run_command`, tasks/runtime/workers.py); the command is in the arm's MLflow run (tag

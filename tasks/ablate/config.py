@@ -5,12 +5,13 @@ declares what each family tests).
 Every arm trains from scratch at the arm scale (``d_model`` ... ``batch_size``) on the study's
 parametrization (``mup.parametrization`` at ``mup.base_width``) unless its family names another
 condition; clean arms take no injection (an injected spike goes only into the overflow family,
-beside an un-injected twin). The first value of each factor list is the family's base arm, the
-one that must end past the unigram plateau for the family to be tested:
+beside an un-injected twin). Each family's base arm, the one that must end past the unigram plateau
+for the family to be tested (tasks/report/findings.py), is the first value of each of its factor
+lists, except: overflow's is bf16's clean twin, wortsman's is ``none`` at its best LR on the grid.
 
   xiong       block x warmup x LR   SP init, depth ``xiong_depth``        (Xiong et al. 2020)
-  precision   precision             one numeric path (emulated formats)   (Micikevicius et al. 2017)
-  overflow    precision x spike     LR spike tied to steps, clean twins   (Micikevicius et al. 2017)
+  precision   precision             SP, one numeric path (emulated)       (Micikevicius et al. 2017)
+  overflow    precision x spike     SP, LR spike tied to steps, twins     (Micikevicius et al. 2017)
   beta2       β₂ x LR multiple      clean, >= 2/(1-β₂) steps              (Shazeer & Stern 2018;
                                                                            Wortsman et al. 2023b)
   wortsman    stabilizer x LR       SP, independent decay, 5 % warmup     (Wortsman et al. 2023)
@@ -49,11 +50,13 @@ class AblationConfig(Section):
     """Context length in tokens (``model.seq_len``)."""
     batch_size: int = 8
     """Sequences per step (``train.batch_size``)."""
-    steps: int = 800
-    """Steps of the precision and overflow arms: past the unigram plateau at ``lr`` (the μP base arm
-    crossed 0.5 nats below it at ~490 steps in the sizing run)."""
+    steps: int = 400
+    """Steps of the precision and overflow arms (SP at ``sp_lr``: an SP arm at LR 3e-3 crossed 0.5
+    nats below the unigram baseline at ~155-205 steps in the sizing runs)."""
+    sp_lr: float = 3e-3
+    """Peak LR of the precision and overflow arms (standard parametrization, this project's GPT-2 init)."""
     lr: float = 0.01
-    """Peak LR of the μP families (precision, overflow, beta2): the search's optimum at the base width."""
+    """Peak LR of the beta2 family (μP at the base width, m = 1): the search's optimum there."""
     warmup_fraction: float = 0.05
     """Warmup of every family but xiong's, as a fraction of its steps (Wortsman et al. use 5 %)."""
 
@@ -111,7 +114,7 @@ class AblationConfig(Section):
     independent_weight_decay: float = 1e-4
     """Weight decay of the wortsman arms, not scaled by the LR (``optim.weight_decay_mode:
     independent``), as in the paper: coupled decay would change with the LR across the grid."""
-    wortsman_steps: int = 400
+    wortsman_steps: int = 300
     """Steps of the wortsman arms."""
 
     # --- execution ---------------------------------------------------------------------------
@@ -129,6 +132,7 @@ class AblationConfig(Section):
             "batch_size",
             "steps",
             "lr",
+            "sp_lr",
             "xiong_depth",
             "xiong_steps",
             "range_probe_every",

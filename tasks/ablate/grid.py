@@ -153,7 +153,13 @@ def _precision(f: dict[str, Any], a: AblationConfig, steps: int) -> dict[str, An
     # Every format through one numeric path (emulated matmul rounding), so formats differ and
     # nothing else does; fp32 under emulation rounds nothing.
     mode, scaled = ("fp16", False) if f["precision"] == "fp16_unscaled" else (f["precision"], True)
-    return {"precision.mode": mode, "precision.loss_scaling": scaled, "precision.emulate": "always"}
+    return {
+        "mup.parametrization": "sp",
+        "optim.lr": a.sp_lr,
+        "precision.mode": mode,
+        "precision.loss_scaling": scaled,
+        "precision.emulate": "always",
+    }
 
 
 def _beta2(f: dict[str, Any], a: AblationConfig, steps: int) -> dict[str, Any]:
@@ -266,10 +272,11 @@ def _finite_mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(values)) if values and all(v is not None and math.isfinite(v) for v in values) else None
 
 
-def arm_metrics(result: dict[str, Any], cfg: Config, smooth: int = 10) -> dict[str, Any]:
+def arm_metrics(result: dict[str, Any], cfg: Config) -> dict[str, Any]:
     """The figures the study compares, from an arm's result (tasks/ablate/arm.py writes it), ``cfg``
-    being the arm's own config."""
-    rows, summary = result["rows"], result["summary"]
+    being the arm's own config: the final loss is the mean of the last ``recovery.smooth_steps``
+    steps, and an injection's window is extended by as many steps before natural spikes count."""
+    rows, summary, smooth = result["rows"], result["summary"], cfg.recovery.smooth_steps
     warmup = cfg.schedule.warmup_steps
     injection = result.get("injection")
     skip = range(injection["start"], injection["start"] + injection["duration"] + smooth) if injection else range(0)

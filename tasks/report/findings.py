@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.ablate.grid import base_values
+from tasks.ablate.grid import Arm, base_values
 from tasks.ablate.stats import derived, divergence_rates, lr_sensitivity, paired, slope_test, tost_paired, tost_slope
 from tasks.config import Config
 from tasks.report.design import design
@@ -203,8 +203,7 @@ def xiong_init(cfg: Config, ablate: dict[str, Any], **_: Any) -> Finding:
     numbers = (
         "Post-LN / Pre-LN last-layer gradient norm at init, geometric mean over seeds: "
         + ", ".join(f"L={d}: {mean_ratio[d]:.2f}x" for d in depths)
-        + f"; at L={depths[-1]} {_cmp(at_depth, 'log')}; slope on log L {slope['slope']:+.3f} "
-        f"[{slope['ci95'][0]:+.3f}, {slope['ci95'][1]:+.3f}], p={slope['p']:.3g} (Theorem 1 predicts +0.5)"
+        + f"; at L={depths[-1]} {_cmp(at_depth, 'log')}; slope on log L {_slope(slope)} (Theorem 1 predicts +0.5)"
     )
     return decide(
         "xiong_init", claims, numbers, [f"depth probe: L={d}" for d in depths], details={"ratio_by_depth": mean_ratio}
@@ -241,7 +240,7 @@ def xiong(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) 
         claims,
         numbers,
         arms.names("xiong"),
-        plateau_gate(base_loss, unigram, "the base arm (Pre-LN, warmup)"),
+        plateau_gate(base_loss, unigram, f"the base arm ({_variant('xiong', base)})"),
         base_loss,
         {"post_ln": post, "pre_ln": pre, "interaction": interaction, "divergence": diverged},
     )
@@ -282,7 +281,7 @@ def fp16(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -
             + ("the range probe did not run" if share is None else f"{share:.2%} of nonzero activation-gradient values")
             + f" below 2⁻²⁴ in the fp32 arms (threshold {registered['threshold']:.0%})"
         )
-    means = ", ".join(f"{p} {arms.mean('precision', 'capped_loss', precision=p):.4f}" for p in a.precisions)
+    means = ", ".join(f"{p} {_num(arms.mean('precision', 'capped_loss', precision=p))}" for p in a.precisions)
     numbers = (
         f"final val loss (capped), mean over seeds: {means}; unscaled − scaled {_cmp(unscaled)}; scaled − fp32 "
         f"{_cmp(scaled)}, TOST ±{registered['margin']:g} p={_p(equivalence)}; activation-gradient values below "
@@ -356,7 +355,7 @@ def beta2(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) 
         claims,
         numbers,
         arms.names("beta2"),
-        plateau_gate(base_loss, unigram, "the base arm (β₂ 0.95, searched LR)"),
+        plateau_gate(base_loss, unigram, f"the base arm ({_variant('beta2', base_values(a, 'beta2'))})"),
         base_loss,
         comparisons,
     )
@@ -451,9 +450,8 @@ def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | Non
     worst = max(entry["loss_opt"] for p in ("sp", "mup") for entry in search[p]["widths"].values())
     failed = failed or plateau_gate(worst, unigram, "the search's worst fitted optimum")
     numbers = (
-        f"slope of log₂ η* on log₂ width: SP {sp['slope']:+.2f} [{sp['ci95'][0]:+.2f}, {sp['ci95'][1]:+.2f}], "
-        f"p={sp['p']:.3g}; μP {mup['slope']:+.3f} [{mup['ci95'][0]:+.2f}, {mup['ci95'][1]:+.2f}], TOST "
-        f"±{registered['margin']:g} p={_p(equivalence)}; widths {', '.join(sorted(search['sp']['widths'], key=int))}; "
+        f"slope of log₂ η* on log₂ width: SP {_slope(sp)}; μP {_slope(mup)}, TOST ±{registered['margin']:g} "
+        f"p={_p(equivalence)}; widths {', '.join(sorted(search['sp']['widths'], key=int))}; "
         f"loss at the optimum up to {worst:.3f} nats"
     )
     return decide(
@@ -533,6 +531,11 @@ def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
     )
 
 
+def _variant(family: str, values: dict[str, Any]) -> str:
+    """A base arm's variant name, as the arms are named (tasks/ablate/grid.py: Arm.variant)."""
+    return Arm(family, tuple(values.values()), 0).variant
+
+
 def _missing(key: str, why: str) -> Finding:
     return decide(key, [], f"not in this grid: {why}", [], f"not in this grid: {why}")
 
@@ -540,6 +543,17 @@ def _missing(key: str, why: str) -> Finding:
 def _mean(values: dict[Any, float | None]) -> str:
     finite = [v for v in values.values() if v is not None and math.isfinite(v)]
     return f"{np.mean(finite):.3g}" if finite else "-"
+
+
+def _num(value: float | None, fmt: str = "{:.4f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _slope(fit: dict[str, Any]) -> str:
+    """A slope with its 95 % interval and p, or why it has none."""
+    if fit.get("p") is None:
+        return f"{_num(fit.get('slope'), '{:+.3f}')} ({fit['test']})"
+    return f"{fit['slope']:+.3f} [{fit['ci95'][0]:+.3f}, {fit['ci95'][1]:+.3f}], p={fit['p']:.3g}"
 
 
 def _p(test: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from tasks.ablate.stats import ALPHA
 from tasks.config import Config
 from tasks.report.design import design, design_hash
 from tasks.report.findings import FAMILY_OF, Finding
@@ -90,7 +91,7 @@ def render_markdown(
         f"**{len(findings)} findings: {counts}.** Each finding was tested as its pre-registered design says "
         "(tasks/report/preregistration.yaml), with one rule for all: "
         f"{badge(NOT_TESTED)} when a named precondition failed; {badge(CONTRADICTED)} when any claim is "
-        f"significant (p < {design()['alpha']:g}) the other way; {badge(REPRODUCED)} when every claim is "
+        f"significant (p < {ALPHA:g}) the other way; {badge(REPRODUCED)} when every claim is "
         f'significant the predicted way (a "no effect" claim by two one-sided tests); {badge(INCONCLUSIVE)} '
         "otherwise. Comparisons are paired by seed; diverged runs count at the loss at initialisation, and none "
         f"is dropped. Unigram baseline on validation: **{_num(ablate.get('unigram_val_loss'), '{:.3f}')} nats**; "
@@ -174,6 +175,7 @@ def _arms_section(cfg: Config, ablate: dict[str, Any]) -> list[str]:
         "## The arms, family by family",
         "",
         f"{len(ablate['arms'])} arms ({counts['completed']} completed, {counts['diverged']} diverged, "
+        f"{counts['stopped']} stopped, "
         f"{counts['failed']} failed after retries{': ' + ', '.join(ablate['failed']) if ablate['failed'] else ''}), "
         f"each trained from scratch at width {cfg.ablation.d_model}, {cfg.ablation.seq_len}-token context, "
         f"seeds {cfg.ablation.seeds}. Per variant: mean over seeds [95 % t-interval].",

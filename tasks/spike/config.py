@@ -46,8 +46,9 @@ class SpikeConfig(Section):
     """Multiplier of ``lr``, ``grad`` and ``param`` injections (x30 on the default model at its
     milestone: every policy back within 40 steps; x100 leaves a lasting gap)."""
     duration: int = 3
-    """Batches of the stream window an injection is tied to (the steps that consume them get the
-    LR or gradient multiplier; ``data`` replaces them; ``param`` strikes at the first)."""
+    """How long an injection lasts: ``data`` replaces this many batches of the stream (a policy may
+    skip them); ``lr`` and ``grad`` multiply this many optimizer steps, tied to the steps so no
+    policy can remove them (tasks/spike/study.py: TIED_TO); ``param`` strikes at the first."""
     data_reasons: list[str] = field(default_factory=lambda: list(SPIKE_CAUSING_POISON))
     """Poison-pool reasons ``data`` injection draws from (only spike-causing ones allowed)."""
     param_block: int = 0
