@@ -2,7 +2,8 @@
 parametrization × width on one storage, ``search.workers`` worker processes), the transfer of the
 optimum to the target width checked against a direct sweep, and the LR pretrain takes. One MLflow
 run for the stage with a child run per trial (opened by the workers), the findings as summary
-metrics, the figures as artifacts and in the stage's Prefect artifact."""
+metrics, the figures as artifacts and in the stage's Prefect artifact; the numbers and figures also
+on the transfer study in optuna-dashboard (tasks/search/dashboard.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tasks.config import project_config
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.outputs import SEARCH_LR, SEARCH_METRICS
 from tasks.runtime.tracking import log_summary, stage_run
+from tasks.search.dashboard import annotate
 from tasks.search.study import publish, search
 
 
@@ -31,6 +33,7 @@ def search_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         findings = search(cfg, project, run.info.run_id)
         findings.metrics["time"] = stage_time(*started)
         figures = publish(cfg, project, findings)
+        annotate(cfg, findings, figures)
         key_figures = headline(findings.metrics)
         log_summary(key_figures)
         for path in (SEARCH_METRICS, SEARCH_LR):

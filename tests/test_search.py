@@ -198,6 +198,49 @@ def test_pretrain_trains_with_the_lr_the_search_wrote_unless_told_not_to(tmp_pat
     assert pretrain_config(cfg.replace(**{"search.transfer_lr": False}), tmp_path).optim.lr == cfg.optim.lr
 
 
+def run_in_process(cfg, project: Path, specs) -> None:
+    """Every queued trial of ``specs``, trained here one after another (no workers, no server)."""
+    storage, tokens = search.open_storage(search.optuna_storage(cfg)), search.Tokens.of(project)
+    for spec in specs:
+        search.prepare_study(storage, spec)
+        study = search.load_study(storage, spec, cfg)
+        while (trial := search.claim(storage, study)) is not None:
+            search.run_trial(study, trial, spec, cfg, tokens, None)
+
+
+def test_the_transfer_study_carries_the_findings_note_and_the_mu_transfer_figures(tmp_path, monkeypatch):
+    from optuna.artifacts import get_all_artifact_meta
+    from optuna_dashboard import get_note
+
+    from tasks.runtime.paths import state
+    from tasks.search.dashboard import annotate
+
+    monkeypatch.setenv("SPIKELAB_STATE", str(tmp_path / "state"))  # the artifact store's home
+    cfg = search_config(tmp_path, **{"search.parametrizations": ["sp", "mup"]})
+    project = tiny_project(tmp_path)
+    sweeps = search.sweep_specs(cfg, "d")
+    run_in_process(cfg, project, sweeps)
+    optima = search.sweep_optima(cfg, sweeps)
+    transfer = search.transfer_spec(cfg, "d", optima[16]["log2_lr_opt"])
+    run_in_process(cfg, project, [transfer])
+    findings = search.summarize(cfg, sweeps, transfer)
+    figures = search.publish(cfg, project, findings)
+    for _ in range(2):  # a rerun attaches nothing twice
+        annotate(cfg, findings, figures)
+
+    storage = search.open_storage(search.optuna_storage(cfg))  # what the dashboard reads, opened afresh
+    study = optuna.load_study(study_name=transfer.name, storage=storage)
+    text, t = get_note(study), findings.metrics["transfer"]
+    assert "μTransfer to width 32 (LR from widths 16)" in text
+    assert f"**Transfer gap** {t['loss_gap']:+.3f} ± {t['loss_gap_std']:.3f} nats" in text
+    for p in ("sp", "mup"):
+        assert f"**{findings.metrics[p]['slope']:+.2f}**" in text
+    assert f"| 16 | {findings.metrics['sp']['widths']['16']['log2_lr_opt']:.2f} ± " in text
+    attached = get_all_artifact_meta(study, storage=storage)
+    assert sorted(meta.filename for meta in attached) == ["mu_transfer.png", "transfer.png"]
+    assert all((state().optuna_artifacts / meta.artifact_id).stat().st_size > 0 for meta in attached)
+
+
 @pytest.mark.e2e
 def test_the_dashboard_service_shows_the_search_studies_in_a_browser(live_services):
     from tasks.runtime import paths

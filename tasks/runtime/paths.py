@@ -75,6 +75,11 @@ class StatePaths:
         return self.root / "optuna.journal"
 
     @property
+    def optuna_artifacts(self) -> Path:
+        """Files attached to Optuna studies (the search's figures), served by optuna-dashboard."""
+        return self.root / "optuna-artifacts"
+
+    @property
     def prefect_home(self) -> Path:
         return self.root / "prefect"
 

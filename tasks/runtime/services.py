@@ -113,6 +113,8 @@ def services() -> list[Service]:
                 "--port",
                 str(paths.dashboard_port()),
                 "--quiet",
+                "--artifact-dir",
+                str(s.optuna_artifacts),
                 "--storage-class",
                 "JournalFileStorage",
                 str(s.optuna_journal),

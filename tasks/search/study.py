@@ -490,35 +490,48 @@ class Findings:
 
 def search(cfg: Config, project: Path, parent_run: str | None = None) -> Findings:
     """Run (or resume) every study, fit the optima, transfer the LR and check it at the target."""
-    proxies = proxy_widths(cfg)
+    proxies = proxy_widths(cfg)  # raises before any trial when no width is below the target
     read_manifest(project, cfg)  # the shards' vocabulary is the config's
     with search_lock():
         digest = search_digest(cfg, data_hashes(project))
-        storage = open_storage(optuna_storage(cfg))
         sweeps = sweep_specs(cfg, digest)
         run_workers(cfg, project, sweeps, parent_run)
-        collected = {spec: points_of(storage, spec) for spec in sweeps}
-        by_width = {
-            p: {spec.width: width_summary(pts) for spec, (pts, _) in collected.items() if spec.parametrization == p}
-            for p in cfg.search.parametrizations
-        }
-        transferred = cfg.mup.parametrization
-        log2_lr = transferred_log2_lr(by_width[transferred], proxies)
-        transfer = transfer_spec(cfg, digest, log2_lr)
+        transfer = transfer_spec(cfg, digest, transferred_log2_lr(sweep_optima(cfg, sweeps), proxies))
         run_workers(cfg, project, [transfer], parent_run)
-        collected[transfer] = points_of(storage, transfer)
+        return summarize(cfg, sweeps, transfer)
+
+
+def sweep_optima(cfg: Config, sweeps: list[StudySpec]) -> dict[int, dict]:
+    """The fitted optimum per width of the transferred parametrization's finished sweeps."""
+    storage = open_storage(optuna_storage(cfg))
+    return {
+        spec.width: width_summary(points_of(storage, spec)[0])
+        for spec in sweeps
+        if spec.parametrization == cfg.mup.parametrization
+    }
+
+
+def summarize(cfg: Config, sweeps: list[StudySpec], transfer: StudySpec) -> Findings:
+    """The findings of finished studies: optima per width, slopes, the transfer check, counts."""
+    storage = open_storage(optuna_storage(cfg))
+    collected = {spec: points_of(storage, spec) for spec in [*sweeps, transfer]}
     points = {spec: pts for spec, (pts, _) in collected.items()}
+    by_width = {
+        p: {s.width: width_summary(pts) for s, pts in points.items() if s.kind == "sweep" and s.parametrization == p}
+        for p in cfg.search.parametrizations
+    }
     sweep_of = {(s.parametrization, s.width): pts for s, pts in points.items() if s.kind == "sweep"}
-    proxy_flops = sum(p.flops for w in proxies for p in sweep_of[(transferred, w)])
-    check = transfer_check(sweep_of[(transferred, target_width(cfg))], points[transfer], proxy_flops, log2_lr)
+    proxies, log2_lr = proxy_widths(cfg), transfer.points[0][0]
+    proxy_flops = sum(p.flops for w in proxies for p in sweep_of[(transfer.parametrization, w)])
+    check = transfer_check(sweep_of[(transfer.parametrization, transfer.width)], points[transfer], proxy_flops, log2_lr)
     metrics = {
         **{
             p: {"widths": {str(w): summary for w, summary in sorted(by_width[p].items())}, **slope(by_width[p])}
             for p in cfg.search.parametrizations
         },
         "transfer": {
-            "parametrization": transferred,
-            "target_width": target_width(cfg),
+            "parametrization": transfer.parametrization,
+            "target_width": transfer.width,
             "proxy_widths": proxies,
             **check,
         },
