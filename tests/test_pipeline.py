@@ -237,19 +237,27 @@ def test_dvc_plots_are_only_the_top_level_definitions_one_quantity_each_plus_the
     assert [p for p in pipeline["plots"] if isinstance(p, str)] == [
         *(f"reports/search/{name}" for name in ("mu_transfer.png", "transfer.png", "coord_check.png")),
         *(f"reports/pretrain/{name}" for name in ("loss.png", "optimizer.png", "stability.png")),
-        *(f"reports/ablate/{name}" for name in ("block_warmup.png", "precision.png", "beta2.png", "stabilizer_lr.png")),
+        *(
+            f"reports/ablate/{name}.png"
+            for name in ("xiong", "depth_probe", "precision", "overflow", "beta2", "wortsman", "trajectories")
+        ),
+        "reports/report/forest.png",
     ]
     assert "dvc_plots/" in (REPO / ".gitignore").read_text().splitlines()
 
 
 def assert_ablate_and_report(project: Path, runs: dict, found: list) -> None:
     """The smoke grid's arms, each a child run of the ablate stage's run; a verdict per finding."""
+    from tasks.ablate.grid import expand
+    from tasks.config import load_config
+
     ablate = json.loads((project / "metrics/ablate.json").read_text())
-    assert len(ablate["arms"]) == 4 + 1 + 1 + 4 and ablate["counts"]["failed"] == 0  # profiles/smoke.yaml's grid
+    expected = [arm.name for arm in expand(load_config(project / "params.yaml", "smoke").ablation)]
+    assert [a["name"] for a in ablate["arms"]] == expected and ablate["counts"]["failed"] == 0
     children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == runs["ablate"].info.run_id]
     assert sorted(r.data.tags["spikelab.arm"] for r in children) == sorted(a["name"] for a in ablate["arms"])
     verdicts = json.loads((project / "metrics/report.json").read_text())["findings"]
-    assert len(verdicts) == 6 and runs["report"].info.status == "FINISHED"
+    assert len(verdicts) == 8 and runs["report"].info.status == "FINISHED"
     assert (project / "reports/report.html").stat().st_size > 10_000  # figures embedded
 
 
