@@ -124,13 +124,15 @@ def _range_trace(arm: Arm, quantity: str, layer: str) -> Trace:
     return [(r["step"], r["share"]) for r in arm["ranges"] if r["quantity"] == quantity and r["layer"] == layer]
 
 
-def _layer_trace(arm: Arm, prefix: str, reduce: Callable[[list[float]], float]) -> Trace:
-    """A per-layer statistic at the layer-stats steps, reduced over layers (max or min)."""
-    trace: Trace = []
-    for t in arm["trajectories"]:
-        values = [v for k, v in t.items() if k.startswith(prefix) and v is not None]
-        trace.append((t["step"], reduce(values) if values else None))
-    return trace
+def _layer_trace(arm: Arm, key: str) -> Trace:
+    """One trajectory (a per-layer statistic of one layer, or log Z) at the layer-stats steps."""
+    return [(t["step"], t.get(key)) for t in arm["trajectories"]]
+
+
+def _layer_keys(arms: Sequence[Arm], prefix: str) -> list[str]:
+    """The trajectory keys under ``prefix`` (one per layer, or the key itself), in layer order."""
+    keys = {k for a in arms for t in a["trajectories"] for k in t if k.startswith(prefix)}
+    return sorted(keys, key=lambda k: (len(k), k))
 
 
 def _table(traces: Sequence[Trace]) -> tuple[np.ndarray, np.ndarray]:
@@ -145,7 +147,7 @@ def _table(traces: Sequence[Trace]) -> tuple[np.ndarray, np.ndarray]:
     return steps, table
 
 
-def _band(ax: Axes, traces: Sequence[Trace], label: str, smooth: int = 1, **style: Any) -> None:
+def _band(ax: Axes, traces: Sequence[Trace], label: str | None, smooth: int = 1, **style: Any) -> None:
     """The mean over ``traces`` as a line and their min..max as a band, each a trailing mean over
     ``smooth`` points, at the steps some trace reached with a finite value (where every arm failed,
     only a legend entry that says so)."""
@@ -155,11 +157,11 @@ def _band(ax: Axes, traces: Sequence[Trace], label: str, smooth: int = 1, **styl
         mean, low, high = np.nanmean(table, 0), np.nanmin(table, 0), np.nanmax(table, 0)
     finite = np.isfinite(mean)
     if not finite.any():
-        ax.plot([], [], label=f"{label}: no finished arm", **style)
+        ax.plot([], [], label=f"{label}: no finished arm" if label else None, **style)
         return
     mean, low, high = (trailing_mean(curve[finite], smooth) for curve in (mean, low, high))
     seeds = int(np.isfinite(table).any(axis=1).sum())
-    (line,) = ax.plot(steps[finite], mean, lw=1.2, label=f"{label} (n={seeds})", **style)
+    (line,) = ax.plot(steps[finite], mean, lw=1.2, label=f"{label} (n={seeds})" if label else None, **style)
     ax.fill_between(steps[finite], low, high, color=line.get_color(), alpha=0.2, lw=0)
 
 
@@ -391,29 +393,36 @@ def wortsman_figure(arms: Sequence[Arm], loss: LossAxes, path: Path) -> Path:
 
 
 TRAJECTORIES = (
-    ("largest attention logit (max over layers)", "stats/attn_logit_max/", max, "log"),
-    ("output log Z", "stats/logits/log_z", max, "linear"),
-    ("attention entropy, nats (min over layers)", "stats/attn_entropy/", min, "linear"),
+    ("largest attention logit", "stats/attn_logit_max/", "log"),
+    ("output log Z", "stats/logits/log_z", "linear"),
+    ("attention entropy, nats", "stats/attn_entropy/", "linear"),
 )
-"""Each row of trajectories.png: its title, the trajectory key (or per-layer prefix), how the layers
-are reduced (log Z has one), its y scale (attention logits grow by orders of magnitude at high LR)."""
+"""Each row of trajectories.png: its title, the trajectory key (or per-layer prefix), its y scale
+(attention logits grow by orders of magnitude at high LR)."""
+LAYER_STYLES = ("-", "--", ":", "-.")
+"""Line style per layer (block0 solid, block1 dashed, ...): the colour is the LR."""
 
 
 def trajectories_figure(arms: Sequence[Arm], path: Path) -> Path:
-    """Wortsman et al. 2023's mechanisms over training: one panel per quantity x stabilizer, a line
-    per LR (mean over seeds, band: their range)."""
+    """Wortsman et al. 2023's mechanisms over training, per layer: one panel per quantity x
+    stabilizer, a colour per LR and a line style per layer (mean over seeds, band: their range)."""
     stabilizers, lrs = _values(arms, "stabilizer"), sorted(_values(arms, "lr"))
     colors = colormaps["viridis"](np.linspace(0, 0.9, len(lrs)))
     fig = Figure(figsize=(4.5 * len(stabilizers), 3.3 * len(TRAJECTORIES)))
     axes = fig.subplots(len(TRAJECTORIES), len(stabilizers), squeeze=False, sharex=True)
-    for row, (title, prefix, reduce, scale) in enumerate(TRAJECTORIES):
+    for row, (title, prefix, scale) in enumerate(TRAJECTORIES):
+        keys = _layer_keys(arms, prefix)
         for column, stabilizer in enumerate(stabilizers):
             ax = axes[row, column]
             stabilized = [a for a in arms if a["factors"]["stabilizer"] == stabilizer]
             for (lr,), members in _groups(stabilized, "lr").items():
-                traces = [_layer_trace(a, prefix, reduce) for a in members]
-                _band(ax, traces, f"LR {lr:g}", color=colors[lrs.index(lr)])
-            ax.set(yscale=scale, title=f"{stabilizer}: {title}")
+                for layer, key in enumerate(keys):
+                    label = f"LR {lr:g}" if layer == 0 else None
+                    style = {"color": colors[lrs.index(lr)], "linestyle": LAYER_STYLES[layer % len(LAYER_STYLES)]}
+                    _band(ax, [_layer_trace(a, key) for a in members], label, **style)
+            layers = f" ({', '.join(k.rsplit('/', 1)[-1] for k in keys)}: {', '.join(LAYER_STYLES[: len(keys)])})"
+            ax.set(yscale=scale, title=f"{stabilizer}: {title}" + (layers if len(keys) > 1 else ""))
+            ax.title.set_fontsize(8)
             ax.grid(alpha=0.3)
     for ax in axes[-1]:
         ax.set_xlabel("step")

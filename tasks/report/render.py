@@ -3,8 +3,9 @@ self-contained ``reports/report.html`` (figures embedded, opens offline), plus t
 ``metrics/report.json``.
 
 Order, as a reader wants it: provenance and the rule; the findings (forest plot and table); one
-section per finding with its pre-registered design, its claims and its figures; the arms per
-family; the search, spike and pretraining stages; the change history; the MLflow runs. Verdicts
+section per finding with its pre-registered design, its claims and its figures; the change
+history; then the detail: the arms per family, the search, spike and pretraining stages, the
+MLflow runs. Verdicts
 are text badges (``REPRODUCED`` in a code span, a coloured box in the HTML): no emoji font needed.
 """
 
@@ -120,11 +121,11 @@ def render_markdown(
     for f in findings:
         lines += _finding_section(project, f)
     lines += [
+        *_changes_section(),
         *_arms_section(cfg, ablate),
         *_search_section(project, search),
         *_spike_section(project, spike),
         *_pretrain_section(project, pretrain),
-        *_changes_section(),
         *_runs_section(ablate, stage_runs),
     ]
     return "\n".join(lines) + "\n"
