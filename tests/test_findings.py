@@ -129,7 +129,7 @@ def test_the_depth_probe_reads_a_ratio_that_grows_like_the_square_root_of_depth(
 
 
 def test_mu_transfer_is_not_tested_on_a_search_below_the_registered_size():
-    cfg = Config()  # the default search: 5 LR points, 2 seeds
+    cfg = Config().replace(**{"search.lr_points": 5, "search.seeds": [0, 1]})
     search = {
         p: {
             "widths": {
