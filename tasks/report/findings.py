@@ -233,7 +233,8 @@ def xiong(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) 
     numbers = (
         f"final val loss (capped at ln V), paired by (seed, LR): Post-LN no warmup − {warm:.0%} warmup "
         f"{_cmp(post)}; Pre-LN {_cmp(pre)}; interaction {_cmp(interaction)}; Post-LN diverged without vs "
-        f"with warmup {_rate(diverged)}; depth {a.xiong_depth}, SP, LRs {', '.join(f'{lr:g}' for lr in a.xiong_lrs)}"
+        f"with warmup {_rate(diverged)}; depth {a.xiong_depth}, the paper's model (Xavier init, LayerNorm, GELU), "
+        f"LRs {', '.join(f'{lr:g}' for lr in a.xiong_lrs)}"
     )
     return decide(
         "xiong",
