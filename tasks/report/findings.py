@@ -282,7 +282,7 @@ def fp16(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -
             + ("the range probe did not run" if share is None else f"{share:.2%} of nonzero activation-gradient values")
             + f" below 2⁻²⁴ in the fp32 arms (threshold {registered['threshold']:.0%})"
         )
-    means = ", ".join(f"{p} {_num(arms.mean('precision', 'capped_loss', precision=p))}" for p in a.precisions)
+    means = ", ".join(f"{p} {number(arms.mean('precision', 'capped_loss', precision=p))}" for p in a.precisions)
     numbers = (
         f"final val loss (capped), mean over seeds: {means}; unscaled − scaled {_cmp(unscaled)}; scaled − fp32 "
         f"{_cmp(scaled)}, TOST ±{registered['margin']:g} p={_p(equivalence)}; activation-gradient values below "
@@ -546,14 +546,15 @@ def _mean(values: dict[Any, float | None]) -> str:
     return f"{np.mean(finite):.3g}" if finite else "-"
 
 
-def _num(value: float | None, fmt: str = "{:.4f}") -> str:
+def number(value: float | None, fmt: str = "{:.4f}") -> str:
+    """``value`` formatted, or "-" where there is none (the report's tables use it too)."""
     return "-" if value is None else fmt.format(value)
 
 
 def _slope(fit: dict[str, Any]) -> str:
     """A slope with its 95 % interval and p, or why it has none."""
     if fit.get("p") is None:
-        return f"{_num(fit.get('slope'), '{:+.3f}')} ({fit['test']})"
+        return f"{number(fit.get('slope'), '{:+.3f}')} ({fit['test']})"
     return f"{fit['slope']:+.3f} [{fit['ci95'][0]:+.3f}, {fit['ci95'][1]:+.3f}], p={fit['p']:.3g}"
 
 

@@ -23,11 +23,13 @@ from typing import Any
 from tasks.ablate.stats import ALPHA
 from tasks.config import Config
 from tasks.report.design import design, design_hash
-from tasks.report.findings import FAMILY_OF, Finding
+from tasks.report.findings import FAMILY_OF, Finding, number
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED
 
 REPORTS = Path("reports")
 VERDICTS = (REPRODUCED, CONTRADICTED, NOT_TESTED, INCONCLUSIVE)
+SIGNED = "{:+.3g}"
+"""How the report writes an estimate."""
 
 FINDING_FIGURES = {
     "xiong_init": ["ablate/depth_probe.png"],
@@ -66,10 +68,6 @@ def _images(project: Path, patterns: list[str]) -> list[str]:
     return [f"![{p.stem}]({p.relative_to(project / REPORTS).as_posix()})" for p in paths]
 
 
-def _num(value: float | None, fmt: str = "{:+.3g}") -> str:
-    return "-" if value is None else fmt.format(value)
-
-
 def render_markdown(
     cfg: Config,
     project: Path,
@@ -95,7 +93,7 @@ def render_markdown(
         f"significant (p < {ALPHA:g}) the other way; {badge(REPRODUCED)} when every claim is "
         f'significant the predicted way (a "no effect" claim by two one-sided tests); {badge(INCONCLUSIVE)} '
         "otherwise. Comparisons are paired by seed; diverged runs count at the loss at initialisation, and none "
-        f"is dropped. Unigram baseline on validation: **{_num(ablate.get('unigram_val_loss'), '{:.3f}')} nats**; "
+        f"is dropped. Unigram baseline on validation: **{number(ablate.get('unigram_val_loss'), '{:.3f}')} nats**; "
         f"a family is tested only if its base arm ended {design()['plateau_margin']:g} nats below it.",
         "",
         "## Findings",
@@ -111,8 +109,8 @@ def render_markdown(
                 f.registered["source"],
                 badge(f.verdict),
                 f.precondition_failed or "; ".join(_claim_line(c) for c in f.claims) or "-",
-                _num(f.base_val_loss, "{:.3f}"),
-                "; ".join(f"{_num(c.mde, '{:.3g}')}" for c in f.claims) or "-",
+                number(f.base_val_loss, "{:.3f}"),
+                "; ".join(f"{number(c.mde, '{:.3g}')}" for c in f.claims) or "-",
             ]
             for f in findings
         ],
@@ -134,7 +132,7 @@ def render_markdown(
 def _claim_line(c) -> str:
     state = "holds" if c.holds else "contradicted" if c.contradicted else "not significant"
     p = f"p={c.p:.3g}" if c.p is not None else "no test"
-    return f"{c.what}: {_num(c.estimate)} ({p}, {state})"
+    return f"{c.what}: {number(c.estimate, SIGNED)} ({p}, {state})"
 
 
 def _finding_section(project: Path, f: Finding) -> list[str]:
@@ -157,10 +155,10 @@ def _finding_section(project: Path, f: Finding) -> list[str]:
             [
                 [
                     c.what,
-                    _num(c.estimate),
+                    number(c.estimate, SIGNED),
                     f"[{c.ci95[0]:+.3g}, {c.ci95[1]:+.3g}]" if c.ci95 else "-",
-                    _num(c.p, "{:.3g}"),
-                    _num(c.mde, "{:.3g}"),
+                    number(c.p, "{:.3g}"),
+                    number(c.mde, "{:.3g}"),
                     "holds" if c.holds else "contradicted" if c.contradicted else "not significant",
                 ]
                 for c in f.claims
