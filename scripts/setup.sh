@@ -9,11 +9,17 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 if [ "${TORCH_SPEC:-torch==2.13.0}" != skip ]; then pip install "${TORCH_SPEC:-torch==2.13.0}"; fi
-pip install -c constraints.txt -e ".[dev]"
-# The browser tests drive Debian's Chromium through its driver. Installed where apt-get is there
-# and we are root; anywhere else (or if apt fails) those tests skip, saying why.
-if ! command -v chromedriver >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } \
-    >/dev/null 2>&1 || echo "setup: chromium not installed; the browser tests will be skipped" >&2
-fi
+pip install -c constraints.txt -e ".[dev,cluster]"
+# Debian packages the tests drive: Chromium and its driver (the browser tests), PostgreSQL (the
+# `scaleout` tests' database). Installed where apt-get is there and we are root; anywhere else (or
+# if apt fails) those tests skip, saying why.
+apt_install() {  # $1: a command the package provides; the rest: the packages
+  command -v "$1" >/dev/null || ls /usr/lib/postgresql/*/bin/"$1" >/dev/null 2>&1 && return 0
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${@:2}"; } >/dev/null 2>&1 && return 0
+  fi
+  echo "setup: ${*:2} not installed; the tests that need $1 will be skipped" >&2
+}
+apt_install chromedriver chromium chromium-driver
+apt_install initdb postgresql
 .venv/bin/python -c "import torch, prefect, mlflow, optuna, dvc, yaml; print('spikelab ready: torch', torch.__version__, '| prefect', prefect.__version__, '| mlflow', mlflow.__version__, '| optuna', optuna.__version__)"
