@@ -5,6 +5,8 @@ end-of-text token. It is cut into non-overlapping windows of ``seq_len + 1`` tok
 visits every window once in an order drawn from ``(seed, epoch)``. The loader's whole position is
 ``batches_served``: a checkpoint stores that one integer and resuming reproduces the exact stream,
 whatever the number of worker processes (they prefetch; the position counts what the trainer took).
+Under data parallelism batch k is still drawn from ``(seed, k)`` alone; rank r of N takes the r-th of
+N equal slices of it, so N ranks see together exactly the batch one process sees.
 """
 
 from __future__ import annotations
@@ -54,20 +56,23 @@ class Windows(Dataset):
 
 class ResumableSampler(Sampler[list[int]]):
     """Yields batches of window indices forever, starting at batch ``start``; epoch e is a
-    permutation seeded by (seed, e), so batch k is a pure function of (seed, k)."""
+    permutation seeded by (seed, e), so batch k is a pure function of (seed, k). ``shard`` =
+    (rank, ranks): only that rank's slice of each batch."""
 
-    def __init__(self, n_windows: int, batch_size: int, seed: int, start: int = 0):
+    def __init__(self, n_windows: int, batch_size: int, seed: int, start: int = 0, shard: tuple[int, int] = (0, 1)):
         if n_windows < batch_size:
             raise ValueError(f"{n_windows} windows cannot fill one batch of {batch_size}")
         self.n, self.batch_size, self.seed, self.start = n_windows, batch_size, seed, start
         self.per_epoch = n_windows // batch_size  # the ragged tail of each epoch is dropped
+        rank, ranks = shard
+        self.slice = slice(rank * batch_size // ranks, (rank + 1) * batch_size // ranks)
 
     def __iter__(self) -> Iterator[list[int]]:
         k = self.start
         while True:
             epoch, b = divmod(k, self.per_epoch)
             order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
-            yield order[b * self.batch_size : (b + 1) * self.batch_size].tolist()
+            yield order[b * self.batch_size : (b + 1) * self.batch_size][self.slice].tolist()
             k += 1
 
     def __len__(self) -> int:  # infinite stream; DataLoader only needs a number for its repr
@@ -75,7 +80,8 @@ class ResumableSampler(Sampler[list[int]]):
 
 
 class TokenLoader:
-    """The trainer's view of the data: ``next_batch()`` and a checkpointable position."""
+    """The trainer's view of the data: ``next_batch()`` and a checkpointable position. ``batch_size``
+    is the global batch; ``shard`` = (rank, ranks) takes one of ``ranks`` equal slices of it."""
 
     def __init__(
         self,
@@ -85,17 +91,20 @@ class TokenLoader:
         seed: int,
         num_workers: int = 0,
         pin_memory: bool = False,
+        shard: tuple[int, int] = (0, 1),
     ):
+        if batch_size % shard[1]:
+            raise ValueError(f"a batch of {batch_size} does not split into {shard[1]} equal slices, one per rank")
         self.windows = Windows(tokens, seq_len)
-        self.batch_size, self.seed = batch_size, seed
+        self.batch_size, self.seed, self.shard = batch_size, seed, shard
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.batches_served = 0
         self._it: Iterator | None = None
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y), each (B, T) int64."""
+        """(x, y), each (B, T) int64 (B: this rank's slice of the batch)."""
         if self._it is None:
-            sampler = ResumableSampler(len(self.windows), self.batch_size, self.seed, self.batches_served)
+            sampler = ResumableSampler(len(self.windows), self.batch_size, self.seed, self.batches_served, self.shard)
             self._it = iter(
                 DataLoader(
                     self.windows,

@@ -8,10 +8,14 @@
     StepResult   what a step did, as device tensors.
 
 Nothing here reads a device value on the host, except the skip decision of a non-fused AdamW.
+Under torchrun (model/distributed.py) the forward runs through DistributedDataParallel, which
+averages gradients over ranks in the last micro-batch's backward; the step's losses are averaged
+the same way and a veto on one rank holds on all, so every rank takes the same update or skip.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -19,6 +23,7 @@ import torch
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
 from model.config import TrainingConfig
+from model.distributed import SINGLE, World
 from model.gpt import GPT
 from model.optim import param_groups
 from model.precision import Precision
@@ -41,8 +46,8 @@ class PendingStep:
         layer_grad_norms: dict[str, torch.Tensor],
     ):
         self.step = step  # the optimizer step this update would complete (1-based)
-        self.loss = loss  # mean cross-entropy over the micro-batches
-        self.z_loss = z_loss  # mean z-loss term (0 when model.z_loss is 0)
+        self.loss = loss  # mean cross-entropy over the micro-batches (and over ranks)
+        self.z_loss = z_loss  # mean z-loss term (0 when model.z_loss is 0; over ranks too)
         self.grad_norm = grad_norm  # global pre-clip norm (unscaled, after the grad multiplier)
         self.layer_grad_norms = layer_grad_norms  # per layer, at layer-stats steps only
         self.vetoed = torch.zeros((), dtype=torch.bool, device=loss.device)
@@ -78,10 +83,14 @@ class TrainModule:
         precision: Precision,
         clip: float,
         compiled: torch.nn.Module | None = None,
+        replica: torch.nn.Module | None = None,
+        world: World = SINGLE,
     ):
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.precision, self.clip = precision, clip
-        self.compiled = compiled  # torch.compile(model), or None
+        self.replica = replica or model  # what the forward runs through: DDP(model) under torchrun
+        self.compiled = compiled  # torch.compile(replica), or None
+        self.world = world
 
     def forward_backward(
         self,
@@ -93,16 +102,19 @@ class TrainModule:
     ) -> PendingStep:
         """Accumulate gradients over ``batches``; unscale, multiply by ``grad_scale`` (before the
         norm, so the norm shows it), and take the global pre-clip norm."""
-        model = self.model if eager or self.compiled is None else self.compiled
+        model = self.replica if eager or self.compiled is None else self.compiled
         self.optimizer.zero_grad(set_to_none=True)
         device = self._device()
         ce_sum = z_sum = torch.zeros((), device=device)
-        for x, y in batches:
-            with self.precision.autocast():
-                _, ce, z = model(x, y)
-            self.scaler.scale((ce + z) / len(batches)).backward()
+        for i, (x, y) in enumerate(batches):
+            with self._grads_reduced(last=i == len(batches) - 1):
+                with self.precision.autocast():
+                    _, ce, z = model(x, y)
+                self.scaler.scale((ce + z) / len(batches)).backward()
             ce_sum, z_sum = ce_sum + ce.detach(), z_sum + z.detach()
         n = max(1, len(batches))
+        if self.world.distributed:  # the global mean: equal slices per rank
+            ce_sum, z_sum = self.world.mean_(torch.stack([ce_sum, z_sum])).unbind()
         self.scaler.unscale_(self.optimizer)  # no-op unless fp16 loss scaling
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if grad_scale != 1.0:
@@ -113,6 +125,7 @@ class TrainModule:
 
     def optimizer_step(self, pending: PendingStep, watch_update: bool = False) -> StepResult:
         """Clip and update, unless the step is non-finite or vetoed (decided on the device)."""
+        pending.vetoed = self.world.any(pending.vetoed)
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.clip > 0 and params:
             clip_grads_with_norm_(params, self.clip, pending.grad_norm)
@@ -142,6 +155,13 @@ class TrainModule:
     def step(self, step: int, batches: Sequence[Batch], watch_update: bool = False) -> StepResult:
         """Both halves with no callback in between (benchmarks, simple loops)."""
         return self.optimizer_step(self.forward_backward(step, batches), watch_update)
+
+    def _grads_reduced(self, last: bool) -> contextlib.AbstractContextManager:
+        """DDP all-reduces gradients in the backward of the last micro-batch only (``no_sync``
+        before it, which must hold over the forward too): one exchange per step."""
+        if last or not isinstance(self.replica, torch.nn.parallel.DistributedDataParallel):
+            return contextlib.nullcontext()
+        return self.replica.no_sync()
 
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device

@@ -12,6 +12,12 @@ How a run ends is typed (model/stops.py): ``run()`` returns a summary whose ``st
 completed, stopped (a callback asked, with a reason) or diverged (``train.diverge_after`` /
 ``train.diverge_loss``), and raises :class:`Preempted` after SIGTERM/SIGINT once the step's
 checkpoint is written.
+
+Under ``torchrun`` (``torchrun --nproc-per-node N -m model.train ...``; model/distributed.py) the
+ranks train as one process with the same config would: ``train.batch_size`` is the global batch,
+each rank takes its slice. Rank 0 alone holds the run lock, writes checkpoints and (in ``main``)
+logs; every rank resumes from the checkpoint rank 0 picks. Stops and preemption are agreed on at
+the end of every step, so all ranks stop at the same one.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from model.checkpoint import (
 )
 from model.config import TrainingConfig, check_device, load_training_config
 from model.data import TokenLoader, open_tokens
+from model.distributed import World, init_world, leave_world, wrap
 from model.flops import mfu, model_flops_per_token, peak_flops
 from model.gpt import GPT
 from model.identity import LOADABLE, RESUMABLE, check_loadable, run_identity
@@ -54,7 +61,7 @@ from model.step import Batch, StepResult, TrainModule
 from model.stops import Preempted, RunStatus
 from model.telemetry import Telemetry, optimizer_norms, record_forward_stats, to_floats
 from model.threads import idle_cores
-from model.typed_config import UserError, add_config_arguments, parse_sets
+from model.typed_config import ConfigError, UserError, add_config_arguments, parse_sets
 
 CHECKPOINT_FORMAT = 2
 """2: checkpoints carry the run identity; format-1 files (no identity) are never resumed."""
@@ -163,12 +170,16 @@ class Trainer:
         callbacks: Sequence[Any] = (),
         checkpoint_dir: str | Path | None = None,
         identity: str | None = None,
+        world: World | None = None,
     ):
         self.cfg = cfg
         t = cfg.train
-        self.device = resolve_device(t.device)
-        if self.device.type == "cpu":
-            torch.set_num_threads(t.cpu_threads or idle_cores())
+        self.world = world or World.current()
+        if t.batch_size % self.world.size:
+            raise ConfigError(f"train.batch_size: {t.batch_size} does not split evenly over {self.world.size} ranks")
+        self.device = self.world.device(resolve_device(t.device))
+        if self.device.type == "cpu":  # ranks on one node share its idle cores
+            torch.set_num_threads(t.cpu_threads or max(1, idle_cores() // self.world.local_size))
         seed_everything(t.seed)
         self.identity = (
             identity
@@ -176,13 +187,16 @@ class Trainer:
         )
         model = GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size).to(self.device)
         precision = resolve_precision(cfg.precision, self.device.type)
+        replica = wrap(model, self.world)
         self.module = TrainModule(
             model,
             build_adamw(model, cfg.optim),
             precision.grad_scaler(cfg.precision),
             precision,
             cfg.optim.grad_clip,
-            torch.compile(model) if t.compile else None,
+            torch.compile(replica) if t.compile else None,
+            replica,
+            self.world,
         )
         self.model, self.optimizer, self.scaler, self.precision = (
             model,
@@ -190,17 +204,24 @@ class Trainer:
             self.module.scaler,
             precision,
         )
-        self.loader = TokenLoader(train_tokens, cfg.model.seq_len, t.batch_size, t.seed, t.num_workers, t.pin_memory)
-        self.val_loader = TokenLoader(val_tokens, cfg.model.seq_len, t.batch_size, t.seed)
+        shard = (self.world.rank, self.world.size)
+        self.loader = TokenLoader(
+            train_tokens, cfg.model.seq_len, t.batch_size, t.seed, t.num_workers, t.pin_memory, shard
+        )
+        self.val_loader = TokenLoader(val_tokens, cfg.model.seq_len, t.batch_size, t.seed, shard=shard)
         self.telemetry = Telemetry(self.device)
         self.divergence = DivergenceRule(t.diverge_after, t.diverge_loss, self.device)
-        self.checkpointer = (
-            Checkpointer(checkpoint_dir, cfg.checkpoint, t.steps) if checkpoint_dir is not None else None
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.checkpointer = (  # rank 0 writes; the others read it back on resume
+            Checkpointer(checkpoint_dir, cfg.checkpoint, t.steps)
+            if checkpoint_dir is not None and self.world.is_main
+            else None
         )
         self.callbacks = _ordered([*callbacks, *([self.checkpointer] if self.checkpointer else [])])
         self.tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len
         self.flops_per_token = model_flops_per_token(self.model)
-        self.peak_flops = peak_flops(self.device)
+        peak = peak_flops(self.device)  # of one device; tokens/s counts every rank's
+        self.peak_flops = peak * self.world.size if peak is not None else None
         self.step = 0
         self.stop_reason: str | None = None  # set by a callback; ends the run after the step
         self.signalled = False  # set by SIGTERM/SIGINT, at any time
@@ -287,16 +308,19 @@ class Trainer:
             restore_rng(state["rng"])
         self.resumed_from = source
         note = f" (config differs in {', '.join(changed)})" if changed else ""
-        print(f"spikelab: loaded {source} at step {state['step']}{note}", file=sys.stderr, flush=True)
+        if self.world.is_main:
+            print(f"spikelab: loaded {source} at step {state['step']}{note}", file=sys.stderr, flush=True)
 
     def resume(self) -> bool:
-        """Continue from the newest valid checkpoint of this run's identity, if any."""
-        if self.checkpointer is None:
+        """Continue from the newest valid checkpoint of this run's identity, if any; under
+        torchrun every rank loads the one rank 0 picked."""
+        if self.checkpoint_dir is None:
             return False
-        latest = load_latest(self.checkpointer.directory, self.identity)
-        if latest is not None:
-            self.load(latest[1], latest[0])
-        return latest is not None
+        latest = load_latest(self.checkpoint_dir, self.identity) if self.world.is_main else None
+        path = self.world.from_main(latest[0] if latest is not None else None)
+        if path is not None:
+            self.load(latest[1] if latest is not None else load_checkpoint(path), path)
+        return path is not None
 
     def start_from(self, path: str | Path, what: Load = Load(), allowed: Sequence[str] | None = None) -> None:
         """Start this run from another run's checkpoint (a pretraining milestone, say), taking
@@ -381,15 +405,22 @@ class Trainer:
         status = self._status_after(log_now)
         self.stopping = status != "completed"  # latched: a signal from here on stops after the next step
         self.fire("on_step_end", self)
-        return "stopped" if status == "completed" and self.stop_reason else status  # asked at step end
+        if status == "completed" and self.stop_reason and not self.world.distributed:
+            return "stopped"  # asked at step end; under torchrun the next step's agreement takes it
+        return status
 
     def _status_after(self, log_now: bool) -> RunStatus:
+        """The run's status after this step, the same on every rank: divergence is decided on
+        all-reduced values; a signal or a stop request on any rank stops them all."""
         if log_now and (at := self.divergence.diverged_at()) is not None:
             self.stop_reason = self.stop_reason or f"diverged at step {at} (train.diverge_after/diverge_loss)"
             return "diverged"
-        if self.signalled:
+        signalled, asked = self.world.agree(self.signalled, bool(self.stop_reason))
+        if asked and self.world.distributed:
+            self.stop_reason = self.world.first_of(self.stop_reason)
+        if signalled:
             return "preempted"
-        return "stopped" if self.stop_reason else "completed"
+        return "stopped" if asked else "completed"
 
     def _metrics_due(
         self, result: StepResult, forward_stats: dict[str, torch.Tensor], lr: float, log_now: bool, stats_now: bool
@@ -438,7 +469,7 @@ class Trainer:
                 _, ce, _ = model(x, y)
             total += ce
         self.model.train()
-        loss = (total / self.cfg.train.eval_batches).item()
+        loss = self.world.mean_(total / self.cfg.train.eval_batches).item()  # each rank scored its slices
         self.eval_seconds += time.perf_counter() - start
         return loss
 
@@ -451,7 +482,7 @@ class Trainer:
             tokens_per_step=self.tokens_per_step,
             n_params=self.model.num_params(non_embedding=False),
             identity=self.identity,
-            checkpoint_dir=str(self.checkpointer.directory) if self.checkpointer else None,
+            checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None,
             resumed_from=str(self.resumed_from) if self.resumed_from else None,
         )
 
@@ -560,10 +591,14 @@ def train(
     tokens_per_s (excluding evaluation; None when no step ran), mfu (None off known GPUs), wall_s,
     eval_s, checkpoint_s, checkpoint_time_share, precision, device, cpu_threads (the intra-op threads used), resumed_from (file name),
     telemetry (the final train/* figures and the max attention logit).
+
+    Under torchrun, call it on every rank: rank 0 alone takes the lock and writes; ``callbacks``
+    that log or write must be given on rank 0 only, those that decide (a detector, a policy) on all.
     """
-    with RunLock(out_dir) if out_dir is not None else contextlib.nullcontext():
+    main_rank = World.current().is_main
+    with RunLock(out_dir) if out_dir is not None and main_rank else contextlib.nullcontext():
         checkpoint_dir = Path(out_dir) / "checkpoints" if out_dir is not None else None
-        if checkpoint_dir is not None:
+        if checkpoint_dir is not None and main_rank:
             remove_orphans(checkpoint_dir)
         trainer = Trainer(cfg, train_tokens, val_tokens, callbacks, checkpoint_dir, identity)
         if not trainer.resume() and init_from is not None:
@@ -572,7 +607,8 @@ def train(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m model.train``: one run on a bare box (no orchestration, no tracking)."""
+    """``python -m model.train``: one run on a bare box (no orchestration, no tracking); under
+    ``torchrun --nproc-per-node N -m model.train`` one run over N data-parallel ranks."""
     from model.stops import EXIT_CODES
 
     p = argparse.ArgumentParser(description=main.__doc__)
@@ -584,18 +620,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         cfg = load_training_config(args.params, args.profile, parse_sets(args.sets))  # the training sections only
+        world = init_world(resolve_device(cfg.train.device).type)
+    except UserError as e:
+        print(f"spikelab: error: {e}", file=sys.stderr)
+        return 2
+    try:
         out = Path(args.out)
         summary = train(
             cfg,
             open_tokens(args.train_tokens, args.dtype),
             open_tokens(args.val_tokens, args.dtype),
             out,
-            [ProgressBar(), CSVLogger(out / "plots")],
+            [ProgressBar(), CSVLogger(out / "plots")] if world.is_main else [],
         )
     except UserError as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(summary, indent=2))
+    finally:
+        leave_world()
+    if world.is_main:
+        print(json.dumps(summary, indent=2))
     return EXIT_CODES[summary["status"]]
 
 

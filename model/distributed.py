@@ -1,0 +1,149 @@
+"""Data-parallel training under ``torchrun``, on ``torch.distributed`` alone.
+
+    World        this process's place among the ranks (rank, world size, local rank) and the few
+                 collectives the loop needs: a mean of device values, an OR of device flags, an
+                 agreement on host flags, a broadcast of a path. With one process every method is
+                 the identity and nothing is initialised, so a single-process run is unchanged.
+    init_world   read torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and
+                 join the default process group: NCCL for CUDA, gloo for CPU.
+
+What makes N ranks train like one process with the same config (docs/pretrain.md, "DDP"):
+``train.batch_size`` is the global micro-batch and each rank takes its equal slice of every batch
+(model/data.py); DistributedDataParallel averages gradients, which with per-rank mean losses over
+equal slices is the gradient of the global mean; the losses every decision reads (divergence, the
+spike detector, vetoes) are all-reduced the same way, and stops and preemption are agreed on
+before any rank acts on them, so every rank takes every branch at the same step.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+TIMEOUT = datetime.timedelta(minutes=10)
+"""How long a collective waits for a missing rank before it raises (instead of hanging for good)."""
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that logs, writes checkpoints and holds the run lock."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    @classmethod
+    def current(cls) -> World:
+        """The world of the initialised default process group, or a single process."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return cls()
+        return cls(
+            dist.get_rank(),
+            dist.get_world_size(),
+            int(os.environ.get("LOCAL_RANK", 0)),
+            int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+        )
+
+    def device(self, device: torch.device) -> torch.device:
+        """CUDA ranks on one node take one GPU each (LOCAL_RANK); CPU ranks share the CPU."""
+        if device.type == "cuda" and self.distributed:
+            return torch.device("cuda", self.local_rank)
+        return device
+
+    def mean_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """In place: the mean over ranks (on the device, no host sync with NCCL)."""
+        if self.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            tensor /= self.size
+        return tensor
+
+    def any(self, flag: torch.Tensor) -> torch.Tensor:
+        """A bool scalar that holds on every rank if it holds on one."""
+        if not self.distributed:
+            return flag
+        as_int = flag.to(torch.int32)
+        dist.all_reduce(as_int, op=dist.ReduceOp.MAX)
+        return as_int.bool()
+
+    def agree(self, *flags: bool) -> tuple[bool, ...]:
+        """Host flags ORed over ranks, through a CPU (gloo) group: no device sync under NCCL."""
+        if not self.distributed:
+            return flags
+        values = torch.tensor(flags, dtype=torch.int32)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=_host_group())
+        return tuple(bool(v) for v in values.tolist())
+
+    def first_of(self, value: Any) -> Any:
+        """The first non-None ``value`` in rank order (a stop's reason; rare, so pickled)."""
+        if not self.distributed:
+            return value
+        values: list[Any] = [None] * self.size
+        dist.all_gather_object(values, value, group=_host_group())
+        return next((v for v in values if v is not None), None)
+
+    def from_main(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (which checkpoint to resume)."""
+        if not self.distributed:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=_host_group())
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=_host_group())
+
+
+SINGLE = World()
+"""One process, no process group: every collective is the identity."""
+
+_HOST_GROUP: list[Any] = []  # the gloo group for host values, made once per process group
+
+
+def _host_group() -> Any:
+    """The default group when it is gloo; otherwise (NCCL) a gloo group over the same ranks."""
+    if dist.get_backend() == "gloo":
+        return None
+    if not _HOST_GROUP:
+        _HOST_GROUP.append(dist.new_group(backend="gloo", timeout=TIMEOUT))
+    return _HOST_GROUP[0]
+
+
+def init_world(device_name: str) -> World:
+    """Join torchrun's process group when launched by it (WORLD_SIZE > 1); a single process
+    otherwise. ``device_name`` is ``train.device`` as resolved (``cpu`` or ``cuda``)."""
+    if int(os.environ.get("WORLD_SIZE", 1)) <= 1:
+        return World()
+    cuda = device_name.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=TIMEOUT)
+    return World.current()
+
+
+def leave_world() -> None:
+    if dist.is_available() and dist.is_initialized():
+        _HOST_GROUP.clear()
+        dist.destroy_process_group()
+
+
+def wrap(model: torch.nn.Module, world: World) -> torch.nn.Module:
+    """``model`` in DistributedDataParallel when there is more than one rank (the GPT has no
+    buffers, so DDP exchanges gradients only)."""
+    if not world.distributed:
+        return model
+    device_ids = [world.local_rank] if next(model.parameters()).is_cuda else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
