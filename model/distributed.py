@@ -71,7 +71,7 @@ class World:
         return tensor
 
     def any(self, flag: torch.Tensor) -> torch.Tensor:
-        """A bool scalar that holds on every rank if it holds on one."""
+        """Bool flags (elementwise) that hold on every rank where they hold on one."""
         if not self.distributed:
             return flag
         as_int = flag.to(torch.int32)

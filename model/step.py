@@ -125,11 +125,13 @@ class TrainModule:
 
     def optimizer_step(self, pending: PendingStep, watch_update: bool = False) -> StepResult:
         """Clip and update, unless the step is non-finite or vetoed (decided on the device)."""
-        pending.vetoed = self.world.any(pending.vetoed)
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.clip > 0 and params:
             clip_grads_with_norm_(params, self.clip, pending.grad_norm)
         grads_finite = torch.isfinite(pending.grad_norm)
+        if self.world.distributed:  # one rank's non-finite gradient (its own multiplier) or veto holds for all
+            bad_grads, pending.vetoed = self.world.any(torch.stack([~grads_finite, pending.vetoed])).unbind()
+            grads_finite = ~bad_grads
         overflow = ~grads_finite if self.scaler.is_enabled() else torch.zeros_like(grads_finite)
         nonfinite = ~(grads_finite & torch.isfinite(pending.loss + pending.z_loss))
         before = [p.detach().clone() for p in params] if watch_update else None
