@@ -194,7 +194,7 @@ class TrainConfig(Section):
     steps: int = 300
     """Optimizer steps."""
     batch_size: int = 16
-    """Sequences per micro-batch."""
+    """Sequences per micro-batch, all ranks together under torchrun (each takes an equal slice)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step."""
     seed: int = 0
