@@ -22,7 +22,7 @@ import yaml
 from tests.test_pipeline import REPO, VENV_BIN, copy_project
 from tests.test_ui import tree_digest
 
-pytestmark = pytest.mark.scaleout
+pytestmark = [pytest.mark.scaleout, pytest.mark.e2e]  # e2e: the stages run against the live servers
 DATA_STAGES = ("prepare", "filter", "tokenize")
 WORKER_STAGE = "tokenize"  # data/tokens: what an arm, a trial or a torchrun rank reads
 BUCKET = "spikelab-dvc"
