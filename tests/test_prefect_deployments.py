@@ -1,0 +1,90 @@
+"""Deployments and work pools on the project's own Prefect server, through Prefect's CLI as a user
+runs it: ``spikelab serve``'s deployments listed, a process work pool created, the study's
+pipeline deployed to it from the project's directory and listed, the pool deleted. Under fastapi
+0.151+ the server answers the ``"limit": null`` bodies of Prefect 3.8.8's client with HTTP 422,
+so every list here failed: constraints.txt pins fastapi 0.150.0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from flows.stages import STAGES
+from tests.test_pipeline import VENV_BIN, copy_project
+
+pytestmark = pytest.mark.e2e
+POOL = "spikelab-test-pool"
+DEPLOY = """
+import sys
+from prefect import flow
+
+flow.from_source(source=sys.argv[1], entrypoint="flows/pipeline.py:pipeline_flow").deploy(
+    name=sys.argv[2], work_pool_name=sys.argv[3], parameters={"target": "tokenize"}, print_next_steps=False
+)
+"""
+
+
+def prefect(env: dict[str, str], *args: str) -> str:
+    """A ``prefect`` CLI command that must exit 0; its output."""
+    done = subprocess.run(["prefect", "--no-prompt", *args], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"prefect {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def env(live_services) -> dict[str, str]:
+    # a wide terminal: the CLI's tables would otherwise wrap the names they list
+    return {**live_services, "PATH": f"{VENV_BIN}{os.pathsep}{live_services['PATH']}", "COLUMNS": "250"}
+
+
+def test_prefect_lists_the_deployments_spikelab_serve_registered(env, tmp_path):
+    project = copy_project(tmp_path)
+    server = subprocess.Popen(
+        ["spikelab", "serve"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        expected = {"spikelab-pipeline", *(f"spikelab-{stage}" for stage in STAGES)}
+        deadline = time.monotonic() + 180
+        while not all(name in (listed := prefect(env, "deployment", "ls")) for name in expected):
+            assert server.poll() is None, f"spikelab serve exited with {server.returncode}"
+            assert time.monotonic() < deadline, f"spikelab serve registered no deployments within 180 s:\n{listed}"
+            time.sleep(2)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+
+
+def test_a_work_pool_is_created_takes_the_pipeline_deployed_from_the_project_and_is_deleted(env, tmp_path):
+    project = copy_project(tmp_path)
+    prefect(env, "work-pool", "create", POOL, "--type", "process")
+    try:
+        assert POOL in prefect(env, "work-pool", "ls")
+        deployed = subprocess.run(
+            [sys.executable, "-c", DEPLOY, str(project), "on-a-pool", POOL],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert deployed.returncode == 0, deployed.stderr[-3000:]
+        assert "pipeline/on-a-pool" in prefect(env, "deployment", "ls")
+        inspected = prefect(env, "deployment", "inspect", "pipeline/on-a-pool")
+        assert f"'work_pool_name': '{POOL}'" in inspected and "'target': 'tokenize'" in inspected, inspected
+        prefect(env, "deployment", "delete", "pipeline/on-a-pool")
+        prefect(env, "work-pool", "delete", POOL)
+        assert POOL not in prefect(env, "work-pool", "ls")
+    except BaseException:  # leave the session's server as it was
+        for leftover in (["deployment", "delete", "pipeline/on-a-pool"], ["work-pool", "delete", POOL]):
+            subprocess.run(["prefect", "--no-prompt", *leftover], env=env, capture_output=True, timeout=120)
+        raise
