@@ -88,7 +88,7 @@ def pg_search(postgres, tmp_path, monkeypatch, request):
     url = postgres.create_database(f"search_{request.node.name[-20:].lower()}_{os.getpid()}")
     cfg = search_config(
         tmp_path,
-        **{"search.storage": url, "search.heartbeat_s": HEARTBEAT_S, "search.seeds": [0, 1], "search.steps": 20},
+        **{"search.storage": url, "search.heartbeat_s": HEARTBEAT_S, "search.seeds": [0, 1], "search.steps": 10},
     )
     specs = search.sweep_specs(cfg, "d")[:1]
     return cfg, tiny_project(tmp_path / "project"), specs, search.study_storage(cfg)
