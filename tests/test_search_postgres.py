@@ -118,6 +118,7 @@ def test_a_worker_killed_mid_trial_goes_stale_and_the_other_worker_trains_its_po
     pg_search, postgres, tmp_path
 ):
     cfg, project, specs, storage = pg_search
+    cfg = cfg.replace(**{"search.steps": 60})  # trials long enough to be killed inside one
     search.prepare_study(storage, specs[0])
     study = optuna.load_study(study_name=specs[0].name, storage=storage)
     victim = start_workers(cfg, project, specs, postgres, tmp_path / "ready-a", ["a"], together=1)
