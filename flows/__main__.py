@@ -106,6 +106,20 @@ def run_under_task(flow, params: dict[str, Any], name: str, task_run_id: str) ->
     run_flow(flow, flow_run=flow_run, parameters=params)
 
 
+def services_up() -> None:
+    """The servers, optuna-dashboard on ``search.storage``. A database there gets Optuna's tables
+    first: the dashboard opens a schema but never creates one."""
+    from tasks.config import project_config
+    from tasks.runtime import services
+
+    storage = project_config()[0].search.storage
+    if storage and not storage.startswith("journal:"):
+        from tasks.search.study import open_storage
+
+        open_storage(storage)
+    services.up(search_storage=storage)
+
+
 def serve() -> None:
     from tasks.runtime import services
 
@@ -240,8 +254,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.action == "status":
                 for name, report in services.status().items():
                     print(f"{name}: {report}")
+            elif args.action == "up":
+                services_up()
             else:
-                getattr(services, args.action)()
+                services.down()
     except UserError as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return USER_ERROR_EXIT

@@ -18,6 +18,7 @@ import dataclasses
 import math
 import types
 import typing
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
@@ -71,6 +72,17 @@ def not_empty(key: str, values: list[Any]) -> None:
 # --------------------------------------------------------------------------------------------
 
 C = TypeVar("C", bound="SectionedConfig")
+
+
+def no_password(key: str, url: str) -> None:
+    """A database URL without its password: configs are tracked by git and command lines are
+    readable by every local user. The message never repeats the URL."""
+    if urllib.parse.urlsplit(url).password:
+        raise ConfigError(
+            f"{key}: the URL carries a password; remove it and put the password in the environment "
+            "(PGPASSWORD) or a password file outside git (~/.pgpass, or the file PGPASSFILE names), "
+            "which PostgreSQL's clients read themselves"
+        )
 
 
 class Section:

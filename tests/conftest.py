@@ -43,3 +43,12 @@ def live_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
         services.down()
         os.environ.clear()
         os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server for the session (tests/postgres_kit.py); skips, saying why, without one."""
+    from tests.postgres_kit import postgres_server
+
+    with postgres_server() as server:
+        yield server

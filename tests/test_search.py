@@ -78,7 +78,7 @@ def test_objective_scores_a_trial_with_the_val_loss_of_a_plain_training_run(tmp_
     storage = search.open_storage(search.optuna_storage(cfg))
     search.prepare_study(storage, spec)
     study = search.load_study(storage, spec, cfg)
-    trial = search.claim(storage, study)
+    _, trial = search.claim(storage, study)
     tokens = search.Tokens.of(project)
     score = search.objective(trial, cfg, spec.parametrization, spec.width, tokens)
     log2_lr, seed = spec.points[0]
@@ -94,7 +94,7 @@ def test_a_diverging_trial_is_recorded_as_a_diverged_result_not_raised(tmp_path)
     storage = search.open_storage(search.optuna_storage(cfg))
     search.prepare_study(storage, spec)
     study = search.load_study(storage, spec, cfg)
-    status = search.run_trial(study, search.claim(storage, study), spec, cfg, search.Tokens.of(project), None)
+    status = search.run_trial(study, search.claim(storage, study)[1], spec, cfg, search.Tokens.of(project), None)
     (trial,) = study.get_trials(states=(TrialState.COMPLETE,))
     assert status == "diverged" and trial.user_attrs["status"] == "diverged"
     assert trial.value == pytest.approx(math.log(257))
@@ -204,8 +204,8 @@ def run_in_process(cfg, project: Path, specs) -> None:
     for spec in specs:
         search.prepare_study(storage, spec)
         study = search.load_study(storage, spec, cfg)
-        while (trial := search.claim(storage, study)) is not None:
-            search.run_trial(study, trial, spec, cfg, tokens, None)
+        while (claimed := search.claim(storage, study)) is not None:
+            search.run_trial(study, claimed[1], spec, cfg, tokens, None)
 
 
 def test_the_transfer_study_carries_the_findings_note_and_the_mu_transfer_figures(tmp_path, monkeypatch):

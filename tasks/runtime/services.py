@@ -3,7 +3,12 @@
 (:func:`configure_environment`: before ``prefect`` is imported, which reads its settings then).
 
 Both write their stores under the state directory (tasks/runtime/paths.py), run detached from the
-terminal that started them, and log to ``<state>/services/<name>.log``.
+terminal that started them, and log to ``<state>/services/<name>.log``. On a head node they keep
+their stores in PostgreSQL instead (:data:`MLFLOW_DB_ENV`, :data:`PREFECT_DB_ENV`,
+:data:`MLFLOW_ARTIFACTS_ENV`), and optuna-dashboard reads ``search.storage`` when it is a database
+URL. Those URLs carry no password (refused): the servers' database clients, libpq (psycopg) and
+asyncpg, read PGPASSWORD or ~/.pgpass themselves, so it reaches them through the environment,
+never a command line or a log.
 
 Ownership: ``up`` records each server in ``<state>/services/<name>.json`` (pid, process start
 time, port) and starts it with ``SPIKELAB_STATE=<state>`` in its environment. A server *serves
@@ -25,9 +30,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from model.typed_config import ConfigError, no_password
 from tasks.runtime import paths
 
 STATE_ENV = "SPIKELAB_STATE"
+MLFLOW_DB_ENV = "SPIKELAB_MLFLOW_DB"
+"""``postgresql://user@host:port/db``: the MLflow server's backend store (else ``<state>/mlflow.db``)."""
+PREFECT_DB_ENV = "SPIKELAB_PREFECT_DB"
+"""``postgresql://user@host:port/db``: the Prefect server's database (else SQLite under its home).
+Not MLflow's: both keep an ``alembic_version`` table."""
+MLFLOW_ARTIFACTS_ENV = "SPIKELAB_MLFLOW_ARTIFACTS"
+"""Where the MLflow server stores artifacts (a shared path or URI), served to clients through the
+server (``--artifacts-destination``), so workers on other nodes need no access to it."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +77,51 @@ def mlflow_up(timeout: float = 0.5) -> bool:
     return answers(f"{paths.mlflow_url()}/health", timeout)
 
 
-def services() -> list[Service]:
+def database_url(env: str, driver: str) -> str | None:
+    """The PostgreSQL URL in the environment variable ``env`` for SQLAlchemy's ``driver``
+    (``postgresql+<driver>://``), or None when unset. The message of a bad one never repeats it."""
+    url = os.environ.get(env, "")
+    if not url:
+        return None
+    no_password(env, url)
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.split("+")[0] not in ("postgresql", "postgres"):
+        raise ConfigError(f"{env}: must be a postgresql://user@host:port/database URL")
+    return f"postgresql+{driver}://{rest}"
+
+
+def prefect_database() -> dict[str, str]:
+    url = database_url(PREFECT_DB_ENV, "asyncpg")
+    return {"PREFECT_SERVER_DATABASE_CONNECTION_URL": url} if url else {}
+
+
+def mlflow_stores() -> list[str]:
+    """The MLflow server's store arguments: its backend and where its artifacts go."""
+    s = paths.state()
+    backend = database_url(MLFLOW_DB_ENV, "psycopg") or f"sqlite:///{s.mlflow_db}"
+    if artifacts := os.environ.get(MLFLOW_ARTIFACTS_ENV):
+        return ["--backend-store-uri", backend, "--artifacts-destination", artifacts]
+    return [
+        "--backend-store-uri",
+        backend,
+        "--default-artifact-root",
+        s.mlflow_artifacts.as_uri(),
+        "--no-serve-artifacts",
+    ]
+
+
+def dashboard_storage(search_storage: str) -> list[str]:
+    """optuna-dashboard's storage arguments: ``search.storage`` when it is a database URL, else
+    the journal file (the search's default)."""
+    if search_storage and not search_storage.startswith("journal:"):
+        no_password("search.storage", search_storage)
+        return [search_storage]
+    journal = search_storage.removeprefix("journal:") or str(paths.state().optuna_journal)
+    return ["--storage-class", "JournalFileStorage", journal]
+
+
+def services(search_storage: str = "") -> list[Service]:
+    """The servers; ``search_storage`` is the search's ``search.storage``, which the dashboard reads."""
     s = paths.state()
     bin_dir = Path(sys.executable).parent
     return [
@@ -77,6 +135,7 @@ def services() -> list[Service]:
                 "PREFECT_SERVER_API_HOST": paths.HOST,
                 "PREFECT_SERVER_API_PORT": str(paths.prefect_port()),
                 "PREFECT_UI_API_URL": paths.prefect_url(),
+                **prefect_database(),
             },
             paths.prefect_port(),
             prefect_up,
@@ -91,19 +150,13 @@ def services() -> list[Service]:
                 paths.HOST,
                 "--port",
                 str(paths.mlflow_port()),
-                "--backend-store-uri",
-                f"sqlite:///{s.mlflow_db}",
-                "--default-artifact-root",
-                s.mlflow_artifacts.as_uri(),
-                "--no-serve-artifacts",
+                *mlflow_stores(),
             ],
             {},
             paths.mlflow_port(),
             mlflow_up,
             f"{paths.mlflow_url()}/#/?{paths.MLFLOW_TRAINING_VIEW}",
         ),
-        # The search's default storage, the journal file; for a `search.storage` URL run
-        # `optuna-dashboard <url>` on it.
         Service(
             "dashboard",
             [
@@ -115,9 +168,7 @@ def services() -> list[Service]:
                 "--quiet",
                 "--artifact-dir",
                 str(s.optuna_artifacts),
-                "--storage-class",
-                "JournalFileStorage",
-                str(s.optuna_journal),
+                *dashboard_storage(search_storage),
             ],
             {},
             paths.dashboard_port(),
@@ -187,13 +238,15 @@ def listener(port: int) -> str:
     return "an unknown process"
 
 
-def up(timeout: float = 180.0) -> None:
-    """Start whichever server does not serve this checkout; wait until both answer."""
+def up(timeout: float = 180.0, search_storage: str = "") -> None:
+    """Start whichever server does not serve this checkout; wait until all answer. The dashboard
+    reads ``search_storage`` (``search.storage``)."""
     import psutil
 
+    started = services(search_storage)
     paths.state().services.mkdir(parents=True, exist_ok=True)
     paths.state().mlflow_artifacts.mkdir(parents=True, exist_ok=True)
-    for svc in services():
+    for svc in started:
         if started_process(svc.name) is not None:
             print(f"{svc.name}: already started for this checkout ({svc.url})")
             continue
@@ -210,13 +263,13 @@ def up(timeout: float = 180.0) -> None:
         record = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "port": svc.port}
         _record_file(svc.name).write_text(json.dumps(record))
     deadline = time.monotonic() + timeout
-    for svc in services():
+    for svc in started:
         while not svc.is_up():
+            log = paths.state().services / f"{svc.name}.log"
+            if started_process(svc.name) is None:  # exited (a bad store, say): no point waiting
+                raise SystemExit(f"{svc.name} exited before answering; see {log}")
             if time.monotonic() > deadline:
-                raise SystemExit(
-                    f"{svc.name} did not answer within {timeout:.0f} s; "
-                    f"see {paths.state().services / (svc.name + '.log')}"
-                )
+                raise SystemExit(f"{svc.name} did not answer within {timeout:.0f} s; see {log}")
             time.sleep(0.5)
         print(f"{svc.name}: up at {svc.url}")
 

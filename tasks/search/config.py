@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from model.config import Parametrization
-from model.typed_config import ConfigError, Section, non_negative, not_empty, positive
+from model.typed_config import ConfigError, Section, no_password, non_negative, not_empty, positive
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,14 @@ class SearchConfig(Section):
     """Worker processes on the study storage, each training one trial at a time with one torch
     thread (0 = the cores this process may use)."""
     storage: str = ""
-    """Optuna storage: an RDB URL (e.g. ``postgresql://...``, workers across nodes) or
-    ``journal:<path>`` (a JournalStorage file, workers on one node); empty = the journal file
-    under the state directory, ``.spikelab/optuna.journal``."""
+    """Optuna storage: an RDB URL (``postgresql://user@host:port/db``, workers across nodes; the
+    password from ``PGPASSWORD`` or ``~/.pgpass``, never in the URL) or ``journal:<path>`` (a
+    JournalStorage file, workers on one node); empty = the journal file under the state
+    directory, ``.spikelab/optuna.journal``."""
+    heartbeat_s: int = 10
+    """On an RDB storage, seconds between the heartbeats a worker records for the trial it trains;
+    a trial without one for twice this is stale (its worker died): the next worker to look fails it
+    and queues its point again."""
     transfer_lr: bool = True
     """pretrain trains with the LR this stage transfers (``search/lr.yaml``, a DVC dependency of
     pretrain) instead of ``optim.lr``."""
@@ -57,9 +62,10 @@ class SearchConfig(Section):
             raise ConfigError(
                 f"search.log2_lr_min: {self.log2_lr_min} must be below search.log2_lr_max={self.log2_lr_max}"
             )
-        for key in ("lr_points", "steps", "batch_size", "eval_every"):
+        for key in ("lr_points", "steps", "batch_size", "eval_every", "heartbeat_s"):
             positive(f"search.{key}", getattr(self, key))
         non_negative("search.prune_above", self.prune_above)
         non_negative("search.workers", self.workers)
+        no_password("search.storage", self.storage)
         for key in ("widths", "seeds", "parametrizations"):
             not_empty(f"search.{key}", getattr(self, key))

@@ -15,9 +15,17 @@ sampler for new points. So the evaluated set is the grid whatever the worker cou
 GridSampler alone re-evaluates a point when workers race at the end of the grid, and counts an
 interrupted trial's point as visited.)
 
-Resume. The stage holds a lock, so any RUNNING trial it finds belongs to a killed search: it is
-marked FAIL (kept in the storage, tagged ``interrupted``) and its point is queued again; points
-with a finished trial are never queued again, so a finished study is not rerun.
+Dead workers. On an RDB storage (``search.storage: postgresql://...``, workers on any host) a
+worker records a heartbeat for the trial it trains every ``search.heartbeat_s``; a trial without
+one for twice that is stale. Before claiming, every worker (and the stage, before queueing) calls
+``optuna.storages.fail_stale_trials``: the storage lets exactly one process move a stale trial to
+FAIL, and that process's ``RetryHeartbeatStaleTrialCallback`` adds a WAITING copy with the same
+params and system attributes, i.e. the same grid point, which a live worker then trains. A worker
+with nothing queued waits while trials run elsewhere, so a dead worker's point is trained in the
+same run. The journal storage (the default: one file, one node) has no heartbeats: there the stage
+holds a lock on the state directory the journal lives in, so any RUNNING trial it finds belongs to
+a killed search: it is marked FAIL (kept, tagged ``interrupted``) and its point queued again.
+Points with a finished trial are never queued again, so a finished study is not rerun.
 
 Scores. A trial is a short run of :class:`model.train.Trainer` without checkpoints, scored by its
 final validation loss; intermediate validation losses go to Optuna's ThresholdPruner. A diverged
@@ -32,7 +40,9 @@ import functools
 import hashlib
 import json
 import math
+import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -193,12 +203,36 @@ def optuna_storage(cfg: Config) -> str:
     return cfg.search.storage or f"journal:{state().optuna_journal}"
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
+def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.BaseStorage:
+    """The storage at ``url``. An RDB URL with ``heartbeat_s`` gets heartbeats, and a stale trial's
+    point is queued again by whichever process fails it (module docstring: dead workers). The
+    password of a ``postgresql://`` URL comes from PGPASSWORD or ~/.pgpass (libpq reads them)."""
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 
         return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
-    return optuna.storages.get_storage(url)
+    if heartbeat_s is None:
+        return optuna.storages.RDBStorage(url)
+    with quiet_experimental():
+        requeue = optuna.storages.RetryHeartbeatStaleTrialCallback()
+        return optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_s, heartbeat_stale_trial_callback=requeue)
+
+
+def study_storage(cfg: Config) -> optuna.storages.BaseStorage:
+    """The storage the search's workers and its stage queue and claim trials on."""
+    return open_storage(optuna_storage(cfg), cfg.search.heartbeat_s)
+
+
+def has_heartbeats(storage: optuna.storages.BaseStorage) -> bool:
+    return isinstance(storage, optuna.storages.RDBStorage) and storage.get_heartbeat_interval() is not None
+
+
+@contextmanager
+def quiet_experimental() -> Iterator[None]:
+    """Optuna's heartbeat API is marked experimental; one warning per call would flood the workers' logs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
 
 
 def pruner(cfg: Config) -> optuna.pruners.BasePruner:
@@ -212,9 +246,19 @@ def load_study(storage: optuna.storages.BaseStorage, spec: StudySpec, cfg: Confi
     return optuna.load_study(study_name=spec.name, storage=storage, pruner=pruner(cfg))
 
 
+def trial_ids(storage: optuna.storages.BaseStorage, study: optuna.Study, states: tuple[TrialState, ...]) -> list[int]:
+    """The storage's ids of the study's trials in ``states``, by Optuna's public storage API."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    return [
+        storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+        for t in study.get_trials(deepcopy=False, states=states)
+    ]
+
+
 def prepare_study(storage: optuna.storages.BaseStorage, spec: StudySpec) -> int:
-    """Create the study if new, fail trials left RUNNING by a killed search, and queue every point
-    without a finished or queued trial. Returns how many points are queued."""
+    """Create the study if new, recover the trials of dead workers, and queue every point without
+    a finished, queued or running trial. Returns how many trials are queued or running: the
+    work still to do (a running one may turn out stale and be queued again)."""
     study = optuna.create_study(study_name=spec.name, storage=storage, direction="minimize", load_if_exists=True)
     for key, value in {
         "kind": spec.kind,
@@ -223,17 +267,26 @@ def prepare_study(storage: optuna.storages.BaseStorage, spec: StudySpec) -> int:
         "log2_lr_range": list(spec.log2_lr_range),
     }.items():
         study.set_user_attr(key, value)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        storage.set_trial_user_attr(trial._trial_id, "status", "interrupted")
-        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    if has_heartbeats(storage):
+        fail_stale(study)
+    else:  # the journal: the stage's lock says no other search runs on it (module docstring)
+        for trial_id in trial_ids(storage, study, (TrialState.RUNNING,)):
+            storage.set_trial_user_attr(trial_id, "status", "interrupted")
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+    pending = (TrialState.WAITING, TrialState.RUNNING)
     kept = {
-        _point(t)
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING))
+        _point(t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, *pending))
     }
     for lr, seed in spec.points:
         if (lr, seed) not in kept:
             study.enqueue_trial({"log2_lr": lr, "seed": seed})
-    return len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    return len(study.get_trials(deepcopy=False, states=pending))
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Fail the study's trials whose heartbeat is stale; the storage's callback queues their points again."""
+    with quiet_experimental():
+        optuna.storages.fail_stale_trials(study)
 
 
 def _point(trial: optuna.trial.FrozenTrial) -> tuple[float, int]:
@@ -241,17 +294,61 @@ def _point(trial: optuna.trial.FrozenTrial) -> tuple[float, int]:
     return params["log2_lr"], params["seed"]
 
 
-def claim(storage: optuna.storages.BaseStorage, study: optuna.Study) -> optuna.Trial | None:
-    """The next queued trial, now RUNNING and ours alone, or None when the queue is empty. The
-    storage lets exactly one process move a trial out of WAITING (what ``Study.ask`` does first;
-    unlike ``ask`` this never creates a trial outside the queue)."""
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+def claim(storage: optuna.storages.BaseStorage, study: optuna.Study) -> tuple[int, optuna.Trial] | None:
+    """The next queued trial (its storage id and the trial), now RUNNING and ours alone, or None
+    when the queue is empty. The
+    storage lets exactly one process move a trial out of WAITING (on an RDB storage a conditional
+    UPDATE; what ``Study.ask`` does first; unlike ``ask`` this never creates a trial outside the
+    queue). Its first heartbeat is recorded at once: a trial without any never goes stale."""
+    for trial_id in trial_ids(storage, study, (TrialState.WAITING,)):
         try:
-            if storage.set_trial_state_values(trial._trial_id, TrialState.RUNNING):
-                return optuna.Trial(study, trial._trial_id)
+            if storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+                if has_heartbeats(storage):
+                    storage.record_heartbeat(trial_id)
+                return trial_id, optuna.Trial(study, trial_id)
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
     return None
+
+
+def next_trial(
+    storage: optuna.storages.BaseStorage, studies: list[tuple[StudySpec, optuna.Study]]
+) -> tuple[StudySpec, optuna.Study, tuple[int, optuna.Trial]] | None:
+    """Claim the first queued trial of ``studies`` (in order). With heartbeats, when none is queued
+    but some run elsewhere, wait: one whose worker dies goes stale, is queued again, and is
+    claimed here. None when nothing is queued (or, with heartbeats, running)."""
+    while True:
+        for spec, study in studies:
+            if has_heartbeats(storage):
+                fail_stale(study)
+            if (claimed := claim(storage, study)) is not None:
+                return spec, study, claimed
+        running = any(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) for _, study in studies)
+        if not (has_heartbeats(storage) and running):
+            return None
+        time.sleep(storage.get_heartbeat_interval())
+
+
+@contextmanager
+def heartbeats(storage: optuna.storages.BaseStorage, trial_id: int) -> Iterator[None]:
+    """Record the heartbeat of the trial ``trial_id`` every interval while the block runs. Optuna's own heartbeat
+    thread runs only inside ``study.optimize``; our workers claim queued trials themselves."""
+    if not has_heartbeats(storage):
+        yield
+        return
+    stop, interval = threading.Event(), storage.get_heartbeat_interval()
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            storage.record_heartbeat(trial_id)
+
+    thread = threading.Thread(target=beat, name=f"heartbeat of trial {trial_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,9 +424,9 @@ def objective(
 
 
 @functools.cache
-def worker_storage(url: str) -> optuna.storages.BaseStorage:
+def worker_storage(url: str, heartbeat_s: int) -> optuna.storages.BaseStorage:
     """The storage a worker process keeps open across its trials."""
-    return open_storage(url)
+    return open_storage(url, heartbeat_s)
 
 
 @functools.cache
@@ -340,18 +437,18 @@ def worker_tokens(project: Path) -> Tokens:
 
 @task
 def train_queued_trial(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> tuple[str, str]:
-    """In a worker: claim the first queued trial of ``specs`` (in order) and train it. Returns the
-    trial's name and status; ("", "none") when another worker took the last one."""
+    """In a worker: claim the first queued trial of ``specs`` (in order; :func:`next_trial`) and
+    train it, recording its heartbeats. Returns the trial's name and status; ("", "none") when
+    other workers took the last ones."""
     clean_state()
-    storage = worker_storage(optuna_storage(cfg))
-    for spec in specs:
-        study = load_study(storage, spec, cfg)
-        if (trial := claim(storage, study)) is not None:
-            log2_lr, seed = suggest_point(trial, cfg)
-            return trial_name(spec, log2_lr, seed), run_trial(
-                study, trial, spec, cfg, worker_tokens(project), parent_run
-            )
-    return "", "none"
+    storage = worker_storage(optuna_storage(cfg), cfg.search.heartbeat_s)
+    claimed = next_trial(storage, [(spec, load_study(storage, spec, cfg)) for spec in specs])
+    if claimed is None:
+        return "", "none"
+    spec, study, (trial_id, trial) = claimed
+    with heartbeats(storage, trial_id):
+        status = run_trial(study, trial, spec, cfg, worker_tokens(project), parent_run)
+    return trial_name(spec, *suggest_point(trial, cfg)), status
 
 
 def run_trial(
@@ -359,18 +456,25 @@ def run_trial(
 ) -> str:
     """The objective in an MLflow run nested under the stage's, its outcome told to the study.
     An exception other than pruning fails the trial (queued again at the next start) and the
-    task. Returns the trial's status: completed, diverged or pruned."""
-    with trial_run(spec, trial, *suggest_point(trial, cfg), parent_run) as callbacks:
-        try:
-            value = objective(trial, cfg, spec.parametrization, spec.width, tokens, callbacks)
-        except optuna.TrialPruned:
-            study.tell(trial, state=TrialState.PRUNED)
-            return "pruned"
-        except BaseException:
-            study.tell(trial, state=TrialState.FAIL)
-            raise
-        study.tell(trial, value)
-        return trial.user_attrs["status"]
+    task. Returns the trial's status: completed, diverged or pruned; "stale" when another worker
+    took this one's heartbeats for dead and queued its point again (its result is dropped: the
+    storage refuses a finished trial's updates)."""
+    try:
+        with trial_run(spec, trial, *suggest_point(trial, cfg), parent_run) as callbacks:
+            try:
+                value = objective(trial, cfg, spec.parametrization, spec.width, tokens, callbacks)
+            except optuna.TrialPruned:
+                study.tell(trial, state=TrialState.PRUNED)
+                return "pruned"
+            except optuna.exceptions.UpdateFinishedTrialError:
+                raise
+            except BaseException:
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+            study.tell(trial, value)
+            return trial.user_attrs["status"]
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return "stale"
 
 
 def trial_name(spec: StudySpec, log2_lr: float, seed: int) -> str:
@@ -410,10 +514,10 @@ def trial_run(
 
 
 def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> None:
-    """Queue the points of ``specs``, then one Prefect task per queued trial on ``search.workers``
-    worker processes (tasks/runtime/workers.py), one progress line per trial. Raises when a trial
-    failed (it is queued again at the next start)."""
-    storage = open_storage(optuna_storage(cfg))
+    """Queue the points of ``specs``, then one Prefect task per queued (or running) trial on
+    ``search.workers`` worker processes (tasks/runtime/workers.py), one progress line per trial.
+    Raises when a trial failed (it is queued again at the next start)."""
+    storage = study_storage(cfg)
     queued = sum(prepare_study(storage, spec) for spec in specs)
     if queued == 0:
         return
@@ -446,7 +550,8 @@ def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: 
 
 
 def search_lock() -> RunLock:
-    """One search at a time per state directory: what lets a restart fail RUNNING trials."""
+    """One search at a time per state directory: what lets a restart on the journal storage fail
+    its RUNNING trials (on an RDB storage their heartbeats say which workers died)."""
     return RunLock(state().root / "search")
 
 
