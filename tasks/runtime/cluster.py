@@ -30,6 +30,9 @@ SCHEDULER_PORT = 8786
 """Dask's own default."""
 START_TIMEOUT_S = 120.0
 SCHEDULER = "scheduler"
+NO_DASHBOARD = ["--no-dashboard", "--dashboard-address", f"{paths.HOST}:0"]
+"""Without a dashboard a Dask server still serves its HTTP routes (health, metrics), on every
+interface unless told otherwise: on loopback here."""
 
 
 def records() -> Path:
@@ -60,7 +63,7 @@ def up(workers: int = 0, gpus: int = 0, port: int = SCHEDULER_PORT, host: str = 
     if not _free(host, port):
         raise UserError(f"cluster: port {port} on {host} is taken; choose another with --port")
     records().mkdir(parents=True, exist_ok=True)
-    command = [_dask(), "scheduler", "--host", host, "--port", str(port), "--no-dashboard"]
+    command = [_dask(), "scheduler", "--host", host, "--port", str(port), *NO_DASHBOARD]
     services.start_recorded(command, dict(os.environ), _log(SCHEDULER), records() / f"{SCHEDULER}.json", port)
     address = f"tcp://{host}:{port}"
     try:
@@ -119,7 +122,7 @@ def start_workers(address: str, workers: int, gpus: int, environment: dict[str, 
             "1",
             "--name",
             name,
-            "--no-dashboard",
+            *NO_DASHBOARD,
             "--memory-limit",
             str(MEMORY_LIMIT // count),  # the machine's memory shared out, as a LocalCluster does
             *(["--host", host] if host else []),
