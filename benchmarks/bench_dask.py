@@ -9,7 +9,7 @@ Each path trains the same arms from scratch, in a scratch copy of the project (p
 profiles/, a link to data/tokens) so that no stored arm is reused. The time is the stage's own
 ``wall_s`` (metrics/ablate.json: planning, the arms, their tracking, the figures; the local path
 includes starting and stopping its cluster, which is what a stage pays each time). The arms' metrics
-of the two paths are compared too (they must be identical). Prints both times and the ratio
+of the two paths are compared too (identical but for each arm's own wall time). Prints both times and the ratio
 Dask/local of arms per second (the target: >= 0.9).
 
 The arms: the project's grid under ``--profile`` (default: ``default``, the study's grid) with
@@ -86,8 +86,10 @@ def main() -> None:
         finally:
             cluster("down")
 
-    mine = {a["name"]: a["metrics"] for a in on_dask["arms"]}
-    theirs = {a["name"]: a["metrics"] for a in local["arms"]}
+    mine, theirs = (
+        {a["name"]: {k: v for k, v in a["metrics"].items() if k != "wall_s"} for a in run["arms"]}
+        for run in (on_dask, local)
+    )
     arms = len(local["arms"])
     ratio = local["wall_s"] / on_dask["wall_s"]  # arms per second, Dask over local
     result = {
