@@ -33,12 +33,19 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.chdir(ROOT)
+
+from tasks.runtime.paths import state_dir  # noqa: E402
+from tasks.runtime.services import STATE_ENV  # noqa: E402
+
 BIN = Path(sys.executable).parent
 STAGE_TIMEOUT_S = 6 * 3600
 
 
 def scratch_project(root: Path) -> Path:
     """params.yaml, profiles/ and a link to the token shards: what the ablate stage reads."""
+    root.mkdir()
     shutil.copy(ROOT / "params.yaml", root / "params.yaml")
     shutil.copytree(ROOT / "profiles", root / "profiles")
     (root / "data").mkdir()
@@ -49,6 +56,7 @@ def scratch_project(root: Path) -> Path:
 def run_ablate(project: Path, workers: int, profile: str, sets: list[str], scheduler: str | None) -> dict:
     """One stage run; its metrics/ablate.json."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env[STATE_ENV] = str(state_dir())  # this checkout's servers and cluster, not the scratch copy's
     env.pop("SPIKELAB_SCHEDULER", None)
     if scheduler:
         env["SPIKELAB_SCHEDULER"] = scheduler
