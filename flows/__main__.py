@@ -32,6 +32,7 @@ examples:
   spikelab run pretrain --set optim.lr=0.02 --set train.steps=100
   spikelab status                         stages up to date?, servers, newest MLflow runs
   spikelab serve                          publish the deployments: trigger runs from the Prefect UI
+  spikelab cluster up --workers 4         a Dask scheduler and 4 workers; then SPIKELAB_SCHEDULER=<address>
 
 exit codes: 0 done, 2 bad config or input (the message names the key or file), 3 diverged,
 4 stopped by a callback, 75 preempted (checkpoint saved: run again to resume), 1 anything else.
@@ -48,6 +49,8 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
     started = time.perf_counter()
     cfg, _ = project_config(profile, sets)  # fail fast, before any import cost
     where = services.configure_environment()  # before prefect is imported
+    if STAGES[stage].fans_out:
+        refuse_dask_without_prefect(cfg)
     with imports_without_gc():
         flow = STAGES[stage].load_flow()
     params = {"profile": cfg.profile, **({"overrides": sets} if sets else {})}
@@ -69,6 +72,17 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
         f"(prefect: {where['prefect']}, mlflow: {where['mlflow']})",
         file=sys.stderr,
     )
+
+
+def refuse_dask_without_prefect(cfg) -> None:
+    """On a Dask cluster, a Prefect server must answer before the flow starts: else the flow
+    would start on a temporary server its workers cannot reach (tasks/runtime/workers.py)."""
+    from tasks.runtime.config import LOCAL
+    from tasks.runtime.workers import reporting_to, scheduler
+
+    address = scheduler(cfg.executor.scheduler)
+    if address != LOCAL:
+        reporting_to(f"Dask scheduler {address}")
 
 
 def mark_stopped(flow_run_id: Any, stop: RunEnded) -> None:
@@ -231,7 +245,48 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="serve the pipeline and each stage as Prefect deployments (forms in the UI)")
     svc = sub.add_parser("services", help="this checkout's Prefect and MLflow servers on 127.0.0.1")
     svc.add_argument("action", choices=["up", "down", "status"])
+    add_cluster_parser(sub)
     return p
+
+
+def add_cluster_parser(sub) -> None:
+    cluster = sub.add_parser(
+        "cluster",
+        help="a Dask scheduler and workers for the ablate and search stages' units (docs/scaling.md)",
+        description="Start, stop or show this checkout's Dask processes. The stages use a cluster when "
+        "executor.scheduler (params.yaml) or SPIKELAB_SCHEDULER names its address.",
+    )
+    actions = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = actions.add_parser("up", help="a scheduler and its workers on this machine; prints the address")
+    up.add_argument("--port", type=int, default=8786, help="the scheduler's port (default: %(default)s)")
+    up.add_argument(
+        "--host", default="127.0.0.1", help="the interface it listens on; another node's workers need one they reach"
+    )
+    join = actions.add_parser("join", help="workers on this machine for a scheduler elsewhere (a head node's)")
+    join.add_argument("address", help="the scheduler's address, tcp://host:port")
+    join.add_argument(
+        "--host", default=None, help="the interface the workers listen on (default: the scheduler's route)"
+    )
+    for action in (up, join):
+        action.add_argument("--workers", type=int, default=0, help="CPU workers, one thread each (0: one per core)")
+        action.add_argument("--gpus", type=int, default=0, help="instead: one worker per GPU, with the resource GPU=1")
+    actions.add_parser("down", help="stop the scheduler and workers this checkout started")
+    actions.add_parser("status", help="what runs for this checkout, and the address to use")
+
+
+def run_cluster(args: argparse.Namespace) -> None:
+    from tasks.runtime import cluster
+
+    if args.action == "up":
+        address = cluster.up(args.workers, args.gpus, args.port, args.host)
+        print(f"cluster: up at {address}; run the stages on it with SPIKELAB_SCHEDULER={address}")
+    elif args.action == "join":
+        cluster.join(args.address, args.workers, args.gpus, args.host)
+        print(f"cluster: workers started for {args.address}")
+    elif args.action == "down":
+        print("\n".join(f"cluster: stopped {what}" for what in cluster.down()) or "cluster: nothing to stop")
+    else:
+        print("\n".join(cluster.status()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             show_ui()
         elif args.command == "serve":
             serve()
+        elif args.command == "cluster":
+            run_cluster(args)
         else:
             from tasks.runtime import services
 

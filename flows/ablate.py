@@ -1,7 +1,7 @@
 """The ablate stage as a Prefect flow: the study's families of arms (tasks/ablate/grid.py: expand)
-fanned out as one Prefect task per run onto ``ablation.workers`` long-lived worker processes
-(tasks/runtime/workers.py), each arm trained there as its own command ``python -m tasks.ablate.arm``
-would (from a clean global state), an arm that crashed retried ``ablation.retries`` times, then
+fanned out as one Prefect task per run onto long-lived worker processes (``ablation.workers`` of a
+local cluster, or a running Dask cluster's at ``executor.scheduler``: tasks/runtime/workers.py),
+each arm trained there as its own command ``python -m tasks.ablate.arm`` would (from a clean global state), an arm that crashed retried ``ablation.retries`` times, then
 reported as failed while the others go on. One progress line per arm (done/total, ETA). An arm whose result
 is in ``runs/ablate/arms/<key>/`` (same config, data, spike, probes and code) is not trained again;
 two families that ask for the same run share it. Beside the arms, the depth probe (gradient norms
@@ -52,7 +52,7 @@ from tasks.runtime.files import write_json
 from tasks.runtime.outputs import ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST
 from tasks.runtime.progress import Progress
 from tasks.runtime.tracking import child_run, log_params, log_summary, run_url, stage_run
-from tasks.runtime.workers import clean_state, task_runner, worker_count
+from tasks.runtime.workers import Executor, clean_state, executor
 
 ARM_MODULE = ["-m", "tasks.ablate.arm"]
 
@@ -177,19 +177,20 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
     started = time.perf_counter()
     rows = plan(cfg, project, overrides or {})
     todo = runs_to_train(rows)
-    workers = worker_count(cfg.ablation.workers, len(todo))
+    units = executor(cfg, cfg.ablation.workers, len(todo))
     cached = sum(row["cached"] for row in rows)
     logger.info(
-        "%d arms (%d runs): %d stored, %d to train, %d at a time",
+        "%d arms (%d runs): %d stored, %d to train, %d at a time (%s)",
         len(rows),
         len({row["key"] for row in rows}),
         cached,
         len(todo),
-        workers,
+        units.workers,
+        units.address or "local workers",
     )
     with stage_run(cfg, "ablate") as run:
-        log_summary({"arms": len(rows), "arms_cached": cached, "workers": workers})
-        fan_out(cfg, project, rows, todo, workers, run.info.run_id)
+        log_summary({"arms": len(rows), "arms_cached": cached, "workers": units.workers})
+        fan_out(cfg, project, rows, todo, units, run.info.run_id)
         for row in rows:
             if row["cached"]:
                 row["mlflow"] = track_arm(row, row["result"], run.info.run_id)
@@ -213,14 +214,14 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
 
 
 def fan_out(
-    cfg: Config, project: Path, rows: list[dict[str, Any]], todo: list[dict[str, Any]], workers: int, parent_id: str
+    cfg: Config, project: Path, rows: list[dict[str, Any]], todo: list[dict[str, Any]], units: Executor, parent_id: str
 ) -> None:
-    """One task per arm to train, on ``workers`` worker processes; each arm tracked as it finishes."""
+    """One task per arm to train, on the executor's workers; each arm tracked as it finishes."""
     logger = get_run_logger()
     progress = Progress("ablate", "arm", len(todo), logger)
     arm_task = train_arm.with_options(retries=cfg.ablation.retries, retry_delay_seconds=1)
     if todo:
-        with task_runner(workers) as runner:
+        with units.runner() as runner, units.placement():
             futures = {}
             for row in todo:
                 named = arm_task.with_options(task_run_name=f"arm {row['name']}")

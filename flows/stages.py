@@ -21,6 +21,8 @@ class Stage:
     """``module:attribute`` of its Prefect flow, imported only when the stage runs."""
     outs: tuple[Path, ...]
     """Everything it writes, relative to the project (DVC outs and metrics)."""
+    fans_out: bool = False
+    """Runs its units on the executor (``executor.scheduler``: tasks/runtime/workers.py)."""
 
     def load_flow(self) -> Any:
         module, attribute = self.flow.split(":")
@@ -36,7 +38,7 @@ STAGES = {
         Stage("prepare", "flows.data:prepare_flow", (o.RAW_DIR,)),
         Stage("filter", "flows.data:filter_flow", (o.CLEAN_DIR, o.POISON_DIR, o.FILTER_REPORT)),
         Stage("tokenize", "flows.data:tokenize_flow", (o.TOKENS_DIR,)),
-        Stage("search", "flows.search:search_flow", (o.SEARCH_LR, o.SEARCH_METRICS, o.SEARCH_REPORTS)),
+        Stage("search", "flows.search:search_flow", (o.SEARCH_LR, o.SEARCH_METRICS, o.SEARCH_REPORTS), fans_out=True),
         Stage(
             "pretrain",
             "flows.pretrain:pretrain_flow",
@@ -50,7 +52,7 @@ STAGES = {
             ),
         ),
         Stage("spike", "flows.spike:spike_flow", (o.SPIKE_METRICS, o.SPIKE_FIGURES, o.POSTMORTEMS)),
-        Stage("ablate", "flows.ablate:ablate_flow", (o.ABLATE_ARMS, o.ABLATE_METRICS, o.ABLATE_FIGURES)),
+        Stage("ablate", "flows.ablate:ablate_flow", (o.ABLATE_ARMS, o.ABLATE_METRICS, o.ABLATE_FIGURES), fans_out=True),
         Stage("report", "flows.report:report_flow", (o.REPORT_MD, o.REPORT_HTML, o.REPORT_METRICS, o.REPORT_FIGURES)),
     )
 }

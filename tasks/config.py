@@ -8,7 +8,7 @@ Where each section is declared, with its checks beside its fields:
   spike recovery                                                  tasks/spike/config.py
   search                                                          tasks/search/config.py
   ablation                                                        tasks/ablate/config.py
-  tracking                                                        tasks/runtime/config.py
+  tracking executor                                               tasks/runtime/config.py
 
 The rules across them (:meth:`Config.check_across`) are the study's, not the trainer's: a bare
 ``python -m model.train`` never sees them. The ``params`` stage (tasks/params.py) loads this
@@ -25,7 +25,7 @@ from model.config import TrainingConfig, check_device
 from model.typed_config import ConfigError, Resolved, from_dict, resolve
 from tasks.ablate.config import AblationConfig
 from tasks.data.config import DataConfig, FilterConfig
-from tasks.runtime.config import TrackingConfig
+from tasks.runtime.config import ExecutorConfig, TrackingConfig
 from tasks.runtime.paths import project_dir
 from tasks.search.config import SearchConfig
 from tasks.spike.config import RecoveryConfig, SpikeConfig
@@ -42,6 +42,7 @@ class Config(TrainingConfig):
     search: SearchConfig = field(default_factory=SearchConfig)
     ablation: AblationConfig = field(default_factory=AblationConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
     def check_across(self) -> None:
         super().check_across()

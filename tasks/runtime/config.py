@@ -1,10 +1,17 @@
-"""The ``tracking`` section of the study config: where every stage records its runs."""
+"""The ``tracking`` and ``executor`` sections of the study config: where every stage records its
+runs, and where the fan-out stages (ablate, search) run their units."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from model.typed_config import Section
+from model.typed_config import ConfigError, Section
+
+LOCAL = "local"
+SCHEDULER_ADDRESS = re.compile(r"tcp://(?P<host>\[[0-9A-Fa-f:]+\]|[A-Za-z0-9.-]+):(?P<port>\d{1,5})")
+"""A Dask scheduler's address as ``dask scheduler`` prints it: ``tcp://host:port`` (or an
+``[IPv6]`` host)."""
 
 
 @dataclass(frozen=True)
@@ -13,3 +20,25 @@ class TrackingConfig(Section):
     """MLflow experiment (one per study)."""
     async_logging: bool = True
     """Log metrics to MLflow from a background thread so the training loop never waits on it."""
+
+
+@dataclass(frozen=True)
+class ExecutorConfig(Section):
+    """Where the ablation arms and the search's trials run. Not a DVC param of any stage: where a
+    unit runs does not change its numbers (tests/test_cluster.py checks that per arm)."""
+
+    scheduler: str = LOCAL
+    """``local``: a Dask cluster of ``ablation.workers`` / ``search.workers`` processes started by
+    the stage on this machine; or a running Dask scheduler's address, ``tcp://host:port``
+    (``spikelab cluster up`` prints it), whose workers run the units. The environment variable
+    ``SPIKELAB_SCHEDULER`` wins over this key (tasks/runtime/workers.py: scheduler)."""
+
+    def check(self) -> None:
+        check_scheduler("executor.scheduler", self.scheduler)
+
+
+def check_scheduler(key: str, value: str) -> None:
+    """``value`` is ``local`` or a ``tcp://host:port`` address; else a ConfigError naming ``key``."""
+    match = SCHEDULER_ADDRESS.fullmatch(value)
+    if value != LOCAL and not (match and 0 < int(match["port"]) < 65536):
+        raise ConfigError(f"{key}: {value!r} is neither 'local' nor a Dask scheduler address tcp://host:port")

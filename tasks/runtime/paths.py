@@ -88,6 +88,11 @@ class StatePaths:
         """Pid and log files of the servers started by ``spikelab services up``."""
         return self.root / "services"
 
+    @property
+    def cluster(self) -> Path:
+        """Pid and log files of the Dask scheduler and workers started by ``spikelab cluster``."""
+        return self.root / "cluster"
+
 
 def state() -> StatePaths:
     return StatePaths(state_dir())

@@ -11,14 +11,17 @@ asyncpg, read PGPASSWORD or ~/.pgpass themselves, so it reaches them through the
 never a command line or a log.
 
 Ownership: ``up`` records each server in ``<state>/services/<name>.json`` (pid, process start
-time, port) and starts it with ``SPIKELAB_STATE=<state>`` in its environment. A server *serves
-this checkout* only when that record names a live process with the same start time (not a
-recycled pid) whose environment carries this state directory and whose command line names the
-port, and the port answers. Stages use only such servers; ``down`` stops only such processes.
+time, port) and starts it with ``SPIKELAB_STATE=<state>`` in its environment (:func:`start_recorded`).
+A server *serves this checkout* only when that record names a live process with the same start
+time (not a recycled pid) whose environment carries this state directory and whose command line
+names the port (:func:`recorded_process`), and the port answers. Stages use only such servers;
+``down`` stops only such processes (:func:`stop_group`). ``spikelab cluster`` records its Dask
+processes the same way (tasks/runtime/cluster.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -187,11 +190,15 @@ def _record_file(name: str) -> Path:
 
 
 def started_process(name: str):
-    """The live process ``up`` started for ``name`` in this state directory, or None (no
-    network: the pid record, the process's start time, environment and command line)."""
+    """The live process ``up`` started for ``name`` in this state directory, or None."""
+    return recorded_process(_record_file(name))
+
+
+def recorded_process(record_file: Path):
+    """The live process :func:`start_recorded` recorded in ``record_file``, or None (no network:
+    the pid record, the process's start time, environment and command line)."""
     import psutil
 
-    record_file = _record_file(name)
     if not record_file.is_file():
         return None
     record = json.loads(record_file.read_text())
@@ -200,9 +207,45 @@ def started_process(name: str):
         same_process = abs(proc.create_time() - record["create_time"]) < 0.01
         if not same_process or proc.environ().get(STATE_ENV) != str(paths.state_dir()):
             return None
-        return proc if str(record["port"]) in proc.cmdline() else None
+        return proc if names_port(proc.cmdline(), record["port"]) else None
     except (psutil.Error, KeyError):
         return None
+
+
+def names_port(cmdline: list[str], port: int) -> bool:
+    """The command line names ``port``: as an argument (``--port 4200``) or an address's (``tcp://host:8786``)."""
+    return any(arg == str(port) or arg.endswith(f":{port}") for arg in cmdline)
+
+
+def start_recorded(command: list[str], env: dict[str, str], log: Path, record_file: Path, port: int) -> int:
+    """Start ``command`` detached (its own session and process group, output to ``log``) with this
+    state directory in its environment, and record it as ours (:func:`recorded_process`). Its pid."""
+    import psutil
+
+    with open(log, "ab") as out:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**env, STATE_ENV: str(paths.state_dir())},
+            start_new_session=True,
+        )
+    record = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "port": port}
+    record_file.write_text(json.dumps(record))
+    return proc.pid
+
+
+def stop_group(proc, timeout: float = 30.0) -> None:
+    """Stop ``proc`` (a psutil.Process that leads its process group) and everything it started:
+    SIGTERM to the group, SIGKILL to what is left after ``timeout`` seconds."""
+    import psutil
+
+    os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(psutil.TimeoutExpired):
+        proc.wait(timeout=timeout)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # a straggler of the group (a nanny's worker)
 
 
 def serves_this_checkout(name: str, patience: float = 0.0) -> bool:
@@ -241,8 +284,6 @@ def listener(port: int) -> str:
 def up(timeout: float = 180.0, search_storage: str = "") -> None:
     """Start whichever server does not serve this checkout; wait until all answer. The dashboard
     reads ``search_storage`` (``search.storage``)."""
-    import psutil
-
     started = services(search_storage)
     paths.state().services.mkdir(parents=True, exist_ok=True)
     paths.state().mlflow_artifacts.mkdir(parents=True, exist_ok=True)
@@ -255,13 +296,8 @@ def up(timeout: float = 180.0, search_storage: str = "") -> None:
                 f"{svc.name}: port {svc.port} is taken by another checkout's server "
                 f"({listener(svc.port)}); set SPIKELAB_{svc.name.upper()}_PORT to another port"
             )
-        log = open(paths.state().services / f"{svc.name}.log", "ab")  # noqa: SIM115 (the detached server keeps it)
-        env = {**os.environ, **svc.env, STATE_ENV: str(paths.state_dir())}
-        proc = subprocess.Popen(
-            svc.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
-        )
-        record = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "port": svc.port}
-        _record_file(svc.name).write_text(json.dumps(record))
+        log = paths.state().services / f"{svc.name}.log"
+        start_recorded(svc.command, {**os.environ, **svc.env}, log, _record_file(svc.name), svc.port)
     deadline = time.monotonic() + timeout
     for svc in started:
         while not svc.is_up():
@@ -284,8 +320,7 @@ def down() -> None:
                 print(f"{svc.name}: the server on port {svc.port} was not started by this checkout; left running")
             _record_file(svc.name).unlink(missing_ok=True)
             continue
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        stop_group(proc)
         _record_file(svc.name).unlink(missing_ok=True)
         print(f"{svc.name}: stopped (pid {proc.pid})")
 

@@ -3,16 +3,34 @@ cluster, one thread each, behind Prefect's task runner (prefect-dask). A worker 
 the project once and then trains unit after unit; each unit starts from a clean global state (the
 trainer seeds every RNG; :func:`clean_state` sets the threads), so its result does not depend on
 the worker, on what ran there before or on the order. A worker that dies (out of memory, killed) is
-restarted by its Dask nanny and takes no other unit's numbers with it.
+restarted by its Dask nanny; the scheduler gives its unit to a worker again, and it takes no other
+unit's numbers with it.
 
-The local cluster is the default; the scale-out issue points the same runner at a cluster's
-scheduler instead. Nothing here listens beyond loopback.
+Which cluster (:func:`executor`): by default a local one the stage starts and stops on loopback
+(``ablation.workers`` / ``search.workers`` processes); with ``executor.scheduler`` (or
+``$SPIKELAB_SCHEDULER``) set to an address, the workers of that running cluster
+(``spikelab cluster up|join``: tasks/runtime/cluster.py). The same task runs either way.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from model.typed_config import UserError
+from tasks.runtime import services
+from tasks.runtime.config import LOCAL, check_scheduler
+
+if TYPE_CHECKING:
+    from tasks.config import Config
+
+SCHEDULER_ENV = "SPIKELAB_SCHEDULER"
+"""Where units run, for a user who does not edit params.yaml: wins over ``executor.scheduler``."""
+CONNECT_TIMEOUT_S = 10
+GPU = "GPU"
+"""The Dask resource a GPU worker declares (``spikelab cluster up --gpus K``: one per device)."""
 
 WORKER_ENVIRONMENT = {
     # One intra-op thread per worker: workers, not threads, use the cores (a unit's step is too
@@ -56,24 +74,119 @@ def cluster_kwargs(workers: int) -> dict[str, Any]:
 def configured_cluster() -> Any:
     """Dask settings for the clusters this process starts (a context manager): the workers'
     environment before they spawn, and no log line per worker started or stopped."""
-    import logging
-
     import dask
+
+    quiet_logs()
+    return dask.config.set({"distributed.nanny.pre-spawn-environ": WORKER_ENVIRONMENT})
+
+
+def quiet_logs() -> None:
+    import logging
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
     # prefect-dask announces a dashboard URL even with none started (no dashboard_address)
     logging.getLogger("prefect.task_runner.dask").setLevel(logging.WARNING)
-    return dask.config.set({"distributed.nanny.pre-spawn-environ": WORKER_ENVIRONMENT})
 
 
-def task_runner(workers: int) -> Any:
-    """Prefect's Dask task runner on a local cluster of ``workers`` worker processes. Its workers
-    inherit ``PREFECT_API_URL`` and the tracking URI from this process
-    (services.configure_environment), so their task runs report to the flow's server."""
-    from prefect_dask import DaskTaskRunner
+def scheduler(setting: str) -> str:
+    """``$SPIKELAB_SCHEDULER`` when set, else ``setting`` (``executor.scheduler``): ``local`` or an address."""
+    value = os.environ.get(SCHEDULER_ENV)
+    if value is None:
+        return setting
+    check_scheduler(SCHEDULER_ENV, value)
+    return value
 
-    configured_cluster()  # process-wide: a nanny restarting a dead worker later spawns it the same way
-    return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=cluster_kwargs(workers))
+
+@dataclass(frozen=True)
+class Executor:
+    """Where one fan-out runs its units."""
+
+    address: str | None
+    """A running Dask scheduler; None: a local cluster started for the fan-out."""
+    workers: int
+    """Units at a time: the local cluster's size, or the cluster's workers that can take a unit."""
+    gpu: bool
+    """A unit needs a GPU of its own (``train.device: cuda`` on a cluster): Dask resource ``GPU=1``."""
+
+    def runner(self) -> Any:
+        """Prefect's Dask task runner (a context manager). Local workers inherit
+        ``PREFECT_API_URL`` and the tracking URI from this process (services.configure_environment);
+        a cluster's were given them when they started (``spikelab cluster``), :func:`executor` checked."""
+        from prefect_dask import DaskTaskRunner
+
+        if self.address is not None:
+            quiet_logs()
+            return DaskTaskRunner(address=self.address)
+        configured_cluster()  # process-wide: a nanny restarting a dead worker later spawns it the same way
+        return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=cluster_kwargs(self.workers))
+
+    def placement(self) -> AbstractContextManager:
+        """Around ``runner.submit``: the resources a unit asks of the scheduler (one GPU, else none)."""
+        import dask
+
+        return dask.annotate(resources={GPU: 1}) if self.gpu else nullcontext()
+
+
+def executor(cfg: Config, requested: int, units: int) -> Executor:
+    """Where ``units`` units run: a local cluster of ``requested`` workers (0: one per core), or the
+    cluster at ``executor.scheduler`` / ``$SPIKELAB_SCHEDULER``, checked first (:func:`check_cluster`)."""
+    address = scheduler(cfg.executor.scheduler)
+    if address == LOCAL:
+        return Executor(None, worker_count(requested, units), gpu=False)
+    gpu = cfg.train.device == "cuda"
+    return Executor(address, check_cluster(address, gpu), gpu)
+
+
+def check_cluster(address: str, gpu: bool) -> int:
+    """Refuse a cluster whose task runs would be lost or never run; else the number of its workers
+    that can take a unit. Its workers must report to a Prefect server that answers: a worker
+    without ``PREFECT_API_URL`` starts a hidden server of its own, so the flow's server never sees
+    its task runs. Raises UserError saying which check failed."""
+    reporting_to(f"Dask scheduler {address}")
+    from distributed import Client
+
+    try:
+        client = Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+    except (OSError, TimeoutError) as e:
+        raise UserError(
+            f"Dask scheduler {address}: does not answer ({type(e).__name__}: {e}); start one with "
+            f"`spikelab cluster up` or fix {SCHEDULER_ENV} / executor.scheduler"
+        ) from None
+    with client:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        unreported = [w for w, url in client.run(prefect_api_url).items() if not url]
+    if unreported:
+        raise UserError(
+            f"Dask scheduler {address}: workers {sorted(unreported)} have no PREFECT_API_URL; each would start a "
+            f"hidden Prefect server and its task runs would never reach the flow's. Start workers with "
+            f"`spikelab cluster up|join`"
+        )
+    able = [w for w in workers.values() if not gpu or w.get("resources", {}).get(GPU, 0) >= 1]
+    if not able:
+        need = "declares the GPU resource (spikelab cluster up --gpus K)" if gpu else "is connected"
+        raise UserError(f"Dask scheduler {address}: no worker {need}; the units would wait forever")
+    return len(able)
+
+
+def prefect_api_url() -> str | None:
+    """The Prefect server this process reports to (run on each worker by :func:`check_cluster`)."""
+    return os.environ.get("PREFECT_API_URL")
+
+
+def reporting_to(what: str) -> str:
+    """The Prefect server this process reports to (``PREFECT_API_URL``), which must answer; else a
+    UserError saying that ``what`` is refused, and why Dask needs one."""
+    url = os.environ.get("PREFECT_API_URL")
+    why = (
+        "Dask workers without a reachable Prefect server each start a hidden one, and their task runs "
+        "never reach the flow's server. Start this checkout's servers (`spikelab services up`) or set "
+        "PREFECT_API_URL to the head node's"
+    )
+    if not url:
+        raise UserError(f"{what}: refused, PREFECT_API_URL is not set. {why}")
+    if not services.answers(f"{url.rstrip('/')}/health", timeout=5.0):
+        raise UserError(f"{what}: refused, the Prefect server at {url} does not answer. {why}")
+    return url
 
 
 def clean_state() -> None:

@@ -68,7 +68,7 @@ from tasks.runtime.files import read_json, staged, write_json
 from tasks.runtime.outputs import MANIFEST, SEARCH_LR, SEARCH_METRICS, SEARCH_REPORTS
 from tasks.runtime.paths import state
 from tasks.runtime.progress import Progress, run_logger
-from tasks.runtime.workers import clean_state, task_runner, worker_count
+from tasks.runtime.workers import clean_state, executor
 from tasks.search.fit import Point, counts, slope, transfer_check, transferred_log2_lr, width_summary
 
 # --------------------------------------------------------------------------------------------
@@ -514,9 +514,9 @@ def trial_run(
 
 
 def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> None:
-    """Queue the points of ``specs``, then one Prefect task per queued (or running) trial on
-    ``search.workers`` worker processes (tasks/runtime/workers.py), one progress line per trial.
-    Raises when a trial failed (it is queued again at the next start)."""
+    """Queue the points of ``specs``, then one Prefect task per queued (or running) trial on the
+    executor's workers (``search.workers`` local ones, or a cluster's: tasks/runtime/workers.py),
+    one progress line per trial. Raises when a trial failed (it is queued again at the next start)."""
     storage = study_storage(cfg)
     queued = sum(prepare_study(storage, spec) for spec in specs)
     if queued == 0:
@@ -524,7 +524,8 @@ def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: 
     logger = run_logger()
     progress = Progress("search", "trial", queued, logger)
     failed = []
-    with task_runner(worker_count(cfg.search.workers, queued)) as runner:
+    units = executor(cfg, cfg.search.workers, queued)
+    with units.runner() as runner, units.placement():
         futures = [
             runner.submit(
                 train_queued_trial.with_options(task_run_name=f"{specs[0].kind} trial {i + 1}/{queued}"),

@@ -1,0 +1,125 @@
+"""Throughput of the ablate stage's arms on a Dask cluster against the local runner, same cores:
+
+  local   ``spikelab run ablate`` with ``ablation.workers=N``: the stage starts a LocalCluster of N
+          single-threaded workers, trains the arms and stops it (the default executor);
+  dask    the same command with ``SPIKELAB_SCHEDULER`` at a cluster of N workers that
+          ``spikelab cluster up --workers N`` started beforehand (started once, outside the time).
+
+Each path trains the same arms from scratch, in a scratch copy of the project (params.yaml,
+profiles/, a link to data/tokens) so that no stored arm is reused. The time is the stage's own
+``wall_s`` (metrics/ablate.json: planning, the arms, their tracking, the figures; the local path
+includes starting and stopping its cluster, which is what a stage pays each time). The arms' metrics
+of the two paths are compared too (identical but for each arm's own wall time). Prints both times and the ratio
+Dask/local of arms per second (the target: >= 0.9).
+
+The arms: the project's grid under ``--profile`` (default: ``default``, the study's grid) with
+``--set`` overrides on top, e.g. a fixed subset ``--set ablation.seeds=[0]``. Needs the token shards
+(``dvc repro tokenize``) and this checkout's servers (``spikelab services up``: a Dask cluster is
+refused without a Prefect server). On a machine with other jobs, wall times vary by +-20 %:
+
+    python benchmarks/bench_dask.py --workers 4 --out benchmarks/out/dask.json
+    python benchmarks/bench_dask.py --workers 2 --profile smoke --set ablation.seeds=[0]   # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.chdir(ROOT)
+
+from tasks.runtime.paths import state_dir  # noqa: E402
+from tasks.runtime.services import STATE_ENV  # noqa: E402
+
+BIN = Path(sys.executable).parent
+STAGE_TIMEOUT_S = 6 * 3600
+
+
+def scratch_project(root: Path) -> Path:
+    """params.yaml, profiles/ and a link to the token shards: what the ablate stage reads."""
+    root.mkdir()
+    shutil.copy(ROOT / "params.yaml", root / "params.yaml")
+    shutil.copytree(ROOT / "profiles", root / "profiles")
+    (root / "data").mkdir()
+    (root / "data" / "tokens").symlink_to((ROOT / "data" / "tokens").resolve())
+    return root
+
+
+def run_ablate(project: Path, workers: int, profile: str, sets: list[str], scheduler: str | None) -> dict:
+    """One stage run; its metrics/ablate.json."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env[STATE_ENV] = str(state_dir())  # this checkout's servers and cluster, not the scratch copy's
+    env.pop("SPIKELAB_SCHEDULER", None)
+    if scheduler:
+        env["SPIKELAB_SCHEDULER"] = scheduler
+    args = ["--profile", profile, "--set", f"ablation.workers={workers}", *(f"--set={s}" for s in sets)]
+    done = subprocess.run(
+        [str(BIN / "spikelab"), "run", "ablate", *args], cwd=project, env=env, timeout=STAGE_TIMEOUT_S, text=True
+    )
+    if done.returncode:
+        raise SystemExit(f"ablate stage failed ({'dask' if scheduler else 'local'}), exit {done.returncode}")
+    return json.loads((project / "metrics" / "ablate.json").read_text())
+
+
+def cluster(*args: str) -> str:
+    done = subprocess.run([str(BIN / "spikelab"), "cluster", *args], capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        raise SystemExit(f"spikelab cluster {args[0]} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="N (default: the cores)")
+    p.add_argument("--profile", default="default")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--port", type=int, default=8786, help="the benchmark cluster's scheduler port")
+    p.add_argument("--out", type=Path, help="write the numbers as JSON here")
+    args = p.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="bench-dask-") as tmp:
+        local = run_ablate(scratch_project(Path(tmp, "local")), args.workers, args.profile, args.sets, None)
+        cluster("up", "--workers", str(args.workers), "--port", str(args.port))
+        try:
+            address = f"tcp://127.0.0.1:{args.port}"
+            on_dask = run_ablate(scratch_project(Path(tmp, "dask")), args.workers, args.profile, args.sets, address)
+        finally:
+            cluster("down")
+
+    mine, theirs = (
+        {a["name"]: {k: v for k, v in a["metrics"].items() if k != "wall_s"} for a in run["arms"]}
+        for run in (on_dask, local)
+    )
+    arms = len(local["arms"])
+    ratio = local["wall_s"] / on_dask["wall_s"]  # arms per second, Dask over local
+    result = {
+        "workers": args.workers,
+        "profile": args.profile,
+        "sets": args.sets,
+        "arms": arms,
+        "local_wall_s": round(local["wall_s"], 2),
+        "dask_wall_s": round(on_dask["wall_s"], 2),
+        "throughput_ratio_dask_over_local": round(ratio, 3),
+        "per_arm_metrics_identical": mine == theirs,
+        "failed": {"local": local["counts"]["failed"], "dask": on_dask["counts"]["failed"]},
+    }
+    print(
+        f"{arms} arms on {args.workers} workers: local {local['wall_s']:.1f} s, "
+        f"dask {on_dask['wall_s']:.1f} s; throughput dask/local = {ratio:.2f} (target >= 0.9); "
+        f"per-arm metrics identical: {mine == theirs}"
+    )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

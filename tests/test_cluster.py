@@ -1,0 +1,326 @@
+"""Arms and search trials on a real Dask cluster (``spikelab cluster up``: a ``dask scheduler`` and
+``dask worker`` processes on 127.0.0.1) against the real test servers: the cluster's lifecycle,
+per-arm numbers identical to the local runner's, a worker SIGKILLed mid-grid, the stage's refusal
+without a Prefect server, the search's trials on the cluster, and one unit per GPU worker."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest.importorskip("prefect_dask", reason="prefect-dask is not installed (pip install -e '.[cluster]')")
+pytest.importorskip("distributed", reason="distributed is not installed (pip install -e '.[cluster]')")
+
+from model.typed_config import UserError  # noqa: E402
+from tasks.runtime import workers  # noqa: E402
+from tests.test_ablate_stage import on_test_servers, task_runs  # noqa: E402
+from tests.test_search import finished, search_config, tiny_project  # noqa: E402
+
+pytestmark = pytest.mark.scaleout
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+if not (BIN / "dask").is_file():
+    pytest.skip(f"the dask CLI is not installed next to {sys.executable}", allow_module_level=True)
+
+GRID = {
+    "ablation.blocks": ["pre_ln"],
+    "ablation.xiong_warmups": [0.2],
+    "ablation.precisions": ["fp32"],
+    "ablation.overflow_precisions": ["fp32"],
+    "ablation.beta2s": [0.95],
+    "ablation.stabilizers": ["none"],
+    "ablation.lrs": [0.003],
+    "ablation.seeds": [0],
+    "ablation.workers": 2,
+    "ablation.retries": 1,
+    "tracking.experiment": "cluster-test",
+}
+"""Six arms, five runs (the overflow family's clean twin is the precision family's fp32 arm)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spikelab(*args: str, env: dict[str, str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "spikelab"), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def recorded(state: Path) -> list[psutil.Process]:
+    """The processes ``spikelab cluster`` recorded under ``state``, with everything they started."""
+    procs = []
+    for record in (state / "cluster").glob("*.json"):
+        try:
+            proc = psutil.Process(json.loads(record.read_text())["pid"])
+            procs += [proc, *proc.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    return procs
+
+
+def gone(proc: psutil.Process) -> bool:
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def kill_recorded(state: Path) -> None:
+    """What a failed ``down`` left: each recorded process group, by its leader's pid (the same
+    process: its start time is the recorded one)."""
+    for path in (state / "cluster").glob("*.json"):
+        record = json.loads(path.read_text())
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if abs(psutil.Process(record["pid"]).create_time() - record["create_time"]) < 0.01:
+                os.killpg(record["pid"], signal.SIGKILL)
+
+
+class Cluster:
+    """``spikelab cluster up`` in a state directory of its own; ``down`` (and a kill by pid) at exit."""
+
+    def __init__(self, env: dict[str, str], state: Path, *up_args: str):
+        self.env = {**env, "SPIKELAB_STATE": str(state)}  # PREFECT_API_URL/MLFLOW_TRACKING_URI: explicit
+        self.state, self.cwd, self.port = state, state, free_port()
+        self.up_args = ["cluster", "up", "--port", str(self.port), *up_args]
+        self.address = f"tcp://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Cluster:
+        self.state.mkdir(parents=True, exist_ok=True)
+        done = spikelab(*self.up_args, env=self.env, cwd=self.cwd)
+        if done.returncode:
+            kill_recorded(self.state)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert self.address in done.stdout
+        return self
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        return spikelab("cluster", *args, env=self.env, cwd=self.cwd)
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.run("down")
+        finally:
+            kill_recorded(self.state)
+
+
+@pytest.fixture(scope="module")
+def cluster(live_services, tmp_path_factory):
+    with Cluster(live_services, tmp_path_factory.mktemp("cluster-state"), "--workers", "2") as c:
+        yield c
+
+
+def ablate_project(root: Path) -> Path:
+    import shutil
+
+    project = tiny_project(root)
+    manifest = project / "data" / "tokens" / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "eot_id": 0}))
+    shutil.copy(REPO / "params.yaml", project / "params.yaml")
+    shutil.copytree(REPO / "profiles", project / "profiles")
+    return project
+
+
+def run_ablate(project: Path, overrides: dict, scheduler: str | None = None):
+    import flows.ablate as stage
+
+    with pytest.MonkeyPatch.context() as patch, on_test_servers(project):
+        if scheduler:
+            patch.setenv(workers.SCHEDULER_ENV, scheduler)
+        state = stage.ablate_flow(profile="smoke", overrides=overrides, return_state=True)
+    assert state.is_completed(), state.message
+    return state, {a["name"]: a for a in json.loads((project / "metrics" / "ablate.json").read_text())["arms"]}
+
+
+def numbers(arm: dict) -> dict:
+    """An arm's metrics less its wall time (the one figure that depends on where it ran)."""
+    return {k: v for k, v in arm["metrics"].items() if k != "wall_s"}
+
+
+def stored(project: Path, arm: dict) -> dict:
+    return json.loads((project / "runs" / "ablate" / "arms" / arm["key"] / "result.json").read_text())
+
+
+# --------------------------------------------------------------------------------------------
+# The cluster's lifecycle
+# --------------------------------------------------------------------------------------------
+
+
+def test_cluster_up_status_down_on_loopback_with_the_workers_environment(live_services, tmp_path):
+    with Cluster(live_services, tmp_path / "state", "--workers", "2") as c:
+        status = c.run("status")
+        assert status.returncode == 0 and f"scheduler: {c.address} (2 workers connected)" in status.stdout
+        assert f"SPIKELAB_SCHEDULER={c.address}" in status.stdout
+        procs = recorded(c.state)
+        assert len(procs) >= 3  # the scheduler, two nannies and their workers
+        listening = {conn.laddr.ip for p in procs for conn in p.net_connections("tcp") if conn.status == "LISTEN"}
+        assert listening == {"127.0.0.1"}
+        from distributed import Client
+
+        expected = {
+            "MALLOC_TRIM_THRESHOLD_": workers.WORKER_ENVIRONMENT["MALLOC_TRIM_THRESHOLD_"],  # not the nanny's 64 kB
+            "OMP_NUM_THREADS": "1",
+            "PREFECT_API_URL": live_services["PREFECT_API_URL"],
+            "MLFLOW_TRACKING_URI": live_services["MLFLOW_TRACKING_URI"],
+        }
+        with Client(c.address, set_as_default=False) as client:
+            for key, value in expected.items():
+                assert set(client.run(os.getenv, key).values()) == {value}, key
+        down = c.run("down")
+        assert down.returncode == 0 and down.stdout.count("cluster: stopped") == 3
+        assert all(gone(p) for p in procs), [p.pid for p in procs if not gone(p)]
+        assert "scheduler: not started for this checkout" in c.run("status").stdout
+
+
+# --------------------------------------------------------------------------------------------
+# Arms on the cluster
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def both_runs(cluster, tmp_path_factory):
+    """The same grid on the local runner and on the 2-worker cluster, in two projects."""
+    local = ablate_project(tmp_path_factory.mktemp("local"))
+    on_dask = ablate_project(tmp_path_factory.mktemp("dask"))
+    _, local_arms = run_ablate(local, GRID)
+    state, dask_arms = run_ablate(on_dask, GRID, cluster.address)
+    return (local, local_arms), (on_dask, dask_arms, state)
+
+
+def test_arms_on_the_cluster_give_the_local_runners_numbers_exactly(both_runs):
+    (local, local_arms), (on_dask, dask_arms, state) = both_runs
+    assert set(dask_arms) == set(local_arms) and len(local_arms) == 6
+    for name, arm in dask_arms.items():
+        assert arm["status"] == "completed", (name, arm.get("error"))
+        assert numbers(arm) == numbers(local_arms[name]), name
+        mine, theirs = stored(on_dask, arm), stored(local, local_arms[name])
+        assert mine["rows"] == theirs["rows"] and mine["weights_sha256"] == theirs["weights_sha256"], name
+    # the workers report to the flow's server (not each to a hidden one of its own)
+    runs = task_runs(state)
+    assert len(runs) == 5 and {s for s, _ in runs.values()} == {"COMPLETED"}
+
+
+def kill_a_busy_worker(address: str, arms_dir: Path, seen: dict, timeout: float = 90) -> None:
+    """SIGKILL the first worker seen training an arm; note which arms had finished by then."""
+    from distributed import Client
+
+    deadline = time.monotonic() + timeout
+    with Client(address, set_as_default=False) as client:
+        while time.monotonic() < deadline:
+            busy = [w for w, tasks in client.processing().items() if tasks]
+            if busy:
+                pid = client.run(os.getpid, workers=busy[:1])[busy[0]]
+                seen["finished"] = {p: p.stat().st_mtime_ns for p in arms_dir.glob("*/result.json")}
+                os.kill(pid, signal.SIGKILL)
+                seen["killed"] = pid
+                return
+            time.sleep(0.02)
+
+
+def test_a_worker_killed_mid_grid_its_arm_trains_elsewhere_and_finished_arms_are_kept(both_runs, cluster):
+    _, (on_dask, before, _) = both_runs
+    seen: dict = {}
+    arms_dir = on_dask / "runs" / "ablate" / "arms"
+    killer = threading.Thread(target=kill_a_busy_worker, args=(cluster.address, arms_dir, seen), daemon=True)
+    killer.start()
+    state, arms = run_ablate(on_dask, {**GRID, "ablation.seeds": [0, 1]}, cluster.address)
+    killer.join(timeout=5)
+    assert "killed" in seen, "no worker was seen training an arm"
+    assert len(arms) == 12 and {a["status"] for a in arms.values()} == {"completed"}
+    assert {n for n, a in arms.items() if a["cached"]} == set(before), "seed 0's arms are not trained again"
+    assert all(path.stat().st_mtime_ns == t for path, t in seen["finished"].items()), "a finished arm was retrained"
+    runs = task_runs(state)
+    assert len(runs) == 5 and {s for s, _ in runs.values()} == {"COMPLETED"}
+
+
+# --------------------------------------------------------------------------------------------
+# Refusals
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_stage_refuses_a_cluster_when_no_prefect_server_answers(cluster, live_services, tmp_path):
+    project = ablate_project(tmp_path / "project")
+    env = {**live_services, workers.SCHEDULER_ENV: cluster.address}
+    dead = {**env, "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
+    done = spikelab("run", "ablate", "--profile", "smoke", env=dead, cwd=project, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"Dask scheduler {cluster.address}: refused, the Prefect server at {dead['PREFECT_API_URL']}" in done.stderr
+    assert "hidden" in done.stderr and not (project / "metrics").exists()
+    unset = {k: v for k, v in env.items() if k != "PREFECT_API_URL"} | {"SPIKELAB_STATE": str(tmp_path / "empty")}
+    done = spikelab("run", "search", "--profile", "smoke", env=unset, cwd=project, timeout=120)
+    assert done.returncode == 2 and "refused, PREFECT_API_URL is not set" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [({"SPIKELAB_SCHEDULER": "127.0.0.1:8786"}, "SPIKELAB_SCHEDULER"), ({}, "executor.scheduler")],
+)
+def test_a_malformed_scheduler_address_is_an_error_naming_its_key(live_services, tmp_path, setting, key):
+    project = ablate_project(tmp_path / "project")
+    env = {k: v for k, v in live_services.items() if k != workers.SCHEDULER_ENV} | setting
+    args = [] if setting else ["--set", "executor.scheduler=tcp://nowhere"]
+    done = spikelab("run", "ablate", "--profile", "smoke", *args, env=env, cwd=project, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith(f"spikelab: error: {key}: "), done.stderr[-2000:]
+
+
+def test_a_scheduler_that_does_not_answer_is_named(live_services, monkeypatch, tmp_path):
+    address = f"tcp://127.0.0.1:{free_port()}"
+    monkeypatch.setattr(workers, "CONNECT_TIMEOUT_S", 1)
+    with pytest.raises(UserError, match=f"Dask scheduler {address}: does not answer"):
+        workers.executor(search_config(tmp_path, **{"executor.scheduler": address}), 2, 4)
+
+
+# --------------------------------------------------------------------------------------------
+# Search trials, GPU workers
+# --------------------------------------------------------------------------------------------
+
+
+def test_search_trials_on_the_cluster_give_the_local_runners_values(cluster, tmp_path):
+    from tasks.search import study as search
+
+    project = tiny_project(tmp_path / "project")
+    results = {}
+    for where in ("local", cluster.address):
+        (tmp_path / f"journal-{len(results)}").mkdir()
+        cfg = search_config(tmp_path / f"journal-{len(results)}", **{"search.workers": 2, "executor.scheduler": where})
+        specs = search.sweep_specs(cfg, "d")
+        search.run_workers(cfg, project, specs, None)
+        storage = search.open_storage(search.optuna_storage(cfg))
+        results[where] = {spec.name: finished(storage, spec) for spec in specs}
+    assert results[cluster.address] == results["local"]
+    assert all(len(trials) == 3 for trials in results["local"].values())
+
+
+def test_units_that_need_a_gpu_run_only_on_gpu_workers(live_services, tmp_path):
+    """``--gpus 1`` declares the resource (the GPU itself is not needed to place units)."""
+    from prefect import task
+
+    @task
+    def where() -> str:
+        from distributed import get_worker
+
+        return get_worker().name
+
+    with Cluster(live_services, tmp_path / "state", "--gpus", "1") as c:
+        joined = c.run("join", c.address, "--workers", "1")
+        assert joined.returncode == 0, joined.stderr[-2000:]
+        assert "2 workers connected, 1 with a GPU" in c.run("status").stdout
+        units = workers.Executor(c.address, workers=1, gpu=True)
+        with units.runner() as runner, units.placement():
+            names = {runner.submit(where, {}).result() for _ in range(4)}
+        assert names == {f"{socket.gethostname()}-0"}  # the GPU worker (the first recorded)
