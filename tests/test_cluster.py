@@ -23,6 +23,7 @@ pytest.importorskip("prefect_dask", reason="prefect-dask is not installed (pip i
 pytest.importorskip("distributed", reason="distributed is not installed (pip install -e '.[cluster]')")
 
 from model.typed_config import UserError  # noqa: E402
+from tasks.runtime import cluster as spikelab_cluster
 from tasks.runtime import workers  # noqa: E402
 from tests.test_ablate_stage import on_test_servers, task_runs  # noqa: E402
 from tests.test_search import finished, search_config, tiny_project  # noqa: E402
@@ -98,7 +99,8 @@ class Cluster:
         self.env = {**env, "SPIKELAB_STATE": str(state)}  # PREFECT_API_URL/MLFLOW_TRACKING_URI: explicit
         self.state, self.cwd, self.port = state, state, free_port()
         self.up_args = ["cluster", "up", "--port", str(self.port), *up_args]
-        self.address = f"tcp://127.0.0.1:{self.port}"
+        host = up_args[up_args.index("--host") + 1] if "--host" in up_args else "127.0.0.1"
+        self.address = f"tcp://{host}:{self.port}"
 
     def __enter__(self) -> Cluster:
         self.state.mkdir(parents=True, exist_ok=True)
@@ -107,6 +109,7 @@ class Cluster:
             kill_recorded(self.state)
         assert done.returncode == 0, done.stderr[-3000:]
         assert self.address in done.stdout
+        self.said = done.stderr
         return self
 
     def run(self, *args: str) -> subprocess.CompletedProcess:
@@ -323,4 +326,33 @@ def test_units_that_need_a_gpu_run_only_on_gpu_workers(live_services, tmp_path):
         units = workers.Executor(c.address, workers=1, gpu=True)
         with units.runner() as runner, units.placement():
             names = {runner.submit(where, {}).result() for _ in range(4)}
-        assert names == {f"{socket.gethostname()}-0"}  # the GPU worker (the first recorded)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("SPIKELAB_STATE", str(c.state))
+            assert names == {spikelab_cluster.worker_name(0)}  # the GPU worker (the first recorded)
+
+
+def test_a_head_on_another_interface_serves_workers_that_join_it_and_warns_it_is_exposed(live_services, tmp_path):
+    """127.0.0.2 stands for a head node's private address (all of 127/8 is loopback on Linux): the
+    scheduler listens there alone, ``up`` says the servers have no authentication, and workers
+    started from another checkout's state (another node) join it."""
+    with Cluster(live_services, tmp_path / "head", "--host", "127.0.0.2", "--workers", "1") as head:
+        assert "127.0.0.2, not loopback; they have no authentication" in head.said
+        node = Cluster(live_services, tmp_path / "node")
+        node.state.mkdir()
+        joined = node.run("join", head.address, "--workers", "1")
+        try:
+            assert joined.returncode == 0, joined.stderr[-2000:]
+            assert f"scheduler: {head.address} (2 workers connected)" in head.run("status").stdout
+            scheduler = [p for p in recorded(head.state) if "scheduler" in " ".join(p.cmdline())]
+            listening = {c.laddr.ip for p in scheduler for c in p.net_connections("tcp") if c.status == "LISTEN"}
+            assert listening == {"127.0.0.2"}
+        finally:
+            node.run("down")
+            kill_recorded(node.state)
+
+
+def test_only_servers_beyond_loopback_are_warned_about():
+    from tasks.runtime import paths
+
+    assert paths.exposed_warning("127.0.0.1") is None
+    assert "no authentication" in paths.exposed_warning("10.0.0.5")

@@ -16,6 +16,7 @@ Each process is recorded and owned as ``spikelab services`` records its servers
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import sys
@@ -30,9 +31,12 @@ SCHEDULER_PORT = 8786
 """Dask's own default."""
 START_TIMEOUT_S = 120.0
 SCHEDULER = "scheduler"
-NO_DASHBOARD = ["--no-dashboard", "--dashboard-address", f"{paths.HOST}:0"]
-"""Without a dashboard a Dask server still serves its HTTP routes (health, metrics), on every
-interface unless told otherwise: on loopback here."""
+
+
+def no_dashboard(host: str | None) -> list[str]:
+    """Without a dashboard a Dask server still serves its HTTP routes (health, metrics), on every
+    interface unless told otherwise: on the server's own interface here (loopback by default)."""
+    return ["--no-dashboard", "--dashboard-address", f"{host or paths.HOST}:0"]
 
 
 def records() -> Path:
@@ -60,10 +64,12 @@ def up(workers: int = 0, gpus: int = 0, port: int = SCHEDULER_PORT, host: str = 
     if (running := scheduler_address()) is not None:
         raise UserError(f"cluster: already up at {running} for this checkout; `spikelab cluster down` first")
     environment = worker_environment("spikelab cluster up")
+    if (warning := paths.exposed_warning(host)) is not None:
+        print(warning, file=sys.stderr)
     if not _free(host, port):
         raise UserError(f"cluster: port {port} on {host} is taken; choose another with --port")
     records().mkdir(parents=True, exist_ok=True)
-    command = [_dask(), "scheduler", "--host", host, "--port", str(port), *NO_DASHBOARD]
+    command = [_dask(), "scheduler", "--host", host, "--port", str(port), *no_dashboard(host)]
     services.start_recorded(command, dict(os.environ), _log(SCHEDULER), records() / f"{SCHEDULER}.json", port)
     address = f"tcp://{host}:{port}"
     try:
@@ -122,7 +128,7 @@ def start_workers(address: str, workers: int, gpus: int, environment: dict[str, 
             "1",
             "--name",
             name,
-            *NO_DASHBOARD,
+            *no_dashboard(host),
             "--memory-limit",
             str(MEMORY_LIMIT // count),  # the machine's memory shared out, as a LocalCluster does
             *(["--host", host] if host else []),
@@ -135,11 +141,18 @@ def start_workers(address: str, workers: int, gpus: int, environment: dict[str, 
 
 
 def _next_worker() -> tuple[str, int]:
-    """A worker name unique across nodes (host name and index) and its record's index."""
+    """The next worker's name and its record's index."""
     index = 0
     while (records() / f"worker-{index}.json").exists():
         index += 1
-    return f"{socket.gethostname()}-{index}", index
+    return worker_name(index), index
+
+
+def worker_name(index: int) -> str:
+    """Unique among a scheduler's workers, which refuses a second worker of one name: the host, the
+    state directory (two checkouts on one host may join one scheduler) and the index."""
+    checkout = hashlib.sha256(str(paths.state_dir()).encode()).hexdigest()[:6]
+    return f"{socket.gethostname()}-{checkout}-{index}"
 
 
 def wait_for_workers(address: str, names: list[str], timeout: float = START_TIMEOUT_S) -> None:

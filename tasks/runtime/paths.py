@@ -17,7 +17,24 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-HOST = "127.0.0.1"
+HOST = os.environ.get("SPIKELAB_HOST", "127.0.0.1")
+"""The interface the servers (``spikelab services``, ``spikelab cluster``) bind and their URLs name:
+loopback unless ``SPIKELAB_HOST`` names one that other nodes reach (a head node's private
+address). Prefect, MLflow, optuna-dashboard and Dask have no authentication: anyone who reaches
+that interface can read and write runs and, through Dask, run code, so only a trusted network."""
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def exposed_warning(host: str = HOST) -> str | None:
+    """What to tell a user whose servers listen on ``host`` beyond loopback, or None."""
+    if host in LOOPBACK:
+        return None
+    return (
+        f"spikelab: servers listen on {host}, not loopback; they have no authentication, "
+        "so anyone who reaches that address can use them: a trusted private network only"
+    )
+
+
 EXPS_MARKER = (".dvc", "tmp", "exps")
 
 # What the pipeline flow tells the stages it runs under DVC (flows/pipeline.py):

@@ -285,6 +285,8 @@ def up(timeout: float = 180.0, search_storage: str = "") -> None:
     """Start whichever server does not serve this checkout; wait until all answer. The dashboard
     reads ``search_storage`` (``search.storage``)."""
     started = services(search_storage)
+    if (warning := paths.exposed_warning()) is not None:
+        print(warning, file=sys.stderr)
     paths.state().services.mkdir(parents=True, exist_ok=True)
     paths.state().mlflow_artifacts.mkdir(parents=True, exist_ok=True)
     for svc in started:
