@@ -14,8 +14,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import optuna
 import psutil
 import pytest
 
@@ -307,6 +309,54 @@ def test_search_trials_on_the_cluster_give_the_local_runners_values(cluster, tmp
         results[where] = {spec.name: finished(storage, spec) for spec in specs}
     assert results[cluster.address] == results["local"]
     assert all(len(trials) == 3 for trials in results["local"].values())
+
+
+def kill_a_worker_holding_a_trial(address: str, running: Callable[[], int], seen: dict, timeout: float = 90) -> None:
+    """SIGKILL a worker once both workers hold a RUNNING trial (so the one killed holds one)."""
+    from distributed import Client
+
+    deadline = time.monotonic() + timeout
+    with Client(address, set_as_default=False) as client:
+        while time.monotonic() < deadline:
+            if running() == 2:
+                busy = [w for w, tasks in client.processing().items() if tasks]
+                seen["killed"] = client.run(os.getpid, workers=busy[:1])[busy[0]]
+                os.kill(seen["killed"], signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+
+def test_a_worker_killed_mid_trial_leaves_no_point_of_the_grid_untrained(cluster, tmp_path):
+    """Dask gives the dead worker's task to another worker, which claims the next point; the trial
+    the dead one held stays RUNNING until the next round fails it and trains its point again."""
+    from tasks.search import study as search
+
+    project = tiny_project(tmp_path / "project")
+    (tmp_path / "journal").mkdir()
+    settings = {"search.workers": 2, "search.steps": 300, "executor.scheduler": cluster.address}
+    cfg = search_config(tmp_path / "journal", **settings)
+    specs = search.sweep_specs(cfg, "d")
+    storage = search.open_storage(search.optuna_storage(cfg))
+
+    def trials() -> list:
+        return [t for spec in specs for t in optuna.load_study(study_name=spec.name, storage=storage).get_trials()]
+
+    def running() -> int:
+        try:
+            return sum(t.state.name == "RUNNING" for t in trials())
+        except KeyError:  # the studies are not created yet
+            return 0
+
+    seen: dict = {}
+    killer = threading.Thread(target=kill_a_worker_holding_a_trial, args=(cluster.address, running, seen), daemon=True)
+    killer.start()
+    search.run_workers(cfg, project, specs, None)
+    killer.join(timeout=5)
+    assert "killed" in seen, "the two workers were never seen holding a trial each"
+    done = sorted((t.params["log2_lr"], t.params["seed"]) for t in trials() if t.state.name in ("COMPLETE", "PRUNED"))
+    assert done == sorted(p for spec in specs for p in spec.points)  # every point once, none left RUNNING
+    failed = [t for t in trials() if t.state.name == "FAIL"]
+    assert len(failed) == 1 and failed[0].user_attrs["status"] == "interrupted"
 
 
 def test_units_that_need_a_gpu_run_only_on_gpu_workers(live_services, tmp_path):

@@ -513,16 +513,30 @@ def trial_run(
         pass  # a result, recorded as such
 
 
+ROUNDS = 3
+"""How many times :func:`run_workers` queues and trains what is unfinished in one stage run."""
+
+
 def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> None:
-    """Queue the points of ``specs``, then one Prefect task per queued (or running) trial on the
-    executor's workers (``search.workers`` local ones, or a cluster's: tasks/runtime/workers.py),
-    one progress line per trial. Raises when a trial failed (it is queued again at the next start)."""
+    """Train every point of ``specs`` that has no finished trial, in rounds: queue what is left
+    (:func:`prepare_study`), then one Prefect task per queued (or running) trial on the executor's
+    workers (``search.workers`` local ones, or a cluster's: tasks/runtime/workers.py). A worker that
+    dies mid-trial (killed; or restarted by the Dask scheduler when its heartbeats stall) leaves
+    its trial RUNNING while Dask gives its task to another worker, which claims another point; the
+    next round fails that trial and trains its point again. Raises when a trial failed (it is
+    queued again at the next start) or points are left after :data:`ROUNDS` rounds."""
     storage = study_storage(cfg)
-    queued = sum(prepare_study(storage, spec) for spec in specs)
-    if queued == 0:
-        return
-    logger = run_logger()
-    progress = Progress("search", "trial", queued, logger)
+    for _ in range(ROUNDS):
+        queued = sum(prepare_study(storage, spec) for spec in specs)
+        if queued == 0:
+            return
+        train_round(cfg, project, specs, parent_run, queued)
+    raise RuntimeError(f"search: points still unfinished after {ROUNDS} rounds; run the stage again")
+
+
+def train_round(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None, queued: int) -> None:
+    """One task per queued trial, one progress line per task; raises when a trial failed."""
+    progress = Progress("search", "trial", queued, run_logger())
     failed = []
     units = executor(cfg, cfg.search.workers, queued)
     with units.runner() as runner, units.placement():
