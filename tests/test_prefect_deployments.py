@@ -7,7 +7,6 @@ so every list here failed: constraints.txt pins fastapi 0.150.0."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 
 from flows.stages import STAGES
 from tests.test_pipeline import VENV_BIN, copy_project
+from tests.test_ui import serving
 
 pytestmark = pytest.mark.e2e
 POOL = "spikelab-test-pool"
@@ -44,24 +44,13 @@ def env(live_services) -> dict[str, str]:
 
 def test_prefect_lists_the_deployments_spikelab_serve_registered(env, tmp_path):
     project = copy_project(tmp_path)
-    server = subprocess.Popen(
-        ["spikelab", "serve"],
-        cwd=project,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
+    with serving(project, env) as server:
         expected = {"spikelab-pipeline", *(f"spikelab-{stage}" for stage in STAGES)}
         deadline = time.monotonic() + 180
         while not all(name in (listed := prefect(env, "deployment", "ls")) for name in expected):
             assert server.poll() is None, f"spikelab serve exited with {server.returncode}"
             assert time.monotonic() < deadline, f"spikelab serve registered no deployments within 180 s:\n{listed}"
             time.sleep(2)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
 
 
 def test_a_work_pool_is_created_takes_the_pipeline_deployed_from_the_project_and_is_deleted(env, tmp_path):

@@ -4,6 +4,7 @@ and every figure opened in a real (headless) browser."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,13 @@ def served(live_services, tmp_path_factory):
     """The project with ``spikelab serve`` publishing its deployments."""
     project = git_project(tmp_path_factory.mktemp("served"), live_services)
     env = {**live_services, "PATH": f"{VENV_BIN}{os.pathsep}{live_services['PATH']}"}
+    with serving(project, env):
+        yield project, env
+
+
+@contextlib.contextmanager
+def serving(project: Path, env: dict[str, str]) -> Iterator[subprocess.Popen]:
+    """``spikelab serve`` publishing the project's deployments; stopped, process group and all, at exit."""
     server = subprocess.Popen(
         ["spikelab", "serve"],
         cwd=project,
@@ -53,7 +62,7 @@ def served(live_services, tmp_path_factory):
         start_new_session=True,
     )
     try:
-        yield project, env
+        yield server
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
