@@ -16,7 +16,6 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.test_services import free_port
 
 HOST = "127.0.0.1"
 ROLE = "spikelab"
@@ -75,12 +76,6 @@ def missing() -> str | None:
     except ImportError:
         return "psycopg 3 is not installed (pip install -e '.[cluster]')"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def as_cluster_owner(command: list[str]) -> list[str]:

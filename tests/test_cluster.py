@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from tasks.runtime import cluster as spikelab_cluster
 from tasks.runtime import workers  # noqa: E402
 from tests.test_ablate_stage import on_test_servers, task_runs  # noqa: E402
 from tests.test_search import finished, search_config, tiny_project  # noqa: E402
+from tests.test_services import free_port  # noqa: E402
 
 pytestmark = pytest.mark.scaleout
 
@@ -51,12 +51,6 @@ GRID = {
     "tracking.experiment": "cluster-test",
 }
 """Six arms, five runs (the overflow family's clean twin is the precision family's fp32 arm)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spikelab(*args: str, env: dict[str, str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:

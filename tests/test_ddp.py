@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from trainer_kit import Recorder, float_bits, markov_tokens, tiny_config
 
 from model.checkpoint import list_checkpoints, load_checkpoint
 from model.train import train
+from tests.test_services import free_port
 
 pytestmark = [
     pytest.mark.scaleout,
@@ -89,18 +89,12 @@ sys.exit(EXIT_CODES[seen["status"]])
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(target: list[str], logs: Path, nproc: int = 2) -> subprocess.CompletedProcess:
     """``torchrun --nproc-per-node nproc`` on loopback, each rank's stdout/stderr in ``logs``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     command = [
         *(sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc)),
-        *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"),
+        *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"),
         *("--log-dir", str(logs), "--redirects", "3", *target),
     ]
     proc = subprocess.Popen(

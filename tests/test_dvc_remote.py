@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.test_pipeline import REPO, VENV_BIN, copy_project
+from tests.test_services import free_port  # noqa: E402
 from tests.test_ui import tree_digest
 
 pytestmark = [pytest.mark.scaleout, pytest.mark.e2e]  # e2e: the stages run against the live servers
@@ -93,12 +94,6 @@ def test_a_local_path_remote_carries_the_outputs_to_a_fresh_clone_byte_identical
 # --------------------------------------------------------------------------------------------
 # S3 through moto, which checks signatures once its first three (set-up) calls are done
 # --------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
