@@ -26,6 +26,7 @@ NEXT_STEP = {
 EXAMPLES = """\
 examples:
   spikelab services up                    start this checkout's servers (Prefect, MLflow, optuna-dashboard)
+  spikelab services info                  where each UI is and where its login is (never the password itself)
   spikelab ui                             print the address of every UI that is up
   dvc repro                               run the whole study, cached (each stage calls spikelab run)
   spikelab run pretrain --profile smoke   run one stage directly, outside DVC's cache
@@ -243,8 +244,11 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("status", help="stages up to date or not, servers and whose they are, newest MLflow runs")
     sub.add_parser("ui", help="print the address of every UI that is up for this checkout")
     sub.add_parser("serve", help="serve the pipeline and each stage as Prefect deployments (forms in the UI)")
-    svc = sub.add_parser("services", help="this checkout's Prefect and MLflow servers on 127.0.0.1")
-    svc.add_argument("action", choices=["up", "down", "status"])
+    svc = sub.add_parser(
+        "services",
+        help="this checkout's Prefect and MLflow servers and optuna-dashboard on 127.0.0.1 (info: where the login is)",
+    )
+    svc.add_argument("action", choices=["up", "down", "status", "info"])
     add_cluster_parser(sub)
     return p
 
@@ -263,9 +267,15 @@ def add_cluster_parser(sub) -> None:
         "--host", default="127.0.0.1", help="the interface it listens on; another node's workers need one they reach"
     )
     join = actions.add_parser("join", help="workers on this machine for a scheduler elsewhere (a head node's)")
-    join.add_argument("address", help="the scheduler's address, tcp://host:port")
+    join.add_argument("address", help="the scheduler's address, tls://host:port")
     join.add_argument(
         "--host", default=None, help="the interface the workers listen on (default: the scheduler's route)"
+    )
+    join.add_argument(
+        "--tls",
+        default=None,
+        metavar="DIR",
+        help="a copy of the head node's <state>/tls (ca.pem, cert.pem, key.pem; default: $SPIKELAB_TLS_DIR or <state>/tls)",
     )
     for action in (up, join):
         action.add_argument("--workers", type=int, default=0, help="CPU workers, one thread each (0: one per core)")
@@ -281,7 +291,9 @@ def run_cluster(args: argparse.Namespace) -> None:
         address = cluster.up(args.workers, args.gpus, args.port, args.host)
         print(f"cluster: up at {address}; run the stages on it with SPIKELAB_SCHEDULER={address}")
     elif args.action == "join":
-        cluster.join(args.address, args.workers, args.gpus, args.host)
+        from pathlib import Path
+
+        cluster.join(args.address, args.workers, args.gpus, args.host, Path(args.tls) if args.tls else None)
         print(f"cluster: workers started for {args.address}")
     elif args.action == "down":
         print("\n".join(f"cluster: stopped {what}" for what in cluster.down()) or "cluster: nothing to stop")
@@ -311,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.action == "status":
                 for name, report in services.status().items():
                     print(f"{name}: {report}")
+            elif args.action == "info":
+                print("\n".join(services.info()))
             elif args.action == "up":
                 services_up()
             else:

@@ -10,6 +10,10 @@ do not replace ours), and ``PREFECT_API_URL`` and ``MLFLOW_TRACKING_URI`` of the
 checkout uses (services.configure_environment): without a Prefect server answering, nothing starts.
 ``--gpus K`` starts K workers, worker i seeing only GPU i and declaring the resource ``GPU=1``.
 
+Every process talks mutual TLS (tasks/runtime/tls.py): ``up`` makes the cluster's CA and
+certificate once into ``<state>/tls/`` and gives them to the scheduler and its workers; ``join``
+reads a copy of that folder (``--tls DIR`` or ``$SPIKELAB_TLS_DIR``). Addresses are ``tls://``.
+
 Each process is recorded and owned as ``spikelab services`` records its servers
 (services.start_recorded, ``<state>/cluster/``); ``down`` stops only those, process group and all.
 """
@@ -24,7 +28,7 @@ import time
 from pathlib import Path
 
 from model.typed_config import UserError
-from tasks.runtime import paths, services
+from tasks.runtime import paths, services, tls
 from tasks.runtime.workers import GPU, WORKER_ENVIRONMENT, available_cores, reporting_to
 
 SCHEDULER_PORT = 8786
@@ -55,7 +59,7 @@ def scheduler_address() -> str | None:
 
 
 def _address_of(cmdline: list[str]) -> str:
-    return f"tcp://{cmdline[cmdline.index('--host') + 1]}:{cmdline[cmdline.index('--port') + 1]}"
+    return f"tls://{cmdline[cmdline.index('--host') + 1]}:{cmdline[cmdline.index('--port') + 1]}"
 
 
 def up(workers: int = 0, gpus: int = 0, port: int = SCHEDULER_PORT, host: str = paths.HOST) -> str:
@@ -69,28 +73,34 @@ def up(workers: int = 0, gpus: int = 0, port: int = SCHEDULER_PORT, host: str = 
     if not _free(host, port):
         raise UserError(f"cluster: port {port} on {host} is taken; choose another with --port")
     records().mkdir(parents=True, exist_ok=True)
-    command = [_dask(), "scheduler", "--host", host, "--port", str(port), *no_dashboard(host)]
+    certificates = tls.ensure_certificates()
+    command = [_dask(), "scheduler", "--host", host, "--port", str(port), "--protocol", "tls", *no_dashboard(host)]
+    command += tls.cli_arguments(certificates)
     services.start_recorded(command, dict(os.environ), _log(SCHEDULER), records() / f"{SCHEDULER}.json", port)
-    address = f"tcp://{host}:{port}"
+    address = f"tls://{host}:{port}"
     try:
-        start_workers(address, workers, gpus, environment, host=host)
+        start_workers(address, workers, gpus, environment, host=host, certificates=certificates)
     except BaseException:
         down()
         raise
     return address
 
 
-def join(address: str, workers: int = 0, gpus: int = 0, host: str | None = None) -> None:
+def join(
+    address: str, workers: int = 0, gpus: int = 0, host: str | None = None, certificates: Path | None = None
+) -> None:
     """Start workers on this machine for the scheduler at ``address`` (a head node's). They report
     to the servers this process is pointed at: set ``PREFECT_API_URL`` and ``MLFLOW_TRACKING_URI``
-    to the head node's. ``host``: the interface they listen on (default: the one that reaches the
-    scheduler)."""
+    to the head node's (and the login: tasks/runtime/credentials.py). ``host``: the interface they
+    listen on (default: the one that reaches the scheduler). ``certificates``: the folder holding
+    a copy of the head's ``<state>/tls`` (default :func:`tls.tls_dir`)."""
     from tasks.runtime.config import check_scheduler
 
     check_scheduler("cluster join ADDRESS", address)
+    certificates = tls.check_certificates(certificates)
     environment = worker_environment(f"spikelab cluster join {address}")
     records().mkdir(parents=True, exist_ok=True)
-    start_workers(address, workers, gpus, environment, host=host)
+    start_workers(address, workers, gpus, environment, host=host, certificates=certificates)
 
 
 def worker_environment(command: str) -> dict[str, str]:
@@ -106,9 +116,11 @@ def worker_environment(command: str) -> dict[str, str]:
     }
 
 
-def start_workers(address: str, workers: int, gpus: int, environment: dict[str, str], host: str | None) -> None:
-    """``workers`` CPU workers (0: one per core) or, with ``gpus``, one worker per GPU; wait until
-    all have connected to ``address``."""
+def start_workers(
+    address: str, workers: int, gpus: int, environment: dict[str, str], host: str | None, certificates: Path
+) -> None:
+    """``workers`` CPU workers (0: one per core) or, with ``gpus``, one worker per GPU, presenting the
+    certificate in ``certificates``; wait until all have connected to ``address``."""
     if workers and gpus:
         raise UserError("cluster: give --workers or --gpus, not both (--gpus K starts K workers, one per GPU)")
     from distributed.system import MEMORY_LIMIT
@@ -133,11 +145,12 @@ def start_workers(address: str, workers: int, gpus: int, environment: dict[str, 
             str(MEMORY_LIMIT // count),  # the machine's memory shared out, as a LocalCluster does
             *(["--host", host] if host else []),
             *(["--resources", f"{GPU}=1"] if gpus else []),
+            *tls.cli_arguments(certificates),
         ]
         env = {**environment, **({"CUDA_VISIBLE_DEVICES": str(i)} if gpus else {})}
         services.start_recorded(command, env, _log(f"worker-{index}"), records() / f"worker-{index}.json", port)
         names.append(name)
-    wait_for_workers(address, names)
+    wait_for_workers(address, names, certificates)
 
 
 def _next_worker() -> tuple[str, int]:
@@ -155,13 +168,13 @@ def worker_name(index: int) -> str:
     return f"{socket.gethostname()}-{checkout}-{index}"
 
 
-def wait_for_workers(address: str, names: list[str], timeout: float = START_TIMEOUT_S) -> None:
+def wait_for_workers(address: str, names: list[str], certificates: Path, timeout: float = START_TIMEOUT_S) -> None:
     """Until the scheduler at ``address`` lists every worker of ``names``; else UserError."""
     from distributed import Client
 
     deadline = time.monotonic() + timeout
     try:
-        with Client(address, timeout=timeout, set_as_default=False) as client:
+        with Client(address, security=tls.security(certificates), timeout=timeout, set_as_default=False) as client:
             while not set(names) <= {w["name"] for w in client.scheduler_info()["workers"].values()}:
                 if time.monotonic() > deadline:
                     raise UserError(f"cluster: workers {names} did not connect to {address} within {timeout:.0f} s")
@@ -211,7 +224,7 @@ def connected(address: str) -> str:
     from distributed import Client
 
     try:
-        with Client(address, timeout=5, set_as_default=False) as client:
+        with Client(address, security=tls.security(), timeout=5, set_as_default=False) as client:
             workers = client.scheduler_info()["workers"].values()
     except (OSError, TimeoutError):
         return "not answering"

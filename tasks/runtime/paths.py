@@ -20,8 +20,8 @@ from pathlib import Path
 HOST = os.environ.get("SPIKELAB_HOST", "127.0.0.1")
 """The interface the servers (``spikelab services``, ``spikelab cluster``) bind and their URLs name:
 loopback unless ``SPIKELAB_HOST`` names one that other nodes reach (a head node's private
-address). Prefect, MLflow, optuna-dashboard and Dask have no authentication: anyone who reaches
-that interface can read and write runs and, through Dask, run code, so only a trusted network."""
+address). Every server asks for the login (tasks/runtime/credentials.py) and Dask talks mutual
+TLS (tasks/runtime/tls.py) on either, but their traffic is plain HTTP: a private network only."""
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -30,8 +30,8 @@ def exposed_warning(host: str = HOST) -> str | None:
     if host in LOOPBACK:
         return None
     return (
-        f"spikelab: servers listen on {host}, not loopback; they have no authentication, "
-        "so anyone who reaches that address can use them: a trusted private network only"
+        f"spikelab: servers listen on {host}, not loopback; they ask for the login, but Prefect's, "
+        "MLflow's and the dashboard's traffic (the login included) is unencrypted HTTP: a private network only"
     )
 
 
@@ -68,8 +68,12 @@ def repo_root(project: Path | None = None) -> Path:
 
 
 def state_dir() -> Path:
+    """Created 0700, and made so when another mode let other users in: it holds the login, the
+    cluster's keys and every store."""
     path = Path(os.environ.get("SPIKELAB_STATE") or repo_root() / ".spikelab").resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077 and path.stat().st_uid == os.getuid():
+        path.chmod(0o700)
     return path
 
 
@@ -95,6 +99,26 @@ class StatePaths:
     def optuna_artifacts(self) -> Path:
         """Files attached to Optuna studies (the search's figures), served by optuna-dashboard."""
         return self.root / "optuna-artifacts"
+
+    @property
+    def mlflow_auth_db(self) -> Path:
+        """MLflow's users (its basic-auth app): the admin, whose password is the login's."""
+        return self.root / "mlflow-auth.db"
+
+    @property
+    def mlflow_auth_config(self) -> Path:
+        """MLflow's basic-auth settings (no secret: the password reaches it through the environment)."""
+        return self.root / "mlflow-auth.ini"
+
+    @property
+    def credentials(self) -> Path:
+        """The login to the servers (tasks/runtime/credentials.py), mode 0600."""
+        return self.root / "credentials.json"
+
+    @property
+    def tls(self) -> Path:
+        """The cluster's CA, certificate and key (tasks/runtime/tls.py): copied to worker nodes."""
+        return self.root / "tls"
 
     @property
     def prefect_home(self) -> Path:

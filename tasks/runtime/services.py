@@ -2,6 +2,13 @@
 127.0.0.1), prove which checkout a running server belongs to, and point a stage at them
 (:func:`configure_environment`: before ``prefect`` is imported, which reads its settings then).
 
+Every server asks for the login of tasks/runtime/credentials.py: Prefect through its own auth
+string (``PREFECT_SERVER_API_AUTH_STRING``), MLflow through its basic-auth app
+(tasks/runtime/mlflow_app.py: artifacts confined, no assistant), optuna-dashboard behind a
+basic-auth middleware (tasks/runtime/dashboard.py). The login reaches each server and every stage
+through the environment; a server that refuses it stops the stage with an error naming the server
+and the credentials file (:func:`check_login`), never a retry without it.
+
 Both write their stores under the state directory (tasks/runtime/paths.py), run detached from the
 terminal that started them, and log to ``<state>/services/<name>.log``. On a head node they keep
 their stores in PostgreSQL instead (:data:`MLFLOW_DB_ENV`, :data:`PREFECT_DB_ENV`,
@@ -28,13 +35,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.typed_config import ConfigError, no_password
-from tasks.runtime import paths
+from model.typed_config import ConfigError, UserError, no_password
+from tasks.runtime import credentials, paths
 
 STATE_ENV = "SPIKELAB_STATE"
 MLFLOW_DB_ENV = "SPIKELAB_MLFLOW_DB"
@@ -59,17 +67,32 @@ class Service:
     """The address of its UI."""
 
 
-def answers(url: str, timeout: float = 0.5) -> bool:
-    """True when an HTTP server answers 2xx at ``url`` (a short timeout: called at every stage start)."""
+def http_status(url: str, timeout: float = 0.5, auth: str | None = None) -> int | None:
+    """The HTTP status ``url`` answers with (``auth``: ``user:password`` for basic auth), or None
+    when nothing answers."""
+    import base64
+
+    request = urllib.request.Request(url)
+    if auth is not None:
+        request.add_header("Authorization", f"Basic {base64.b64encode(auth.encode()).decode()}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return 200 <= response.status < 300
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
     except OSError:
-        return False
+        return None
+
+
+def answers(url: str, timeout: float = 0.5, auth: str | None = None) -> bool:
+    """True when an HTTP server answers 2xx at ``url`` (a short timeout: called at every stage start)."""
+    status = http_status(url, timeout, auth)
+    return status is not None and 200 <= status < 300
 
 
 def dashboard_up(timeout: float = 0.5) -> bool:
-    return answers(f"{paths.dashboard_url()}/api/meta", timeout)
+    """The dashboard answers at all: every route asks for the login, so 401 counts as up."""
+    return http_status(f"{paths.dashboard_url()}/api/meta", timeout) in (200, 401)
 
 
 def prefect_up(timeout: float = 0.5) -> bool:
@@ -113,20 +136,43 @@ def mlflow_stores() -> list[str]:
     ]
 
 
-def dashboard_storage(search_storage: str) -> list[str]:
-    """optuna-dashboard's storage arguments: ``search.storage`` when it is a database URL, else
-    the journal file (the search's default)."""
+def dashboard_storage(search_storage: str) -> str:
+    """optuna-dashboard's storage: ``search.storage`` when it is a database URL, else the journal
+    file (the search's default), as ``journal:<path>``."""
     if search_storage and not search_storage.startswith("journal:"):
         no_password("search.storage", search_storage)
-        return [search_storage]
-    journal = search_storage.removeprefix("journal:") or str(paths.state().optuna_journal)
-    return ["--storage-class", "JournalFileStorage", journal]
+        return search_storage
+    return "journal:" + (search_storage.removeprefix("journal:") or str(paths.state().optuna_journal))
 
 
-def services(search_storage: str = "") -> list[Service]:
-    """The servers; ``search_storage`` is the search's ``search.storage``, which the dashboard reads."""
+def mlflow_auth(login: credentials.Credentials) -> dict[str, str]:
+    """The MLflow server's basic-auth settings: its config file (users in ``<state>/mlflow-auth.db``;
+    the admin is the login's user) and, through the environment only, the admin's password and the
+    session key. Credential checks are cached for a minute: MLflow hashes the password (PBKDF2) on
+    every request otherwise, and the admin is the only user."""
+    s = paths.state()
+    s.mlflow_auth_config.write_text(
+        "[mlflow]\n"
+        "default_permission = NO_PERMISSIONS\n"
+        f"database_uri = sqlite:///{s.mlflow_auth_db}\n"
+        f"admin_username = {login.username}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        "auth_cache_ttl_seconds = 60\n"
+    )
+    return {
+        "MLFLOW_AUTH_CONFIG_PATH": str(s.mlflow_auth_config),
+        "MLFLOW_AUTH_ADMIN_PASSWORD": login.password,
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": login.session_key,
+        "SPIKELAB_MLFLOW_ARTIFACT_ROOTS": os.environ.get(MLFLOW_ARTIFACTS_ENV) or str(s.mlflow_artifacts),
+    }
+
+
+def services(search_storage: str = "", login: credentials.Credentials | None = None) -> list[Service]:
+    """The servers; ``search_storage`` is the search's ``search.storage``, which the dashboard reads.
+    ``login``: the credentials the servers are started with (only ``up`` needs them)."""
     s = paths.state()
     bin_dir = Path(sys.executable).parent
+    secrets = {credentials.PREFECT_SERVER_ENV: login.auth_string} if login else {}
     return [
         Service(
             "prefect",
@@ -139,6 +185,7 @@ def services(search_storage: str = "") -> list[Service]:
                 "PREFECT_SERVER_API_PORT": str(paths.prefect_port()),
                 "PREFECT_UI_API_URL": paths.prefect_url(),
                 **prefect_database(),
+                **secrets,
             },
             paths.prefect_port(),
             prefect_up,
@@ -153,9 +200,11 @@ def services(search_storage: str = "") -> list[Service]:
                 paths.HOST,
                 "--port",
                 str(paths.mlflow_port()),
+                "--app-name",
+                "spikelab",
                 *mlflow_stores(),
             ],
-            {},
+            mlflow_auth(login) if login else {},
             paths.mlflow_port(),
             mlflow_up,
             f"{paths.mlflow_url()}/#/?{paths.MLFLOW_TRAINING_VIEW}",
@@ -163,15 +212,16 @@ def services(search_storage: str = "") -> list[Service]:
         Service(
             "dashboard",
             [
-                str(bin_dir / "optuna-dashboard"),
+                sys.executable,
+                "-m",
+                "tasks.runtime.dashboard",
                 "--host",
                 paths.HOST,
                 "--port",
                 str(paths.dashboard_port()),
-                "--quiet",
                 "--artifact-dir",
                 str(s.optuna_artifacts),
-                *dashboard_storage(search_storage),
+                dashboard_storage(search_storage),
             ],
             {},
             paths.dashboard_port(),
@@ -283,12 +333,14 @@ def listener(port: int) -> str:
 
 def up(timeout: float = 180.0, search_storage: str = "") -> None:
     """Start whichever server does not serve this checkout; wait until all answer. The dashboard
-    reads ``search_storage`` (``search.storage``)."""
-    started = services(search_storage)
+    reads ``search_storage`` (``search.storage``). The login is made the first time
+    (credentials.ensure) and every server is started with it."""
+    login = credentials.ensure()
+    started = services(search_storage, login)
     if (warning := paths.exposed_warning()) is not None:
         print(warning, file=sys.stderr)
-    paths.state().services.mkdir(parents=True, exist_ok=True)
-    paths.state().mlflow_artifacts.mkdir(parents=True, exist_ok=True)
+    for folder in (paths.state().services, paths.state().mlflow_artifacts, paths.state().optuna_artifacts):
+        folder.mkdir(parents=True, exist_ok=True)
     for svc in started:
         if started_process(svc.name) is not None:
             print(f"{svc.name}: already started for this checkout ({svc.url})")
@@ -309,7 +361,47 @@ def up(timeout: float = 180.0, search_storage: str = "") -> None:
             if time.monotonic() > deadline:
                 raise SystemExit(f"{svc.name} did not answer within {timeout:.0f} s; see {log}")
             time.sleep(0.5)
+        check_login(svc.name, login.auth_string)
         print(f"{svc.name}: up at {svc.url}")
+    print(f"login: {credentials.where()}")
+
+
+LOGIN_PROBES = {
+    "prefect": "/admin/version",
+    "mlflow": "/api/2.0/mlflow/experiments/search?max_results=1",
+    "dashboard": "/api/meta",
+}
+"""A route of each server that asks for the login (its health check does not), below its base URL."""
+
+
+def base_url(name: str) -> str:
+    """This checkout's server ``name``: Prefect's API, MLflow's and the dashboard's root."""
+    return {"prefect": paths.prefect_url, "mlflow": paths.mlflow_url, "dashboard": paths.dashboard_url}[name]()
+
+
+def check_login(name: str, auth: str, base: str | None = None) -> None:
+    """The server ``name`` (at ``base``, default this checkout's) takes ``auth`` (``user:password``);
+    else a UserError naming the server and where the login lives: never a retry without it."""
+    base = (base or base_url(name)).rstrip("/")
+    status = http_status(base + LOGIN_PROBES[name], timeout=30.0, auth=auth)
+    if status in (401, 403):
+        raise UserError(
+            f"{name} server at {base}: refused the login (HTTP {status}) from "
+            f"{credentials.credentials_file()} or the environment; use the head node's credentials file "
+            f"({credentials.CREDENTIALS_ENV}) or restart the servers (spikelab services down; services up)"
+        )
+
+
+def info() -> list[str]:
+    """Where each UI is and how to log in, in words, with no secret in them (``spikelab services info``)."""
+    lines = [f"{svc.name:9} {svc.url}" for svc in services()]
+    return [
+        *lines,
+        f"login: {credentials.where()}",
+        "  Prefect UI: enter `spikelab:<password>` when it asks; MLflow and optuna-dashboard: the browser's "
+        "login prompt, user spikelab",
+        f"  worker nodes: copy the file and point {credentials.CREDENTIALS_ENV} at the copy (docs/services.md)",
+    ]
 
 
 def down() -> None:
@@ -366,15 +458,34 @@ def configure_environment() -> dict[str, str]:
     # MLflow prints two "View run/experiment at" lines per run it ends: one per arm and trial.
     # The stages' progress lines and Prefect artifacts link the runs instead.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    os.environ.pop("PREFECT_API_KEY", None)  # Prefect Cloud's: it would take precedence over the auth string
     if "PREFECT_API_URL" not in os.environ and _use_server("prefect"):
         os.environ["PREFECT_API_URL"] = paths.prefect_url()
     if "MLFLOW_TRACKING_URI" not in os.environ:
         use = _use_server("mlflow")
         os.environ["MLFLOW_TRACKING_URI"] = paths.mlflow_url() if use else f"sqlite:///{s.mlflow_db}"
+    log_in_to_servers()
     return {
         "prefect": os.environ.get("PREFECT_API_URL", "temporary server"),
         "mlflow": os.environ["MLFLOW_TRACKING_URI"],
     }
+
+
+def log_in_to_servers() -> None:
+    """Give this process (and what it starts) the login for the servers it uses, and check that
+    each takes it; the local stores need none."""
+    servers = {"prefect": os.environ.get("PREFECT_API_URL", ""), "mlflow": os.environ["MLFLOW_TRACKING_URI"]}
+    servers = {name: url for name, url in servers.items() if url.startswith(("http://", "https://"))}
+    if not servers:
+        return
+    for key, value in credentials.client_env().items():
+        os.environ.setdefault(key, value)
+    auth = {
+        "prefect": os.environ[credentials.PREFECT_CLIENT_ENV],
+        "mlflow": f"{os.environ[credentials.MLFLOW_USER_ENV]}:{os.environ[credentials.MLFLOW_PASSWORD_ENV]}",
+    }
+    for name, url in servers.items():
+        check_login(name, auth[name], url)
 
 
 def _use_server(name: str) -> bool:

@@ -7,9 +7,10 @@ restarted by its Dask nanny; the scheduler gives its unit to a worker again, and
 unit's numbers with it.
 
 Which cluster (:func:`executor`): by default a local one the stage starts and stops on loopback
-(``ablation.workers`` / ``search.workers`` processes); with ``executor.scheduler`` (or
-``$SPIKELAB_SCHEDULER``) set to an address, the workers of that running cluster
-(``spikelab cluster up|join``: tasks/runtime/cluster.py). The same task runs either way.
+(``ablation.workers`` / ``search.workers`` processes), with a TLS certificate of its own that no
+other process holds; with ``executor.scheduler`` (or ``$SPIKELAB_SCHEDULER``) set to a ``tls://``
+address, the workers of that running cluster (``spikelab cluster up|join``: tasks/runtime/cluster.py),
+reached with the cluster's certificate (tasks/runtime/tls.py). The same task runs either way.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from model.typed_config import UserError
-from tasks.runtime import services
+from tasks.runtime import services, tls
 from tasks.runtime.config import LOCAL, check_scheduler
 
 if TYPE_CHECKING:
@@ -61,13 +62,16 @@ def worker_count(requested: int, units: int) -> int:
 
 
 def cluster_kwargs(workers: int) -> dict[str, Any]:
-    """The local cluster: ``workers`` single-threaded processes on loopback, no dashboard."""
+    """The local cluster: ``workers`` single-threaded processes on loopback, no dashboard, mutual
+    TLS with a certificate made in memory for it alone (``Security.temporary``): another user who
+    finds its port cannot connect."""
     return {
         "n_workers": workers,
         "threads_per_worker": 1,
         "processes": True,
         "host": "127.0.0.1",
         "dashboard_address": None,
+        "security": True,
     }
 
 
@@ -116,7 +120,7 @@ class Executor:
 
         if self.address is not None:
             quiet_logs()
-            return DaskTaskRunner(address=self.address)
+            return DaskTaskRunner(address=self.address, client_kwargs={"security": tls.security()})
         configured_cluster()  # process-wide: a nanny restarting a dead worker later spawns it the same way
         return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=cluster_kwargs(self.workers))
 
@@ -146,7 +150,7 @@ def check_cluster(address: str, gpu: bool) -> int:
     from distributed import Client
 
     try:
-        client = Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+        client = Client(address, security=tls.security(), timeout=CONNECT_TIMEOUT_S, set_as_default=False)
     except (OSError, TimeoutError) as e:
         raise UserError(
             f"Dask scheduler {address}: does not answer ({type(e).__name__}: {e}); start one with "

@@ -1,0 +1,98 @@
+"""The MLflow server spikelab runs (``mlflow server --app-name spikelab``, registered in
+pyproject.toml's ``mlflow.app`` entry points): MLflow's own basic-auth app, with two changes.
+
+- **Artifacts are read only from under the server's artifact roots, never through a symlink.**
+  The server reads a run's local artifacts as its owner from wherever the run's artifact URI
+  points, and a run's location is chosen by whoever creates its experiment; a folder the caller
+  owns, with a symlink to a folder of the owner's, would serve the owner's files. MLflow's artifact
+  repository registry is the one place every route (get-artifact, list, model versions, logged
+  models, traces) builds its repository, so the local repository is replaced there.
+- **The assistant's routes are removed**: they change the server's assistant configuration and
+  install skills, and spikelab has no use for them.
+
+The roots come from :data:`ROOTS_ENV` (set by tasks/runtime/services.py). Imported only by the
+server process: nothing else needs MLflow's server modules.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import PERMISSION_DENIED
+from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+ROOTS_ENV = "SPIKELAB_MLFLOW_ARTIFACT_ROOTS"
+"""The folders the server may read artifacts from, separated by ``os.pathsep``."""
+
+
+def artifact_roots() -> list[str]:
+    return [os.path.abspath(r) for r in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if r]
+
+
+def confined(path: str) -> str:
+    """``path`` when it lies under an artifact root with no symlink below the root; else an
+    MlflowException (HTTP 403) that names neither the path nor the roots."""
+    path = os.path.abspath(path)
+    for root in artifact_roots():
+        if path == root or path.startswith(root + os.sep):
+            below = Path(root)
+            for part in Path(path).relative_to(root).parts:
+                below = below / part
+                if below.is_symlink():
+                    raise MlflowException("artifact path goes through a symlink: refused", PERMISSION_DENIED)
+            return path
+    raise MlflowException("artifact location outside the server's artifact root: refused", PERMISSION_DENIED)
+
+
+class ConfinedArtifactRepository(LocalArtifactRepository):
+    """Local artifacts, each read confined (:func:`confined`)."""
+
+    def __init__(self, artifact_uri: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(artifact_uri, *args, **kwargs)
+        confined(self.artifact_dir)
+
+    def get_local_path(self, artifact_path: str) -> str:
+        return confined(super().get_local_path(artifact_path))
+
+    def list_artifacts(self, path: str | None = None) -> list:
+        confined(os.path.join(self.artifact_dir, os.path.normpath(path)) if path else self.artifact_dir)
+        return super().list_artifacts(path)
+
+    def _download_file(self, remote_file_path: str, local_path: str) -> None:
+        confined(os.path.join(self.artifact_dir, os.path.normpath(remote_file_path)))
+        super()._download_file(remote_file_path, local_path)
+
+
+class WithoutAssistant:
+    """ASGI middleware: the assistant's routes answer 404, before routing, whoever asks. Routing
+    matches the same decoded ``scope["path"]``, so no spelling of the path reaches them."""
+
+    def __init__(self, app: Any) -> None:
+        from mlflow.server.assistant.api import assistant_router
+
+        self.app, self.prefix = app, assistant_router.prefix
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(self.prefix):
+            from starlette.responses import PlainTextResponse
+
+            await PlainTextResponse("Not Found", status_code=404)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def create_app() -> Any:
+    """MLflow's basic-auth app with local artifacts confined and the assistant's routes off."""
+    from mlflow.server import app as flask_app
+    from mlflow.server.auth import create_app as with_basic_auth
+    from mlflow.store.artifact.artifact_repository_registry import _artifact_repository_registry
+
+    for scheme in ("", "file"):  # plain paths and file:// URIs
+        _artifact_repository_registry.register(scheme, ConfinedArtifactRepository)
+    app = with_basic_auth(flask_app)
+    if hasattr(app, "add_middleware"):  # FastAPI under uvicorn (MLflow's default); its Flask app has no assistant
+        app.add_middleware(WithoutAssistant)
+    return app
