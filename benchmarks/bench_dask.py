@@ -12,6 +12,10 @@ includes starting and stopping its cluster, which is what a stage pays each time
 of the two paths are compared too (identical but for each arm's own wall time). Prints both times and the ratio
 Dask/local of arms per second (the target: >= 0.9).
 
+``--baseline REF`` measures both paths again with the code at git ref REF (a temporary worktree
+put first on ``PYTHONPATH``, the same environment and servers) before this code's runs, and prints this code's throughput over REF's for each path: the price of a change to the clusters
+(e.g. mutual TLS against the plain-TCP clusters before it).
+
 The arms: the project's grid under ``--profile`` (default: ``default``, the study's grid) with
 ``--set`` overrides on top, e.g. a fixed subset ``--set ablation.seeds=[0]``. Needs the token shards
 (``dvc repro tokenize``) and this checkout's servers (``spikelab services up``: a Dask cluster is
@@ -19,6 +23,7 @@ refused without a Prefect server). On a machine with other jobs, wall times vary
 
     python benchmarks/bench_dask.py --workers 4 --out benchmarks/out/dask.json
     python benchmarks/bench_dask.py --workers 2 --profile smoke --set ablation.seeds=[0]   # a quick check
+    python benchmarks/bench_dask.py --workers 2 --set 'ablation.seeds=[0]' --baseline 2290824   # TLS vs plain TCP
 """
 
 from __future__ import annotations
@@ -30,12 +35,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.chdir(ROOT)
 
+from tasks.runtime import credentials  # noqa: E402
 from tasks.runtime.paths import state_dir  # noqa: E402
 from tasks.runtime.services import STATE_ENV  # noqa: E402
 
@@ -53,10 +60,20 @@ def scratch_project(root: Path) -> Path:
     return root
 
 
-def run_ablate(project: Path, workers: int, profile: str, sets: list[str], scheduler: str | None) -> dict:
-    """One stage run; its metrics/ablate.json."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env[STATE_ENV] = str(state_dir())  # this checkout's servers and cluster, not the scratch copy's
+def environment(code: Path) -> dict[str, str]:
+    """This process's environment with ``code`` first on the path and the servers' login (the
+    stages would read it from the credentials file; code older than the login reads only this)."""
+    return {
+        **os.environ,
+        **credentials.client_env(),
+        "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]),
+        STATE_ENV: str(state_dir()),
+    }
+
+
+def run_ablate(project: Path, code: Path, workers: int, profile: str, sets: list[str], scheduler: str | None) -> dict:
+    """One stage run of the code in ``code``; its metrics/ablate.json."""
+    env = environment(code)
     env.pop("SPIKELAB_SCHEDULER", None)
     if scheduler:
         env["SPIKELAB_SCHEDULER"] = scheduler
@@ -69,11 +86,41 @@ def run_ablate(project: Path, workers: int, profile: str, sets: list[str], sched
     return json.loads((project / "metrics" / "ablate.json").read_text())
 
 
-def cluster(*args: str) -> str:
-    done = subprocess.run([str(BIN / "spikelab"), "cluster", *args], capture_output=True, text=True, timeout=600)
+def cluster(code: Path, *args: str) -> str:
+    done = subprocess.run(
+        [str(BIN / "spikelab"), "cluster", *args], env=environment(code), capture_output=True, text=True, timeout=600
+    )
     if done.returncode:
         raise SystemExit(f"spikelab cluster {args[0]} failed: {done.stderr.strip()}")
     return done.stdout
+
+
+def both_paths(code: Path, tmp: Path, args: argparse.Namespace) -> tuple[dict, dict]:
+    """The stage on the local runner, then on a ``cluster up`` cluster, with the code in ``code``."""
+    local = run_ablate(scratch_project(tmp / "local"), code, args.workers, args.profile, args.sets, None)
+    said = cluster(code, "up", "--workers", str(args.workers), "--port", str(args.port))
+    try:
+        address = said.split("cluster: up at ", 1)[1].split(";", 1)[0]
+        on_dask = run_ablate(scratch_project(tmp / "dask"), code, args.workers, args.profile, args.sets, address)
+    finally:
+        cluster(code, "down")
+    return local, on_dask
+
+
+@contextmanager
+def worktree(ref: str):
+    """The code at git ref ``ref``, checked out in a temporary worktree."""
+    with tempfile.TemporaryDirectory(prefix="bench-baseline-") as tmp:
+        path = Path(tmp) / "code"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(path), ref], cwd=ROOT, check=True)
+        try:
+            yield path
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
+
+
+def metrics_of(run: dict) -> dict:
+    return {a["name"]: {k: v for k, v in a["metrics"].items() if k != "wall_s"} for a in run["arms"]}
 
 
 def main() -> None:
@@ -82,22 +129,20 @@ def main() -> None:
     p.add_argument("--profile", default="default")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--port", type=int, default=8786, help="the benchmark cluster's scheduler port")
+    p.add_argument("--baseline", metavar="REF", help="also measure the code at this git ref, and the ratio")
     p.add_argument("--out", type=Path, help="write the numbers as JSON here")
     args = p.parse_args()
 
+    baseline = None
     with tempfile.TemporaryDirectory(prefix="bench-dask-") as tmp:
-        local = run_ablate(scratch_project(Path(tmp, "local")), args.workers, args.profile, args.sets, None)
-        cluster("up", "--workers", str(args.workers), "--port", str(args.port))
-        try:
-            address = f"tcp://127.0.0.1:{args.port}"
-            on_dask = run_ablate(scratch_project(Path(tmp, "dask")), args.workers, args.profile, args.sets, address)
-        finally:
-            cluster("down")
+        if args.baseline:
+            with worktree(args.baseline) as code:
+                (Path(tmp) / "baseline").mkdir()
+                baseline = both_paths(code, Path(tmp) / "baseline", args)
+        (Path(tmp) / "this").mkdir()
+        local, on_dask = both_paths(ROOT, Path(tmp) / "this", args)
 
-    mine, theirs = (
-        {a["name"]: {k: v for k, v in a["metrics"].items() if k != "wall_s"} for a in run["arms"]}
-        for run in (on_dask, local)
-    )
+    mine, theirs = metrics_of(on_dask), metrics_of(local)
     arms = len(local["arms"])
     ratio = local["wall_s"] / on_dask["wall_s"]  # arms per second, Dask over local
     result = {
@@ -111,6 +156,22 @@ def main() -> None:
         "per_arm_metrics_identical": mine == theirs,
         "failed": {"local": local["counts"]["failed"], "dask": on_dask["counts"]["failed"]},
     }
+    if baseline is not None:
+        base_local, base_dask = baseline
+        result["baseline"] = {
+            "ref": args.baseline,
+            "local_wall_s": round(base_local["wall_s"], 2),
+            "dask_wall_s": round(base_dask["wall_s"], 2),
+            "throughput_local_over_baseline": round(base_local["wall_s"] / local["wall_s"], 3),
+            "throughput_dask_over_baseline": round(base_dask["wall_s"] / on_dask["wall_s"], 3),
+            "per_arm_metrics_identical_to_baseline": mine == metrics_of(base_dask) == metrics_of(base_local),
+        }
+        print(
+            f"against {args.baseline}: local {base_local['wall_s']:.1f} s, dask {base_dask['wall_s']:.1f} s; "
+            f"throughput this/baseline: local {result['baseline']['throughput_local_over_baseline']:.3f}, "
+            f"dask {result['baseline']['throughput_dask_over_baseline']:.3f}; per-arm metrics identical: "
+            f"{result['baseline']['per_arm_metrics_identical_to_baseline']}"
+        )
     print(
         f"{arms} arms on {args.workers} workers: local {local['wall_s']:.1f} s, "
         f"dask {on_dask['wall_s']:.1f} s; throughput dask/local = {ratio:.2f} (target >= 0.9); "

@@ -2,18 +2,25 @@
 ``Profile`` is a choice among the overlays in ``profiles/``; ``Overrides`` holds the keys a user
 sets for an ablation arm, typed as declared in the config (tasks/config.py names where each
 section lives) and described by the docstring written under each field there. Choices default
-to ``KEEP`` (params.yaml's value), other fields to empty."""
+to ``KEEP`` (params.yaml's value), other fields to empty.
+
+A run started from the UI or the API runs as the owner of the served project, whoever asked for it,
+so what it may set is bounded (:func:`check_from_outside`): numbers, flags and choices; a path only
+inside the project; no text key that reaches the file system or the network (storages, scheduler
+addresses, data sets, experiment names)."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from model.typed_config import PROFILES_DIR
+from model.typed_config import PROFILES_DIR, ConfigError
 from tasks.config import Config
 from tasks.runtime.paths import project_dir
 
@@ -25,6 +32,8 @@ FORM_KEYS = {
     "train": ["steps", "seed"],
 }
 """What the form offers, section by section (any other key: the free-form ``overrides``)."""
+PROJECT_PATHS = ("data.path",)
+"""Text keys a run from outside may set, to a path inside the project folder."""
 
 
 def profile_names() -> tuple[str, ...]:
@@ -100,3 +109,31 @@ def dotted(overrides: BaseModel | None, free_form: dict[str, Any] | None = None)
         if value not in (None, KEEP)
     }
     return {**keys, **(free_form or {})}
+
+
+def check_from_outside(sets: dict[str, Any], project: Path) -> None:
+    """Refuse what a run started from the UI or the API may not set, naming the key: a text key
+    (a storage, an address, a data set: it reaches the file system or the network as the owner),
+    unless it is a path of :data:`PROJECT_PATHS` that stays inside ``project`` (symlinks followed).
+    Numbers, flags and choices pass; their values are checked with the config."""
+    sections = typing.get_type_hints(Config)
+    for key, value in sets.items():
+        section, _, leaf = key.partition(".")
+        if section not in sections or not dataclasses.is_dataclass(sections[section]):
+            continue  # ``profile`` (a choice) or an unknown key, which the config refuses by name
+        hint = typing.get_type_hints(sections[section]).get(leaf)
+        if hint is not str:
+            continue
+        if key in PROJECT_PATHS and inside(project, str(value)):
+            continue
+        where = "a path inside the project folder" if key in PROJECT_PATHS else "set in params.yaml from a shell"
+        raise ConfigError(
+            f"{key}: refused from a run started in the Prefect UI or API (it reaches the file system or the "
+            f"network as the project's owner); only {where}"
+        )
+
+
+def inside(project: Path, path: str) -> bool:
+    """``path`` (relative to ``project``) resolves, symlinks followed, to a place inside ``project``."""
+    root = project.resolve()
+    return (root / path).resolve().is_relative_to(root)

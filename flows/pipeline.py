@@ -30,7 +30,7 @@ import yaml
 from prefect import flow, get_run_logger, task
 from prefect.context import FlowRunContext, TaskRunContext
 
-from flows.forms import KEEP, Overrides, ProfileChoice, dotted
+from flows.forms import KEEP, Overrides, ProfileChoice, check_from_outside, dotted
 from flows.stages import STAGES
 from tasks.config import project_config
 from tasks.runtime.artifacts import publish_pipeline_summary
@@ -232,11 +232,14 @@ def pipeline_flow(
         target: Every stage, or one stage (after the stages it needs, when they are stale).
         profile: The profile overlay from profiles/, or the one params.yaml names.
         overrides: The keys of an ablation arm, typed and documented; empty fields keep params.yaml.
-        extra_overrides: Any other dotted key, e.g. {"filter.min_chars": 100}.
+        extra_overrides: Any other dotted key that is a number, a flag or a choice, e.g.
+            {"filter.min_chars": 100}; `data.path` inside the project. Text keys that reach the
+            file system or the network (storages, scheduler addresses) are refused.
     """
     project = project_dir()
     chosen = None if profile == KEEP else profile
     sets = {**({"profile": chosen} if chosen else {}), **dotted(overrides, extra_overrides)}
+    check_from_outside(sets, project)  # whoever triggered it, this runs as the project's owner
     cfg, _ = project_config(chosen, {k: v for k, v in sets.items() if k != "profile"})  # bad values fail here
     experiment = experiment_name(sets)
     if experiment:

@@ -74,10 +74,17 @@ def not_empty(key: str, values: list[Any]) -> None:
 C = TypeVar("C", bound="SectionedConfig")
 
 
+SECRET_QUERY_KEYS = ("password", "passfile", "sslpassword")
+"""libpq's connection parameters that carry a password or name a file of them."""
+
+
 def no_password(key: str, url: str) -> None:
-    """A database URL without its password: configs are tracked by git and command lines are
-    readable by every local user. The message never repeats the URL."""
-    if urllib.parse.urlsplit(url).password:
+    """A database URL without a password in any part of it (the user info, or a ``password=``,
+    ``passfile=`` or ``sslpassword=`` query parameter): configs are tracked by git and command lines
+    are readable by every local user. The message never repeats the URL."""
+    parts = urllib.parse.urlsplit(url)
+    query = {k.lower() for k, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)}
+    if parts.password is not None or query & set(SECRET_QUERY_KEYS):
         raise ConfigError(
             f"{key}: the URL carries a password; remove it and put the password in the environment "
             "(PGPASSWORD) or a password file outside git (~/.pgpass, or the file PGPASSFILE names), "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 import time
 import urllib.request
@@ -29,9 +30,10 @@ TIDY = {
 
 
 def prefect_api(url: str, body: dict | None = None):
-    request = urllib.request.Request(
-        url, data=None if body is None else json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
+    from tasks.runtime.credentials import basic_auth
+
+    headers = {"Content-Type": "application/json", **basic_auth(os.environ["PREFECT_API_AUTH_STRING"])}
+    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), headers=headers)
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.load(response)
 
@@ -110,7 +112,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=8.0, help="seconds a page gets to render")
     parser.add_argument("--height", type=int, default=1000, help="browser window height (pixels)")
     args = parser.parse_args()
-    from tasks.runtime import paths, services
+    from tasks.runtime import credentials, paths, services
     from tests import browser
 
     if reason := browser.missing():
@@ -118,11 +120,15 @@ def main() -> None:
     down = [name for name, report in services.status().items() if not report.startswith("up")]
     if down:
         raise SystemExit(f"not up for this checkout: {', '.join(down)} (spikelab services up)")
+    services.configure_environment()  # the login, into this process's environment
     flow_run = newest_pipeline_run(paths.prefect_url())
     deployment = prefect_api(f"{paths.prefect_url()}/deployments/name/pipeline/spikelab-pipeline")
     args.out.mkdir(parents=True, exist_ok=True)
     driver = browser.chrome(1280, args.height)
+    login = credentials.load()
     try:
+        browser.log_in_to_prefect(driver, paths.prefect_ui_url(), login.auth_string)
+        browser.send_login(driver, login.username, login.password)
         shots = {
             **pages(paths.prefect_ui_url(), paths.mlflow_url(), flow_run, deployment["id"]),
             "optuna-dashboard": paths.dashboard_url(),

@@ -42,6 +42,26 @@ def chrome(width: int = 1280, height: int = 800) -> webdriver.Chrome:
     return webdriver.Chrome(options=options, service=Service(next(d for d in map(shutil.which, DRIVERS) if d)))
 
 
+def send_login(driver: webdriver.Chrome, username: str, password: str) -> None:
+    """Every request the browser makes from now on carries the login as HTTP basic auth (what a
+    person types into the browser's prompt for MLflow and optuna-dashboard)."""
+    import base64
+
+    token = base64.b64encode(f"{username}:{password}".encode()).decode()
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}})
+
+
+def log_in_to_prefect(driver: webdriver.Chrome, ui: str, auth_string: str, timeout: float = 60) -> None:
+    """Prefect's UI asks for its auth string (``user:password``) on a login page; type it there."""
+    from selenium.webdriver.common.keys import Keys
+
+    driver.get(f"{ui}/dashboard")
+    field = WebDriverWait(driver, timeout).until(lambda d: d.find_element(By.CSS_SELECTOR, "input[type=password]"))
+    field.send_keys(auth_string, Keys.ENTER)
+    WebDriverWait(driver, timeout).until(lambda d: not d.find_elements(By.CSS_SELECTOR, "input[type=password]"))
+
+
 def page_text(driver: webdriver.Chrome) -> str:
     return driver.find_element(By.TAG_NAME, "body").text
 

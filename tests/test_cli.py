@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from flows.stages import PARAMS_STAGE, STAGES
+from tasks.runtime.credentials import basic_auth
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "prefect", "mlflow", "dvc", "optuna")
@@ -125,7 +126,7 @@ def test_a_typed_stop_shows_in_prefect_as_what_it_was_with_what_to_do_next(live_
     request = urllib.request.Request(
         f"{live_services['PREFECT_API_URL']}/flow_runs/filter",
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **basic_auth(live_services["PREFECT_API_AUTH_STRING"])},
     )
     with urllib.request.urlopen(request, timeout=30) as response:
         (flow_run,) = json.load(response)

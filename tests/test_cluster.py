@@ -1,7 +1,8 @@
 """Arms and search trials on a real Dask cluster (``spikelab cluster up``: a ``dask scheduler`` and
-``dask worker`` processes on 127.0.0.1) against the real test servers: the cluster's lifecycle,
-per-arm numbers identical to the local runner's, a worker SIGKILLed mid-grid, the stage's refusal
-without a Prefect server, the search's trials on the cluster, and one unit per GPU worker."""
+``dask worker`` processes on 127.0.0.1, mutual TLS) against the real test servers: the cluster's
+lifecycle, another user refused, per-arm numbers identical to the local runner's, a worker
+SIGKILLed mid-grid, the stage's refusals (no Prefect server, a scheduler without the cluster's
+certificate), the search's trials on the cluster, and one unit per GPU worker."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ pytest.importorskip("distributed", reason="distributed is not installed (pip ins
 
 from model.typed_config import UserError  # noqa: E402
 from tasks.runtime import cluster as spikelab_cluster
-from tasks.runtime import workers  # noqa: E402
+from tasks.runtime import tls, workers  # noqa: E402
+from tests.other_user import DASK_PROBES, other_user_has_distributed, run_as_other_user  # noqa: E402
 from tests.test_ablate_stage import on_test_servers, task_runs  # noqa: E402
 from tests.test_search import finished, search_config, tiny_project  # noqa: E402
 from tests.test_services import free_port  # noqa: E402
@@ -96,7 +98,8 @@ class Cluster:
         self.state, self.cwd, self.port = state, state, free_port()
         self.up_args = ["cluster", "up", "--port", str(self.port), *up_args]
         host = up_args[up_args.index("--host") + 1] if "--host" in up_args else "127.0.0.1"
-        self.address = f"tcp://{host}:{self.port}"
+        self.address = f"tls://{host}:{self.port}"
+        self.certificates = state / "tls"  # what `up` makes, and a worker node copies
 
     def __enter__(self) -> Cluster:
         self.state.mkdir(parents=True, exist_ok=True)
@@ -110,6 +113,19 @@ class Cluster:
 
     def run(self, *args: str) -> subprocess.CompletedProcess:
         return spikelab("cluster", *args, env=self.env, cwd=self.cwd)
+
+    def client(self):
+        """A client with the cluster's certificate."""
+        from distributed import Client
+
+        return Client(self.address, security=tls.security(self.certificates), set_as_default=False)
+
+    def reached(self) -> pytest.MonkeyPatch:
+        """This process pointed at the cluster, with a copy of its certificates (as a head node's stage)."""
+        patch = pytest.MonkeyPatch()
+        patch.setenv(workers.SCHEDULER_ENV, self.address)
+        patch.setenv(tls.TLS_DIR_ENV, str(self.certificates))
+        return patch
 
     def __exit__(self, *exc) -> None:
         try:
@@ -135,13 +151,15 @@ def ablate_project(root: Path) -> Path:
     return project
 
 
-def run_ablate(project: Path, overrides: dict, scheduler: str | None = None):
+def run_ablate(project: Path, overrides: dict, on: Cluster | None = None):
     import flows.ablate as stage
 
-    with pytest.MonkeyPatch.context() as patch, on_test_servers(project):
-        if scheduler:
-            patch.setenv(workers.SCHEDULER_ENV, scheduler)
-        state = stage.ablate_flow(profile="smoke", overrides=overrides, return_state=True)
+    patch = on.reached() if on else pytest.MonkeyPatch()
+    try:
+        with on_test_servers(project):
+            state = stage.ablate_flow(profile="smoke", overrides=overrides, return_state=True)
+    finally:
+        patch.undo()
     assert state.is_completed(), state.message
     return state, {a["name"]: a for a in json.loads((project / "metrics" / "ablate.json").read_text())["arms"]}
 
@@ -169,21 +187,48 @@ def test_cluster_up_status_down_on_loopback_with_the_workers_environment(live_se
         assert len(procs) >= 3  # the scheduler, two nannies and their workers
         listening = {conn.laddr.ip for p in procs for conn in p.net_connections("tcp") if conn.status == "LISTEN"}
         assert listening == {"127.0.0.1"}
-        from distributed import Client
-
         expected = {
             "MALLOC_TRIM_THRESHOLD_": workers.WORKER_ENVIRONMENT["MALLOC_TRIM_THRESHOLD_"],  # not the nanny's 64 kB
             "OMP_NUM_THREADS": "1",
             "PREFECT_API_URL": live_services["PREFECT_API_URL"],
             "MLFLOW_TRACKING_URI": live_services["MLFLOW_TRACKING_URI"],
         }
-        with Client(c.address, set_as_default=False) as client:
+        with c.client() as client:
             for key, value in expected.items():
                 assert set(client.run(os.getenv, key).values()) == {value}, key
         down = c.run("down")
         assert down.returncode == 0 and down.stdout.count("cluster: stopped") == 3
         assert all(gone(p) for p in procs), [p.pid for p in procs if not gone(p)]
         assert "scheduler: not started for this checkout" in c.run("status").stdout
+
+
+def test_cluster_up_refuses_another_user_and_keeps_its_key_from_them(cluster, tmp_path):
+    """The review's probe against ``spikelab cluster up``: another user's client, without the
+    certificate, with one of its own, or over plain TCP, never reaches the scheduler."""
+    other_user_has_distributed()
+    marker = tmp_path / "planted"
+    tmp_path.chmod(0o777)
+    done = run_as_other_user(DASK_PROBES, cluster.address, str(marker))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert all(r.startswith("refused") for r in json.loads(done.stdout).values()), done.stdout
+    assert not marker.exists()
+    assert oct(cluster.certificates.stat().st_mode & 0o777) == "0o700"
+    assert oct((cluster.certificates / "key.pem").stat().st_mode & 0o777) == "0o600"
+    with cluster.client() as owner:  # the same request with the certificate
+        assert owner.run_on_scheduler(os.getuid) == os.getuid()
+
+
+def test_a_stage_never_connects_to_a_scheduler_without_the_clusters_certificate(cluster, live_services, monkeypatch):
+    """A scheduler another user runs (its own certificate) is refused in the handshake: the stage
+    sends it nothing and unpickles nothing it returns."""
+    from distributed import LocalCluster
+
+    monkeypatch.setenv(tls.TLS_DIR_ENV, str(cluster.certificates))
+    monkeypatch.setattr(workers, "CONNECT_TIMEOUT_S", 3)
+    with LocalCluster(**workers.cluster_kwargs(1)) as theirs:  # TLS, but not this cluster's CA
+        refused = pytest.raises(UserError, match=f"Dask scheduler {theirs.scheduler_address}: does not answer")
+        with refused:
+            workers.check_cluster(theirs.scheduler_address, gpu=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,7 +242,7 @@ def both_runs(cluster, tmp_path_factory):
     local = ablate_project(tmp_path_factory.mktemp("local"))
     on_dask = ablate_project(tmp_path_factory.mktemp("dask"))
     _, local_arms = run_ablate(local, GRID)
-    state, dask_arms = run_ablate(on_dask, GRID, cluster.address)
+    state, dask_arms = run_ablate(on_dask, GRID, cluster)
     return (local, local_arms), (on_dask, dask_arms, state)
 
 
@@ -214,12 +259,10 @@ def test_arms_on_the_cluster_give_the_local_runners_numbers_exactly(both_runs):
     assert len(runs) == 5 and {s for s, _ in runs.values()} == {"COMPLETED"}
 
 
-def kill_a_busy_worker(address: str, arms_dir: Path, seen: dict, timeout: float = 90) -> None:
+def kill_a_busy_worker(cluster: Cluster, arms_dir: Path, seen: dict, timeout: float = 90) -> None:
     """SIGKILL the first worker seen training an arm; note which arms had finished by then."""
-    from distributed import Client
-
     deadline = time.monotonic() + timeout
-    with Client(address, set_as_default=False) as client:
+    with cluster.client() as client:
         while time.monotonic() < deadline:
             busy = [w for w, tasks in client.processing().items() if tasks]
             if busy:
@@ -235,9 +278,9 @@ def test_a_worker_killed_mid_grid_its_arm_trains_elsewhere_and_finished_arms_are
     _, (on_dask, before, _) = both_runs
     seen: dict = {}
     arms_dir = on_dask / "runs" / "ablate" / "arms"
-    killer = threading.Thread(target=kill_a_busy_worker, args=(cluster.address, arms_dir, seen), daemon=True)
+    killer = threading.Thread(target=kill_a_busy_worker, args=(cluster, arms_dir, seen), daemon=True)
     killer.start()
-    state, arms = run_ablate(on_dask, {**GRID, "ablation.seeds": [0, 1]}, cluster.address)
+    state, arms = run_ablate(on_dask, {**GRID, "ablation.seeds": [0, 1]}, cluster)
     killer.join(timeout=5)
     assert "killed" in seen, "no worker was seen training an arm"
     assert len(arms) == 12 and {a["status"] for a in arms.values()} == {"completed"}
@@ -278,7 +321,8 @@ def test_a_malformed_scheduler_address_is_an_error_naming_its_key(live_services,
 
 
 def test_a_scheduler_that_does_not_answer_is_named(live_services, monkeypatch, tmp_path):
-    address = f"tcp://127.0.0.1:{free_port()}"
+    address = f"tls://127.0.0.1:{free_port()}"
+    monkeypatch.setenv(tls.TLS_DIR_ENV, str(tls.ensure_certificates(tmp_path / "tls")))
     monkeypatch.setattr(workers, "CONNECT_TIMEOUT_S", 1)
     with pytest.raises(UserError, match=f"Dask scheduler {address}: does not answer"):
         workers.executor(search_config(tmp_path, **{"executor.scheduler": address}), 2, 4)
@@ -289,9 +333,10 @@ def test_a_scheduler_that_does_not_answer_is_named(live_services, monkeypatch, t
 # --------------------------------------------------------------------------------------------
 
 
-def test_search_trials_on_the_cluster_give_the_local_runners_values(cluster, tmp_path):
+def test_search_trials_on_the_cluster_give_the_local_runners_values(cluster, tmp_path, monkeypatch):
     from tasks.search import study as search
 
+    monkeypatch.setenv(tls.TLS_DIR_ENV, str(cluster.certificates))
     project = tiny_project(tmp_path / "project")
     results = {}
     for where in ("local", cluster.address):
@@ -305,12 +350,12 @@ def test_search_trials_on_the_cluster_give_the_local_runners_values(cluster, tmp
     assert all(len(trials) == 3 for trials in results["local"].values())
 
 
-def kill_a_worker_holding_a_trial(address: str, running: Callable[[], int], seen: dict, timeout: float = 90) -> None:
+def kill_a_worker_holding_a_trial(
+    cluster: Cluster, running: Callable[[], int], seen: dict, timeout: float = 90
+) -> None:
     """SIGKILL a worker once both workers hold a RUNNING trial (so the one killed holds one)."""
-    from distributed import Client
-
     deadline = time.monotonic() + timeout
-    with Client(address, set_as_default=False) as client:
+    with cluster.client() as client:
         while time.monotonic() < deadline:
             if running() == 2:
                 busy = [w for w, tasks in client.processing().items() if tasks]
@@ -320,11 +365,12 @@ def kill_a_worker_holding_a_trial(address: str, running: Callable[[], int], seen
             time.sleep(0.05)
 
 
-def test_a_worker_killed_mid_trial_leaves_no_point_of_the_grid_untrained(cluster, tmp_path):
+def test_a_worker_killed_mid_trial_leaves_no_point_of_the_grid_untrained(cluster, tmp_path, monkeypatch):
     """Dask gives the dead worker's task to another worker, which claims the next point; the trial
     the dead one held stays RUNNING until the next round fails it and trains its point again."""
     from tasks.search import study as search
 
+    monkeypatch.setenv(tls.TLS_DIR_ENV, str(cluster.certificates))
     project = tiny_project(tmp_path / "project")
     (tmp_path / "journal").mkdir()
     settings = {"search.workers": 2, "search.steps": 300, "executor.scheduler": cluster.address}
@@ -342,7 +388,7 @@ def test_a_worker_killed_mid_trial_leaves_no_point_of_the_grid_untrained(cluster
             return 0
 
     seen: dict = {}
-    killer = threading.Thread(target=kill_a_worker_holding_a_trial, args=(cluster.address, running, seen), daemon=True)
+    killer = threading.Thread(target=kill_a_worker_holding_a_trial, args=(cluster, running, seen), daemon=True)
     killer.start()
     search.run_workers(cfg, project, specs, None)
     killer.join(timeout=5)
@@ -368,8 +414,10 @@ def test_units_that_need_a_gpu_run_only_on_gpu_workers(live_services, tmp_path):
         assert joined.returncode == 0, joined.stderr[-2000:]
         assert "2 workers connected, 1 with a GPU" in c.run("status").stdout
         units = workers.Executor(c.address, workers=1, gpu=True)
-        with units.runner() as runner, units.placement():
-            names = {runner.submit(where, {}).result() for _ in range(4)}
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(tls.TLS_DIR_ENV, str(c.certificates))
+            with units.runner() as runner, units.placement():
+                names = {runner.submit(where, {}).result() for _ in range(4)}
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("SPIKELAB_STATE", str(c.state))
             assert names == {spikelab_cluster.worker_name(0)}  # the GPU worker (the first recorded)
@@ -377,13 +425,19 @@ def test_units_that_need_a_gpu_run_only_on_gpu_workers(live_services, tmp_path):
 
 def test_a_head_on_another_interface_serves_workers_that_join_it_and_warns_it_is_exposed(live_services, tmp_path):
     """127.0.0.2 stands for a head node's private address (all of 127/8 is loopback on Linux): the
-    scheduler listens there alone, ``up`` says the servers have no authentication, and workers
-    started from another checkout's state (another node) join it."""
+    scheduler listens there alone, ``up`` says the servers' traffic is unencrypted, and workers
+    started from another checkout's state (another node) join it with a copy of the head's
+    certificates, and only with it."""
+    import shutil
+
     with Cluster(live_services, tmp_path / "head", "--host", "127.0.0.2", "--workers", "1") as head:
-        assert "127.0.0.2, not loopback; they have no authentication" in head.said
+        assert "127.0.0.2, not loopback; they ask for the login, but" in head.said
         node = Cluster(live_services, tmp_path / "node")
         node.state.mkdir()
-        joined = node.run("join", head.address, "--workers", "1")
+        refused = node.run("join", head.address, "--workers", "1")  # no certificates on this node yet
+        assert refused.returncode == 2 and "cluster TLS: ca.pem, cert.pem, key.pem not found" in refused.stderr
+        copied = shutil.copytree(head.certificates, tmp_path / "copied-tls")
+        joined = node.run("join", head.address, "--workers", "1", "--tls", str(copied))
         try:
             assert joined.returncode == 0, joined.stderr[-2000:]
             assert f"scheduler: {head.address} (2 workers connected)" in head.run("status").stdout
@@ -399,4 +453,4 @@ def test_only_servers_beyond_loopback_are_warned_about():
     from tasks.runtime import paths
 
     assert paths.exposed_warning("127.0.0.1") is None
-    assert "no authentication" in paths.exposed_warning("10.0.0.5")
+    assert "unencrypted HTTP" in paths.exposed_warning("10.0.0.5")

@@ -8,8 +8,9 @@ import typing
 import pytest
 from pydantic import ValidationError
 
-from flows.forms import KEEP, Overrides, ProfileChoice, dotted, field_docs
+from flows.forms import KEEP, Overrides, ProfileChoice, check_from_outside, dotted, field_docs
 from model.config import ModelConfig, OptimConfig
+from model.typed_config import ConfigError
 
 
 def test_the_profile_is_a_choice_among_the_overlays_present_or_params_yaml_s_own():
@@ -40,3 +41,47 @@ def test_only_the_fields_a_user_filled_in_become_overrides():
 def test_a_value_outside_the_declared_type_is_refused_before_anything_runs(bad):
     with pytest.raises(ValidationError):
         Overrides(**bad)
+
+
+# --------------------------------------------------------------------------------------------
+# What a run started from the UI or the API may set (it runs as the project's owner)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("data.path", "/root/.ssh"),
+        ("data.path", "../outside"),
+        ("search.storage", "journal:/etc/cron.d/x"),
+        ("search.storage", "sqlite:////root/x.db"),
+        ("executor.scheduler", "tls://127.0.0.1:8786"),
+        ("data.hf_dataset", "someone/else"),
+        ("tracking.experiment", "theirs"),
+    ],
+)
+def test_a_run_from_outside_may_not_set_a_key_that_reaches_the_file_system_or_the_network(tmp_path, key, value):
+    with pytest.raises(ConfigError, match=f"^{key}: refused from a run started in the Prefect UI or API"):
+        check_from_outside({key: value}, tmp_path)
+
+
+def test_a_path_that_escapes_the_project_through_a_symlink_is_refused(tmp_path):
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "corpus").symlink_to(tmp_path)
+    with pytest.raises(ConfigError, match="data.path: refused .* only a path inside the project folder"):
+        check_from_outside({"data.path": "corpus/secret.txt"}, tmp_path / "project")
+
+
+def test_numbers_flags_choices_and_a_path_inside_the_project_pass(tmp_path):
+    check_from_outside(
+        {
+            "profile": "smoke",
+            "filter.min_chars": 100,
+            "model.qk_norm": True,
+            "model.block": "post_ln",
+            "ablation.seeds": [0, 1],
+            "data.source": "jsonl",
+            "data.path": "corpus/missing.jsonl",  # inside: the stage, not this rule, says it is missing
+        },
+        tmp_path,
+    )

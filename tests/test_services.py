@@ -118,8 +118,10 @@ def own_slow_servers(tmp_path, monkeypatch):
         record = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "port": port}
         (state / "services" / f"{name}.json").write_text(json.dumps(record))
     monkeypatch.setattr(os, "environ", env)
+    from tasks.runtime import credentials
     from tasks.runtime.services import answers
 
+    credentials.ensure()  # the login `up` would have made (these servers take any)
     deadline = time.monotonic() + 30
     while not all(answers(f"http://127.0.0.1:{port}/health", timeout=5) for port in ports.values()):
         assert time.monotonic() < deadline, "test servers did not start"

@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tasks.runtime.credentials import MLFLOW_USER_ENV, SECRET_ENVS
 from tests.postgres_kit import free_port
 
 pytestmark = pytest.mark.scaleout
@@ -54,6 +55,15 @@ def run(command: list[str], env: dict[str, str], cwd: Path, timeout: float = 300
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
+def client_login(state: Path) -> dict[str, str]:
+    """What a client of the servers of ``state`` sets: the login in the credentials file ``up`` made."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPIKELAB_STATE", str(state))
+        from tasks.runtime import credentials
+
+        return credentials.load().client_env()
+
+
 def server_command_lines(records: Path) -> list[str]:
     """The command lines of the servers `up` recorded and of all their children (gunicorn/uvicorn workers)."""
     lines = []
@@ -71,7 +81,8 @@ def head_node(postgres, tmp_path):
     project.mkdir()
     optuna_url = postgres.create_database("optuna_services")
     (project / "params.yaml").write_text(f"search:\n  storage: {optuna_url}\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_HOME")}
+    unset = ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_HOME", MLFLOW_USER_ENV, *SECRET_ENVS)
+    env = {k: v for k, v in os.environ.items() if k not in unset}  # not the test session's servers or login
     env.update(
         {
             "PATH": f"{BIN}{os.pathsep}{env['PATH']}",
@@ -102,6 +113,7 @@ def test_services_keep_their_stores_in_postgres_and_the_password_appears_nowhere
             **env,
             "PREFECT_API_URL": f"http://127.0.0.1:{env['SPIKELAB_PREFECT_PORT']}/api",
             "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{env['SPIKELAB_MLFLOW_PORT']}",
+            **client_login(tmp_path / "state"),
         }
         stage = run([sys.executable, "-c", STAGE_LIKE_RUN, optuna_url], client_env, project, timeout=240)
         outputs += [params, stage]
@@ -117,7 +129,11 @@ def test_services_keep_their_stores_in_postgres_and_the_password_appears_nowhere
             assert db.execute("SELECT state_type FROM flow_run").fetchall() == [("COMPLETED",)]
         assert list((tmp_path / "shared" / "mlartifacts").rglob("notes.txt")), "MLflow's artifact went elsewhere"
         dashboard = f"http://127.0.0.1:{env['SPIKELAB_DASHBOARD_PORT']}/api/studies"
-        assert run(["curl", "-sf", dashboard], env, project, timeout=30).returncode == 0  # it opened the database
+        with_login = ["curl", "-sf", "-K", "-", dashboard]  # the login on stdin, never on curl's command line
+        auth = client_env["PREFECT_API_AUTH_STRING"]
+        opened = subprocess.run(with_login, input=f'user = "{auth}"\n', capture_output=True, text=True, timeout=30)
+        assert opened.returncode == 0  # it opened the database
+        assert run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", dashboard], env, project).stdout == "401"
 
         import mlflow
 

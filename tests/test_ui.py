@@ -1,6 +1,7 @@
 """The study as a user meets it in the UIs, against real servers: the pipeline deployment triggered
-through the Prefect API with a typed override, then a failing one; the Prefect UI, the MLflow UI
-and every figure opened in a real (headless) browser."""
+through the Prefect API with a typed override, then a failing one, then ones that try to reach
+outside the project; no secret anywhere the run wrote; the Prefect UI, the MLflow UI and
+optuna-dashboard logged in to, and every figure opened, in a real (headless) browser."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from flows.stages import STAGES
+from tasks.runtime.credentials import basic_auth
 from tests.test_pipeline import VENV_BIN, copy_project, run
 
 pytestmark = pytest.mark.e2e
@@ -83,8 +85,9 @@ def trigger(served, deployment: str, parameters: dict) -> dict:
 
 
 def prefect(env: dict[str, str], path: str, body: dict) -> list[dict]:
+    headers = {"Content-Type": "application/json", **basic_auth(env["PREFECT_API_AUTH_STRING"])}
     request = urllib.request.Request(
-        f"{env['PREFECT_API_URL']}/{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        f"{env['PREFECT_API_URL']}/{path}", data=json.dumps(body).encode(), headers=headers
     )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.load(response)
@@ -189,6 +192,67 @@ def tree_digest(project: Path, *paths: str) -> dict[str, str]:
     return {str(f.relative_to(project)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
 
 
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"data.source": "text", "data.path": "/root/.ssh"}, "data.path"),
+        ({"search.storage": "journal:/etc/cron.d/spikelab-probe"}, "search.storage"),
+        ({"executor.scheduler": "tls://127.0.0.1:8786"}, "executor.scheduler"),
+    ],
+)
+def test_a_run_from_outside_that_reaches_past_the_project_is_refused_naming_the_key_and_writes_nothing(
+    served, pipeline_run, overrides, key
+):
+    project, _ = served
+    before = tree_digest(project, "params.yaml", "dvc.lock", "data")
+    flow_run = trigger(served, "pipeline/spikelab-pipeline", {"extra_overrides": overrides})
+    assert (
+        flow_run["state"] == "Failed"
+        and f"{key}: refused from a run started in the Prefect UI or API" in (flow_run["message"])
+    ), flow_run["message"]
+    assert tree_digest(project, "params.yaml", "dvc.lock", "data") == before
+    assert not Path("/etc/cron.d/spikelab-probe").exists()
+
+
+def secrets_of(env: dict[str, str]) -> list[bytes]:
+    """The login as it could leak: the password, MLflow's session key, the Authorization header."""
+    from tasks.runtime import credentials
+
+    login = credentials.load()
+    header = credentials.basic_auth(login.auth_string)["Authorization"].split()[1]
+    return [login.password.encode(), login.session_key.encode(), header.encode()]
+
+
+def test_no_secret_in_any_file_log_command_line_mlflow_record_or_prefect_run(
+    served, pipeline_run, mlflow_client, live_services
+):
+    """A study run with the generated login: grep every file the run wrote (project and state
+    directory: stores, logs, artifacts), every server's command line, every MLflow param and tag,
+    and every Prefect flow run's parameters and logs."""
+    import psutil
+
+    from tasks.runtime import credentials, paths
+
+    project, env = served
+    secrets = secrets_of(env)
+    keeps_it = {credentials.credentials_file()}  # the one file that holds it, 0600
+    files = [f for root in (project, paths.state_dir()) for f in root.rglob("*") if f.is_file() and f not in keeps_it]
+    assert len(files) > 100 and any(f.suffix == ".log" for f in files)
+    leaked = [str(f) for f in files if any(s in f.read_bytes() for s in secrets)]
+    assert not leaked, leaked
+    for proc in psutil.process_iter(["cmdline"]):
+        assert not any(s.decode() in " ".join(proc.info["cmdline"] or []) for s in secrets), proc.pid
+    experiments = [e.experiment_id for e in mlflow_client.search_experiments()]
+    for run_ in mlflow_client.search_runs(experiments, max_results=5000):
+        recorded = repr(run_.data.params) + repr(run_.data.tags)
+        assert not any(s.decode() in recorded for s in secrets), run_.info.run_id
+    flow_runs = prefect(env, "flow_runs/filter", {"limit": 200})
+    logs = prefect(env, "logs/filter", {"limit": 200, "logs": {"flow_run_id": {"any_": [pipeline_run["id"]]}}})
+    assert flow_runs and logs
+    text = json.dumps(flow_runs) + json.dumps(logs)
+    assert not any(s.decode() in text for s in secrets)
+
+
 def test_a_failing_override_fails_with_the_stages_error_and_leaves_the_workspace_byte_identical(served, pipeline_run):
     project, env = served
     watched = ("params.yaml", "dvc.lock", "models", "metrics", "data/raw", "reports")
@@ -210,29 +274,78 @@ def test_a_failing_override_fails_with_the_stages_error_and_leaves_the_workspace
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser_kit():
     try:
         from tests import browser as kit
     except ImportError as e:
         pytest.skip(f"selenium is not installed ({e})")
     if reason := kit.missing():
         pytest.skip(reason)
-    driver = kit.chrome()
+    return kit
+
+
+@pytest.fixture(scope="module")
+def browser(browser_kit, live_services):
+    """A browser that gives MLflow and optuna-dashboard the login, as a person does at their prompt."""
+    driver = browser_kit.chrome()
+    try:
+        browser_kit.send_login(
+            driver, live_services["MLFLOW_TRACKING_USERNAME"], live_services["MLFLOW_TRACKING_PASSWORD"]
+        )
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture()
+def fresh_browser(browser_kit):
+    """A browser that has given no login yet."""
+    driver = browser_kit.chrome()
     try:
         yield driver
     finally:
         driver.quit()
 
 
-def test_the_prefect_ui_lists_the_deployments_and_shows_a_pipeline_run_with_its_stages(served, pipeline_run, browser):
+def test_without_the_login_the_uis_show_a_login_and_nothing_else(served, pipeline_run, browser_kit, fresh_browser):
+    from selenium.webdriver.common.by import By
+
+    from tasks.runtime import paths
+
+    fresh_browser.get(f"{paths.prefect_ui_url()}/deployments")
+    browser_kit.wait_for_text(fresh_browser, "Login")
+    assert fresh_browser.find_elements(By.CSS_SELECTOR, "input[type=password]")
+    assert "spikelab-pipeline" not in browser_kit.page_text(fresh_browser)
+    for ui in (paths.mlflow_url(), f"{paths.dashboard_url()}/dashboard"):
+        fresh_browser.get(ui)  # the browser's own login prompt is not a page: nothing of the study shows
+        assert "pipeline" not in fresh_browser.page_source and "Model training" not in fresh_browser.page_source
+
+
+def test_the_prefect_ui_lists_the_deployments_and_shows_a_pipeline_run_with_its_stages(
+    served, pipeline_run, browser_kit, fresh_browser
+):
     from tests.browser import wait_for_text
 
     ui = served[1]["PREFECT_API_URL"].removesuffix("/api")
-    browser.get(f"{ui}/deployments")
-    wait_for_text(browser, "spikelab-pipeline", *(f"spikelab-{s}" for s in STAGES))
-    browser.get(f"{ui}/runs/flow-run/{pipeline_run['id']}")
-    text = wait_for_text(browser, "spikelab-pipeline", "Completed", "$ dvc repro --single-item prepare")
+    browser_kit.log_in_to_prefect(fresh_browser, ui, served[1]["PREFECT_API_AUTH_STRING"])  # its login page
+    fresh_browser.get(f"{ui}/deployments")
+    wait_for_text(fresh_browser, "spikelab-pipeline", *(f"spikelab-{s}" for s in STAGES))
+    fresh_browser.get(f"{ui}/runs/flow-run/{pipeline_run['id']}")
+    text = wait_for_text(fresh_browser, "spikelab-pipeline", "Completed", "$ dvc repro --single-item prepare")
     assert "Can't connect to Server API" not in text
+
+
+def test_optuna_dashboard_lists_the_searchs_studies(served, pipeline_run, browser):
+    import optuna
+
+    from tasks.runtime import paths
+    from tests.browser import wait_for_text
+
+    journal = optuna.storages.journal.JournalFileBackend(str(paths.state().optuna_journal))
+    names = optuna.get_all_study_names(optuna.storages.JournalStorage(journal))
+    assert names, "the search wrote no study"
+    browser.get(f"{paths.dashboard_url()}/dashboard")
+    wait_for_text(browser, *names[:3])
 
 
 def test_the_mlflow_ui_opens_the_experiment_for_model_training_with_stage_runs_nested(

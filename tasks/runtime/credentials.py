@@ -95,18 +95,19 @@ def load() -> Credentials:
     path = credentials_file()
     try:
         mode = path.stat().st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise UserError(
-                f"credentials {path}: other users can read it (mode {stat.S_IMODE(mode):o}); "
-                f"`chmod 600 {path}` and change the password (services down, delete the file, services up)"
-            )
-        raw = json.loads(path.read_text())
-        return Credentials(raw["username"], raw["password"], raw["session_key"])
     except FileNotFoundError:
         raise UserError(
             f"credentials {path}: not found; `spikelab services up` creates it on the head node, "
             f"copy it to a worker node and point {CREDENTIALS_ENV} at the copy"
         ) from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise UserError(
+            f"credentials {path}: other users can read it (mode {stat.S_IMODE(mode):o}); "
+            f"`chmod 600 {path}` and change the password (services down, delete the file, services up)"
+        )
+    try:
+        raw = json.loads(path.read_text())
+        return Credentials(raw["username"], raw["password"], raw["session_key"])
     except (OSError, ValueError, KeyError, TypeError):
         raise UserError(f"credentials {path}: unreadable or not spikelab's credentials file") from None
 
@@ -117,6 +118,13 @@ def client_env() -> dict[str, str]:
     if all(os.environ.get(k) for k in (PREFECT_CLIENT_ENV, MLFLOW_USER_ENV, MLFLOW_PASSWORD_ENV)):
         return {k: os.environ[k] for k in (PREFECT_CLIENT_ENV, MLFLOW_USER_ENV, MLFLOW_PASSWORD_ENV)}
     return load().client_env()
+
+
+def basic_auth(auth: str) -> dict[str, str]:
+    """The HTTP header that carries ``auth`` (``user:password``) as basic authentication."""
+    import base64
+
+    return {"Authorization": f"Basic {base64.b64encode(auth.encode()).decode()}"}
 
 
 def where() -> str:

@@ -70,11 +70,7 @@ class Service:
 def http_status(url: str, timeout: float = 0.5, auth: str | None = None) -> int | None:
     """The HTTP status ``url`` answers with (``auth``: ``user:password`` for basic auth), or None
     when nothing answers."""
-    import base64
-
-    request = urllib.request.Request(url)
-    if auth is not None:
-        request.add_header("Authorization", f"Basic {base64.b64encode(auth.encode()).decode()}")
+    request = urllib.request.Request(url, headers=credentials.basic_auth(auth) if auth is not None else {})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status

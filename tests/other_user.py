@@ -1,0 +1,91 @@
+"""Act as another local user of the machine: code run by the system's Python 3 as ``nobody``, with
+none of the owner's environment (no login, no certificate), the way a colleague on a shared lab
+server would probe the owner's servers. Needs root (to change user) and a Python 3 the other user
+can run; each test skips, saying why, where either is missing.
+
+The other user imports ``distributed`` from this checkout's site-packages when it can read them
+(a client of the same version as the cluster's); otherwise the tests that need it skip.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sysconfig
+
+import pytest
+
+OTHER = "nobody"
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
+
+
+def skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "acting as another user needs root (to change user); these tests run as root in CI"
+    try:
+        pwd.getpwnam(OTHER)
+    except KeyError:
+        return f"no user {OTHER!r} on this machine"
+    if SYSTEM_PYTHON is None:
+        return "no system python3 in /usr/bin for the other user"
+    return None
+
+
+def run_as_other_user(code: str, *args: str, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
+    """``code`` run by the system Python as ``nobody`` with ``args``, from ``/``, with a bare
+    environment; what it prints comes back. ``stdin``: what the code reads (a login, never on its
+    command line)."""
+    if reason := skip_reason():
+        pytest.skip(reason)
+    user = pwd.getpwnam(OTHER)
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+    return subprocess.run(
+        [SYSTEM_PYTHON, "-c", code, *args],
+        input=stdin,
+        user=user.pw_uid,
+        group=user.pw_gid,
+        extra_groups=[],
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def other_user_has_distributed() -> None:
+    """Skip, saying why, where the other user cannot import ``distributed``."""
+    done = run_as_other_user("import distributed")
+    if done.returncode:
+        pytest.skip(f"{OTHER} cannot import distributed from this checkout's site-packages: {done.stderr[-300:]}")
+
+
+DASK_PROBES = """
+import json, sys
+from distributed import Client
+from distributed.security import Security
+
+address, marker = sys.argv[1], sys.argv[2]
+
+def plant():  # what the attacker wants run as the cluster's owner
+    open(marker, "w").write("owned")
+    return "ran"
+
+results = {}
+attempts = {
+    "no certificate": lambda: Client(address, timeout=5, set_as_default=False),
+    "a certificate of its own": lambda: Client(address, security=Security.temporary(), timeout=5, set_as_default=False),
+    "plain tcp": lambda: Client(address.replace("tls://", "tcp://"), timeout=5, set_as_default=False),
+}
+for name, connect in attempts.items():
+    try:
+        client = connect()
+        results[name] = client.run_on_scheduler(plant)
+    except Exception as e:
+        results[name] = "refused: " + type(e).__name__
+print(json.dumps(results))
+"""
+"""Every way another user might reach a Dask scheduler and run code on it (``sys.argv``: the
+address and the file its code would write). Prints what each attempt got."""

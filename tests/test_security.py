@@ -1,0 +1,321 @@
+"""No way in for another local user: the login is generated once, kept from other users and never
+echoed; passwords never ride in a URL; a plain-TCP Dask scheduler is refused; MLflow serves
+artifacts only from its root, never through a symlink; and, acting as ``nobody`` against the real
+servers and a stage's own Dask cluster, every request without the login or the certificate is
+refused while the same request with them succeeds."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from model.typed_config import ConfigError, UserError, no_password
+from tasks.runtime.config import check_scheduler
+from tests.other_user import DASK_PROBES, OTHER, other_user_has_distributed, run_as_other_user, skip_reason
+
+
+@pytest.fixture()
+def state(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("SPIKELAB_STATE", str(tmp_path / "state"))
+    for key in ("SPIKELAB_CREDENTIALS", "SPIKELAB_PASSWORD", "SPIKELAB_TLS_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    return tmp_path / "state"
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+# --------------------------------------------------------------------------------------------
+# The login and the state directory
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_login_is_generated_once_into_a_file_only_its_owner_reads(state, capsys):
+    from tasks.runtime import credentials, services
+
+    first = credentials.ensure()
+    path = state / "credentials.json"
+    assert mode(path) == 0o600 and mode(state) == 0o700
+    assert credentials.ensure() == first and len(first.password) >= 32  # re-used, not regenerated
+    assert first.password not in repr(first) and first.session_key not in repr(first)
+    print("\n".join(services.info()))
+    said = capsys.readouterr().out
+    assert str(path) in said and "user spikelab" in said and first.password not in said
+
+
+def test_the_password_is_taken_from_the_environment_at_the_first_up_only(state, monkeypatch):
+    from tasks.runtime import credentials
+
+    monkeypatch.setenv("SPIKELAB_PASSWORD", "from-a-secret-store")
+    assert credentials.ensure().password == "from-a-secret-store"
+    monkeypatch.setenv("SPIKELAB_PASSWORD", "another")
+    assert credentials.ensure().password == "from-a-secret-store"
+
+
+@pytest.mark.parametrize("bad_mode", [0o640, 0o604])
+def test_a_credentials_file_other_users_can_read_is_refused_naming_it_never_its_content(state, bad_mode):
+    from tasks.runtime import credentials
+
+    login = credentials.ensure()
+    (state / "credentials.json").chmod(bad_mode)
+    with pytest.raises(UserError, match=f"credentials {state / 'credentials.json'}: other users can read it") as e:
+        credentials.load()
+    assert login.password not in str(e.value)
+
+
+def test_a_missing_credentials_file_says_where_it_comes_from(state, monkeypatch):
+    from tasks.runtime import credentials
+
+    monkeypatch.setenv("SPIKELAB_CREDENTIALS", str(state / "copied.json"))
+    with pytest.raises(UserError, match="copied.json: not found; `spikelab services up` creates it"):
+        credentials.load()
+
+
+def test_the_state_directory_is_made_private_even_when_it_existed_open(state):
+    from tasks.runtime import paths
+
+    state.mkdir(mode=0o755)
+    state.chmod(0o755)
+    assert paths.state_dir() == state and mode(state) == 0o700
+
+
+# --------------------------------------------------------------------------------------------
+# Passwords in URLs, schedulers without TLS
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:hunter2@h/db",
+        "postgresql://u:@h/db",  # an empty password is still a password field
+        "postgresql://u@h/db?password=hunter2",
+        "postgresql://u@h/db?sslmode=require&PASSWORD=hunter2",
+        "postgresql://u@h/db?passfile=/home/u/.pgpass-hunter2",
+        "postgresql://u@h/db?sslpassword=hunter2",
+    ],
+)
+def test_a_password_anywhere_in_a_url_is_refused_without_echoing_it(url):
+    with pytest.raises(ConfigError, match="search.storage: the URL carries a password") as e:
+        no_password("search.storage", url)
+    assert "hunter2" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://u@h:5432/db", "postgresql://u@h/db?sslmode=require&application_name=password"]
+)
+def test_a_url_without_a_password_passes(url):
+    no_password("search.storage", url)
+
+
+def test_a_plain_tcp_scheduler_is_refused_saying_why_and_what_to_use():
+    with pytest.raises(ConfigError, match="SPIKELAB_SCHEDULER: 'tcp://127.0.0.1:8786' is a plain-TCP scheduler") as e:
+        check_scheduler("SPIKELAB_SCHEDULER", "tcp://127.0.0.1:8786")
+    assert "runs code as its owner" in str(e.value) and "tls://" in str(e.value)
+
+
+@pytest.mark.parametrize(("address", "ok"), [("tls://h:65535", True), ("tls://h:65536", False), ("tls://h:0", False)])
+def test_a_tls_scheduler_address_is_taken_up_to_the_last_valid_port(address, ok):
+    if ok:
+        check_scheduler("executor.scheduler", address)
+    else:
+        with pytest.raises(ConfigError, match="executor.scheduler: .* neither 'local' nor"):
+            check_scheduler("executor.scheduler", address)
+
+
+# --------------------------------------------------------------------------------------------
+# The cluster's certificates
+# --------------------------------------------------------------------------------------------
+
+
+def test_cluster_certificates_are_made_once_with_the_key_private(state):
+    from tasks.runtime import tls
+
+    folder = tls.ensure_certificates()
+    assert folder == state / "tls" and mode(folder) == 0o700 and mode(folder / "key.pem") == 0o600
+    before = (folder / "cert.pem").read_bytes()
+    assert tls.ensure_certificates() == folder and (folder / "cert.pem").read_bytes() == before
+    assert tls.security().require_encryption
+
+
+def test_a_node_without_the_certificates_or_with_an_open_key_is_told_what_to_copy(state, tmp_path, monkeypatch):
+    from tasks.runtime import tls
+
+    monkeypatch.setenv("SPIKELAB_TLS_DIR", str(tmp_path / "copy"))
+    with pytest.raises(UserError, match=r"ca.pem, cert.pem, key.pem not found in .*copy; `spikelab cluster up`"):
+        tls.security()
+    folder = tls.ensure_certificates()
+    (folder / "key.pem").chmod(0o644)
+    with pytest.raises(UserError, match="key.pem is readable by other users"):
+        tls.security()
+
+
+# --------------------------------------------------------------------------------------------
+# MLflow's artifact reads
+# --------------------------------------------------------------------------------------------
+
+
+def test_mlflow_reads_artifacts_only_below_its_root_and_never_through_a_symlink(tmp_path, monkeypatch):
+    from mlflow.exceptions import MlflowException
+
+    from tasks.runtime.mlflow_app import ROOTS_ENV, confined
+
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    (root / "1" / "run" / "artifacts").mkdir(parents=True)
+    elsewhere.mkdir()
+    (root / "1" / "run" / "artifacts" / "link").symlink_to(elsewhere)
+    monkeypatch.setenv(ROOTS_ENV, str(root))
+    assert confined(str(root)) == str(root)
+    assert confined(str(root / "1" / "run" / "artifacts" / "f.png"))
+    for path, why in [
+        (elsewhere / "f.png", "outside the server's artifact root"),
+        (f"{root}-sibling/f.png", "outside the server's artifact root"),  # a prefix of the root is not inside it
+        (root / "1" / "run" / "artifacts" / "link" / "f.png", "through a symlink"),
+    ]:
+        with pytest.raises(MlflowException, match=why) as e:
+            confined(str(path))
+        assert e.value.get_http_status_code() == 403
+
+
+# --------------------------------------------------------------------------------------------
+# As another user, against the real servers and a stage's own Dask cluster
+# --------------------------------------------------------------------------------------------
+
+HTTP_PROBES = """
+import json, sys, urllib.request, urllib.error
+auth = sys.stdin.read().strip()  # empty: no login
+probes = json.loads(sys.argv[1])
+results = {}
+for name, (method, url, body) in probes.items():
+    request = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode())
+    request.add_header("Content-Type", "application/json")
+    if auth:
+        import base64
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            results[name] = response.status
+    except urllib.error.HTTPError as e:
+        results[name] = e.code
+print(json.dumps(results))
+"""
+
+
+def server_probes() -> dict[str, tuple[str, str, dict | None]]:
+    """What another user tried: read every flow run and log, start a deployment's run, read and
+    create MLflow experiments, read and delete studies, reach MLflow's assistant."""
+    from tasks.runtime import paths
+
+    prefect, mlflow, dashboard = paths.prefect_url(), paths.mlflow_url(), paths.dashboard_url()
+    return {
+        "prefect: flow runs": ("POST", f"{prefect}/flow_runs/filter", {"limit": 1}),
+        "prefect: logs": ("POST", f"{prefect}/logs/filter", {"limit": 1}),
+        "prefect: deployments": ("POST", f"{prefect}/deployments/filter", {"limit": 1}),
+        "mlflow: experiments": ("GET", f"{mlflow}/api/2.0/mlflow/experiments/search?max_results=1", None),
+        "mlflow: create": ("POST", f"{mlflow}/api/2.0/mlflow/experiments/create", {"name": f"probe-{os.getpid()}"}),
+        "dashboard: studies": ("GET", f"{dashboard}/api/studies", None),
+        "dashboard: page": ("GET", f"{dashboard}/dashboard", None),
+    }
+
+
+@pytest.mark.e2e
+def test_every_server_refuses_another_user_without_the_login_and_answers_with_it(live_services):
+    from tasks.runtime import credentials, paths
+
+    probes = server_probes()
+    without = run_as_other_user(HTTP_PROBES, json.dumps(probes))
+    assert without.returncode == 0, without.stderr[-2000:]
+    assert json.loads(without.stdout) == dict.fromkeys(probes, 401)
+    login = credentials.load()
+    with_login = run_as_other_user(HTTP_PROBES, json.dumps(probes), stdin=login.auth_string)
+    assert with_login.returncode == 0, with_login.stderr[-2000:]
+    assert json.loads(with_login.stdout) == dict.fromkeys(probes, 200)  # the login, nothing else, lets one in
+    assistant = {"mlflow: assistant": ("GET", f"{paths.mlflow_url()}/ajax-api/3.0/mlflow/assistant/config", None)}
+    done = run_as_other_user(HTTP_PROBES, json.dumps(assistant), stdin=login.auth_string)
+    assert json.loads(done.stdout) == {"mlflow: assistant": 404}, "the assistant's routes are off, even with the login"
+
+
+@pytest.mark.e2e
+def test_the_stores_and_the_login_are_out_of_another_users_reach(live_services):
+    from tasks.runtime import paths
+
+    state = paths.state_dir()
+    reads = {
+        "credentials": state / "credentials.json",
+        "mlflow store": state / "mlflow.db",
+        "optuna journal": state / "optuna.journal",
+        "service log": state / "services" / "mlflow.log",
+    }
+    code = "import sys, json\nout = {}\nfor name, path in json.loads(sys.argv[1]).items():\n"
+    code += "    try:\n        open(path).read(1); out[name] = 'read'\n    except OSError as e:\n"
+    code += "        out[name] = type(e).__name__\nprint(json.dumps(out))"
+    done = run_as_other_user(code, json.dumps({k: str(v) for k, v in reads.items()}))
+    assert json.loads(done.stdout) == dict.fromkeys(reads, "PermissionError"), done.stderr
+
+
+@pytest.mark.e2e
+def test_an_artifact_folder_another_user_symlinked_to_the_owners_files_is_not_served(live_services, tmp_path):
+    """The review's probe: an experiment whose artifact location is the other user's folder, the
+    run's ``artifacts`` a symlink to a folder only the owner reads. Even with the login (a leaked
+    one), MLflow refuses it; a run's own artifact is served."""
+    if reason := skip_reason():
+        pytest.skip(reason)
+    import pwd
+    import urllib.error
+    import urllib.request
+
+    import mlflow
+
+    from tasks.runtime import credentials, paths
+
+    owners = tmp_path / "owners"
+    owners.mkdir(mode=0o700)
+    (owners / "secret.txt").write_text("the owner's")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, pwd.getpwnam(OTHER).pw_uid, -1)
+    client = mlflow.MlflowClient(paths.mlflow_url())
+    run = client.create_run(client.create_experiment(f"probe-{tmp_path.name}", artifact_location=str(theirs)))
+    (theirs / run.info.run_id).mkdir()
+    (theirs / run.info.run_id / "artifacts").symlink_to(owners)
+    own = client.create_run(client.get_experiment_by_name("Default").experiment_id)
+    client.log_text(own.info.run_id, "served", "notes.txt")
+    auth = credentials.basic_auth(credentials.load().auth_string)
+
+    def status(path: str) -> int:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(paths.mlflow_url() + path, headers=auth)) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    assert status(f"/get-artifact?run_id={run.info.run_id}&path=secret.txt") == 403
+    assert status(f"/ajax-api/2.0/mlflow/artifacts/list?run_id={run.info.run_id}") == 403
+    assert status(f"/get-artifact?run_id={own.info.run_id}&path=notes.txt") == 200
+
+
+def test_a_stages_own_dask_cluster_refuses_another_user_and_runs_the_owners_code(tmp_path):
+    """The review's probe: ``Client(addr).run_on_scheduler(fn)`` from another user ran ``fn`` as the
+    owner. Now every way in is refused before a message is read, and nothing it sent ran."""
+    other_user_has_distributed()
+    from distributed import Client, LocalCluster
+
+    from tasks.runtime.workers import cluster_kwargs, configured_cluster
+
+    marker = tmp_path / "planted"
+    tmp_path.chmod(0o777)  # so that a probe that did get in could write its marker
+    with configured_cluster(), LocalCluster(**cluster_kwargs(1)) as cluster:
+        address = cluster.scheduler_address
+        assert address.startswith("tls://127.0.0.1:")
+        done = run_as_other_user(DASK_PROBES, address, str(marker))
+        assert done.returncode == 0, done.stderr[-2000:]
+        results = json.loads(done.stdout)
+        assert all(r.startswith("refused") for r in results.values()), results
+        assert not marker.exists()
+        with Client(cluster, set_as_default=False) as owner:  # the same request with the certificate
+            assert owner.run_on_scheduler(os.getuid) == os.getuid()
