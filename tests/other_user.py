@@ -3,17 +3,21 @@ none of the owner's environment (no login, no certificate), the way a colleague 
 server would probe the owner's servers. Needs root (to change user) and a Python 3 the other user
 can run; each test skips, saying why, where either is missing.
 
-The other user imports ``distributed`` from this checkout's site-packages when it can read them
-(a client of the same version as the cluster's); otherwise the tests that need it skip.
+The other user imports ``distributed`` (the cluster's own version) from a world-readable copy of
+it and what it needs, made from this checkout's site-packages, which may lie in a folder the other
+user cannot enter (a clone under a 0700 temporary directory).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import shutil
 import subprocess
 import sysconfig
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -40,7 +44,7 @@ def run_as_other_user(code: str, *args: str, stdin: str = "", timeout: float = 1
     if reason := skip_reason():
         pytest.skip(reason)
     user = pwd.getpwnam(OTHER)
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": str(readable_packages("distributed", "cryptography"))}
     return subprocess.run(
         [SYSTEM_PYTHON, "-c", code, *args],
         input=stdin,
@@ -55,11 +59,45 @@ def run_as_other_user(code: str, *args: str, stdin: str = "", timeout: float = 1
     )
 
 
+@functools.cache
+def readable_packages(*roots: str) -> Path:
+    """A folder every user can read holding the installed distributions ``roots`` and everything
+    they require (markers evaluated without extras), copied from this environment; removed at exit."""
+    import atexit
+    import importlib.metadata as metadata
+
+    from packaging.requirements import Requirement
+
+    folder = Path(tempfile.mkdtemp(prefix="spikelab-other-user-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    folder.chmod(0o755)
+    site = Path(sysconfig.get_paths()["purelib"])
+    todo, seen = list(roots), set()
+    while todo:
+        name = todo.pop()
+        if name.lower().replace("_", "-") in seen:
+            continue
+        seen.add(name.lower().replace("_", "-"))
+        dist = metadata.distribution(name)
+        for file in dist.files or []:
+            source = Path(dist.locate_file(file))
+            if source.is_file() and source.resolve().is_relative_to(site.resolve()):
+                target = folder / source.resolve().relative_to(site.resolve())
+                target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+                shutil.copy(source, target)
+        for requirement in map(Requirement, dist.requires or []):
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return folder
+
+
 def other_user_has_distributed() -> None:
     """Skip, saying why, where the other user cannot import ``distributed``."""
     done = run_as_other_user("import distributed")
     if done.returncode:
-        pytest.skip(f"{OTHER} cannot import distributed from this checkout's site-packages: {done.stderr[-300:]}")
+        pytest.skip(f"{OTHER} cannot import distributed from a copy of this environment's: {done.stderr[-300:]}")
 
 
 DASK_PROBES = """
