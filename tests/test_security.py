@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -318,3 +319,28 @@ def test_a_stages_own_dask_cluster_refuses_another_user_and_runs_the_owners_code
         assert not marker.exists()
         with Client(cluster, set_as_default=False) as owner:  # the same request with the certificate
             assert owner.run_on_scheduler(os.getuid) == os.getuid()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("server", ["prefect", "mlflow"])
+def test_a_wrong_login_stops_a_stage_naming_the_server_and_where_the_login_lives(live_services, tmp_path, server):
+    import subprocess
+
+    wrong = {"PREFECT_API_AUTH_STRING": "spikelab:wrong-guess"} if server == "prefect" else {}
+    wrong |= {"MLFLOW_TRACKING_PASSWORD": "wrong-guess"} if server == "mlflow" else {}
+    env = {**live_services, **wrong}
+    if server == "mlflow":  # the Prefect check passes with the right login, so MLflow's is the one refused
+        env["PREFECT_API_AUTH_STRING"] = live_services["PREFECT_API_AUTH_STRING"]
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("spikelab")), "run", "prepare"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"spikelab: error: {server} server at http://127.0.0.1:" in done.stderr
+    assert "refused the login (HTTP 401)" in done.stderr and "credentials.json" in done.stderr
+    assert "wrong-guess" not in done.stderr + done.stdout and not (tmp_path / "data").exists()

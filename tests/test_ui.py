@@ -240,6 +240,8 @@ def test_no_secret_in_any_file_log_command_line_mlflow_record_or_prefect_run(
     assert len(files) > 100 and any(f.suffix == ".log" for f in files)
     leaked = [str(f) for f in files if any(s in f.read_bytes() for s in secrets)]
     assert not leaked, leaked
+    assert not [str(f) for f in files if f.stat().st_mode & 0o002], "a file any user may write"
+    assert paths.state_dir().stat().st_mode & 0o077 == 0, "the state directory is its owner's alone"
     for proc in psutil.process_iter(["cmdline"]):
         assert not any(s.decode() in " ".join(proc.info["cmdline"] or []) for s in secrets), proc.pid
     experiments = [e.experiment_id for e in mlflow_client.search_experiments()]
