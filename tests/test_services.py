@@ -85,8 +85,9 @@ import http.server, sys, time
 class Slow(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         time.sleep(1.0)  # a server that just started (MLflow's workers) or is busy: slower than one probe
+        asks = not self.path.endswith("/health") and "Authorization" not in self.headers and sys.argv[2] != "open"
         try:
-            self.send_response(200)
+            self.send_response(401 if asks else 200)
             self.end_headers()
             self.wfile.write(b"OK")
         except OSError:  # the client gave up
@@ -97,9 +98,10 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Slow).serve_for
 """
 
 
-@pytest.fixture()
-def own_slow_servers(tmp_path, monkeypatch):
-    """This checkout's servers, started as ``services up`` records them, answering only after 1 s."""
+@pytest.fixture(params=["asks for the login"])
+def own_slow_servers(tmp_path, monkeypatch, request):
+    """This checkout's servers, started as ``services up`` records them, answering only after 1 s,
+    asking for the login as ours do (or, ``open``, as an older spikelab's did)."""
     import psutil
 
     state = tmp_path / "state"
@@ -113,7 +115,8 @@ def own_slow_servers(tmp_path, monkeypatch):
     )
     procs = []
     for name, port in ports.items():
-        proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVER, str(port)], env=env, stderr=subprocess.DEVNULL)
+        command = [sys.executable, "-c", SLOW_SERVER, str(port), request.param]
+        proc = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
         procs.append(proc)
         record = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "port": port}
         (state / "services" / f"{name}.json").write_text(json.dumps(record))
@@ -140,3 +143,14 @@ def test_a_stage_waits_for_this_checkouts_own_server_when_it_answers_slowly(own_
     assert chosen == {"prefect": paths.prefect_url(), "mlflow": paths.mlflow_url()}, capsys.readouterr().err
     assert services.serves_this_checkout("mlflow", patience=5)
     assert services.status()["mlflow"].endswith("(this checkout)")
+
+
+@pytest.mark.parametrize("own_slow_servers", ["open"], indirect=True)
+def test_a_server_of_this_checkout_that_answers_without_a_login_is_refused(own_slow_servers):
+    """One an older spikelab started before servers asked for a login: any local user can use it,
+    so a stage stops, saying how to restart it, rather than log to it."""
+    from model.typed_config import UserError
+    from tasks.runtime import services
+
+    with pytest.raises(UserError, match="prefect server at .* answers without a login, so any local user can use it"):
+        services.configure_environment()

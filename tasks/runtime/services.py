@@ -376,9 +376,15 @@ def base_url(name: str) -> str:
 
 
 def check_login(name: str, auth: str, base: str | None = None) -> None:
-    """The server ``name`` (at ``base``, default this checkout's) takes ``auth`` (``user:password``);
-    else a UserError naming the server and where the login lives: never a retry without it."""
+    """The server ``name`` (at ``base``, default this checkout's) asks for a login and takes ``auth``
+    (``user:password``); else a UserError naming the server and where the login lives: never a
+    retry without it, and never a server that answers anyone (one an older spikelab started)."""
     base = (base or base_url(name)).rstrip("/")
+    if http_status(base + LOGIN_PROBES[name], timeout=30.0) not in (401, 403):
+        raise UserError(
+            f"{name} server at {base}: answers without a login, so any local user can use it (started by an "
+            "older spikelab?); `spikelab services down` and `spikelab services up` start it with one"
+        )
     status = http_status(base + LOGIN_PROBES[name], timeout=30.0, auth=auth)
     if status in (401, 403):
         raise UserError(
@@ -454,9 +460,9 @@ def configure_environment() -> dict[str, str]:
     # MLflow prints two "View run/experiment at" lines per run it ends: one per arm and trial.
     # The stages' progress lines and Prefect artifacts link the runs instead.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-    os.environ.pop("PREFECT_API_KEY", None)  # Prefect Cloud's: it would take precedence over the auth string
     if "PREFECT_API_URL" not in os.environ and _use_server("prefect"):
         os.environ["PREFECT_API_URL"] = paths.prefect_url()
+        os.environ.pop("PREFECT_API_KEY", None)  # Prefect Cloud's: it would take precedence over the auth string
     if "MLFLOW_TRACKING_URI" not in os.environ:
         use = _use_server("mlflow")
         os.environ["MLFLOW_TRACKING_URI"] = paths.mlflow_url() if use else f"sqlite:///{s.mlflow_db}"
@@ -469,8 +475,10 @@ def configure_environment() -> dict[str, str]:
 
 def log_in_to_servers() -> None:
     """Give this process (and what it starts) the login for the servers it uses, and check that
-    each takes it; the local stores need none."""
-    servers = {"prefect": os.environ.get("PREFECT_API_URL", ""), "mlflow": os.environ["MLFLOW_TRACKING_URI"]}
+    each asks for it and takes it; the local stores need none, nor a Prefect Cloud workspace (its
+    ``PREFECT_API_KEY`` is its login)."""
+    prefect = "" if os.environ.get("PREFECT_API_KEY") else os.environ.get("PREFECT_API_URL", "")
+    servers = {"prefect": prefect, "mlflow": os.environ["MLFLOW_TRACKING_URI"]}
     servers = {name: url for name, url in servers.items() if url.startswith(("http://", "https://"))}
     if not servers:
         return
