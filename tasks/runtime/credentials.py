@@ -38,10 +38,10 @@ SECRET_ENVS = (
     MLFLOW_PASSWORD_ENV,
     "MLFLOW_AUTH_ADMIN_PASSWORD",
     "MLFLOW_FLASK_SERVER_SECRET_KEY",
-    "SPIKELAB_DASHBOARD_PASSWORD",
     PASSWORD_ENV,
 )
-"""Variables that hold a secret: never copied into a log, an MLflow param or a Prefect parameter."""
+"""The variables that carry the login into a process (a client's, a server's): a process started
+for another login must not inherit them."""
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import PERMISSION_DENIED
 from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
 
-ROOTS_ENV = "SPIKELAB_MLFLOW_ARTIFACT_ROOTS"
-"""The folders the server may read artifacts from, separated by ``os.pathsep``."""
+from tasks.runtime.paths import MLFLOW_ARTIFACT_ROOTS_ENV as ROOTS_ENV
 
 
 def artifact_roots() -> list[str]:

@@ -44,6 +44,9 @@ PARENT_TASK_RUN_ENV = "SPIKELAB_PARENT_TASK_RUN"
 """The pipeline task a stage's Prefect flow run is created under (``spikelab run``)."""
 DVC_EXP_ENV = "SPIKELAB_DVC_EXP"
 """The DVC experiment the pipeline saves the run as (an MLflow lineage tag)."""
+MLFLOW_ARTIFACT_ROOTS_ENV = "SPIKELAB_MLFLOW_ARTIFACT_ROOTS"
+"""The folders the MLflow server may read artifacts from (``os.pathsep``-separated): set by
+``services up``, read by tasks/runtime/mlflow_app.py."""
 MLFLOW_PARENT_ENV = "SPIKELAB_MLFLOW_PARENT_RUN"
 """The pipeline's MLflow run: each stage's run is nested under it."""
 

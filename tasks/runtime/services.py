@@ -159,7 +159,7 @@ def mlflow_auth(login: credentials.Credentials) -> dict[str, str]:
         "MLFLOW_AUTH_CONFIG_PATH": str(s.mlflow_auth_config),
         "MLFLOW_AUTH_ADMIN_PASSWORD": login.password,
         "MLFLOW_FLASK_SERVER_SECRET_KEY": login.session_key,
-        "SPIKELAB_MLFLOW_ARTIFACT_ROOTS": os.environ.get(MLFLOW_ARTIFACTS_ENV) or str(s.mlflow_artifacts),
+        paths.MLFLOW_ARTIFACT_ROOTS_ENV: os.environ.get(MLFLOW_ARTIFACTS_ENV) or str(s.mlflow_artifacts),
     }
 
 
