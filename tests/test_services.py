@@ -154,3 +154,28 @@ def test_a_server_of_this_checkout_that_answers_without_a_login_is_refused(own_s
 
     with pytest.raises(UserError, match="prefect server at .* answers without a login, so any local user can use it"):
         services.configure_environment()
+
+
+@pytest.mark.e2e
+def test_a_server_that_fails_to_start_leaves_none_of_the_others_holding_a_port(tmp_path, monkeypatch):
+    """The dashboard's port is taken by a process that is no server of ours (it answers 404), so
+    the dashboard exits; the Prefect and MLflow servers ``up`` started before it are stopped again."""
+    import psutil
+
+    from tasks.runtime import services
+
+    ports = {"PREFECT": free_port(), "MLFLOW": free_port()}
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_HOME")}
+    env.update({f"SPIKELAB_{name}_PORT": str(port) for name, port in ports.items()})
+    env.update(SPIKELAB_STATE=str(tmp_path / "state"), SPIKELAB_DASHBOARD_PORT=str(squatter.getsockname()[1]))
+    monkeypatch.setattr(os, "environ", env)
+    try:
+        with pytest.raises(SystemExit, match="dashboard"):
+            services.up(timeout=240)
+    finally:
+        squatter.close()
+    listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    assert not listening & set(ports.values()) and not list((tmp_path / "state" / "services").glob("*.json"))

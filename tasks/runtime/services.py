@@ -330,36 +330,48 @@ def listener(port: int) -> str:
 def up(timeout: float = 180.0, search_storage: str = "") -> None:
     """Start whichever server does not serve this checkout; wait until all answer. The dashboard
     reads ``search_storage`` (``search.storage``). The login is made the first time
-    (credentials.ensure) and every server is started with it."""
+    (credentials.ensure) and every server is started with it. When any fails to come up, the ones
+    this call started are stopped again: nothing is left holding a port."""
     login = credentials.ensure()
     started = services(search_storage, login)
     if (warning := paths.exposed_warning()) is not None:
         print(warning, file=sys.stderr)
     for folder in (paths.state().services, paths.state().mlflow_artifacts, paths.state().optuna_artifacts):
         folder.mkdir(parents=True, exist_ok=True)
-    for svc in started:
-        if started_process(svc.name) is not None:
-            print(f"{svc.name}: already started for this checkout ({svc.url})")
-            continue
-        if svc.is_up():
-            raise SystemExit(
-                f"{svc.name}: port {svc.port} is taken by another checkout's server "
-                f"({listener(svc.port)}); set SPIKELAB_{svc.name.upper()}_PORT to another port"
-            )
-        log = paths.state().services / f"{svc.name}.log"
-        start_recorded(svc.command, {**os.environ, **svc.env}, log, _record_file(svc.name), svc.port)
-    deadline = time.monotonic() + timeout
-    for svc in started:
-        while not svc.is_up():
+    mine = []
+    try:
+        for svc in started:
+            if started_process(svc.name) is not None:
+                print(f"{svc.name}: already started for this checkout ({svc.url})")
+                continue
+            if svc.is_up():
+                raise SystemExit(
+                    f"{svc.name}: port {svc.port} is taken by another checkout's server "
+                    f"({listener(svc.port)}); set SPIKELAB_{svc.name.upper()}_PORT to another port"
+                )
             log = paths.state().services / f"{svc.name}.log"
-            if started_process(svc.name) is None:  # exited (a bad store, say): no point waiting
-                raise SystemExit(f"{svc.name} exited before answering; see {log}")
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{svc.name} did not answer within {timeout:.0f} s; see {log}")
-            time.sleep(0.5)
-        check_login(svc.name, login.auth_string)
-        print(f"{svc.name}: up at {svc.url}")
+            start_recorded(svc.command, {**os.environ, **svc.env}, log, _record_file(svc.name), svc.port)
+            mine.append(svc.name)
+        for svc in started:
+            wait_until_up(svc, timeout)
+            check_login(svc.name, login.auth_string)
+            print(f"{svc.name}: up at {svc.url}")
+    except BaseException:
+        down(only=mine)
+        raise
     print(f"login: {credentials.where()}")
+
+
+def wait_until_up(svc: Service, timeout: float) -> None:
+    """Until ``svc`` answers; SystemExit (naming its log) when it exits first or ``timeout`` seconds pass."""
+    log = paths.state().services / f"{svc.name}.log"
+    deadline = time.monotonic() + timeout
+    while not svc.is_up():
+        if started_process(svc.name) is None:  # exited (a bad store, say): no point waiting
+            raise SystemExit(f"{svc.name} exited before answering; see {log}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{svc.name} did not answer within {timeout:.0f} s; see {log}")
+        time.sleep(0.5)
 
 
 LOGIN_PROBES = {
@@ -406,10 +418,12 @@ def info() -> list[str]:
     ]
 
 
-def down() -> None:
-    """Stop the servers ``up`` started for this state directory (their whole process groups);
-    a server this checkout cannot prove it started is left alone."""
+def down(only: list[str] | None = None) -> None:
+    """Stop the servers ``up`` started for this state directory (their whole process groups), or
+    only those named in ``only``; a server this checkout cannot prove it started is left alone."""
     for svc in services():
+        if only is not None and svc.name not in only:
+            continue
         proc = started_process(svc.name)
         if proc is None:
             if svc.is_up():
