@@ -252,6 +252,7 @@ def test_the_dashboard_service_shows_the_search_studies_in_a_browser(live_servic
     search.prepare_study(search.open_storage(search.optuna_storage(tiny_config())), spec)  # the state's journal
     driver = browser.chrome()
     try:
+        browser.send_login(driver, live_services["MLFLOW_TRACKING_USERNAME"], live_services["MLFLOW_TRACKING_PASSWORD"])
         driver.get(paths.dashboard_url())
         browser.wait_for_text(driver, spec.name)
     finally:

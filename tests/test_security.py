@@ -331,7 +331,7 @@ def test_a_wrong_login_stops_a_stage_naming_the_server_and_where_the_login_lives
     env = {**live_services, **wrong}
     if server == "mlflow":  # the Prefect check passes with the right login, so MLflow's is the one refused
         env["PREFECT_API_AUTH_STRING"] = live_services["PREFECT_API_AUTH_STRING"]
-    (tmp_path / "params.yaml").write_text("profile: smoke\n")
+    (tmp_path / "params.yaml").write_text("profile: default\n")  # the login is checked before the stage reads more
     done = subprocess.run(
         [str(Path(sys.executable).with_name("spikelab")), "run", "prepare"],
         cwd=tmp_path,

@@ -137,8 +137,10 @@ def test_services_keep_their_stores_in_postgres_and_the_password_appears_nowhere
 
         import mlflow
 
-        client = mlflow.MlflowClient(client_env["MLFLOW_TRACKING_URI"])
-        record = client.get_run(run_id).data
+        with pytest.MonkeyPatch.context() as patch:  # this head's login, not the test session's
+            for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+                patch.setenv(key, client_env[key])
+            record = mlflow.MlflowClient(client_env["MLFLOW_TRACKING_URI"]).get_run(run_id).data
         secret = postgres.password
         assert secret not in repr(record.params) + repr(record.tags)
         assert secret not in (project / "params" / "resolved.yaml").read_text()

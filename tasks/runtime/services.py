@@ -392,7 +392,10 @@ def check_login(name: str, auth: str, base: str | None = None) -> None:
     (``user:password``); else a UserError naming the server and where the login lives: never a
     retry without it, and never a server that answers anyone (one an older spikelab started)."""
     base = (base or base_url(name)).rstrip("/")
-    if http_status(base + LOGIN_PROBES[name], timeout=30.0) not in (401, 403):
+    anyone = http_status(base + LOGIN_PROBES[name], timeout=30.0)
+    if anyone is None:
+        return  # nothing answers: whoever needs the server says so (a stage falls back, a cluster refuses)
+    if anyone not in (401, 403):
         raise UserError(
             f"{name} server at {base}: answers without a login, so any local user can use it (started by an "
             "older spikelab?); `spikelab services down` and `spikelab services up` start it with one"
