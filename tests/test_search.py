@@ -165,6 +165,16 @@ def test_a_killed_search_resumes_keeping_finished_trials_and_retrying_interrupte
     assert len(optuna.load_study(study_name=specs[0].name, storage=storage).get_trials()) == len(trials)
 
 
+def test_a_trial_stopped_between_its_two_suggestions_keeps_its_queued_point():
+    study = optuna.create_study()
+    study.enqueue_trial({"log2_lr": -7.0, "seed": 1})
+    trial = study.ask()
+    trial.suggest_float("log2_lr", -9.0, -5.0)  # killed here, before the seed's suggestion
+    (frozen,) = study.get_trials(deepcopy=False)
+    assert set(frozen.params) == {"log2_lr"}
+    assert search._point(frozen) == (-7.0, 1)
+
+
 def test_fit_finds_the_vertex_of_a_parabola_between_grid_points():
     grid = np.arange(-10.0, -3.0)
     fit = fit_optimum(grid, (grid + 6.3) ** 2 + 3.0)

@@ -290,7 +290,8 @@ def fail_stale(study: optuna.Study) -> None:
 
 
 def _point(trial: optuna.trial.FrozenTrial) -> tuple[float, int]:
-    params = trial.params or trial.system_attrs.get("fixed_params", {})
+    # A trial killed between its two suggestions holds only log2_lr; its queued point holds both.
+    params = {**trial.system_attrs.get("fixed_params", {}), **trial.params}
     return params["log2_lr"], params["seed"]
 
 
