@@ -301,8 +301,16 @@ def run_cluster(args: argparse.Namespace) -> None:
         print("\n".join(cluster.status()))
 
 
+def keep_others_from_writing() -> None:
+    """Nothing this process or its children create (data, runs/, checkpoints, stores, logs) is
+    writable by other users, whatever umask the user's shell had (002 and 000 are common on shared
+    machines): the files are read back as the project's owner."""
+    os.umask(os.umask(0) | 0o022)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    keep_others_from_writing()
     from model.stops import RunEnded
     from model.typed_config import UserError, parse_sets
 

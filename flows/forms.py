@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from model.typed_config import PROFILES_DIR, ConfigError
+from model.typed_config import PROFILES_DIR, ConfigError, annotation, flatten
 from tasks.config import Config
-from tasks.runtime.paths import project_dir
+from tasks.runtime.paths import project_dir, state_dir
 
 FORM_KEYS = {
     "model": ["block", "norm", "mlp", "qk_norm", "z_loss"],
@@ -37,7 +37,8 @@ PROJECT_PATHS = ("data.path",)
 
 
 def profile_names() -> tuple[str, ...]:
-    return ("default", *sorted(p.stem for p in (project_dir() / PROFILES_DIR).glob("*.yaml")))
+    overlays = sorted(p.stem for p in (project_dir() / PROFILES_DIR).glob("*.yaml"))
+    return ("default", *(name for name in overlays if name != "default"))
 
 
 Profile = Literal[profile_names()]  # type: ignore[valid-type]
@@ -101,39 +102,64 @@ def __getattr__(name: str) -> Any:
 
 
 def dotted(overrides: BaseModel | None, free_form: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The form's filled-in fields and the free-form entries as ``{"optim.lr": 0.01, ...}``."""
+    """The form's filled-in fields and the free-form entries as flat dotted keys,
+    ``{"optim.lr": 0.01, ...}`` (a free-form section, ``{"search": {...}}``, is flattened too: each
+    key is then checked, and params.yaml keeps the section's other keys)."""
     keys = {
         f"{section}.{key}": value
         for section, values in (overrides.model_dump() if overrides else {}).items()
         for key, value in values.items()
         if value not in (None, KEEP)
     }
-    return {**keys, **(free_form or {})}
+    return flatten({**keys, **(free_form or {})})
 
 
 def check_from_outside(sets: dict[str, Any], project: Path) -> None:
-    """Refuse what a run started from the UI or the API may not set, naming the key: a text key
-    (a storage, an address, a data set: it reaches the file system or the network as the owner),
-    unless it is a path of :data:`PROJECT_PATHS` that stays inside ``project`` (symlinks followed).
-    Numbers, flags and choices pass; their values are checked with the config."""
-    sections = typing.get_type_hints(Config)
-    for key, value in sets.items():
-        section, _, leaf = key.partition(".")
-        if section not in sections or not dataclasses.is_dataclass(sections[section]):
-            continue  # ``profile`` (a choice) or an unknown key, which the config refuses by name
-        hint = typing.get_type_hints(sections[section]).get(leaf)
-        if hint is not str:
+    """Refuse what a run started from the UI or the API may not set, naming the key: a key whose
+    type holds text (a storage, an address, a data set: it reaches the file system or the network
+    as the owner), unless it is a path of :data:`PROJECT_PATHS` that stays inside ``project``
+    (:func:`inside`); a profile that is not one of the overlays. Numbers, flags and choices pass;
+    their values are checked with the config, which also refuses an unknown key by name."""
+    for key, value in flatten(sets).items():
+        if key == "profile":
+            if value in profile_names():
+                continue
+            raise ConfigError(f"profile: {value!r} is not one of {', '.join(profile_names())}")
+        if not carries_text(field_type(key)):
             continue
         if key in PROJECT_PATHS and inside(project, str(value)):
             continue
-        where = "a path inside the project folder" if key in PROJECT_PATHS else "set in params.yaml from a shell"
+        where = (
+            "a path inside the project folder, outside its hidden folders"
+            if key in PROJECT_PATHS
+            else "set in params.yaml from a shell"
+        )
         raise ConfigError(
-            f"{key}: refused from a run started in the Prefect UI or API (it reaches the file system or the "
-            f"network as the project's owner); only {where}"
+            f"{key}: refused from a run started in the Prefect UI or API (a text key: storages, addresses and "
+            f"data sets reach the file system or the network as the project's owner); only {where}"
         )
 
 
+def field_type(key: str) -> Any:
+    """The annotation of a dotted key of the config; None for an unknown key or a whole section."""
+    hint = annotation(Config, key)
+    return None if dataclasses.is_dataclass(hint) else hint
+
+
+def carries_text(hint: Any) -> bool:
+    """``hint`` admits free text: ``str`` itself or inside ``X | None``, ``list[...]`` and the like
+    (a ``Literal`` of strings is a choice, not text)."""
+    if hint is str:
+        return True
+    return typing.get_origin(hint) is not Literal and any(carries_text(a) for a in typing.get_args(hint))
+
+
 def inside(project: Path, path: str) -> bool:
-    """``path`` (relative to ``project``) resolves, symlinks followed, to a place inside ``project``."""
+    """``path`` (relative to ``project``) resolves, symlinks followed, to a place inside ``project``
+    and outside its hidden folders (``.spikelab``: the login and the keys; ``.git``, ``.dvc``) and
+    the state directory, wherever that lies."""
     root = project.resolve()
-    return (root / path).resolve().is_relative_to(root)
+    target = (root / path).resolve()
+    if not target.is_relative_to(root) or target.is_relative_to(state_dir()):
+        return False
+    return not any(part.startswith(".") for part in target.relative_to(root).parts)

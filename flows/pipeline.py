@@ -233,13 +233,14 @@ def pipeline_flow(
         profile: The profile overlay from profiles/, or the one params.yaml names.
         overrides: The keys of an ablation arm, typed and documented; empty fields keep params.yaml.
         extra_overrides: Any other dotted key that is a number, a flag or a choice, e.g.
-            {"filter.min_chars": 100}; `data.path` inside the project. Text keys that reach the
-            file system or the network (storages, scheduler addresses) are refused.
+            {"filter.min_chars": 100}; `data.path` inside the project, outside its hidden
+            folders. Text keys that reach the file system or the network (storages, scheduler
+            addresses) are refused.
     """
     project = project_dir()
-    chosen = None if profile == KEEP else profile
-    sets = {**({"profile": chosen} if chosen else {}), **dotted(overrides, extra_overrides)}
+    sets = {**({} if profile == KEEP else {"profile": profile}), **dotted(overrides, extra_overrides)}
     check_from_outside(sets, project)  # whoever triggered it, this runs as the project's owner
+    chosen = sets.get("profile")  # the form's, or extra_overrides' (checked above): the one written
     cfg, _ = project_config(chosen, {k: v for k, v in sets.items() if k != "profile"})  # bad values fail here
     experiment = experiment_name(sets)
     if experiment:

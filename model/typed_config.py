@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 import types
 import typing
 import urllib.parse
@@ -76,6 +77,9 @@ C = TypeVar("C", bound="SectionedConfig")
 
 SECRET_QUERY_KEYS = ("password", "passfile", "sslpassword")
 """libpq's connection parameters that carry a password or name a file of them."""
+USER_INFO_PASSWORD = re.compile(r"[\w+.-]+://[^:/]*:[^@]*@")
+"""A password in the user info as SQLAlchemy reads it (up to the first ``@``), which may hold ``/``,
+``?`` or ``#`` where ``urlsplit`` sees the host end and finds none."""
 
 
 def no_password(key: str, url: str) -> None:
@@ -84,7 +88,7 @@ def no_password(key: str, url: str) -> None:
     are readable by every local user. The message never repeats the URL."""
     parts = urllib.parse.urlsplit(url)
     query = {k.lower() for k, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)}
-    if parts.password is not None or query & set(SECRET_QUERY_KEYS):
+    if parts.password is not None or USER_INFO_PASSWORD.match(url) or query & set(SECRET_QUERY_KEYS):
         raise ConfigError(
             f"{key}: the URL carries a password; remove it and put the password in the environment "
             "(PGPASSWORD) or a password file outside git (~/.pgpass, or the file PGPASSFILE names), "
@@ -289,14 +293,21 @@ def _override_value(schema: type, key: str, value: Any) -> Any:
         return value  # the type check names the key
 
 
-def _declared_type(schema: type, key: str) -> Any:
-    """The annotation of a dotted key (``str`` for string variants), or None for an unknown key."""
+def annotation(schema: type, key: str) -> Any:
+    """The annotation of a dotted key of ``schema`` as declared (a section's is its dataclass), or
+    None for an unknown key."""
     cls: Any = schema
     for part in key.split("."):
         hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
         if part not in hints:
             return None
         cls = hints[part]
+    return cls
+
+
+def _declared_type(schema: type, key: str) -> Any:
+    """The annotation of a dotted key (``str`` for string variants), or None for an unknown key."""
+    cls = annotation(schema, key)
     if get_origin(cls) is Literal and all(isinstance(a, str) for a in get_args(cls)):
         return str
     return cls

@@ -41,22 +41,24 @@ def run_as_other_user(code: str, *args: str, stdin: str = "", timeout: float = 1
     """``code`` run by the system Python as ``nobody`` with ``args``, from ``/``, with a bare
     environment; what it prints comes back. ``stdin``: what the code reads (a login, never on its
     command line)."""
+    return subprocess.run(
+        [SYSTEM_PYTHON, "-c", code, *args], input=stdin, capture_output=True, timeout=timeout, **_as_other_user()
+    )
+
+
+def start_as_other_user(code: str, *args: str) -> subprocess.Popen:
+    """``code`` started as :func:`run_as_other_user` runs it, left running; its output on pipes."""
+    return subprocess.Popen(
+        [SYSTEM_PYTHON, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, **_as_other_user()
+    )
+
+
+def _as_other_user() -> dict:
     if reason := skip_reason():
         pytest.skip(reason)
     user = pwd.getpwnam(OTHER)
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": str(readable_packages("distributed", "cryptography"))}
-    return subprocess.run(
-        [SYSTEM_PYTHON, "-c", code, *args],
-        input=stdin,
-        user=user.pw_uid,
-        group=user.pw_gid,
-        extra_groups=[],
-        cwd="/",
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": [], "cwd": "/", "env": env, "text": True}
 
 
 @functools.cache
@@ -127,3 +129,61 @@ print(json.dumps(results))
 """
 """Every way another user might reach a Dask scheduler and run code on it (``sys.argv``: the
 address and the file its code would write). Prints what each attempt got."""
+
+
+HTTP_PROBES = """
+import json, sys, urllib.error, urllib.request
+results = {}
+for url in sys.argv[1:]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            results[url] = r.status
+    except urllib.error.HTTPError as e:
+        results[url] = e.code
+    except OSError as e:
+        results[url] = "no answer: " + type(e).__name__
+print(json.dumps(results))
+"""
+"""GET each URL in ``sys.argv``; prints the status each answered with."""
+
+DASK_HTTP_ROUTES = {"/health": 200, "/info/main/workers.html": 404, "/json/counts.json": 404, "/metrics": 404}
+"""What a Dask scheduler's or worker's HTTP port may tell anyone who reaches it: that it is alive.
+Dask's defaults there show task keys, tracebacks, worker logs and call stacks."""
+
+
+def dask_http_seen_by_other_user(client) -> dict[str, int | str]:
+    """The status each of :data:`DASK_HTTP_ROUTES` answers another user with, on the HTTP ports of
+    the scheduler and every worker behind ``client`` (a Dask client of the owner's)."""
+    import json
+
+    ports = [client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.http_server.port)]
+    ports += client.run(lambda dask_worker: dask_worker.http_server.port).values()
+    urls = [f"http://127.0.0.1:{port}{route}" for port in ports for route in DASK_HTTP_ROUTES]
+    done = run_as_other_user(HTTP_PROBES, *urls)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def dask_http_expected(seen: dict[str, int | str]) -> dict[str, int | str]:
+    """:data:`DASK_HTTP_ROUTES`' statuses for the URLs in ``seen``."""
+    return {url: DASK_HTTP_ROUTES["/" + url.split("/", 3)[3]] for url in seen}
+
+
+PORT_SQUATTER = """
+import http.server, sys
+class Impostor(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # answers like one of the owner's servers, and keeps any login it is sent
+        login = self.headers.get("Authorization")
+        if login:
+            print("sent a login", flush=True)
+        self.send_response(200 if login or self.path.endswith("/health") else 401)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+"""Another user's server on a port the owner's server wanted (taken first, while the owner's
+failed to bind): answers the health check as a server of the owner's would, asks for the login,
+and prints ``sent a login`` for each it gets. Prints its port first."""

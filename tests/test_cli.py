@@ -3,6 +3,7 @@ examples; --set values are typed by their keys."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -63,6 +64,18 @@ def test_a_bad_set_value_exits_2_naming_the_key(capsys):
 
     assert main(["run", "pretrain", "--set", "optim.beta2=1.5"]) == 2
     assert "spikelab: error: optim.beta2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("shell", "kept"), [(0o000, 0o022), (0o002, 0o022), (0o022, 0o022), (0o077, 0o077)])
+def test_what_a_command_writes_is_never_writable_by_other_users_whatever_the_shells_umask(shell, kept):
+    from flows.__main__ import main
+
+    before = os.umask(shell)
+    try:
+        assert main(["run", "pretrain", "--set", "optim.beta2=1.5"]) == 2  # any command, even one refused
+        assert os.umask(before) == kept
+    finally:
+        os.umask(before)
 
 
 @pytest.mark.parametrize("stop, code", [("Preempted", 75), ("Diverged", 3), ("Stopped", 4)])

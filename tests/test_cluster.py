@@ -26,8 +26,15 @@ pytest.importorskip("distributed", reason="distributed is not installed (pip ins
 
 from model.typed_config import UserError  # noqa: E402
 from tasks.runtime import cluster as spikelab_cluster
-from tasks.runtime import tls, workers  # noqa: E402
-from tests.other_user import DASK_PROBES, other_user_has_distributed, run_as_other_user  # noqa: E402
+from tasks.runtime import credentials, tls, workers  # noqa: E402
+from tests.other_user import (  # noqa: E402
+    DASK_HTTP_ROUTES,
+    DASK_PROBES,
+    dask_http_expected,
+    dask_http_seen_by_other_user,
+    other_user_has_distributed,
+    run_as_other_user,
+)
 from tests.test_ablate_stage import on_test_servers, task_runs  # noqa: E402
 from tests.test_search import finished, search_config, tiny_project  # noqa: E402
 from tests.test_services import free_port  # noqa: E402
@@ -215,6 +222,10 @@ def test_cluster_up_refuses_another_user_and_keeps_its_key_from_them(cluster, tm
     assert oct((cluster.certificates / "key.pem").stat().st_mode & 0o777) == "0o600"
     with cluster.client() as owner:  # the same request with the certificate
         assert owner.run_on_scheduler(os.getuid) == os.getuid()
+        seen = dask_http_seen_by_other_user(owner)  # and the servers' HTTP ports say only "alive"
+        assert seen == dask_http_expected(seen) and len(seen) == 3 * len(DASK_HTTP_ROUTES)
+        # the scheduler runs no task, so it holds no login to the servers
+        assert all(owner.run_on_scheduler(os.getenv, key) is None for key in credentials.SECRET_ENVS)
 
 
 def test_a_stage_never_connects_to_a_scheduler_without_the_clusters_certificate(cluster, live_services, monkeypatch):

@@ -4,6 +4,7 @@ with the config's own field docs, choices keeping params.yaml's value unless set
 from __future__ import annotations
 
 import typing
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -63,6 +64,42 @@ def test_a_value_outside_the_declared_type_is_refused_before_anything_runs(bad):
 def test_a_run_from_outside_may_not_set_a_key_that_reaches_the_file_system_or_the_network(tmp_path, key, value):
     with pytest.raises(ConfigError, match=f"^{key}: refused from a run started in the Prefect UI or API"):
         check_from_outside({key: value}, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("free_form", "key"),
+    [
+        ({"search": {"storage": "sqlite:////root/x.db"}}, "search.storage"),
+        ({"executor": {"scheduler": "tls://127.0.0.1:8786"}}, "executor.scheduler"),
+        ({"data": {"source": "text", "path": "/root/.ssh"}}, "data.path"),
+        ({"spike.data_reasons": ["binary"]}, "spike.data_reasons"),  # text inside a list is text too
+    ],
+)
+def test_a_whole_section_from_outside_is_checked_key_by_key(tmp_path, free_form, key):
+    """A section given whole (``{"search": {...}}``) once slipped past the check: its key named no field."""
+    with pytest.raises(ConfigError, match=f"^{key}: refused from a run started in the Prefect UI or API"):
+        check_from_outside(dotted(None, free_form), tmp_path)
+
+
+def test_a_section_given_whole_becomes_its_keys_so_params_yaml_keeps_the_others():
+    assert dotted(None, {"filter": {"min_chars": 100}, "optim.lr": 0.01}) == {"filter.min_chars": 100, "optim.lr": 0.01}
+
+
+@pytest.mark.parametrize("path", [".spikelab/credentials.json", ".spikelab/tls/key.pem", ".git/config", ".dvc/cache"])
+def test_a_path_into_the_projects_hidden_folders_is_refused(tmp_path, path):
+    with pytest.raises(ConfigError, match="data.path: refused .* outside its hidden folders"):
+        check_from_outside({"data.path": path}, tmp_path)
+
+
+def test_a_path_into_the_state_directory_is_refused_wherever_it_lies(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPIKELAB_STATE", str(tmp_path / "state"))
+    with pytest.raises(ConfigError, match="data.path: refused"):
+        check_from_outside({"data.path": "state/credentials.json"}, tmp_path)
+
+
+def test_a_profile_from_outside_must_be_one_of_the_overlays():
+    with pytest.raises(ConfigError, match="^profile: 'elsewhere' is not one of default, extended, gpu, smoke$"):
+        check_from_outside({"profile": "elsewhere"}, Path("."))
 
 
 def test_a_path_that_escapes_the_project_through_a_symlink_is_refused(tmp_path):

@@ -16,7 +16,18 @@ import pytest
 
 from model.typed_config import ConfigError, UserError, no_password
 from tasks.runtime.config import check_scheduler
-from tests.other_user import DASK_PROBES, OTHER, other_user_has_distributed, run_as_other_user, skip_reason
+from tests.other_user import (
+    DASK_HTTP_ROUTES,
+    DASK_PROBES,
+    OTHER,
+    PORT_SQUATTER,
+    dask_http_expected,
+    dask_http_seen_by_other_user,
+    other_user_has_distributed,
+    run_as_other_user,
+    skip_reason,
+    start_as_other_user,
+)
 
 
 @pytest.fixture()
@@ -85,6 +96,21 @@ def test_the_state_directory_is_made_private_even_when_it_existed_open(state):
     assert paths.state_dir() == state and mode(state) == 0o700
 
 
+def test_a_state_directory_another_user_made_is_refused_and_left_as_it_was(state):
+    from tasks.runtime import paths
+
+    if reason := skip_reason():
+        pytest.skip(reason)
+    import pwd
+
+    state.mkdir(mode=0o777)
+    state.chmod(0o777)
+    os.chown(state, pwd.getpwnam(OTHER).pw_uid, -1)
+    with pytest.raises(UserError, match=f"state directory {state}: owned by another user"):
+        paths.state_dir()
+    assert mode(state) == 0o777 and not any(state.iterdir())
+
+
 # --------------------------------------------------------------------------------------------
 # Passwords in URLs, schedulers without TLS
 # --------------------------------------------------------------------------------------------
@@ -95,6 +121,9 @@ def test_the_state_directory_is_made_private_even_when_it_existed_open(state):
     [
         "postgresql://u:hunter2@h/db",
         "postgresql://u:@h/db",  # an empty password is still a password field
+        "postgresql://u:hunter2/x@h/db",  # SQLAlchemy reads up to the "@": urlsplit sees a host end at "/"
+        "postgresql://u:hunter2?x@h/db",
+        "postgresql+psycopg://u:hunter2#x@h:5432/db",
         "postgresql://u@h/db?password=hunter2",
         "postgresql://u@h/db?sslmode=require&PASSWORD=hunter2",
         "postgresql://u@h/db?passfile=/home/u/.pgpass-hunter2",
@@ -108,7 +137,12 @@ def test_a_password_anywhere_in_a_url_is_refused_without_echoing_it(url):
 
 
 @pytest.mark.parametrize(
-    "url", ["postgresql://u@h:5432/db", "postgresql://u@h/db?sslmode=require&application_name=password"]
+    "url",
+    [
+        "postgresql://u@h:5432/db",
+        "postgresql://h:5432/db",
+        "postgresql://u@h/db?sslmode=require&application_name=password",
+    ],
 )
 def test_a_url_without_a_password_passes(url):
     no_password("search.storage", url)
@@ -144,6 +178,17 @@ def test_cluster_certificates_are_made_once_with_the_key_private(state):
     assert tls.security().require_encryption
 
 
+def test_a_half_made_certificate_folder_is_made_again_with_the_key_private(state):
+    from tasks.runtime import tls
+
+    folder = state / "tls"
+    folder.mkdir(parents=True)
+    (folder / "key.pem").write_text("left by an interrupted run")
+    (folder / "key.pem").chmod(0o644)
+    tls.ensure_certificates()
+    assert mode(folder / "key.pem") == 0o600 and b"PRIVATE KEY" in (folder / "key.pem").read_bytes()
+
+
 def test_a_node_without_the_certificates_or_with_an_open_key_is_told_what_to_copy(state, tmp_path, monkeypatch):
     from tasks.runtime import tls
 
@@ -159,6 +204,36 @@ def test_a_node_without_the_certificates_or_with_an_open_key_is_told_what_to_cop
 # --------------------------------------------------------------------------------------------
 # MLflow's artifact reads
 # --------------------------------------------------------------------------------------------
+
+
+MLFLOW_ADMIN_AFTER_A_NEW_LOGIN = """
+import os
+from mlflow.server.auth import auth_config, store
+store.init_db(auth_config.database_uri)
+store.create_user("spikelab", "the-old-password-1234", is_admin=True)  # the admin of an earlier login
+from tasks.runtime.mlflow_app import admin_takes_the_login
+admin_takes_the_login()
+print(store.authenticate_user("spikelab", os.environ["MLFLOW_AUTH_ADMIN_PASSWORD"]),
+      store.authenticate_user("spikelab", "the-old-password-1234"))
+"""
+
+
+def test_a_login_made_again_becomes_the_mlflow_admins_password(tmp_path):
+    """MLflow sets the admin's password only when it creates the admin: after the credentials file
+    is deleted and ``services up`` makes a new login, the server must take the new one."""
+    import subprocess
+
+    (tmp_path / "auth.ini").write_text(
+        f"[mlflow]\ndefault_permission = NO_PERMISSIONS\ndatabase_uri = sqlite:///{tmp_path}/auth.db\n"
+        "admin_username = spikelab\nauthorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
+    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "auth.ini")}
+    env["MLFLOW_AUTH_ADMIN_PASSWORD"] = "the-new-password-5678"
+    done = subprocess.run(
+        [sys.executable, "-c", MLFLOW_ADMIN_AFTER_A_NEW_LOGIN], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "False"]
 
 
 def test_mlflow_reads_artifacts_only_below_its_root_and_never_through_a_symlink(tmp_path, monkeypatch):
@@ -300,6 +375,65 @@ def test_an_artifact_folder_another_user_symlinked_to_the_owners_files_is_not_se
     assert status(f"/get-artifact?run_id={own.info.run_id}&path=notes.txt") == 200
 
 
+@pytest.fixture()
+def port_taken_first(tmp_path, monkeypatch):
+    """This checkout's Prefect and MLflow servers as ``up`` recorded them, alive but holding no port
+    (they failed to bind it), and another user's impostor (``PORT_SQUATTER``) holding the port."""
+    import subprocess
+
+    import psutil
+
+    impostor = start_as_other_user(PORT_SQUATTER)
+    port = int(impostor.stdout.readline())
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_HOME")}
+    env |= {
+        "SPIKELAB_STATE": str(tmp_path / "state"),
+        "SPIKELAB_PREFECT_PORT": str(port),
+        "SPIKELAB_MLFLOW_PORT": str(port),
+    }
+    (tmp_path / "state" / "services").mkdir(parents=True)
+    ours = []
+    for name in ("prefect", "mlflow"):
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", str(port)], env=env)
+        record = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "port": port}
+        (tmp_path / "state" / "services" / f"{name}.json").write_text(json.dumps(record))
+        ours.append(proc)
+    monkeypatch.setattr(os, "environ", env)
+    from tasks.runtime import credentials
+
+    credentials.ensure()  # the login `up` made: what the impostor is after
+    yield port, ours, impostor
+    for proc in [*ours, impostor]:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_a_port_another_user_took_first_is_never_sent_the_login(port_taken_first, capsys):
+    """The impostor answers the health check as ours would; what tells them apart is who holds the
+    port. A stage falls back to the local stores and ``up`` stops with the holder named."""
+    from tasks.runtime import services
+
+    port, ours, impostor = port_taken_first
+    chosen = services.configure_environment()
+    assert chosen["mlflow"].startswith("sqlite:///") and chosen["prefect"] == "temporary server"
+    assert f"server (pid {ours[1].pid}) did not answer on port {port}" in capsys.readouterr().err
+    assert not services.serves_this_checkout("prefect")
+    assert (
+        services.status()["prefect"]
+        == f"started for this checkout (pid {ours[0].pid}) but not answering on port {port}"
+    )
+    with pytest.raises(SystemExit, match="prefect did not answer within 1 s"):
+        services.wait_until_up(services.service("prefect"), timeout=1)
+    ours[0].kill()
+    ours[0].wait()
+    with pytest.raises(
+        SystemExit, match=rf"prefect exited before answering \(port {port} is held by pid {impostor.pid}"
+    ):
+        services.wait_until_up(services.service("prefect"), timeout=30)
+    impostor.kill()
+    assert "sent a login" not in impostor.communicate(timeout=10)[0]
+
+
 def test_a_stages_own_dask_cluster_refuses_another_user_and_runs_the_owners_code(tmp_path):
     """The review's probe: ``Client(addr).run_on_scheduler(fn)`` from another user ran ``fn`` as the
     owner. Now every way in is refused before a message is read, and nothing it sent ran."""
@@ -319,6 +453,8 @@ def test_a_stages_own_dask_cluster_refuses_another_user_and_runs_the_owners_code
         assert not marker.exists()
         with Client(cluster, set_as_default=False) as owner:  # the same request with the certificate
             assert owner.run_on_scheduler(os.getuid) == os.getuid()
+            seen = dask_http_seen_by_other_user(owner)  # and the servers' HTTP ports say only "alive"
+            assert seen == dask_http_expected(seen) and len(seen) == 2 * len(DASK_HTTP_ROUTES)
 
 
 @pytest.mark.e2e

@@ -28,8 +28,15 @@ import time
 from pathlib import Path
 
 from model.typed_config import UserError
-from tasks.runtime import paths, services, tls
-from tasks.runtime.workers import GPU, WORKER_ENVIRONMENT, available_cores, reporting_to
+from tasks.runtime import credentials, paths, services, tls
+from tasks.runtime.workers import (
+    GPU,
+    HTTP_ROUTES,
+    WORKER_ENVIRONMENT,
+    available_cores,
+    dask_environment,
+    reporting_to,
+)
 
 SCHEDULER_PORT = 8786
 """Dask's own default."""
@@ -76,7 +83,7 @@ def up(workers: int = 0, gpus: int = 0, port: int = SCHEDULER_PORT, host: str = 
     certificates = tls.ensure_certificates()
     command = [_dask(), "scheduler", "--host", host, "--port", str(port), "--protocol", "tls", *no_dashboard(host)]
     command += tls.cli_arguments(certificates)
-    services.start_recorded(command, dict(os.environ), _log(SCHEDULER), records() / f"{SCHEDULER}.json", port)
+    services.start_recorded(command, scheduler_environment(), _log(SCHEDULER), records() / f"{SCHEDULER}.json", port)
     address = f"tls://{host}:{port}"
     try:
         start_workers(address, workers, gpus, environment, host=host, certificates=certificates)
@@ -111,9 +118,16 @@ def worker_environment(command: str) -> dict[str, str]:
     reporting_to(command)
     return {
         **os.environ,
-        "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": repr(WORKER_ENVIRONMENT),
+        **dask_environment({"distributed.nanny.pre-spawn-environ": WORKER_ENVIRONMENT, **HTTP_ROUTES}),
         "DASK_LOGGING__DISTRIBUTED": WORKER_ENVIRONMENT["DASK_LOGGING__DISTRIBUTED"],
     }
+
+
+def scheduler_environment() -> dict[str, str]:
+    """The scheduler's: this process's without the servers' login (it runs no task, so it needs
+    none), with the project's Dask settings."""
+    own = {k: v for k, v in os.environ.items() if k not in credentials.SECRET_ENVS}
+    return {**own, **dask_environment(HTTP_ROUTES)}
 
 
 def start_workers(

@@ -9,6 +9,8 @@ pyproject.toml's ``mlflow.app`` entry points): MLflow's own basic-auth app, with
   models, traces) builds its repository, so the local repository is replaced there.
 - **The assistant's routes are removed**: they change the server's assistant configuration and
   install skills, and spikelab has no use for them.
+- **The admin's password is the login's at every start** (:func:`admin_takes_the_login`): MLflow
+  sets it only when it creates the admin, so a login made again would leave the old one in force.
 
 The roots come from :data:`ROOTS_ENV` (set by tasks/runtime/services.py). Imported only by the
 server process: nothing else needs MLflow's server modules.
@@ -83,8 +85,20 @@ class WithoutAssistant:
         await self.app(scope, receive, send)
 
 
+def admin_takes_the_login() -> None:
+    """Give the admin the password the server was started with (``MLFLOW_AUTH_ADMIN_PASSWORD``:
+    the credentials file's) when the auth database holds another: after ``services down``, a
+    deleted credentials file and ``services up``, every stage would be refused otherwise."""
+    from mlflow.server.auth import auth_config, store
+
+    user, password = auth_config.admin_username, auth_config.admin_password
+    if password and not store.authenticate_user(user, password, use_primary=True):
+        store.update_user(user, password=password)
+
+
 def create_app() -> Any:
-    """MLflow's basic-auth app with local artifacts confined and the assistant's routes off."""
+    """MLflow's basic-auth app with local artifacts confined, the assistant's routes off and the
+    admin's password the login's."""
     from mlflow.server import app as flask_app
     from mlflow.server.auth import create_app as with_basic_auth
     from mlflow.store.artifact.artifact_repository_registry import _artifact_repository_registry
@@ -92,6 +106,7 @@ def create_app() -> Any:
     for scheme in ("", "file"):  # plain paths and file:// URIs
         _artifact_repository_registry.register(scheme, ConfinedArtifactRepository)
     app = with_basic_auth(flask_app)
+    admin_takes_the_login()
     if hasattr(app, "add_middleware"):  # FastAPI under uvicorn (MLflow's default); its Flask app has no assistant
         app.add_middleware(WithoutAssistant)
     return app

@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from model.typed_config import UserError
+
 HOST = os.environ.get("SPIKELAB_HOST", "127.0.0.1")
 """The interface the servers (``spikelab services``, ``spikelab cluster``) bind and their URLs name:
 loopback unless ``SPIKELAB_HOST`` names one that other nodes reach (a head node's private
@@ -72,10 +74,16 @@ def repo_root(project: Path | None = None) -> Path:
 
 def state_dir() -> Path:
     """Created 0700, and made so when another mode let other users in: it holds the login, the
-    cluster's keys and every store."""
+    cluster's keys and every store. One another user owns (made before us, say under /tmp) is
+    refused: its owner could read the stores and swap the records and keys."""
     path = Path(os.environ.get("SPIKELAB_STATE") or repo_root() / ".spikelab").resolve()
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.stat().st_mode & 0o077 and path.stat().st_uid == os.getuid():
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise UserError(
+            f"state directory {path}: owned by another user (uid {info.st_uid}); choose another SPIKELAB_STATE"
+        )
+    if info.st_mode & 0o077:
         path.chmod(0o700)
     return path
 

@@ -294,10 +294,28 @@ def stop_group(proc, timeout: float = 30.0) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # a straggler of the group (a nanny's worker)
 
 
+def listens_on(proc, port: int) -> bool:
+    """``proc`` (a server ``up`` started) or a process it started listens on ``port``, so what
+    answers there is this checkout's server. A health check cannot tell: another user who took the
+    port first (while ours failed to bind) answers it too, and would be sent the login."""
+    import psutil
+
+    try:
+        family = [proc, *proc.children(recursive=True)]
+        return any(
+            conn.status == psutil.CONN_LISTEN and conn.laddr.port == port
+            for member in family
+            for conn in member.net_connections("tcp")
+        )
+    except psutil.Error:
+        return False
+
+
 def serves_this_checkout(name: str, patience: float = 0.0) -> bool:
-    """The server is provably the one started for this state directory and answers on its port
-    (within ``patience`` seconds: one just started may take a while to serve its first requests)."""
-    return started_process(name) is not None and answers_within(service(name), patience)
+    """The server is provably the one started for this state directory, holds its port and answers
+    there (within ``patience`` seconds: one just started may take a while to serve its first requests)."""
+    svc, own = service(name), started_process(name)
+    return own is not None and answers_within(svc, patience) and listens_on(own, svc.port)
 
 
 def answers_within(svc: Service, patience: float) -> bool:
@@ -363,12 +381,18 @@ def up(timeout: float = 180.0, search_storage: str = "") -> None:
 
 
 def wait_until_up(svc: Service, timeout: float) -> None:
-    """Until ``svc`` answers; SystemExit (naming its log) when it exits first or ``timeout`` seconds pass."""
+    """Until the server ``up`` started for ``svc`` answers on its port, holding it; SystemExit
+    (naming its log) when it exits first (a bad store; a port another process took) or ``timeout``
+    seconds pass."""
     log = paths.state().services / f"{svc.name}.log"
     deadline = time.monotonic() + timeout
-    while not svc.is_up():
-        if started_process(svc.name) is None:  # exited (a bad store, say): no point waiting
-            raise SystemExit(f"{svc.name} exited before answering; see {log}")
+    while True:
+        own = started_process(svc.name)
+        if own is None:  # no point waiting
+            taken = f" (port {svc.port} is held by {listener(svc.port)})" if svc.is_up() else ""
+            raise SystemExit(f"{svc.name} exited before answering{taken}; see {log}")
+        if svc.is_up() and listens_on(own, svc.port):
+            return
         if time.monotonic() > deadline:
             raise SystemExit(f"{svc.name} did not answer within {timeout:.0f} s; see {log}")
         time.sleep(0.5)
@@ -446,7 +470,7 @@ def status() -> dict[str, str]:
         if own is not None:
             report[svc.name] = (
                 f"up at {svc.url} (this checkout)"
-                if svc.is_up(timeout=3.0)
+                if svc.is_up(timeout=3.0) and listens_on(own, svc.port)
                 else f"started for this checkout (pid {own.pid}) but not answering on port {svc.port}"
             )
         elif svc.is_up():
@@ -513,11 +537,11 @@ def _use_server(name: str) -> bool:
     svc = service(name)
     own = started_process(name)  # local evidence first: no network round trip for a foreign server
     if own is not None:
-        if answers_within(svc, OWN_SERVER_PATIENCE_S):
+        if answers_within(svc, OWN_SERVER_PATIENCE_S) and listens_on(own, svc.port):
             return True
         print(
-            f"spikelab: this checkout's {name} server (pid {own.pid}) did not answer within "
-            f"{OWN_SERVER_PATIENCE_S:.0f} s; using local stores instead",
+            f"spikelab: this checkout's {name} server (pid {own.pid}) did not answer on port {svc.port} "
+            f"within {OWN_SERVER_PATIENCE_S:.0f} s; using local stores instead",
             file=sys.stderr,
         )
     elif svc.is_up():

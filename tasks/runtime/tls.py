@@ -46,6 +46,7 @@ def ensure_certificates(directory: Path | None = None) -> Path:
     for name, content, mode in (("ca.pem", ca_pem, 0o644), ("cert.pem", cert_pem, 0o644), ("key.pem", key_pem, 0o600)):
         path = directory / name
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        os.fchmod(fd, mode)  # a file left by a half-made folder keeps its old mode through O_TRUNC
         with os.fdopen(fd, "wb") as f:
             f.write(content)
     return directory

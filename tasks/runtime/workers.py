@@ -48,6 +48,19 @@ WORKER_ENVIRONMENT = {
 }
 """The environment every worker process starts with. OpenMP and glibc read it at process start,
 so it goes in Dask's ``pre-spawn-environ`` (a Nanny's ``env`` is applied after the spawn)."""
+HTTP_ROUTES = {
+    # A Dask server's HTTP routes answer whoever reaches their port, with no TLS and no login: by
+    # default task keys, tracebacks, worker logs, call stacks and a proxy. Health is enough here.
+    "distributed.scheduler.http.routes": ["distributed.http.health"],
+    "distributed.worker.http.routes": ["distributed.http.health"],
+}
+"""The Dask settings of every scheduler and worker the project starts (each stage's local cluster,
+``spikelab cluster``)."""
+
+
+def dask_environment(settings: dict[str, Any]) -> dict[str, str]:
+    """Dask settings as the environment variables a ``dask scheduler``/``dask worker`` process reads."""
+    return {"DASK_" + key.upper().replace(".", "__").replace("-", "_"): repr(value) for key, value in settings.items()}
 
 
 def available_cores() -> int:
@@ -81,7 +94,7 @@ def configured_cluster() -> Any:
     import dask
 
     quiet_logs()
-    return dask.config.set({"distributed.nanny.pre-spawn-environ": WORKER_ENVIRONMENT})
+    return dask.config.set({"distributed.nanny.pre-spawn-environ": WORKER_ENVIRONMENT, **HTTP_ROUTES})
 
 
 def quiet_logs() -> None:
@@ -154,7 +167,9 @@ def check_cluster(address: str, gpu: bool) -> int:
     except (OSError, TimeoutError) as e:
         raise UserError(
             f"Dask scheduler {address}: does not answer ({type(e).__name__}: {e}); start one with "
-            f"`spikelab cluster up` or fix {SCHEDULER_ENV} / executor.scheduler"
+            f"`spikelab cluster up` or fix {SCHEDULER_ENV} / executor.scheduler. A scheduler that refuses "
+            f"the handshake has another cluster's certificate: this node's are in {tls.tls_dir()} "
+            f"({tls.TLS_DIR_ENV})"
         ) from None
     with client:
         workers = client.scheduler_info(n_workers=-1)["workers"]
