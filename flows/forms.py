@@ -121,6 +121,8 @@ def check_from_outside(sets: dict[str, Any], project: Path) -> None:
     (:func:`inside`); a profile that is not one of the overlays. Numbers, flags and choices pass;
     their values are checked with the config, which also refuses an unknown key by name."""
     for key, value in flatten(sets).items():
+        if dataclasses.is_dataclass(annotation(Config, key)):  # a section as text, which the config reads as YAML
+            raise ConfigError(f"{key}: a section; give its keys one by one ({key}.<key>)")
         if key == "profile":
             if value in profile_names():
                 continue
@@ -157,9 +159,12 @@ def carries_text(hint: Any) -> bool:
 def inside(project: Path, path: str) -> bool:
     """``path`` (relative to ``project``) resolves, symlinks followed, to a place inside ``project``
     and outside its hidden folders (``.spikelab``: the login and the keys; ``.git``, ``.dvc``) and
-    the state directory, wherever that lies."""
-    root = project.resolve()
+    the state directory, wherever that lies; nor a folder holding the state directory, or the
+    project itself (a folder of documents is read recursively)."""
+    root, state = project.resolve(), state_dir()
     target = (root / path).resolve()
-    if not target.is_relative_to(root) or target.is_relative_to(state_dir()):
+    if not target.is_relative_to(root) or target == root:
+        return False
+    if target.is_relative_to(state) or state.is_relative_to(target):
         return False
     return not any(part.startswith(".") for part in target.relative_to(root).parts)

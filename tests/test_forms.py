@@ -81,20 +81,29 @@ def test_a_whole_section_from_outside_is_checked_key_by_key(tmp_path, free_form,
         check_from_outside(dotted(None, free_form), tmp_path)
 
 
+@pytest.mark.parametrize("section", ["search", "executor", "data"])
+def test_a_section_given_as_text_is_refused_since_the_config_would_read_it_as_yaml(tmp_path, section):
+    with pytest.raises(ConfigError, match=rf"^{section}: a section; give its keys one by one"):
+        check_from_outside(dotted(None, {section: '{storage: "sqlite:////root/x.db"}'}), tmp_path)
+
+
 def test_a_section_given_whole_becomes_its_keys_so_params_yaml_keeps_the_others():
     assert dotted(None, {"filter": {"min_chars": 100}, "optim.lr": 0.01}) == {"filter.min_chars": 100, "optim.lr": 0.01}
 
 
-@pytest.mark.parametrize("path", [".spikelab/credentials.json", ".spikelab/tls/key.pem", ".git/config", ".dvc/cache"])
+@pytest.mark.parametrize(
+    "path", [".spikelab/credentials.json", ".spikelab/tls/key.pem", ".git/config", ".dvc/cache", ".", "corpus/.."]
+)
 def test_a_path_into_the_projects_hidden_folders_is_refused(tmp_path, path):
     with pytest.raises(ConfigError, match="data.path: refused .* outside its hidden folders"):
         check_from_outside({"data.path": path}, tmp_path)
 
 
-def test_a_path_into_the_state_directory_is_refused_wherever_it_lies(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPIKELAB_STATE", str(tmp_path / "state"))
+@pytest.mark.parametrize("path", ["work/state/credentials.json", "work/state", "work"])
+def test_a_path_into_or_above_the_state_directory_is_refused_wherever_it_lies(tmp_path, monkeypatch, path):
+    monkeypatch.setenv("SPIKELAB_STATE", str(tmp_path / "work" / "state"))
     with pytest.raises(ConfigError, match="data.path: refused"):
-        check_from_outside({"data.path": "state/credentials.json"}, tmp_path)
+        check_from_outside({"data.path": path}, tmp_path)
 
 
 def test_a_profile_from_outside_must_be_one_of_the_overlays():

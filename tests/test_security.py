@@ -182,11 +182,13 @@ def test_a_half_made_certificate_folder_is_made_again_with_the_key_private(state
     from tasks.runtime import tls
 
     folder = state / "tls"
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, mode=0o755)
+    folder.chmod(0o755)
     (folder / "key.pem").write_text("left by an interrupted run")
     (folder / "key.pem").chmod(0o644)
     tls.ensure_certificates()
-    assert mode(folder / "key.pem") == 0o600 and b"PRIVATE KEY" in (folder / "key.pem").read_bytes()
+    assert mode(folder) == 0o700 and mode(folder / "key.pem") == 0o600
+    assert b"PRIVATE KEY" in (folder / "key.pem").read_bytes()
 
 
 def test_a_node_without_the_certificates_or_with_an_open_key_is_told_what_to_copy(state, tmp_path, monkeypatch):

@@ -45,8 +45,9 @@ SCHEDULER = "scheduler"
 
 
 def no_dashboard(host: str | None) -> list[str]:
-    """Without a dashboard a Dask server still serves its HTTP routes (health, metrics), on every
-    interface unless told otherwise: on the server's own interface here (loopback by default)."""
+    """Without a dashboard a Dask server still serves its HTTP routes (``/health`` only here:
+    workers.HTTP_ROUTES), on every interface unless told otherwise: on the server's own interface
+    here (loopback by default)."""
     return ["--no-dashboard", "--dashboard-address", f"{host or paths.HOST}:0"]
 
 

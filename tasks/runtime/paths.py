@@ -75,7 +75,8 @@ def repo_root(project: Path | None = None) -> Path:
 def state_dir() -> Path:
     """Created 0700, and made so when another mode let other users in: it holds the login, the
     cluster's keys and every store. One another user owns (made before us, say under /tmp) is
-    refused: its owner could read the stores and swap the records and keys."""
+    refused, root's own runs included: its owner could read the stores and swap the records, the
+    keys and the servers' settings that this process then trusts."""
     path = Path(os.environ.get("SPIKELAB_STATE") or repo_root() / ".spikelab").resolve()
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = path.stat()

@@ -302,13 +302,15 @@ def listens_on(proc, port: int) -> bool:
 
     try:
         family = [proc, *proc.children(recursive=True)]
-        return any(
-            conn.status == psutil.CONN_LISTEN and conn.laddr.port == port
-            for member in family
-            for conn in member.net_connections("tcp")
-        )
-    except psutil.Error:
+    except psutil.Error:  # the server itself is gone
         return False
+    for member in family:
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in member.net_connections("tcp")):
+                return True
+        except psutil.Error:  # a worker that exited in between: the others may hold the port
+            continue
+    return False
 
 
 def serves_this_checkout(name: str, patience: float = 0.0) -> bool:

@@ -42,6 +42,7 @@ def ensure_certificates(directory: Path | None = None) -> Path:
     if all((directory / name).exists() for name in FILES):
         return check_certificates(directory)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory.chmod(0o700)  # a half-made folder keeps the mode it was made with
     ca_pem, cert_pem, key_pem = _generate()
     for name, content, mode in (("ca.pem", ca_pem, 0o644), ("cert.pem", cert_pem, 0o644), ("key.pem", key_pem, 0o600)):
         path = directory / name
