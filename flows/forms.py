@@ -121,13 +121,14 @@ def check_from_outside(sets: dict[str, Any], project: Path) -> None:
     (:func:`inside`); a profile that is not one of the overlays. Numbers, flags and choices pass;
     their values are checked with the config, which also refuses an unknown key by name."""
     for key, value in flatten(sets).items():
-        if dataclasses.is_dataclass(annotation(Config, key)):  # a section as text, which the config reads as YAML
+        hint = annotation(Config, key)  # None for an unknown key
+        if dataclasses.is_dataclass(hint):  # a section as text, which the config reads as YAML
             raise ConfigError(f"{key}: a section; give its keys one by one ({key}.<key>)")
         if key == "profile":
             if value in profile_names():
                 continue
             raise ConfigError(f"profile: {value!r} is not one of {', '.join(profile_names())}")
-        if not carries_text(field_type(key)):
+        if not carries_text(hint):
             continue
         if key in PROJECT_PATHS and inside(project, str(value)):
             continue
@@ -140,12 +141,6 @@ def check_from_outside(sets: dict[str, Any], project: Path) -> None:
             f"{key}: refused from a run started in the Prefect UI or API (a text key: storages, addresses and "
             f"data sets reach the file system or the network as the project's owner); only {where}"
         )
-
-
-def field_type(key: str) -> Any:
-    """The annotation of a dotted key of the config; None for an unknown key or a whole section."""
-    hint = annotation(Config, key)
-    return None if dataclasses.is_dataclass(hint) else hint
 
 
 def carries_text(hint: Any) -> bool:
