@@ -20,7 +20,7 @@ first and newest detection and a per-rule count as device tensors (part of check
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -136,3 +136,19 @@ class SpikeDetector(Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
             setattr(self, key, value.clone())
+
+
+class DetectorSettings(Protocol):
+    """What the spike detector reads; the study's ``spike`` section has these."""
+
+    detect_window: int
+    detect_warmup: int
+    detect_zscore: float
+    detect_ratio: float
+
+
+def make_detector(cfg: DetectorSettings) -> SpikeDetector:
+    """A fresh detector with the study's settings (every branch and arm starts one of its own)."""
+    return SpikeDetector(
+        window=cfg.detect_window, warmup=cfg.detect_warmup, zscore=cfg.detect_zscore, ratio=cfg.detect_ratio
+    )

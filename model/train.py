@@ -148,7 +148,7 @@ def seed_everything(seed: int) -> None:
 
 def tokens_digest(tokens: np.ndarray) -> str:
     """Content hash of a token array, for the identity of runs not given one (tests, benchmarks)."""
-    return hashlib.sha256(np.ascontiguousarray(tokens).view(np.uint8)).hexdigest()
+    return hashlib.sha256(np.ascontiguousarray(tokens).view(np.uint8).data).hexdigest()
 
 
 class Trainer:

@@ -1,4 +1,4 @@
-"""Injections, the detector and the recovery policies on a tiny model (model/spike.py)."""
+"""Injections, the detector and the recovery policies on a tiny model (model/spike/)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from model.callbacks import Callback
-from model.spike import Injection, SkipStep, make_detector, run_branch, warm_up
+from model.detect import make_detector
+from model.spike.branch import run_branch, warm_up
+from model.spike.injections import Injection
+from model.spike.policies import SkipStep
 from model.step import PendingStep
 from model.train import Trainer
 from tasks.spike.config import RecoveryConfig, SpikeConfig

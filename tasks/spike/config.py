@@ -1,7 +1,7 @@
 """The spike stage's sections of the study config: ``spike`` (the injections, the detector, the
 collapse check) and ``recovery`` (the policies). Whether every ``spike.origins`` step is a
 pretrain milestone and ``spike.param_block`` a block of the model are rules across sections
-(tasks/config.py). model/spike.py takes these sections as they are (duck-typed: model/ imports
+(tasks/config.py). model/spike/ takes these sections as they are (duck-typed: model/ imports
 no study code)."""
 
 from __future__ import annotations
