@@ -14,7 +14,7 @@ from model.callbacks import Callback, TrainerView
 from model.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint, save_checkpoint
 from model.detect import DetectorSettings, SpikeDetector, make_detector
 from model.identity import LOADABLE
-from model.spike.injections import DataSpike, Injection, injection_callback
+from model.spike.injections import DataSpike, Injection, StepSpike, injection_callback
 from model.spike.policies import Policy, RecoverySettings, Restart, ScaleLR, make_policy
 from model.spike.records import BatchTap, RecentStates, Trace, cpu_copy
 from model.step import Batch
@@ -63,6 +63,7 @@ class Segment:
     batches: dict[int, Batch]
     recent: RecentStates | None
     summary: dict[str, Any]
+    fired: bool  # a step injection acted in this segment
 
 
 def run_segment(
@@ -90,7 +91,8 @@ def run_segment(
     if start.skip:
         trainer.loader.skip(start.skip)
     summary = trainer.run(until=until)
-    return Segment(trainer, pol, detector, trace.read(), tap.batches if tap else {}, recent, summary)
+    fired = isinstance(data, StepSpike) and data.fired
+    return Segment(trainer, pol, detector, trace.read(), tap.batches if tap else {}, recent, summary, fired)
 
 
 def run_branch(
@@ -130,6 +132,8 @@ def run_branch(
             break
         if segment_dir is not None:
             history += [(s, p) for s, p in list_checkpoints(segment_dir) if s < restart.detected]
+        if injection is not None and injection.tied_to == "once" and seg.fired:
+            injection = None  # a transient fault: the replay from a clean state does not meet it
         if policy == "skip_batch":
             start, kept = skip_restart(branch, seg, restart, start, cfg)
         else:

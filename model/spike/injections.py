@@ -7,14 +7,22 @@ Each is tied to a window of ``duration``:
           replay of them meets it again, as PaLM found its spikes tied to data windows
   step    optimizer steps [start, start + duration), whatever batches they consume: skipping
           batches cannot remove it, and a rollback that replays those steps meets it again (a
-          spike of the dynamics, not of the data). Not for ``data``, which is the batches.
+          spike of the dynamics, not of the data, e.g. a fault in the LR schedule)
+  once    the same steps on the first pass only: a branch that goes back to an earlier state
+          (skip_batch, rollback) does not meet it again (a transient fault of the weights or
+          optimizer state, which restoring a clean state clears). The branch driver drops it
+          after a restart once it has fired.
+  (``data`` is the batches: always ``stream``.)
 
   data   those batches replaced by poison-pool sequences (excluding the source, swap_data, ends it)
   lr     LR × magnitude for the steps that consume them
   grad   gradients × magnitude before clipping, for the same steps
-  param  every weight matrix of block ``param_block`` × magnitude when the first of them is
-         served: its attention logits and its write into the residual stream blow up (a
-         parameter-space corruption, as a bad update would leave)
+  param  every weight matrix of block ``param_block`` × magnitude at the window's first step:
+         its attention logits and its write into the residual stream blow up (a parameter-space
+         corruption, as a bad update would leave)
+  adam   Adam's second moment of every weight matrix of block ``param_block`` ÷ magnitude at the
+         window's first step: the next updates grow by √magnitude (the second moment
+         under-estimating g², Wortsman et al. 2023b's route to a spike; an optimizer-state fault)
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ class InjectionSettings(Protocol):
     param_block: int
 
 
-TiedTo = Literal["stream", "step"]
+TiedTo = Literal["stream", "step", "once"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +64,9 @@ class Injection:
 
     def __post_init__(self) -> None:
         if self.tied_to not in get_args(TiedTo) or (self.kind == "data" and self.tied_to != "stream"):
-            raise ValueError(f"{self.kind} injection: tied_to={self.tied_to!r}; 'stream' or 'step' ('stream' for data)")
+            raise ValueError(
+                f"{self.kind} injection: tied_to={self.tied_to!r}; one of {get_args(TiedTo)} ('stream' for data)"
+            )
 
     @classmethod
     def from_config(
@@ -81,42 +91,73 @@ class Injection:
 
     def window_index(self, trainer: TrainerView) -> int | None:
         """Where the step about to run falls in the window (0 .. duration-1; None outside it):
-        counted in optimizer steps if step-tied, else by the stream position of its first batch."""
-        if self.tied_to == "step":
+        counted in optimizer steps if tied to steps (or once), else by the stream position of its
+        first batch."""
+        if self.tied_to in ("step", "once"):
             index = trainer.step + 1 - self.start
         else:
             index = trainer.loader.batches_served - self.position
         return index if 0 <= index < self.duration else None
 
 
-class LRSpike(Callback):
-    name, order = "inject_lr", 40
+class StepSpike(Callback):
+    """Base of the injections that act at the start of the steps in their window; ``fired`` says
+    whether any did in this run (the driver drops a ``once`` injection that fired)."""
+
+    order = 40
 
     def __init__(self, injection: Injection):
-        self.injection = injection
+        self.injection, self.fired = injection, False
 
     def on_step_start(self, trainer: TrainerView) -> None:
-        if self.injection.window_index(trainer) is not None:
-            trainer.scale_lr(self.injection.magnitude)
+        index = self.injection.window_index(trainer)
+        if index is not None:
+            self.fired = True
+            self.apply(trainer, index)
+
+    def apply(self, trainer: TrainerView, index: int) -> None:
+        raise NotImplementedError
 
 
-class GradSpike(LRSpike):
+class LRSpike(StepSpike):
+    name = "inject_lr"
+
+    def apply(self, trainer: TrainerView, index: int) -> None:
+        trainer.scale_lr(self.injection.magnitude)
+
+
+class GradSpike(StepSpike):
     name = "inject_grad"
 
-    def on_step_start(self, trainer: TrainerView) -> None:
-        if self.injection.window_index(trainer) is not None:
-            trainer.scale_grad(self.injection.magnitude)
+    def apply(self, trainer: TrainerView, index: int) -> None:
+        trainer.scale_grad(self.injection.magnitude)
 
 
-class ParamSpike(LRSpike):
+def block_matrices(trainer: TrainerView, block: int) -> list[torch.nn.Parameter]:
+    """The weight matrices of one block (its norm gains and biases stay)."""
+    return [p for p in trainer.model.blocks[block].parameters() if p.dim() == 2]
+
+
+class ParamSpike(StepSpike):
     name = "inject_param"
 
     @torch.no_grad()
-    def on_step_start(self, trainer: TrainerView) -> None:
-        if self.injection.window_index(trainer) == 0:
-            for p in trainer.model.blocks[self.injection.param_block].parameters():
-                if p.dim() == 2:  # matrices; norm gains stay
-                    p.mul_(self.injection.magnitude)
+    def apply(self, trainer: TrainerView, index: int) -> None:
+        if index == 0:
+            for p in block_matrices(trainer, self.injection.param_block):
+                p.mul_(self.injection.magnitude)
+
+
+class AdamSpike(StepSpike):
+    name = "inject_adam"
+
+    @torch.no_grad()
+    def apply(self, trainer: TrainerView, index: int) -> None:
+        if index == 0:
+            for p in block_matrices(trainer, self.injection.param_block):
+                state = trainer.optimizer.state.get(p, {})
+                if "exp_avg_sq" in state:  # none before the first update
+                    state["exp_avg_sq"].div_(self.injection.magnitude)
 
 
 class DataSpike(Callback):
@@ -151,4 +192,4 @@ def injection_callback(injection: Injection, poison: Sequence[Batch] = ()) -> Ca
     """The callback that injects ``injection`` (``poison``: the batches a data injection serves)."""
     if injection.kind == "data":
         return DataSpike(injection, poison)
-    return {"lr": LRSpike, "grad": GradSpike, "param": ParamSpike}[injection.kind](injection)
+    return {"lr": LRSpike, "grad": GradSpike, "param": ParamSpike, "adam": AdamSpike}[injection.kind](injection)

@@ -61,10 +61,11 @@ def study_config(cfg: Config) -> Config:
     )
 
 
-TIED_TO = {"data": "stream"}
-"""What each injection kind follows (model/spike/injections.py: Injection); every other kind is tied to
-optimizer steps, a spike of the dynamics that no policy removes by skipping batches (the recovery
-finding's precondition). Poisoned data stays with its batches: skipping them is a fair recovery."""
+TIED_TO = {"data": "stream", "param": "once", "adam": "once"}
+"""What each injection kind follows (model/spike/injections.py: Injection). Poisoned data stays
+with its batches: skipping them is a fair recovery. A corrupted weight or optimizer state is a
+transient fault (``once``): restoring a clean state clears it. The rest (lr, grad) are tied to
+optimizer steps, a spike of the dynamics that no policy removes by skipping batches."""
 
 
 def window(cfg: Config, milestone: int) -> tuple[int, int]:
