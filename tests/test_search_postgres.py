@@ -91,7 +91,7 @@ def pg_search(postgres, tmp_path, monkeypatch, request):
     url = postgres.create_database(f"search_{request.node.name[-20:].lower()}_{os.getpid()}")
     cfg = search_config(
         tmp_path,
-        **{"search.storage": url, "search.heartbeat_s": HEARTBEAT_S, "search.seeds": [0, 1], "search.steps": 10},
+        **{"search.storage": url, "search.heartbeat_s": HEARTBEAT_S, "search.seeds": [0, 1], "search.steps": 30},
     )
     specs = sweep_specs(cfg, "d")[:1]
     return cfg, tiny_project(tmp_path / "project"), specs, study_storage(cfg)
@@ -106,6 +106,8 @@ def trials_by_point(storage, spec) -> dict[tuple, Counter]:
 
 
 def test_two_workers_on_one_postgres_study_train_every_grid_point_exactly_once(pg_search, postgres, tmp_path):
+    # Trials of 30 steps: long enough that on a loaded machine one worker cannot finish all six
+    # before the other, released by the same barrier, makes its first claim.
     cfg, project, specs, storage = pg_search
     assert prepare_study(storage, specs[0]) == 6
     out = finish(start_workers(cfg, project, specs, postgres, tmp_path / "ready", ["a", "b"], together=2))
