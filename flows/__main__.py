@@ -133,7 +133,7 @@ def services_up() -> None:
 
     storage = project_config()[0].search.storage
     if storage and not storage.startswith("journal:"):
-        from tasks.search.study import open_storage
+        from tasks.search.queue import open_storage
 
         open_storage(storage)
     services.up(search_storage=storage)

@@ -20,7 +20,8 @@ from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.outputs import SEARCH_LR, SEARCH_METRICS
 from tasks.runtime.tracking import log_summary, stage_run
 from tasks.search.dashboard import annotate
-from tasks.search.study import publish, search
+from tasks.search.findings import publish
+from tasks.search.study import search
 
 
 @flow(name="search")

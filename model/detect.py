@@ -20,15 +20,14 @@ first and newest detection and a per-rule count as device tensors (part of check
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from model.callbacks import Callback
+from model.callbacks import Callback, TrainerView
 
 if TYPE_CHECKING:
     from model.step import PendingStep
-    from model.train import Trainer
 
 RULES = ("zscore", "ratio", "nonfinite")
 
@@ -62,7 +61,7 @@ class SpikeDetector(Callback):
         self.counts = torch.zeros(len(RULES), dtype=torch.long, device=device)
 
     @torch.no_grad()
-    def on_before_optimizer(self, trainer: Trainer, pending: PendingStep) -> None:
+    def on_before_optimizer(self, trainer: TrainerView, pending: PendingStep) -> None:
         values = torch.stack([pending.loss, pending.grad_norm]).float()  # (2,)
         if self.history is None:
             self._init_state(values.device)
@@ -144,3 +143,24 @@ class SpikeDetector(Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
             setattr(self, key, value.clone())
+
+
+class DetectorSettings(Protocol):
+    """What the spike detector reads; the study's ``spike`` section has these."""
+
+    # Read-only members: a frozen config section (tasks/spike/config.py: SpikeConfig) is one.
+    @property
+    def detect_window(self) -> int: ...
+    @property
+    def detect_warmup(self) -> int: ...
+    @property
+    def detect_zscore(self) -> float: ...
+    @property
+    def detect_ratio(self) -> float: ...
+
+
+def make_detector(cfg: DetectorSettings) -> SpikeDetector:
+    """A fresh detector with the study's settings (every branch and arm starts one of its own)."""
+    return SpikeDetector(
+        window=cfg.detect_window, warmup=cfg.detect_warmup, zscore=cfg.detect_zscore, ratio=cfg.detect_ratio
+    )

@@ -24,14 +24,13 @@ import numpy as np
 import torch
 from torch.nn.utils import get_total_norm
 
-from model.callbacks import Callback
+from model.callbacks import Callback, TrainerView
 from model.config import Block, ModelConfig, MupConfig
 from model.gpt import GPT
 from model.precision import FP16_MAX, FP16_SMALLEST_NORMAL, FP16_SMALLEST_SUBNORMAL
 
 if TYPE_CHECKING:
     from model.step import PendingStep
-    from model.train import Trainer
 
 # ----------------------------------------------------------------------------------------------
 # fp16 range
@@ -155,19 +154,19 @@ class RangeProbe(Callback):
     def due(self, step: int) -> bool:
         return step == 1 or step % self.every == 0 or step in self.also_at
 
-    def on_step_start(self, trainer: Trainer) -> None:
+    def on_step_start(self, trainer: TrainerView) -> None:
         if self.due(trainer.step + 1):
             self.recorder = RangeRecorder(trainer.model)
             trainer.request_eager()  # hooks would break a compiled graph
 
-    def on_before_optimizer(self, trainer: Trainer, pending: PendingStep) -> None:
+    def on_before_optimizer(self, trainer: TrainerView, pending: PendingStep) -> None:
         if self.recorder is None:
             return
         shares = self.recorder.shares()
         self._stop_recording()
         self.rows += [RangeRow(pending.step, layer, quantity, share) for (layer, quantity), share in shares.items()]
 
-    def on_close(self, trainer: Trainer) -> None:
+    def on_close(self, trainer: TrainerView) -> None:
         self._stop_recording()  # a step that raised between its start and the optimizer
 
     def _stop_recording(self) -> None:

@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -148,7 +149,7 @@ def seed_everything(seed: int) -> None:
 
 def tokens_digest(tokens: np.ndarray) -> str:
     """Content hash of a token array, for the identity of runs not given one (tests, benchmarks)."""
-    return hashlib.sha256(np.ascontiguousarray(tokens).view(np.uint8)).hexdigest()
+    return hashlib.sha256(np.ascontiguousarray(tokens).view(np.uint8).data).hexdigest()
 
 
 class Trainer:
@@ -194,7 +195,7 @@ class Trainer:
             precision.grad_scaler(cfg.precision),
             precision,
             cfg.optim.grad_clip,
-            torch.compile(replica) if t.compile else None,
+            torch.compile(replica) if t.compile else None,  # type: ignore[arg-type]  # compile(Module) returns an OptimizedModule, a Module; torch types it as a callable
             replica,
             self.world,
         )
@@ -375,7 +376,10 @@ class Trainer:
                 batches = batches if replaced is None else list(replaced)
         # Stats steps run eagerly: forward hooks and the logit-max probe would break a compiled graph.
         eager = stats_now or self.eager_requested
-        with record_forward_stats(self.model) if stats_now else contextlib.nullcontext({}) as forward_stats:
+        stats: contextlib.AbstractContextManager[dict[str, torch.Tensor]] = (
+            record_forward_stats(self.model) if stats_now else contextlib.nullcontext({})
+        )
+        with stats as forward_stats:
             pending = self.module.forward_backward(step, batches, self.grad_factor, eager, watch_layers=stats_now)
         if not batches:  # every batch dropped: nothing to learn from, the step is skipped
             pending.veto()
@@ -548,7 +552,7 @@ def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
-    def request_stop(signum, frame):
+    def request_stop(signum: int, frame: FrameType | None) -> None:
         trainer.signalled = True
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -344,7 +344,9 @@ def test_a_scheduler_that_does_not_answer_is_named(live_services, monkeypatch, t
 
 
 def test_search_trials_on_the_cluster_give_the_local_runners_values(cluster, tmp_path, monkeypatch):
-    from tasks.search import study as search
+    from tasks.search.queue import open_storage, optuna_storage
+    from tasks.search.spec import sweep_specs
+    from tasks.search.study import run_workers
 
     monkeypatch.setenv(tls.TLS_DIR_ENV, str(cluster.certificates))
     project = tiny_project(tmp_path / "project")
@@ -352,9 +354,9 @@ def test_search_trials_on_the_cluster_give_the_local_runners_values(cluster, tmp
     for where in ("local", cluster.address):
         (tmp_path / f"journal-{len(results)}").mkdir()
         cfg = search_config(tmp_path / f"journal-{len(results)}", **{"search.workers": 2, "executor.scheduler": where})
-        specs = search.sweep_specs(cfg, "d")
-        search.run_workers(cfg, project, specs, None)
-        storage = search.open_storage(search.optuna_storage(cfg))
+        specs = sweep_specs(cfg, "d")
+        run_workers(cfg, project, specs, None)
+        storage = open_storage(optuna_storage(cfg))
         results[where] = {spec.name: finished(storage, spec) for spec in specs}
     assert results[cluster.address] == results["local"]
     assert all(len(trials) == 3 for trials in results["local"].values())
@@ -378,15 +380,17 @@ def kill_a_worker_holding_a_trial(
 def test_a_worker_killed_mid_trial_leaves_no_point_of_the_grid_untrained(cluster, tmp_path, monkeypatch):
     """Dask gives the dead worker's task to another worker, which claims the next point; the trial
     the dead one held stays RUNNING until the next round fails it and trains its point again."""
-    from tasks.search import study as search
+    from tasks.search.queue import open_storage, optuna_storage
+    from tasks.search.spec import sweep_specs
+    from tasks.search.study import run_workers
 
     monkeypatch.setenv(tls.TLS_DIR_ENV, str(cluster.certificates))
     project = tiny_project(tmp_path / "project")
     (tmp_path / "journal").mkdir()
     settings = {"search.workers": 2, "search.steps": 300, "executor.scheduler": cluster.address}
     cfg = search_config(tmp_path / "journal", **settings)
-    specs = search.sweep_specs(cfg, "d")
-    storage = search.open_storage(search.optuna_storage(cfg))
+    specs = sweep_specs(cfg, "d")
+    storage = open_storage(optuna_storage(cfg))
 
     def trials() -> list:
         return [t for spec in specs for t in optuna.load_study(study_name=spec.name, storage=storage).get_trials()]
@@ -400,7 +404,7 @@ def test_a_worker_killed_mid_trial_leaves_no_point_of_the_grid_untrained(cluster
     seen: dict = {}
     killer = threading.Thread(target=kill_a_worker_holding_a_trial, args=(cluster, running, seen), daemon=True)
     killer.start()
-    search.run_workers(cfg, project, specs, None)
+    run_workers(cfg, project, specs, None)
     killer.join(timeout=5)
     assert "killed" in seen, "the two workers were never seen holding a trial each"
     done = sorted((t.params["log2_lr"], t.params["seed"]) for t in trials() if t.state.name in ("COMPLETE", "PRUNED"))

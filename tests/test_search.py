@@ -21,8 +21,12 @@ import pytest
 from optuna.trial import TrialState
 
 from model.train import train
-from tasks.search import study as search
+from tasks.search.findings import LR_FILE_HEADER, publish, summarize, sweep_optima
 from tasks.search.fit import Point, fit_optimum, slope, width_summary
+from tasks.search.queue import claim, grid_point, load_study, open_storage, optuna_storage, prepare_study
+from tasks.search.spec import StudySpec, search_digest, sweep_specs, transfer_spec, trial_config
+from tasks.search.study import data_hashes, run_workers
+from tasks.search.trial import Tokens, objective, run_trial
 from tests.trainer_kit import markov_tokens, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,8 +62,8 @@ def tiny_project(root: Path) -> Path:
     return root
 
 
-def first_spec(cfg, project: Path) -> search.StudySpec:
-    return search.sweep_specs(cfg, search.search_digest(cfg, search.data_hashes(project)))[0]
+def first_spec(cfg, project: Path) -> StudySpec:
+    return sweep_specs(cfg, search_digest(cfg, data_hashes(project)))[0]
 
 
 def finished(storage, spec) -> list[tuple]:
@@ -75,14 +79,14 @@ def finished(storage, spec) -> list[tuple]:
 def test_objective_scores_a_trial_with_the_val_loss_of_a_plain_training_run(tmp_path):
     cfg, project = search_config(tmp_path), tiny_project(tmp_path)
     spec = first_spec(cfg, project)
-    storage = search.open_storage(search.optuna_storage(cfg))
-    search.prepare_study(storage, spec)
-    study = search.load_study(storage, spec, cfg)
-    _, trial = search.claim(storage, study)
-    tokens = search.Tokens.of(project)
-    score = search.objective(trial, cfg, spec.parametrization, spec.width, tokens)
+    storage = open_storage(optuna_storage(cfg))
+    prepare_study(storage, spec)
+    study = load_study(storage, spec, cfg)
+    _, trial = claim(storage, study)
+    tokens = Tokens.of(project)
+    score = objective(trial, cfg, spec.parametrization, spec.width, tokens)
     log2_lr, seed = spec.points[0]
-    plain = train(search.trial_config(cfg, spec.parametrization, spec.width, log2_lr, seed), tokens.train, tokens.val)
+    plain = train(trial_config(cfg, spec.parametrization, spec.width, log2_lr, seed), tokens.train, tokens.val)
     assert trial.params == {"log2_lr": log2_lr, "seed": seed}
     assert score == plain["val_loss"]
 
@@ -91,10 +95,10 @@ def test_a_diverging_trial_is_recorded_as_a_diverged_result_not_raised(tmp_path)
     cfg = search_config(tmp_path, **{"train.diverge_loss": 1.0, "train.log_every": 1})  # any real loss is above 1
     project = tiny_project(tmp_path)
     spec = first_spec(cfg, project)
-    storage = search.open_storage(search.optuna_storage(cfg))
-    search.prepare_study(storage, spec)
-    study = search.load_study(storage, spec, cfg)
-    status = search.run_trial(study, search.claim(storage, study)[1], spec, cfg, search.Tokens.of(project), None)
+    storage = open_storage(optuna_storage(cfg))
+    prepare_study(storage, spec)
+    study = load_study(storage, spec, cfg)
+    status = run_trial(study, claim(storage, study)[1], spec, cfg, Tokens.of(project), None)
     (trial,) = study.get_trials(states=(TrialState.COMPLETE,))
     assert status == "diverged" and trial.user_attrs["status"] == "diverged"
     assert trial.value == pytest.approx(math.log(257))
@@ -107,9 +111,9 @@ def test_two_workers_on_one_journal_evaluate_exactly_the_trials_one_worker_does(
     for workers in (1, 2):
         cfg = search_config(tmp_path / f"w{workers}", **{"search.workers": workers, "search.seeds": [0, 1]})
         (tmp_path / f"w{workers}").mkdir()
-        specs = search.sweep_specs(cfg, "d")
-        search.run_workers(cfg, project, specs, None)
-        storage = search.open_storage(search.optuna_storage(cfg))
+        specs = sweep_specs(cfg, "d")
+        run_workers(cfg, project, specs, None)
+        storage = open_storage(optuna_storage(cfg))
         results[workers] = {spec.name: finished(storage, spec) for spec in specs}
     n_points = 3 * 2
     for trials in results[2].values():
@@ -120,14 +124,15 @@ def test_two_workers_on_one_journal_evaluate_exactly_the_trials_one_worker_does(
 def test_a_killed_search_resumes_keeping_finished_trials_and_retrying_interrupted_ones(tmp_path, live_services):
     cfg = search_config(tmp_path, **{"search.workers": 1, "search.steps": 40, "search.lr_points": 4})
     project = tiny_project(tmp_path)
-    specs = search.sweep_specs(cfg, "d")[:1]
-    storage = search.open_storage(search.optuna_storage(cfg))
-    search.prepare_study(storage, specs[0])
+    specs = sweep_specs(cfg, "d")[:1]
+    storage = open_storage(optuna_storage(cfg))
+    prepare_study(storage, specs[0])
     job = (
-        "import json, sys, pathlib; from tasks.config import config_from_dict; from tasks.search import study as search; "
-        "specs = [search.StudySpec(**{**s, 'points': tuple(map(tuple, s['points']))}) "
+        "import json, sys, pathlib; from tasks.config import config_from_dict; from tasks.search.spec import StudySpec; "
+        "from tasks.search.study import run_workers; "
+        "specs = [StudySpec(**{**s, 'points': tuple(map(tuple, s['points']))}) "
         "for s in json.loads(sys.argv[3])]; "
-        "search.run_workers(config_from_dict(json.loads(sys.argv[1])), pathlib.Path(sys.argv[2]), specs, None)"
+        "run_workers(config_from_dict(json.loads(sys.argv[1])), pathlib.Path(sys.argv[2]), specs, None)"
     )
     proc = subprocess.Popen(
         [
@@ -154,14 +159,14 @@ def test_a_killed_search_resumes_keeping_finished_trials_and_retrying_interrupte
     before = finished(storage, specs[0])
     assert 1 <= len(before) < 4
 
-    search.run_workers(cfg, project, specs, None)
+    run_workers(cfg, project, specs, None)
     after = finished(storage, specs[0])
     trials = optuna.load_study(study_name=specs[0].name, storage=storage).get_trials()
     interrupted = [t for t in trials if t.state == TrialState.FAIL]
     assert set(before) <= set(after) and len(after) == 4 == len({t[:2] for t in after})
     assert interrupted and all(t.user_attrs["status"] == "interrupted" for t in interrupted)
 
-    assert search.prepare_study(storage, specs[0]) == 0  # finished: nothing queued, nothing rerun
+    assert prepare_study(storage, specs[0]) == 0  # finished: nothing queued, nothing rerun
     assert len(optuna.load_study(study_name=specs[0].name, storage=storage).get_trials()) == len(trials)
 
 
@@ -172,7 +177,7 @@ def test_a_trial_stopped_between_its_two_suggestions_keeps_its_queued_point():
     trial.suggest_float("log2_lr", -9.0, -5.0)  # killed here, before the seed's suggestion
     (frozen,) = study.get_trials(deepcopy=False)
     assert set(frozen.params) == {"log2_lr"}
-    assert search._point(frozen) == (-7.0, 1)
+    assert grid_point(frozen) == (-7.0, 1)
 
 
 def test_fit_finds_the_vertex_of_a_parabola_between_grid_points():
@@ -203,19 +208,19 @@ def test_pretrain_trains_with_the_lr_the_search_wrote_unless_told_not_to(tmp_pat
     with pytest.raises(InputError, match="run the search stage first"):
         pretrain_config(cfg, tmp_path)
     (tmp_path / SEARCH_LR).parent.mkdir()
-    (tmp_path / SEARCH_LR).write_text(search.LR_FILE_HEADER + "optim:\n  lr: 0.00123\n")
+    (tmp_path / SEARCH_LR).write_text(LR_FILE_HEADER + "optim:\n  lr: 0.00123\n")
     assert pretrain_config(cfg, tmp_path).optim.lr == 0.00123
     assert pretrain_config(cfg.replace(**{"search.transfer_lr": False}), tmp_path).optim.lr == cfg.optim.lr
 
 
 def run_in_process(cfg, project: Path, specs) -> None:
     """Every queued trial of ``specs``, trained here one after another (no workers, no server)."""
-    storage, tokens = search.open_storage(search.optuna_storage(cfg)), search.Tokens.of(project)
+    storage, tokens = open_storage(optuna_storage(cfg)), Tokens.of(project)
     for spec in specs:
-        search.prepare_study(storage, spec)
-        study = search.load_study(storage, spec, cfg)
-        while (claimed := search.claim(storage, study)) is not None:
-            search.run_trial(study, claimed[1], spec, cfg, tokens, None)
+        prepare_study(storage, spec)
+        study = load_study(storage, spec, cfg)
+        while (claimed := claim(storage, study)) is not None:
+            run_trial(study, claimed[1], spec, cfg, tokens, None)
 
 
 def test_the_transfer_study_carries_the_findings_note_and_the_mu_transfer_figures(tmp_path, monkeypatch):
@@ -228,17 +233,17 @@ def test_the_transfer_study_carries_the_findings_note_and_the_mu_transfer_figure
     monkeypatch.setenv("SPIKELAB_STATE", str(tmp_path / "state"))  # the artifact store's home
     cfg = search_config(tmp_path, **{"search.parametrizations": ["sp", "mup"]})
     project = tiny_project(tmp_path)
-    sweeps = search.sweep_specs(cfg, "d")
+    sweeps = sweep_specs(cfg, "d")
     run_in_process(cfg, project, sweeps)
-    optima = search.sweep_optima(cfg, sweeps)
-    transfer = search.transfer_spec(cfg, "d", optima[16]["log2_lr_opt"])
+    optima = sweep_optima(cfg, sweeps)
+    transfer = transfer_spec(cfg, "d", optima[16]["log2_lr_opt"])
     run_in_process(cfg, project, [transfer])
-    findings = search.summarize(cfg, sweeps, transfer)
-    figures = search.publish(cfg, project, findings)
+    findings = summarize(cfg, sweeps, transfer)
+    figures = publish(cfg, project, findings)
     for _ in range(2):  # a rerun attaches nothing twice
         annotate(cfg, findings, figures)
 
-    storage = search.open_storage(search.optuna_storage(cfg))  # what the dashboard reads, opened afresh
+    storage = open_storage(optuna_storage(cfg))  # what the dashboard reads, opened afresh
     study = optuna.load_study(study_name=transfer.name, storage=storage)
     text, t = get_note(study), findings.metrics["transfer"]
     assert "μTransfer to width 32 (LR from widths 16)" in text
@@ -258,8 +263,8 @@ def test_the_dashboard_service_shows_the_search_studies_in_a_browser(live_servic
 
     if reason := browser.missing():
         pytest.skip(reason)
-    spec = search.StudySpec("test/search/mup/w16/dashboard", "sweep", "mup", 16, ((-7.0, 0), (-5.0, 0)))
-    search.prepare_study(search.open_storage(search.optuna_storage(tiny_config())), spec)  # the state's journal
+    spec = StudySpec("test/search/mup/w16/dashboard", "sweep", "mup", 16, ((-7.0, 0), (-5.0, 0)))
+    prepare_study(open_storage(optuna_storage(tiny_config())), spec)  # the state's journal
     driver = browser.chrome()
     try:
         browser.send_login(driver, live_services["MLFLOW_TRACKING_USERNAME"], live_services["MLFLOW_TRACKING_PASSWORD"])

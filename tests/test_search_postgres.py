@@ -24,7 +24,9 @@ import pytest
 from optuna.trial import TrialState
 
 from model.typed_config import ConfigError
-from tasks.search import study as search
+from tasks.search.queue import grid_point, prepare_study, study_storage
+from tasks.search.spec import sweep_specs
+from tasks.search.trial import trial_name
 from tests.test_search import REPO, search_config, tiny_project
 
 pytestmark = pytest.mark.scaleout
@@ -35,15 +37,16 @@ WORKER_TIMEOUT_S = 240
 WORKER = """
 import json, pathlib, sys, time
 from tasks.config import config_from_dict
-from tasks.search import study as search
+from tasks.search.spec import StudySpec
+from tasks.search.trial import train_queued_trial
 cfg, project = config_from_dict(json.loads(sys.argv[1])), pathlib.Path(sys.argv[2])
-specs = [search.StudySpec(**{**s, "points": tuple(map(tuple, s["points"]))}) for s in json.loads(sys.argv[3])]
+specs = [StudySpec(**{**s, "points": tuple(map(tuple, s["points"]))}) for s in json.loads(sys.argv[3])]
 ready = pathlib.Path(sys.argv[4])
 ready.joinpath(sys.argv[5]).touch()
 deadline = time.monotonic() + 120
 while len(list(ready.iterdir())) < int(sys.argv[6]) and time.monotonic() < deadline:
     time.sleep(0.05)  # start claiming together (imports take seconds)
-while (done := search.train_queued_trial.fn(cfg, project, specs, None)) != ("", "none"):
+while (done := train_queued_trial.fn(cfg, project, specs, None)) != ("", "none"):
     print(*done, sep=": ", flush=True)
 """
 
@@ -90,27 +93,27 @@ def pg_search(postgres, tmp_path, monkeypatch, request):
         tmp_path,
         **{"search.storage": url, "search.heartbeat_s": HEARTBEAT_S, "search.seeds": [0, 1], "search.steps": 10},
     )
-    specs = search.sweep_specs(cfg, "d")[:1]
-    return cfg, tiny_project(tmp_path / "project"), specs, search.study_storage(cfg)
+    specs = sweep_specs(cfg, "d")[:1]
+    return cfg, tiny_project(tmp_path / "project"), specs, study_storage(cfg)
 
 
 def trials_by_point(storage, spec) -> dict[tuple, Counter]:
     trials = optuna.load_study(study_name=spec.name, storage=storage).get_trials(deepcopy=False)
     by_point: dict[tuple, Counter] = {}
     for t in trials:
-        by_point.setdefault(search._point(t), Counter())[t.state.name] += 1
+        by_point.setdefault(grid_point(t), Counter())[t.state.name] += 1
     return by_point
 
 
 def test_two_workers_on_one_postgres_study_train_every_grid_point_exactly_once(pg_search, postgres, tmp_path):
     cfg, project, specs, storage = pg_search
-    assert search.prepare_study(storage, specs[0]) == 6
+    assert prepare_study(storage, specs[0]) == 6
     out = finish(start_workers(cfg, project, specs, postgres, tmp_path / "ready", ["a", "b"], together=2))
 
     assert trials_by_point(storage, specs[0]) == {p: Counter(COMPLETE=1) for p in specs[0].points}
     assert all(out.values()), f"both workers should have claimed trials: {out}"
     assert sorted(line for lines in out.values() for line in lines) == sorted(
-        f"{search.trial_name(specs[0], lr, seed)}: completed" for lr, seed in specs[0].points
+        f"{trial_name(specs[0], lr, seed)}: completed" for lr, seed in specs[0].points
     )
 
 
@@ -119,7 +122,7 @@ def test_a_worker_killed_mid_trial_goes_stale_and_the_other_worker_trains_its_po
 ):
     cfg, project, specs, storage = pg_search
     cfg = cfg.replace(**{"search.steps": 60})  # trials long enough to be killed inside one
-    search.prepare_study(storage, specs[0])
+    prepare_study(storage, specs[0])
     study = optuna.load_study(study_name=specs[0].name, storage=storage)
     victim = start_workers(cfg, project, specs, postgres, tmp_path / "ready-a", ["a"], together=1)
     try:
@@ -138,12 +141,12 @@ def test_a_worker_killed_mid_trial_goes_stale_and_the_other_worker_trains_its_po
     (failed,) = [t for t in trials if t.state == TrialState.FAIL]
     assert failed.number == killed.number
     retried = [t for t in trials if t.system_attrs.get("failed_trial") == killed.number]
-    assert [(search._point(t), t.state) for t in retried] == [(search._point(killed), TrialState.COMPLETE)]
+    assert [(grid_point(t), t.state) for t in retried] == [(grid_point(killed), TrialState.COMPLETE)]
     assert trials_by_point(storage, specs[0]) == {
-        p: Counter(COMPLETE=1, **({"FAIL": 1} if p == search._point(killed) else {})) for p in specs[0].points
+        p: Counter(COMPLETE=1, **({"FAIL": 1} if p == grid_point(killed) else {})) for p in specs[0].points
     }
     assert len(out["b"]) == 6  # the survivor trained the whole grid, the killed point included
-    assert search.prepare_study(storage, specs[0]) == 0  # finished: nothing queued again
+    assert prepare_study(storage, specs[0]) == 0  # finished: nothing queued again
 
 
 def test_a_storage_url_with_a_password_is_refused_naming_the_key_and_where_the_password_goes(tmp_path):

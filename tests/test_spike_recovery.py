@@ -1,4 +1,4 @@
-"""Injections, the detector and the recovery policies on a tiny model (model/spike.py)."""
+"""Injections, the detector and the recovery policies on a tiny model (model/spike/)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,14 @@ import pytest
 import torch
 
 from model.callbacks import Callback
-from model.spike import Injection, SkipStep, make_detector, run_branch, warm_up
+from model.detect import make_detector
+from model.identity import LOADABLE
+from model.spike.branch import run_branch, warm_up
+from model.spike.injections import AdamSpike, Injection
+from model.spike.policies import SkipStep
+from model.spike.records import cpu_copy
 from model.step import PendingStep
-from model.train import Trainer
+from model.train import Load, Trainer
 from tasks.spike.config import RecoveryConfig, SpikeConfig
 from tests.trainer_kit import markov_tokens, tiny_config
 
@@ -217,6 +222,58 @@ def test_skip_batch_skips_a_stream_tied_lr_injection_but_a_step_tied_one_hits_th
     assert replayed
     factor = SPIKE.magnitude if tied_to == "step" else 1.0
     assert [lr[s] for s in replayed] == pytest.approx([CFG.optim.lr * factor] * len(replayed))
+
+
+@pytest.mark.parametrize("policy", ["rollback", "skip_batch"])
+def test_a_state_fault_is_cleared_by_going_back_to_a_clean_state_where_a_step_tied_one_is_met_again(study, policy):
+    once = branch(study, "param", policy, tied_to="once")
+    assert once.detections[0] == ORIGIN + 1
+    assert once.segments == 2 and once.status == "completed"  # one restart, and the replay is clean
+    again = branch(study, "param", policy, tied_to="step")
+    assert again.status == "stopped" and "gave up" in again.stop_reason  # every replay meets it
+
+
+class SecondMoments(Callback):
+    """Adam's second moment of every weight matrix at the start of one step, after the injections
+    (order 40) acted."""
+
+    name, order = "second_moments", 41
+
+    def __init__(self, step: int):
+        self.step, self.v = step, {}
+
+    def on_step_start(self, trainer):
+        if trainer.step + 1 == self.step:
+            self.v = {
+                name: trainer.optimizer.state[p]["exp_avg_sq"].clone()
+                for name, p in trainer.model.named_parameters()
+                if p.dim() == 2
+            }
+
+
+def test_the_adam_injection_divides_only_its_blocks_second_moments_by_the_magnitude(study):
+    injection = Injection.from_config("adam", SPIKE, ORIGIN, ORIGIN, tied_to="once")
+    seen = SecondMoments(ORIGIN + 1)
+    trainer = Trainer(CFG, TOKENS, VAL, [AdamSpike(injection), seen])
+    path, state = study["origin"]
+    trainer.load(cpu_copy(state), path, Load(), LOADABLE)
+    before = {
+        name: trainer.optimizer.state[p]["exp_avg_sq"].clone()
+        for name, p in trainer.model.named_parameters()
+        if p.dim() == 2
+    }
+    trainer.run(until=ORIGIN + 1)
+    block = f"blocks.{SPIKE.param_block}."
+    assert any(name.startswith(block) for name in before)
+    for name, v in before.items():
+        expected = v / SPIKE.magnitude if name.startswith(block) else v
+        assert torch.equal(seen.v[name], expected), name
+
+
+@pytest.mark.parametrize(("kind", "tied_to"), [("data", "step"), ("data", "once"), ("param", "sometimes")])
+def test_an_injection_tie_outside_its_kinds_choices_is_refused_naming_both(kind, tied_to):
+    with pytest.raises(ValueError, match=f"{kind} injection: tied_to='{tied_to}'"):
+        Injection(kind, 1, 1, 2, 100.0, 0, tied_to)
 
 
 def test_lower_lr_cuts_the_applied_lr_by_lr_factor_from_the_step_after_the_detection(study):

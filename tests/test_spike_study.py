@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from model.checkpoint import CheckpointError
-from model.spike import Branch
+from model.spike.branch import Branch
 from model.train import Trainer
 from model.typed_config import UserError
 from tasks.runtime.outputs import SPIKE_METRICS, SPIKE_RUN

@@ -28,9 +28,12 @@ import numpy as np
 import torch
 
 from model.callbacks import Callback
+from model.collapse import collapse_stats, sample
 from model.data import open_split
+from model.detect import make_detector
 from model.probes import RangeProbe
-from model.spike import Injection, Trace, collapse_stats, injection_callback, make_detector, sample
+from model.spike.injections import Injection, injection_callback
+from model.spike.records import Trace
 from model.stops import EXIT_CODES
 from model.telemetry import adam_update_rms
 from model.train import train

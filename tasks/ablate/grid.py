@@ -199,7 +199,7 @@ def arm_config(cfg: Config, arm: Arm) -> Config:
 
 
 def injection_spec(kind: str, a: AblationConfig) -> dict[str, Any] | None:
-    """The spike an arm takes (model/spike.py: Injection's fields), None for a clean arm (``none``).
+    """The spike an arm takes (model/spike/injections.py: Injection's fields), None for a clean arm (``none``).
     Tied to steps, not to stream positions, so nothing that skips batches can remove it."""
     if kind == "none":
         return None

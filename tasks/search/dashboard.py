@@ -15,7 +15,9 @@ from optuna.artifacts import FileSystemArtifactStore, get_all_artifact_meta, upl
 
 from tasks.config import Config
 from tasks.runtime.paths import state
-from tasks.search.study import Findings, StudySpec, open_storage, optuna_storage
+from tasks.search.findings import Findings
+from tasks.search.queue import open_storage, optuna_storage
+from tasks.search.spec import StudySpec
 
 ATTACHED = ("mu_transfer.png", "transfer.png")
 """The figures attached to the study (coord_check.png checks the model code, not this search)."""

@@ -39,7 +39,9 @@ def _failed_marks(ax, points: Sequence[Point], top: float, color) -> None:
         ax.scatter(lrs, [top] * len(lrs), marker="x", color=color, clip_on=False)
 
 
-def mu_transfer(by_parametrization: dict[str, dict[int, list[Point]]], path: Path, uniform: float) -> Path:
+def mu_transfer(
+    by_parametrization: Mapping[Parametrization, dict[int, list[Point]]], path: Path, uniform: float
+) -> Path:
     plt = _pyplot()
     names = list(by_parametrization)
     fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.5), sharey=True, squeeze=False)

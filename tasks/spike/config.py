@@ -1,7 +1,7 @@
 """The spike stage's sections of the study config: ``spike`` (the injections, the detector, the
 collapse check) and ``recovery`` (the policies). Whether every ``spike.origins`` step is a
 pretrain milestone and ``spike.param_block`` a block of the model are rules across sections
-(tasks/config.py). model/spike.py takes these sections as they are (duck-typed: model/ imports
+(tasks/config.py). model/spike/ takes these sections as they are (duck-typed: model/ imports
 no study code)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Literal
 
 from model.typed_config import ConfigError, Section, in_open_unit, non_negative, not_empty, positive
 
-SpikeKind = Literal["data", "lr", "grad", "param"]
+SpikeKind = Literal["data", "lr", "grad", "param", "adam"]
 RecoveryPolicy = Literal["continue", "skip_step", "skip_batch", "rollback", "lower_lr", "swap_data"]
 
 SPIKE_CAUSING_POISON = (
@@ -43,16 +43,18 @@ class SpikeConfig(Section):
     """Steps of clean training from the milestone before the injection: the detector's warm-up
     (at least ``detect_warmup``) and the pre-spike checkpoints a rollback goes back to."""
     magnitude: float = 100.0
-    """Multiplier of ``lr``, ``grad`` and ``param`` injections (x30 on the default model at its
+    """Multiplier of ``lr``, ``grad`` and ``param`` injections and divisor of ``adam``'s second
+    moment (x30 on the default model at its
     milestone: every policy back within 40 steps; x100 leaves a lasting gap)."""
     duration: int = 3
     """How long an injection lasts: ``data`` replaces this many batches of the stream (a policy may
     skip them); ``lr`` and ``grad`` multiply this many optimizer steps, tied to the steps so no
-    policy can remove them (tasks/spike/study.py: TIED_TO); ``param`` strikes at the first."""
+    policy can remove them (tasks/spike/study.py: TIED_TO); ``param`` and ``adam`` strike once, at
+    the first, and a branch that goes back to a clean state does not meet them again."""
     data_reasons: list[str] = field(default_factory=lambda: list(SPIKE_CAUSING_POISON))
     """Poison-pool reasons ``data`` injection draws from (only spike-causing ones allowed)."""
     param_block: int = 0
-    """Block whose weight matrices a ``param`` injection scales."""
+    """Block whose weight matrices a ``param`` injection scales (``adam``: whose second moments)."""
     detect_window: int = 128
     """Trailing values of loss and pre-clip grad norm the z-score detector keeps (OLMo-core: 128)."""
     detect_warmup: int = 64

@@ -1,7 +1,7 @@
 """The spike study: from each pretrain milestone in ``spike.origins``, a clean control and, per
 injection kind, one branch per recovery policy; each spike classified and each policy scored
 against its origin's control; the PaLM replay test; the collapse check. Plain functions over
-model/spike.py (the flow adds tracking); post-mortems and figures: tasks/spike/postmortem.py.
+model/spike/ (the flow adds tracking); post-mortems and figures: tasks/spike/postmortem.py.
 
 Every branch of an origin starts bitwise from one state: the milestone continued cleanly for
 ``spike.warm_steps`` (the detector's warm-up), with the data order of pretraining. Scores compare
@@ -25,23 +25,13 @@ import numpy as np
 import torch
 
 from model.checkpoint import load_checkpoint
+from model.collapse import collapse_stats, sample
 from model.data import TokenLoader, open_split
+from model.detect import make_detector
 from model.identity import run_identity
-from model.spike import (
-    Branch,
-    Injection,
-    TiedTo,
-    Warm,
-    collapse_stats,
-    cpu_copy,
-    injection_callback,
-    make_detector,
-    replay,
-    rollback_target,
-    run_branch,
-    sample,
-    warm_up,
-)
+from model.spike.branch import Branch, Warm, replay, rollback_target, run_branch, warm_up
+from model.spike.injections import Injection, TiedTo, injection_callback
+from model.spike.records import cpu_copy
 from model.telemetry import record_forward_stats, to_floats
 from model.train import Load, Trainer
 from model.typed_config import InputError
@@ -71,10 +61,11 @@ def study_config(cfg: Config) -> Config:
     )
 
 
-TIED_TO: dict[str, TiedTo] = {"data": "stream"}
-"""What each injection kind follows (model/spike.py: Injection); every other kind is tied to
-optimizer steps, a spike of the dynamics that no policy removes by skipping batches (the recovery
-finding's precondition). Poisoned data stays with its batches: skipping them is a fair recovery."""
+TIED_TO: dict[str, TiedTo] = {"data": "stream", "param": "once", "adam": "once"}
+"""What each injection kind follows (model/spike/injections.py: Injection). Poisoned data stays
+with its batches: skipping them is a fair recovery. A corrupted weight or optimizer state is a
+transient fault (``once``): restoring a clean state clears it. The rest (lr, grad) are tied to
+optimizer steps, a spike of the dynamics that no policy removes by skipping batches."""
 
 
 def window(cfg: Config, milestone: int) -> tuple[int, int]:

@@ -1,0 +1,131 @@
+"""What the search stage reports from finished studies: points per study, optima per width, the
+slopes, the transfer check and the counts (metrics/search.json), the transferred LR
+(search/lr.yaml) and the figures."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.trial import TrialState
+
+from tasks.config import Config
+from tasks.runtime.files import staged, write_json
+from tasks.runtime.outputs import SEARCH_LR, SEARCH_METRICS, SEARCH_REPORTS
+from tasks.search.fit import Point, counts, slope, transfer_check, width_summary
+from tasks.search.queue import open_storage, optuna_storage
+from tasks.search.spec import StudySpec, proxy_widths, swept_widths, uniform_loss
+
+
+def points_of(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple[list[Point], int]:
+    """The study's finished trials as points, and how many trials were interrupted and retried."""
+    trials = optuna.load_study(study_name=spec.name, storage=storage).get_trials(deepcopy=False)
+    points = [
+        Point(
+            t.params["log2_lr"],
+            t.params["seed"],
+            t.value,
+            t.user_attrs.get("status", "completed"),
+            t.user_attrs.get("flops", 0.0),
+        )
+        for t in trials
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    ]
+    return points, sum(t.state == TrialState.FAIL for t in trials)
+
+
+@dataclasses.dataclass
+class Findings:
+    """Everything the stage reports: per study its points, and the summary (metrics/search.json)."""
+
+    points: dict[StudySpec, list[Point]]
+    metrics: dict[str, Any]
+
+    def of(self, kind: str, parametrization: str | None = None, width: int | None = None) -> dict[int, list[Point]]:
+        """Points by width of the studies of one kind (and parametrization)."""
+        return {
+            spec.width: pts
+            for spec, pts in self.points.items()
+            if spec.kind == kind and parametrization in (None, spec.parametrization) and width in (None, spec.width)
+        }
+
+
+def sweep_optima(cfg: Config, sweeps: list[StudySpec]) -> dict[int, dict]:
+    """The fitted optimum per width of the transferred parametrization's finished sweeps."""
+    storage = open_storage(optuna_storage(cfg))
+    return {
+        spec.width: width_summary(points_of(storage, spec)[0])
+        for spec in sweeps
+        if spec.parametrization == cfg.mup.parametrization
+    }
+
+
+def summarize(cfg: Config, sweeps: list[StudySpec], transfer: StudySpec) -> Findings:
+    """The findings of finished studies: optima per width, slopes, the transfer check, counts."""
+    storage = open_storage(optuna_storage(cfg))
+    collected = {spec: points_of(storage, spec) for spec in [*sweeps, transfer]}
+    points = {spec: pts for spec, (pts, _) in collected.items()}
+    by_width = {
+        p: {s.width: width_summary(pts) for s, pts in points.items() if s.kind == "sweep" and s.parametrization == p}
+        for p in cfg.search.parametrizations
+    }
+    sweep_of = {(s.parametrization, s.width): pts for s, pts in points.items() if s.kind == "sweep"}
+    proxies, log2_lr = proxy_widths(cfg), transfer.points[0][0]
+    proxy_flops = sum(p.flops for w in proxies for p in sweep_of[(transfer.parametrization, w)])
+    check = transfer_check(sweep_of[(transfer.parametrization, transfer.width)], points[transfer], proxy_flops, log2_lr)
+    metrics: dict[str, Any] = {
+        **{
+            p: {"widths": {str(w): summary for w, summary in sorted(by_width[p].items())}, **slope(by_width[p])}
+            for p in cfg.search.parametrizations
+        },
+        "transfer": {
+            "parametrization": transfer.parametrization,
+            "target_width": transfer.width,
+            "proxy_widths": proxies,
+            **check,
+        },
+        "trials": counts([p for pts in points.values() for p in pts], sum(r for _, r in collected.values())),
+        "studies": sorted(spec.name for spec in points),
+        "storage": optuna_storage(cfg),
+    }
+    return Findings(points, metrics)
+
+
+def publish(cfg: Config, project: Path, findings: Findings) -> list[Path]:
+    """metrics/search.json, search/lr.yaml and the figures, all or none; returns the figures."""
+    from model.coord_check import coord_check
+    from tasks.search import figures
+
+    m = findings.metrics
+    transfer = m["transfer"]
+    with staged(project / SEARCH_METRICS, project / SEARCH_LR, project / SEARCH_REPORTS) as (metrics, lr, reports):
+        write_json(metrics, m)
+        lr.write_text(LR_FILE_HEADER + yaml.safe_dump({"optim": {"lr": transfer["lr"]}}), encoding="utf-8")
+        reports.mkdir()
+        sweeps = {p: findings.of("sweep", p) for p in cfg.search.parametrizations}
+        figures.mu_transfer(sweeps, reports / "mu_transfer.png", uniform_loss(cfg))
+        widths = swept_widths(cfg)
+        coords = {
+            p: coord_check(p, widths, steps=5, lr=transfer["lr"], base_width=cfg.mup.base_width)
+            for p in cfg.search.parametrizations
+        }
+        figures.coord_check_figure(coords, widths, transfer["lr"], reports / "coord_check.png")
+        direct = findings.of("sweep", transfer["parametrization"], transfer["target_width"])
+        figures.transfer_figure(
+            direct[transfer["target_width"]],
+            findings.of("transfer")[transfer["target_width"]],
+            transfer,
+            transfer["target_width"],
+            reports / "transfer.png",
+        )
+    return sorted((project / SEARCH_REPORTS).glob("*.png"))
+
+
+LR_FILE_HEADER = """\
+# The learning rate the search stage transferred from the proxy widths to the target width
+# (tasks/search/study.py; how it was found: metrics/search.json). pretrain trains with it when
+# search.transfer_lr is true (tasks/pretrain/train.py: pretrain_config).
+"""

@@ -1,0 +1,215 @@
+"""The search's work queue over Optuna's storage: every grid point queued once, claimed by exactly
+one worker, and a dead worker's point trained again.
+
+Points. Every (log2 LR, seed) of the grid is put in the study's trial queue (``enqueue_trial``)
+by the stage before any worker starts; workers only pop queued trials, which the storage hands
+to exactly one of them (Optuna's WAITING -> RUNNING transition is atomic), and never ask the
+sampler for new points. So the evaluated set is the grid whatever the worker count. (Optuna's
+GridSampler alone re-evaluates a point when workers race at the end of the grid, and counts an
+interrupted trial's point as visited.)
+
+Dead workers. On an RDB storage (``search.storage: postgresql://...``, workers on any host) a
+worker records a heartbeat for the trial it trains every ``search.heartbeat_s``; a trial without
+one for twice that is stale. Before claiming, every worker (and the stage, before queueing) calls
+``optuna.storages.fail_stale_trials``: the storage lets exactly one process move a stale trial to
+FAIL, and that process's ``RetryHeartbeatStaleTrialCallback`` adds a WAITING copy with the same
+params and system attributes, i.e. the same grid point, which a live worker then trains. A worker
+with nothing queued waits while trials run elsewhere, so a dead worker's point is trained in the
+same run. The journal storage (the default: one file, one node) has no heartbeats: there the stage
+holds a lock on the state directory the journal lives in, so any RUNNING trial it finds belongs to
+a killed search: it is marked FAIL (kept, tagged ``interrupted``) and its point queued again.
+Points with a finished trial are never queued again, so a finished study is not rerun.
+
+What Optuna does here: the queue (``enqueue_trial``), the atomic claim (``set_trial_state_values``,
+as ``Study.ask`` does first), heartbeats, ``fail_stale_trials`` and the requeue callback, ``tell``.
+What is ours, and why: :func:`claim` (``ask`` would sample a point off the grid when the queue is
+empty), :func:`heartbeats` (Optuna's heartbeat thread runs only inside ``Study.optimize``), and the
+journal's restart rule (the journal storage has no heartbeats).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TypeGuard
+
+import optuna
+from optuna.trial import TrialState
+
+from model.checkpoint import RunLock
+from tasks.config import Config
+from tasks.runtime.paths import state
+from tasks.search.spec import StudySpec, prune_bound
+
+
+def optuna_storage(cfg: Config) -> str:
+    """The search's Optuna storage: ``search.storage`` (any Optuna URL), else the journal file
+    under the state directory as ``journal:<path>``."""
+    return cfg.search.storage or f"journal:{state().optuna_journal}"
+
+
+def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.BaseStorage:
+    """The storage at ``url``. An RDB URL with ``heartbeat_s`` gets heartbeats, and a stale trial's
+    point is queued again by whichever process fails it (module docstring: dead workers). The
+    password of a ``postgresql://`` URL comes from PGPASSWORD or ~/.pgpass (libpq reads them)."""
+    if url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
+    if heartbeat_s is None:
+        return optuna.storages.RDBStorage(url)
+    with quiet_experimental():
+        requeue = optuna.storages.RetryHeartbeatStaleTrialCallback()
+        return optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_s, heartbeat_stale_trial_callback=requeue)
+
+
+def study_storage(cfg: Config) -> optuna.storages.BaseStorage:
+    """The storage the search's workers and its stage queue and claim trials on."""
+    return open_storage(optuna_storage(cfg), cfg.search.heartbeat_s)
+
+
+def heartbeat_interval(storage: optuna.storages.BaseStorage) -> int | None:
+    """Seconds between a running trial's heartbeats; None where the storage keeps none (the journal,
+    an RDB storage opened without them)."""
+    return storage.get_heartbeat_interval() if isinstance(storage, optuna.storages.RDBStorage) else None
+
+
+def has_heartbeats(storage: optuna.storages.BaseStorage) -> TypeGuard[optuna.storages.RDBStorage]:
+    return heartbeat_interval(storage) is not None
+
+
+@contextmanager
+def quiet_experimental() -> Iterator[None]:
+    """Optuna's heartbeat API is marked experimental; one warning per call would flood the workers' logs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
+
+
+def pruner(cfg: Config) -> optuna.pruners.BasePruner:
+    """A bound on the reported loss: unlike the median rule, its verdict depends on the trial
+    alone, not on which other trials happened to finish first, so the worker count cannot
+    change what is pruned."""
+    return optuna.pruners.ThresholdPruner(upper=prune_bound(cfg))
+
+
+def load_study(storage: optuna.storages.BaseStorage, spec: StudySpec, cfg: Config) -> optuna.Study:
+    return optuna.load_study(study_name=spec.name, storage=storage, pruner=pruner(cfg))
+
+
+def trial_ids(storage: optuna.storages.BaseStorage, study: optuna.Study, states: tuple[TrialState, ...]) -> list[int]:
+    """The storage's ids of the study's trials in ``states``, by Optuna's public storage API."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    return [
+        storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+        for t in study.get_trials(deepcopy=False, states=states)
+    ]
+
+
+def prepare_study(storage: optuna.storages.BaseStorage, spec: StudySpec) -> int:
+    """Create the study if new, recover the trials of dead workers, and queue every point without
+    a finished, queued or running trial. Returns how many trials are queued or running: the
+    work still to do (a running one may turn out stale and be queued again)."""
+    study = optuna.create_study(study_name=spec.name, storage=storage, direction="minimize", load_if_exists=True)
+    for key, value in {
+        "kind": spec.kind,
+        "parametrization": spec.parametrization,
+        "width": spec.width,
+        "log2_lr_range": list(spec.log2_lr_range),
+    }.items():
+        study.set_user_attr(key, value)
+    if has_heartbeats(storage):
+        fail_stale(study)
+    else:  # the journal: the stage's lock says no other search runs on it (module docstring)
+        for trial_id in trial_ids(storage, study, (TrialState.RUNNING,)):
+            storage.set_trial_user_attr(trial_id, "status", "interrupted")
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+    pending = (TrialState.WAITING, TrialState.RUNNING)
+    kept = {
+        grid_point(t)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, *pending))
+    }
+    for lr, seed in spec.points:
+        if (lr, seed) not in kept:
+            study.enqueue_trial({"log2_lr": lr, "seed": seed})
+    return len(study.get_trials(deepcopy=False, states=pending))
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Fail the study's trials whose heartbeat is stale; the storage's callback queues their points again."""
+    with quiet_experimental():
+        optuna.storages.fail_stale_trials(study)
+
+
+def grid_point(trial: optuna.trial.FrozenTrial) -> tuple[float, int]:
+    # A trial killed between its two suggestions holds only log2_lr; its queued point holds both.
+    params = {**trial.system_attrs.get("fixed_params", {}), **trial.params}
+    return params["log2_lr"], params["seed"]
+
+
+def claim(storage: optuna.storages.BaseStorage, study: optuna.Study) -> tuple[int, optuna.Trial] | None:
+    """The next queued trial (its storage id and the trial), now RUNNING and ours alone, or None
+    when the queue is empty. The
+    storage lets exactly one process move a trial out of WAITING (on an RDB storage a conditional
+    UPDATE; what ``Study.ask`` does first; unlike ``ask`` this never creates a trial outside the
+    queue). Its first heartbeat is recorded at once: a trial without any never goes stale."""
+    for trial_id in trial_ids(storage, study, (TrialState.WAITING,)):
+        try:
+            if storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+                if has_heartbeats(storage):
+                    storage.record_heartbeat(trial_id)
+                return trial_id, optuna.Trial(study, trial_id)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+    return None
+
+
+def next_trial(
+    storage: optuna.storages.BaseStorage, studies: list[tuple[StudySpec, optuna.Study]]
+) -> tuple[StudySpec, optuna.Study, tuple[int, optuna.Trial]] | None:
+    """Claim the first queued trial of ``studies`` (in order). With heartbeats, when none is queued
+    but some run elsewhere, wait: one whose worker dies goes stale, is queued again, and is
+    claimed here. None when nothing is queued (or, with heartbeats, running)."""
+    while True:
+        for spec, study in studies:
+            if has_heartbeats(storage):
+                fail_stale(study)
+            if (claimed := claim(storage, study)) is not None:
+                return spec, study, claimed
+        running = any(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) for _, study in studies)
+        interval = heartbeat_interval(storage)
+        if interval is None or not running:
+            return None
+        time.sleep(interval)
+
+
+@contextmanager
+def heartbeats(storage: optuna.storages.BaseStorage, trial_id: int) -> Iterator[None]:
+    """Record the heartbeat of the trial ``trial_id`` every interval while the block runs. Optuna's own heartbeat
+    thread runs only inside ``study.optimize``; our workers claim queued trials themselves."""
+    interval = heartbeat_interval(storage)
+    if interval is None or not isinstance(storage, optuna.storages.RDBStorage):
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            storage.record_heartbeat(trial_id)
+
+    thread = threading.Thread(target=beat, name=f"heartbeat of trial {trial_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def search_lock() -> RunLock:
+    """One search at a time per state directory: what lets a restart on the journal storage fail
+    its RUNNING trials (on an RDB storage their heartbeats say which workers died)."""
+    return RunLock(state().root / "search")

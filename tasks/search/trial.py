@@ -1,0 +1,197 @@
+"""One trial of the search: its training run, reported to Optuna and recorded in MLflow, in a
+worker that claims it from the queue.
+
+A trial is a short run of :class:`model.train.Trainer` without checkpoints, scored by its final
+validation loss; intermediate validation losses go to Optuna's ThresholdPruner. A diverged run is
+a result: its value is ln(vocab_size), the loss of a uniform guess (the loss at init, as in
+Wortsman et al.'s LR sensitivity), with ``status: diverged`` among its user attributes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+from prefect import task
+
+from model.callbacks import Callback, TrainerView
+from model.config import Parametrization
+from model.data import open_split
+from model.stops import Diverged
+from model.train import Trainer
+from tasks.config import Config
+from tasks.runtime.outputs import MANIFEST
+from tasks.runtime.workers import clean_state
+from tasks.search.queue import heartbeats, load_study, next_trial, open_storage, optuna_storage
+from tasks.search.spec import StudySpec, trial_config, uniform_loss
+
+
+class ReportToOptuna(Callback):
+    """Reports every validation loss to the trial; stops the run when the pruner says so."""
+
+    name = "optuna"
+
+    def __init__(self, trial: optuna.Trial):
+        self.trial = trial
+        self.trainer: TrainerView | None = None
+
+    def on_step_start(self, trainer: TrainerView) -> None:
+        self.trainer = trainer
+
+    def on_eval(self, step: int, val_loss: float) -> None:
+        self.trial.report(val_loss, step)
+        if self.trial.should_prune() and self.trainer is not None:  # an eval follows a step
+            self.trainer.request_stop(f"pruned by Optuna at step {step}: val loss {val_loss:.4g} above the bound")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokens:
+    train: np.ndarray
+    val: np.ndarray
+
+    @classmethod
+    def of(cls, project: Path) -> Tokens:
+        return cls(*(open_split(project / MANIFEST, split) for split in ("train", "val")))
+
+
+def suggest_point(trial: optuna.Trial, cfg: Config) -> tuple[float, int]:
+    """The trial's (log2 LR, seed): its queued values (the same on every call)."""
+    low, high = trial.study.user_attrs["log2_lr_range"]
+    return trial.suggest_float("log2_lr", low, high), trial.suggest_categorical("seed", cfg.search.seeds)
+
+
+def objective(
+    trial: optuna.Trial,
+    cfg: Config,
+    parametrization: Parametrization,
+    width: int,
+    tokens: Tokens,
+    callbacks: Iterable[Any] = (),
+) -> float:
+    """Train the trial's point; returns its final validation loss (ln(vocab) when it diverged) and
+    raises ``optuna.TrialPruned`` when the pruner stopped it. Records what ran as user attributes."""
+    log2_lr, seed = suggest_point(trial, cfg)
+    run_cfg = trial_config(cfg, parametrization, width, log2_lr, seed)
+    started = time.process_time()
+    trainer = Trainer(run_cfg, tokens.train, tokens.val, [ReportToOptuna(trial), *callbacks])
+    summary = trainer.run()
+    flops = trainer.flops_per_token * trainer.tokens_per_step * summary["steps"]
+    for key, value in {
+        "status": summary["status"],
+        "steps": summary["steps"],
+        "val_loss": summary["val_loss"],
+        "flops": flops,
+        "cpu_s": time.process_time() - started,
+        "lr": 2.0**log2_lr,
+        "precision": summary["precision"],
+    }.items():
+        trial.set_user_attr(key, value)
+    if summary["status"] == "stopped":
+        trial.set_user_attr("status", "pruned")
+        raise optuna.TrialPruned(summary["stop_reason"])
+    if summary["status"] == "diverged":
+        return uniform_loss(cfg)
+    return float(summary["val_loss"])
+
+
+# --------------------------------------------------------------------------------------------
+# Workers
+# --------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def worker_storage(url: str, heartbeat_s: int) -> optuna.storages.BaseStorage:
+    """The storage a worker process keeps open across its trials."""
+    return open_storage(url, heartbeat_s)
+
+
+@functools.cache
+def worker_tokens(project: Path) -> Tokens:
+    """The token shards a worker process keeps mapped across its trials."""
+    return Tokens.of(project)
+
+
+@task
+def train_queued_trial(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> tuple[str, str]:
+    """In a worker: claim the first queued trial of ``specs`` (in order; :func:`next_trial`) and
+    train it, recording its heartbeats. Returns the trial's name and status; ("", "none") when
+    other workers took the last ones."""
+    clean_state()
+    storage = worker_storage(optuna_storage(cfg), cfg.search.heartbeat_s)
+    claimed = next_trial(storage, [(spec, load_study(storage, spec, cfg)) for spec in specs])
+    if claimed is None:
+        return "", "none"
+    spec, study, (trial_id, trial) = claimed
+    with heartbeats(storage, trial_id):
+        status = run_trial(study, trial, spec, cfg, worker_tokens(project), parent_run)
+    return trial_name(spec, *suggest_point(trial, cfg)), status
+
+
+def run_trial(
+    study: optuna.Study, trial: optuna.Trial, spec: StudySpec, cfg: Config, tokens: Tokens, parent_run: str | None
+) -> str:
+    """The objective in an MLflow run nested under the stage's, its outcome told to the study.
+    An exception other than pruning fails the trial (queued again at the next start) and the
+    task. Returns the trial's status: completed, diverged or pruned; "stale" when another worker
+    took this one's heartbeats for dead and queued its point again (its result is dropped: the
+    storage refuses a finished trial's updates)."""
+    try:
+        with trial_run(spec, trial, *suggest_point(trial, cfg), parent_run) as callbacks:
+            try:
+                value = objective(trial, cfg, spec.parametrization, spec.width, tokens, callbacks)
+            except optuna.TrialPruned:
+                study.tell(trial, state=TrialState.PRUNED)
+                return "pruned"
+            except optuna.exceptions.UpdateFinishedTrialError:
+                raise
+            except BaseException:
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+            study.tell(trial, value)
+            return str(trial.user_attrs["status"])
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return "stale"
+
+
+def trial_name(spec: StudySpec, log2_lr: float, seed: int) -> str:
+    return f"{spec.kind} {spec.parametrization} w{spec.width} lr 2^{log2_lr:g} seed {seed}"
+
+
+@contextmanager
+def trial_run(
+    spec: StudySpec, trial: optuna.Trial, log2_lr: float, seed: int, parent: str | None
+) -> Iterator[list[Any]]:
+    """The trial's MLflow run, a child of the stage's run ``parent`` (None: no tracking), tagged
+    with its study and trial; yields the trainer callbacks that log to it. It ends as its stop
+    kind says: a diverged trial FAILED (model/stops.py), a completed or pruned one FINISHED."""
+    if not parent:
+        yield []
+        return
+    import mlflow
+
+    from tasks.runtime.tracking import MLflowMetrics, child_run
+
+    tags = {
+        "optuna.study": spec.name,
+        "optuna.trial": str(trial.number),
+        "search.width": str(spec.width),
+        "search.parametrization": spec.parametrization,
+        "search.kind": spec.kind,
+    }
+    try:
+        with child_run(trial_name(spec, log2_lr, seed), tags, parent_id=parent):
+            yield [MLflowMetrics()]
+            status = trial.user_attrs.get("status")
+            mlflow.set_tag("search.status", status)
+            if status == "diverged":
+                raise Diverged(trial.user_attrs["steps"], "a search trial")
+    except Diverged:
+        pass  # a result, recorded as such
