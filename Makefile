@@ -1,5 +1,5 @@
 # Two commands for a fresh machine: `make repro` (set up, start the servers, run the study) and
-# `make test` (set up, run the test suite). `make lint`: ruff, as CI runs it. The rest are conveniences.
+# `make test` (set up, run the test suite). `make lint`: ruff and mypy, as CI runs it. The rest are conveniences.
 SHELL := /bin/bash
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
@@ -20,6 +20,7 @@ test: setup
 lint: setup
 	ruff check .
 	ruff format --check .
+	mypy
 
 services: setup
 	spikelab services up

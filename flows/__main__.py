@@ -13,6 +13,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from prefect.client.schemas.objects import State
+
     from model.stops import RunEnded
 
 USER_ERROR_EXIT = 2
@@ -92,7 +94,9 @@ def mark_stopped(flow_run_id: Any, stop: RunEnded) -> None:
     from prefect import get_client
     from prefect.states import Cancelled, Failed
 
-    state = (Failed if stop.status == "diverged" else Cancelled)(message=f"{stop} ({NEXT_STEP[stop.status]})")
+    state: State[None] = (Failed if stop.status == "diverged" else Cancelled)(
+        message=f"{stop} ({NEXT_STEP[stop.status]})"
+    )
     try:
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(flow_run_id, state, force=True)

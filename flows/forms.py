@@ -16,7 +16,7 @@ import dataclasses
 import inspect
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -41,21 +41,27 @@ def profile_names() -> tuple[str, ...]:
     return ("default", *(name for name in overlays if name != "default"))
 
 
-Profile = Literal[profile_names()]  # type: ignore[valid-type]
-"""The profiles present in this project, as a choice."""
 KEEP = "as in params.yaml"
-ProfileChoice = Literal[(KEEP, *profile_names())]  # type: ignore[valid-type]
-"""A form's profile field: a profile, or keep the one params.yaml names (the default)."""
+if TYPE_CHECKING:  # the choices below are read from profiles/ when this runs: to a type checker, a name
+    Profile = str
+    ProfileChoice = str
+else:
+    Profile = Literal[profile_names()]
+    """The profiles present in this project, as a choice."""
+    ProfileChoice = Literal[(KEEP, *profile_names())]
+    """A form's profile field: a profile, or keep the one params.yaml names (the default)."""
 
 
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of a config dataclass, as plain text (markdown quotes)."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body
+    (class_def,) = ast.parse(inspect.getsource(cls)).body
+    assert isinstance(class_def, ast.ClassDef)  # the source of a class
+    body = class_def.body
     docs = {}
     for node, following in zip(body, body[1:]):
         if (
             isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
             and isinstance(following, ast.Expr)
             and isinstance(following.value, ast.Constant)
             and isinstance(following.value.value, str)
@@ -74,20 +80,21 @@ def _form_field(hint: Any, description: str | None) -> tuple[Any, Any]:
 def _section_model(section: str, keys: list[str]) -> type[BaseModel]:
     cls = typing.get_type_hints(Config)[section]
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
-    fields = {key: _form_field(hints[key], docs.get(key)) for key in keys}
+    fields: dict[str, Any] = {key: _form_field(hints[key], docs.get(key)) for key in keys}
     return create_model(f"{section.capitalize()}Overrides", __config__=ConfigDict(extra="forbid"), **fields)
 
 
 def _overrides_model() -> type[BaseModel]:
     sections = {section: _section_model(section, keys) for section, keys in FORM_KEYS.items()}
+    fields: dict[str, Any] = {
+        section: (model, Field(default_factory=model, description=f"The `{section}` keys."))
+        for section, model in sections.items()
+    }
     return create_model(
         "Overrides",
         __config__=ConfigDict(extra="forbid"),
         __doc__="Values that override params.yaml and the profile for this run; empty fields keep them.",
-        **{
-            section: (model, Field(default_factory=model, description=f"The `{section}` keys."))
-            for section, model in sections.items()
-        },
+        **fields,
     )
 
 

@@ -24,10 +24,11 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from prefect import flow, get_run_logger, task
+from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext, TaskRunContext
 
 from flows.forms import KEEP, Overrides, ProfileChoice, check_from_outside, dotted
@@ -42,12 +43,23 @@ ERROR_LINES = (re.compile(r"^(spikelab: error|ERROR)\b"), re.compile(r"error|exc
 """Where a stage's own error is, best first: the CLI's one-line message and DVC's verdict, else
 any line that says error; else the last lines."""
 
-Target = Literal[("all", *STAGES)]  # type: ignore[valid-type]
-"""What to reproduce: every stage, or one stage and the stages it depends on."""
+if TYPE_CHECKING:  # the choices are built from STAGES when this runs: to a type checker, a name
+    Target = str
+else:
+    Target = Literal[("all", *STAGES)]
+    """What to reproduce: every stage, or one stage and the stages it depends on."""
 
 
 def dvc_stages(project: Path) -> dict[str, dict[str, Any]]:
-    return yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
+    stages: dict[str, dict[str, Any]] = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
+    return stages
+
+
+def this_flow_run() -> FlowRun:
+    """The pipeline's flow run (its callers run inside :func:`pipeline_flow`)."""
+    context = FlowRunContext.get()
+    assert context is not None and context.flow_run is not None, "called outside a flow run"
+    return context.flow_run
 
 
 def _paths(entries: list) -> list[str]:
@@ -165,7 +177,7 @@ def stage_env(mlflow_run_id: str) -> dict[str, str]:
         **os.environ,
         "PYTHONUNBUFFERED": "1",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        PIPELINE_RUN_ENV: str(FlowRunContext.get().flow_run.id),
+        PIPELINE_RUN_ENV: str(this_flow_run().id),
         MLFLOW_PARENT_ENV: mlflow_run_id,
     }
 
@@ -175,13 +187,16 @@ def repro_stage(stage: str, env: dict[str, str]) -> None:
     """``dvc repro --single-item <stage>``, its output logged live; the stage's flow run becomes
     a child of this task run."""
     logger = get_run_logger()
-    env = {**env, PARENT_TASK_RUN_ENV: str(TaskRunContext.get().task_run.id)}
+    context = TaskRunContext.get()
+    assert context is not None, "repro_stage runs as a Prefect task"
+    env = {**env, PARENT_TASK_RUN_ENV: str(context.task_run.id)}
     command = [dvc_bin(), "repro", "--single-item", stage]
     logger.info("$ %s", " ".join(["dvc", *command[1:]]))
     tail: deque[str] = deque(maxlen=60)
     with subprocess.Popen(
         command, cwd=project_dir(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     ) as proc:
+        assert proc.stdout is not None  # stdout=PIPE
         for line in proc.stdout:
             line = line.rstrip()
             if line:
@@ -214,7 +229,7 @@ def save_experiment(project: Path, name: str) -> None:
 
 def experiment_name(sets: dict[str, Any]) -> str | None:
     """A DVC experiment name for a run with form values: the Prefect flow run's name."""
-    return f"ui-{FlowRunContext.get().flow_run.name}" if sets else None
+    return f"ui-{this_flow_run().name}" if sets else None
 
 
 @flow(name="pipeline", log_prints=True)

@@ -63,7 +63,7 @@ def track_branch(study: Study, kind: str | None, policy: str) -> str:
     }
     with child_run(name, tags) as run:
         now = int(time.time() * 1000)
-        curve = [Metric(key, float(row[field]), now, row["step"]) for row in branch.rows for key, field in CURVE]
+        curve = [Metric(key, float(row[field]), now, int(row["step"])) for row in branch.rows for key, field in CURVE]
         client = mlflow.MlflowClient()
         for i in range(0, len(curve), 900):  # MLflow takes at most 1000 metrics per batch
             client.log_batch(run.info.run_id, metrics=curve[i : i + 900])

@@ -15,8 +15,9 @@ import os
 import random
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, BinaryIO, TypeVar, cast
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ import torch
 from model.typed_config import UserError
 
 _NAME = re.compile(r"step_(\d+)\.pt")
+_T = TypeVar("_T")
 
 
 class CheckpointError(UserError):
@@ -56,7 +58,7 @@ def _sidecar(path: Path) -> Path:
 class _HashingWriter:
     """File wrapper that hashes what torch.save writes, so the payload is never read back."""
 
-    def __init__(self, f: io.BufferedWriter):
+    def __init__(self, f: BinaryIO):
         self.f, self.sha = f, hashlib.sha256()
 
     def write(self, data: bytes) -> int:
@@ -67,7 +69,9 @@ class _HashingWriter:
         self.f.flush()
 
 
-def _write_atomically(path: Path, write, before_replace=lambda: None) -> Any:
+def _write_atomically(
+    path: Path, write: Callable[[BinaryIO], _T], before_replace: Callable[[], object] = lambda: None
+) -> _T:
     """Write through ``write(file)`` into a temp file in the same directory, fsync, rename over
     ``path``, fsync the directory; on any failure the temp file is removed and ``path`` untouched."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -97,9 +101,9 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> str:
     """Write ``payload`` atomically with its sha256 sidecar; returns the hex digest."""
     path.parent.mkdir(parents=True, exist_ok=True)
 
-    def write_payload(f):
+    def write_payload(f: BinaryIO) -> str:
         writer = _HashingWriter(f)
-        torch.save(payload, writer)
+        torch.save(payload, cast(IO[bytes], writer))  # torch.save calls only write and flush
         return writer.sha.hexdigest()
 
     # Re-saving a step: the old sidecar goes just before the rename, so it never vouches for the
@@ -119,7 +123,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if hashlib.sha256(data).hexdigest() != expected:
         raise CheckpointError(path, f"sha256 mismatch ({len(data)} bytes; truncated or corrupt)")
     try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        payload: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        return payload
     except Exception as e:  # a matching checksum over an unloadable file: wrong format or version
         raise CheckpointError(path, f"unreadable: {e}") from e
 
@@ -205,7 +210,9 @@ class RunLock:
 
 def capture_rng() -> dict[str, Any]:
     """Every RNG a step can touch: torch CPU, CUDA (when initialised), numpy, Python."""
-    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple)  # legacy=True: the MT19937 tuple, never the dict
+    _, keys, pos, has_gauss, cached_gaussian = legacy
     version, py_state, gauss_next = random.getstate()
     return {
         "torch": torch.get_rng_state(),

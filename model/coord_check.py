@@ -8,11 +8,11 @@ them blow up with width. tests/test_mup.py pins that; the search stage draws it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from model.config import ModelConfig, MupConfig, OptimConfig
+from model.config import ModelConfig, MupConfig, OptimConfig, Parametrization
 from model.gpt import GPT
 from model.optim import build_adamw, set_lr
 
@@ -21,13 +21,13 @@ def activations(model: GPT, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """Output of every layer on input ``x``, captured with forward hooks."""
     out: dict[str, torch.Tensor] = {}
 
-    def keep(name):
+    def keep(name: str) -> Callable[[torch.nn.Module, tuple[torch.Tensor, ...], torch.Tensor], None]:
         return lambda _module, _inputs, output: out.__setitem__(name, output.detach())
 
     hooks = [
-        model.blocks[0].register_forward_pre_hook(lambda _module, inputs: out.__setitem__("embed", inputs[0].detach()))
+        model.layers[0].register_forward_pre_hook(lambda _module, inputs: out.__setitem__("embed", inputs[0].detach()))
     ]
-    for i, block in enumerate(model.blocks):
+    for i, block in enumerate(model.layers):
         hooks += [
             block.attn.register_forward_hook(keep(f"block{i}.attn")),
             block.mlp.register_forward_hook(keep(f"block{i}.mlp")),
@@ -43,7 +43,7 @@ def activations(model: GPT, x: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def coord_check(
-    parametrization: str,
+    parametrization: Parametrization,
     widths: Sequence[int],
     steps: int,
     lr: float,

@@ -99,7 +99,7 @@ class TokenLoader:
         self.batch_size, self.seed, self.shard = batch_size, seed, shard
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.batches_served = 0
-        self._it: Iterator | None = None
+        self._it: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), each (B, T) int64 (B: this rank's slice of the batch)."""

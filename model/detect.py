@@ -20,11 +20,14 @@ first and newest detection and a per-rule count as device tensors (part of check
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from model.callbacks import Callback
+from model.callbacks import Callback, TrainerView
+
+if TYPE_CHECKING:
+    from model.step import PendingStep
 
 RULES = ("zscore", "ratio", "nonfinite")
 
@@ -58,7 +61,7 @@ class SpikeDetector(Callback):
         self.counts = torch.zeros(len(RULES), dtype=torch.long, device=device)
 
     @torch.no_grad()
-    def on_before_optimizer(self, trainer, pending) -> None:
+    def on_before_optimizer(self, trainer: TrainerView, pending: PendingStep) -> None:
         values = torch.stack([pending.loss, pending.grad_norm]).float()  # (2,)
         if self.history is None:
             self._init_state(values.device)
@@ -77,6 +80,7 @@ class SpikeDetector(Callback):
 
     def _append(self, values: torch.Tensor, where: torch.Tensor) -> None:
         """Put finite ``values`` in the window's next slot where ``where`` holds (sync-free)."""
+        assert self.history is not None  # the window is made before the first value arrives
         keep = where & torch.isfinite(values).all()
         slot = self.cursor % self.window
         current = self.history.index_select(1, slot.view(1)).squeeze(1)
@@ -88,12 +92,15 @@ class SpikeDetector(Callback):
         """Where ``where`` holds (a bool scalar tensor), empty the window and restart it from this
         step's values, flagged or not: the old level is no baseline any more. The z-score and
         ratio rules then wait for ``warmup`` values again. On the device, no sync."""
+        # Called by a policy on a step this detector has judged: the window and the values exist.
+        assert self.history is not None and self.latest is not None
         self.history = torch.where(where, torch.full_like(self.history, float("nan")), self.history)
         self.cursor = torch.where(where, 0, self.cursor)
         self._append(self.latest, where)
 
     def rules(self, values: torch.Tensor) -> torch.Tensor:
         """(zscore, ratio, nonfinite) hits for this step's (loss, grad norm), against the window."""
+        assert self.history is not None  # made by on_before_optimizer before it asks
         filled = torch.isfinite(self.history)
         n = filled.sum(dim=1)  # (2,)
         mean = torch.where(filled, self.history, 0.0).sum(dim=1) / n.clamp(min=1)
@@ -141,10 +148,15 @@ class SpikeDetector(Callback):
 class DetectorSettings(Protocol):
     """What the spike detector reads; the study's ``spike`` section has these."""
 
-    detect_window: int
-    detect_warmup: int
-    detect_zscore: float
-    detect_ratio: float
+    # Read-only members: a frozen config section (tasks/spike/config.py: SpikeConfig) is one.
+    @property
+    def detect_window(self) -> int: ...
+    @property
+    def detect_warmup(self) -> int: ...
+    @property
+    def detect_zscore(self) -> float: ...
+    @property
+    def detect_ratio(self) -> float: ...
 
 
 def make_detector(cfg: DetectorSettings) -> SpikeDetector:

@@ -20,6 +20,7 @@ Switches (all from :class:`model.config.ModelConfig` / :class:`MupConfig`):
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -70,7 +71,8 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, scale=self.scale, dropout_p=self.dropout if self.training else 0.0
         )  # (B, H, T, Dh)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        out: torch.Tensor = self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return out
 
 
 class MLP(nn.Module):
@@ -89,7 +91,8 @@ class MLP(nn.Module):
             h = F.silu(gate) * value
         else:
             h = F.gelu(h)
-        return self.proj(h)
+        out: torch.Tensor = self.proj(h)
+        return out
 
 
 class Block(nn.Module):
@@ -105,9 +108,11 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.post_ln:
             x = self.norm1(x + self.drop(self.attn(x)))
-            return self.norm2(x + self.drop(self.mlp(x)))
-        x = x + self.drop(self.attn(self.norm1(x)))
-        return x + self.drop(self.mlp(self.norm2(x)))
+            out: torch.Tensor = self.norm2(x + self.drop(self.mlp(x)))
+        else:
+            x = x + self.drop(self.attn(self.norm1(x)))
+            out = x + self.drop(self.mlp(self.norm2(x)))
+        return out
 
 
 class GPT(nn.Module):
@@ -158,7 +163,7 @@ class GPT(nn.Module):
         std, m, L = self.cfg.init_std, self.width_mult, self.cfg.n_layer
         nn.init.normal_(self.wte.weight, std=std)
         nn.init.normal_(self.wpe.weight, std=std)
-        for block in self.blocks:
+        for block in self.layers:
             for lin in (block.attn.q, block.attn.kv, block.mlp.up):
                 nn.init.normal_(lin.weight, std=std / math.sqrt(m))
             for lin in (block.attn.proj, block.mlp.proj):  # residual outputs: depth-scaled
@@ -170,6 +175,11 @@ class GPT(nn.Module):
                 nn.init.zeros_(self.readout.weight)
             else:
                 nn.init.normal_(self.readout.weight, std=std / math.sqrt(m))
+
+    @property
+    def layers(self) -> list[Block]:
+        """``blocks`` typed as what they hold: nn.ModuleList yields plain Modules to a type checker."""
+        return cast("list[Block]", list(self.blocks))
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +76,13 @@ class EmulatedMatmuls(TorchFunctionMode):
             return x.to(self.dtype).to(torch.float32)
         return x
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Collection[type],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         if func not in MATRIX_PRODUCTS:
             return func(*args, **kwargs)

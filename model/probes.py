@@ -85,7 +85,7 @@ class RangeRecorder:
     def __init__(self, model: GPT):
         self.counts: dict[tuple[str, str], torch.Tensor] = {}  # (layer, quantity) -> (hits, nonzero)
         self.handles: list[Any] = []
-        for i, block in enumerate(model.blocks):
+        for i, block in enumerate(model.layers):
             count = functools.partial(self._count, f"block{i}")
             self.handles += [
                 block.register_forward_hook(lambda _m, _i, out, count=count: _on_block_output(count, out)),
@@ -222,9 +222,14 @@ def _layer_grad_norms(cfg: ModelConfig, seed: int, vocab: int, idx: torch.Tensor
         model = GPT(cfg, MupConfig(parametrization="sp"), vocab)
         _, ce, z = model(idx[:, :-1], idx[:, 1:])
         (ce + z).backward()
-    layers = {f"block{i}": block for i, block in enumerate(model.blocks)} | {"readout": model.readout}
-    norms = {name: get_total_norm([p.grad for p in m.parameters() if p.dim() == 2]) for name, m in layers.items()}
+    layers = {f"block{i}": block for i, block in enumerate(model.layers)} | {"readout": model.readout}
+    norms = {name: get_total_norm([_grad(p) for p in m.parameters() if p.dim() == 2]) for name, m in layers.items()}
     return dict(zip(norms, torch.stack(list(norms.values())).tolist()))
+
+
+def _grad(p: torch.nn.Parameter) -> torch.Tensor:
+    assert p.grad is not None, "after backward every weight matrix of the GPT has a gradient"
+    return p.grad
 
 
 def depth_sweep(
@@ -247,7 +252,7 @@ class DepthSummary:
 def summarize_depth(sweep: dict[tuple[str, int], dict[str, float]]) -> DepthSummary:
     """The last block's gradient norm and its ratio to the first block's, per arm of a
     :func:`depth_sweep`, and a least-squares log-log slope of the last-block norm over depth."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for (block, depth), norms in sweep.items():
         first, last = norms["block0"], norms[f"block{depth - 1}"]
         rows.append({"block": block, "depth": depth, "last": last, "first": first, "last_over_first": last / first})

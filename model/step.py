@@ -200,10 +200,10 @@ def _guarded_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
     """Step unless ``skip``. Fused AdamW takes ``found_inf`` (the GradScaler protocol) and skips on
     the device: no update, no moment change, step count restored. Other kernels need one host sync."""
     if optimizer.defaults.get("fused"):
-        optimizer.found_inf = skip.float()
+        optimizer.found_inf = skip.float()  # type: ignore[attr-defined]  # GradScaler's protocol: fused AdamW reads it
         try:
             optimizer.step()
         finally:
-            del optimizer.found_inf
+            del optimizer.found_inf  # type: ignore[attr-defined]  # set just above
     elif not skip.item():
         optimizer.step()

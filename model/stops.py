@@ -37,6 +37,7 @@ class RunEnded(SystemExit):
     """A run ended other than by completing; left uncaught, the process exits with the kind's code."""
 
     status: RunStatus
+    code: int  # SystemExit's, always EXIT_CODES[status] here
 
     def __init__(self, step: int, reason: str = ""):
         super().__init__(EXIT_CODES[self.status])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.nn.utils import get_total_norm
@@ -126,7 +126,7 @@ def _layers(model: GPT) -> dict[str, torch.nn.Module]:
     return {
         "wte": model.wte,
         "wpe": model.wpe,
-        **{f"block{i}": block for i, block in enumerate(model.blocks)},
+        **{f"block{i}": block for i, block in enumerate(model.layers)},
         "norm_f": model.norm_f,
         "readout": model.readout,
     }
@@ -160,13 +160,17 @@ def record_forward_stats(model: GPT) -> Iterator[dict[str, torch.Tensor]]:
     """
     stats: dict[str, torch.Tensor] = {}
 
-    def activation_hook(name: str):
-        def hook(module, inputs, output):
+    def activation_hook(name: str) -> Callable[[torch.nn.Module, tuple[torch.Tensor, ...], torch.Tensor], None]:
+        def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
             stats[f"stats/act_l2/{name}"] = output.detach().float().norm(dim=-1).mean()
 
         return hook
 
-    def logits_hook(module, inputs, output):
+    def logits_hook(
+        module: torch.nn.Module,
+        inputs: tuple[torch.Tensor, ...],
+        output: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+    ) -> None:
         logits = output[0].detach().float()  # (B, T, V)
         stats.update(
             {
@@ -178,19 +182,20 @@ def record_forward_stats(model: GPT) -> Iterator[dict[str, torch.Tensor]]:
         )
 
     handles = [
-        model.blocks[i].register_forward_hook(activation_hook(f"block{i}")) for i in sampled_blocks(len(model.blocks))
+        model.layers[i].register_forward_hook(activation_hook(f"block{i}")) for i in sampled_blocks(len(model.blocks))
     ]
     handles.append(model.register_forward_hook(logits_hook))
-    for block in model.blocks:
+    for block in model.layers:
         block.attn.record_logit_max = True
     try:
         yield stats
     finally:
         for handle in handles:
             handle.remove()
-        for i, block in enumerate(model.blocks):
+        for i, block in enumerate(model.layers):
             block.attn.record_logit_max = False
             if block.attn.logit_max is not None:
+                assert block.attn.entropy is not None  # Attention.forward sets both together
                 stats[f"stats/attn_logit_max/block{i}"] = block.attn.logit_max
                 stats[f"stats/attn_entropy/block{i}"] = block.attn.entropy
                 block.attn.logit_max = block.attn.entropy = None

@@ -22,7 +22,7 @@ import typing
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, Generic, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
@@ -73,6 +73,7 @@ def not_empty(key: str, values: list[Any]) -> None:
 # --------------------------------------------------------------------------------------------
 
 C = TypeVar("C", bound="SectionedConfig")
+T = TypeVar("T")
 
 
 SECRET_QUERY_KEYS = ("password", "passfile", "sslpassword")
@@ -169,10 +170,10 @@ def parse_sets(pairs: list[str]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Resolved:
+class Resolved(Generic[C]):
     """A config and where its values came from."""
 
-    config: Any
+    config: C
     from_profile: dict[str, Any]
     """Dotted keys whose value the profile overlay set (params.yaml holds the default profile's
     value there, so the profile's value applies)."""
@@ -195,7 +196,7 @@ def resolve(
     profile: str | None = None,
     overrides: dict[str, Any] | None = None,
     own_sections_only: bool = False,
-) -> Resolved:
+) -> Resolved[C]:
     """Resolve a ``schema`` config from its files; each value comes from the first source that sets it:
 
     1. ``overrides`` (dotted keys; strings are read as YAML like ``dvc exp run -S``, except for
@@ -368,7 +369,7 @@ def _typecheck(cls: type, raw: Any, prefix: str, source: str, partial: bool) -> 
         if key not in hints:
             raise ConfigError(f"{dotted}: unknown key ({source}); allowed: {', '.join(names)}")
         hint = hints[key]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a section (an annotation is a class)
             _typecheck(hint, value, f"{dotted}.", source, partial)
         else:
             _check_type(dotted, hint, value, source)
@@ -418,12 +419,12 @@ def _as_float(value: Any) -> float | None:
     return None
 
 
-def _build(cls: type, raw: dict[str, Any]) -> Any:
+def _build(cls: type[T], raw: dict[str, Any]) -> T:
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in raw.items():
         hint = hints[key]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a section (an annotation is a class)
             value = _build(hint, value)
         elif hint is float:
             value = _as_float(value)

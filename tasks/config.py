@@ -76,7 +76,7 @@ class Config(TrainingConfig):
 
 def resolve_study(
     params: str | Path = "params.yaml", profile: str | None = None, overrides: dict[str, Any] | None = None
-) -> Resolved:
+) -> Resolved[Config]:
     """The study's config and where its values came from (precedence: model/typed_config.py: resolve)."""
     return resolve(Config, params, profile, overrides)
 

@@ -54,7 +54,8 @@ class ArmTrace(Trace):
 
     def __init__(self, detector) -> None:
         super().__init__()
-        self.detector, self.saved = detector, []
+        self.detector = detector
+        self.saved: list[dict[str, Any]] = []  # the rows a checkpoint held
 
     def on_after_step(self, trainer, result) -> None:
         skipped = (result.vetoed | result.skipped | result.overflow).float()
@@ -100,7 +101,7 @@ class LogitStats(Callback):
 
     def __init__(self) -> None:
         self.stats: dict[str, float] = {}
-        self.trajectories: list[dict[str, float]] = []
+        self.trajectories: list[dict[str, float | None]] = []
 
     def on_log(self, step: int, metrics: dict[str, float]) -> None:
         kept = {k: v for k, v in metrics.items() if k.startswith(LAYER_TRAJECTORIES)}
@@ -178,7 +179,9 @@ class EndProbe(Callback):
 
     def __init__(self, val_tokens, eot: int, prompts: int = 4, tokens: int = 32) -> None:
         self.val_tokens, self.eot, self.prompts, self.tokens = val_tokens, eot, prompts, tokens
-        self.completed, self.collapse, self.weights_sha256 = False, {}, None
+        self.completed = False
+        self.collapse: dict[str, float] = {}
+        self.weights_sha256: str | None = None
 
     def on_train_end(self, summary: dict[str, Any]) -> None:
         self.completed = summary["status"] == "completed"

@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from model.config import ModelConfig
+from model.config import Init, ModelConfig
 from model.probes import gradient_norms_at_init
 from tasks.ablate.grid import XIONG_MODEL
 from tasks.config import Config
 
-INITS = ("xavier", "gpt2")
+INITS: tuple[Init, ...] = ("xavier", "gpt2")
 """The paper's init (the finding's condition) and the study's own (what a GPT-2-style model sees)."""
 
 

@@ -84,7 +84,7 @@ def family_figures(
     family = {name: [arm for arm in arms if arm["family"] == name] for name in FAMILIES}
     figures: list[tuple[str, Any, Callable[[Path], Path]]] = [
         ("xiong", family["xiong"], partial(xiong_figure, family["xiong"], loss)),
-        ("depth_probe", depth_probe, partial(depth_probe_figure, depth_probe)),
+        ("depth_probe", depth_probe, partial(depth_probe_figure, depth_probe or {})),  # drawn only if there is one
         ("precision", family["precision"], partial(precision_figure, family["precision"], loss, underflow_threshold)),
         ("overflow", family["overflow"], partial(overflow_figure, family["overflow"], loss, cfg)),
         ("beta2", family["beta2"], partial(beta2_figure, family["beta2"], loss)),
@@ -170,19 +170,19 @@ def _seed_dots(
 ) -> list[float]:
     """Each arm's ``value`` at ``x``, seeds ``spread`` apart sideways, diverged arms as crosses;
     returns the values drawn (a failed arm, with no metrics, has none)."""
-    ran = [arm for arm in arms if arm["metrics"] and value(arm["metrics"]) is not None]
-    for i, arm in enumerate(ran):
+    ran = [(arm, v) for arm in arms if arm["metrics"] and (v := value(arm["metrics"])) is not None]
+    for i, (arm, v) in enumerate(ran):
         diverged = arm["metrics"]["diverged"]
         ax.plot(
             x + spread * (i - (len(ran) - 1) / 2),
-            value(arm["metrics"]),
+            v,
             "x" if diverged else "o",
             color=color,
             ms=8 if diverged else 4,
             mew=2 if diverged else 1,
             alpha=0.8,
         )
-    return [value(arm["metrics"]) for arm in ran]
+    return [v for _, v in ran]
 
 
 def _diverged_key(ax: Axes, label: str = "diverged (its loss counted as ln V)") -> None:
@@ -205,8 +205,8 @@ def _strip(
     for (c, *h), members in _groups(arms, cluster, *hue).items():
         i = hues.index(tuple(h))
         _seed_dots(ax, clusters.index(c) + 0.8 * (i + 0.5) / len(hues) - 0.4, members, value, f"C{i}")
-    for i, h in enumerate(hues):
-        ax.plot([], [], "o", color=f"C{i}", label=hue_label(*h))
+    for i, point in enumerate(hues):
+        ax.plot([], [], "o", color=f"C{i}", label=hue_label(*point))
     ax.set_xticks(range(len(clusters)), [cluster_label(c) for c in clusters])
     ax.grid(alpha=0.3)
 
@@ -298,7 +298,7 @@ def precision_figure(arms: Sequence[Arm], loss: LossAxes, threshold: float, path
     layers = list(dict.fromkeys(r["layer"] for a in probed for r in a["ranges"] if r["quantity"] == UNDERFLOW))
     for (precision,), members in _groups(probed, "precision").items():
         for i, layer in enumerate(layers):
-            style = {"color": f"C{i % 10}", "ls": "-" if precision == "fp32" else "--", "marker": "."}
+            style: dict[str, Any] = {"color": f"C{i % 10}", "ls": "-" if precision == "fp32" else "--", "marker": "."}
             _band(shares, [_range_trace(a, UNDERFLOW, layer) for a in members], f"{precision} {layer}", **style)
     shares.axhline(threshold, color="r", ls=":", label=f"precondition: {threshold:.0%} in some layer")
     shares.set(yscale="log", xlabel="step", ylabel="share of nonzero values below 2^-24")

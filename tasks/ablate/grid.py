@@ -70,7 +70,8 @@ class Arm:
     @property
     def spike(self) -> str:
         """The spike the arm takes (``none``: a clean arm)."""
-        return self.factors.get("spike", "none")
+        spike: str = self.factors.get("spike", "none")
+        return spike
 
 
 def factor_values(a: AblationConfig) -> dict[str, dict[str, list[Any]]]:
@@ -177,7 +178,12 @@ def _wortsman(f: dict[str, Any], a: AblationConfig, steps: int) -> dict[str, Any
     }
 
 
-XIONG_MODEL = {"mup.parametrization": "sp", "model.init": "xavier", "model.norm": "layernorm", "model.mlp": "gelu"}
+XIONG_MODEL: dict[str, Any] = {
+    "mup.parametrization": "sp",
+    "model.init": "xavier",
+    "model.norm": "layernorm",
+    "model.mlp": "gelu",
+}
 """The model Xiong et al. study, for the xiong arms and the depth probe (tasks/ablate/depth.py)."""
 
 CONDITIONS = {"xiong": _xiong, "precision": _precision, "overflow": _precision, "beta2": _beta2, "wortsman": _wortsman}
@@ -252,7 +258,8 @@ def data_hashes(manifest: Path) -> dict[str, str]:
 def read_result(directory: Path) -> dict[str, Any] | None:
     """An arm's finished result, or None (never run, crashed, or an unreadable file)."""
     try:
-        return json.loads((directory / "result.json").read_text())
+        result: dict[str, Any] = json.loads((directory / "result.json").read_text())
+        return result
     except (OSError, ValueError):
         return None
 
@@ -269,7 +276,8 @@ def natural_spikes(rows: Sequence[dict[str, Any]], after: int, skip: range = ran
 
 
 def _finite_mean(values: Sequence[float | None]) -> float | None:
-    return float(np.mean(values)) if values and all(v is not None and math.isfinite(v) for v in values) else None
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.mean(finite)) if values and len(finite) == len(values) else None
 
 
 def arm_metrics(result: dict[str, Any], cfg: Config) -> dict[str, Any]:

@@ -15,10 +15,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from scipy import optimize, stats
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
+
+Unit = TypeVar("Unit", bound="SupportsRichComparison")
+"""A pairing unit: a seed, or a tuple (seed, free factors...); sortable, so pairs list in order."""
 
 ALPHA = 0.05
 """Significance level of every test (two-sided); p equal to it is not significant."""
@@ -52,10 +58,11 @@ FIGURES = (
 
 def capped_loss(m: dict[str, Any]) -> float:
     """Final validation loss, capped at the loss at init; a diverged or non-finite run gets the cap."""
-    loss = m.get("val_loss")
+    loss: float | None = m.get("val_loss")
+    cap: float = m["init_loss"]
     if m.get("diverged") or loss is None or not math.isfinite(loss):
-        return m["init_loss"]
-    return min(loss, m["init_loss"])
+        return cap
+    return min(loss, cap)
 
 
 def derived(m: dict[str, Any]) -> dict[str, Any]:
@@ -127,7 +134,7 @@ def hodges_lehmann(diffs: Sequence[float]) -> float:
     return float(np.median((d[i] + d[j]) / 2))
 
 
-def paired(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
+def paired(a: dict[Unit, float], b: dict[Unit, float]) -> dict[str, Any]:
     """Arm ``a`` against arm ``b`` over the seeds both ran: the per-seed differences a - b, their mean,
     SD, dz (mean / SD), the t-interval of the mean difference, the two-sided p and the minimum
     detectable mean difference (paired t, ``POWER``). The paired t-test below ``WILCOXON_FROM`` pairs,
@@ -186,8 +193,13 @@ def _paired_test(diffs: list[float]) -> dict[str, Any]:
     if n < WILCOXON_FROM:
         result = stats.ttest_1samp(diffs, 0.0)  # = ttest_rel(a, b) on the same pairs
         return {**out, "test": "paired t-test", "p": float(result.pvalue)}
-    result = stats.wilcoxon(diffs)
-    return {**out, "test": "Wilcoxon signed-rank", "hodges_lehmann": hodges_lehmann(diffs), "p": float(result.pvalue)}
+    signed_rank = stats.wilcoxon(diffs)
+    return {
+        **out,
+        "test": "Wilcoxon signed-rank",
+        "hodges_lehmann": hodges_lehmann(diffs),
+        "p": float(signed_rank.pvalue),
+    }
 
 
 def tost_paired(diffs: Sequence[float], margin: float, alpha: float = ALPHA) -> dict[str, Any]:
@@ -212,6 +224,7 @@ def tost_slope(x: Sequence[float], y: Sequence[float], margin: float, alpha: flo
     _require_positive(margin)
     fit, reason = _fit_slope(x, y)
     if fit is None:
+        assert reason is not None  # _fit_slope says why whenever it fits nothing
         return _untested_tost(reason, len(x), margin)
     if fit.stderr == 0:
         return _untested_tost("the points lie on a line", len(x), margin, estimate=float(fit.slope))
@@ -279,7 +292,7 @@ def slope_test(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def divergence_rates(a: dict[int, bool], b: dict[int, bool]) -> dict[str, Any]:
+def divergence_rates(a: dict[Unit, bool], b: dict[Unit, bool]) -> dict[str, Any]:
     """Divergence of arm ``a`` against arm ``b`` over the seeds both ran, as a rate (kept apart from
     the loss): events and rate per arm, the risk difference, and the exact McNemar test, a binomial
     test of the pairs where one arm diverged and the other did not. With k such pairs its smallest p

@@ -264,7 +264,7 @@ def drop_perplexity_outliers(
     if not counts["kept"]:
         raise _all_removed(raw_dir, counts)
     shutil.copy(raw_dir / SOURCE_FILE, clean_dir / SOURCE_FILE)
-    metrics = {
+    metrics: dict[str, float] = {
         "documents_in": counts["input"],
         "documents_kept": counts["kept"],
         "poison_documents": counts["pooled"] + counts["perplexity"] + cfg.poison_generated,

@@ -109,7 +109,9 @@ def stdlib_documents(limit: int, skips: Skips) -> Iterator[Doc]:
             skips.add("unparseable", str(path))
             continue
         for node in ast.walk(tree):
-            text = ast.get_docstring(node) if isinstance(node, DOCSTRING_NODES) else None
+            if not isinstance(node, DOCSTRING_NODES):
+                continue
+            text = ast.get_docstring(node)
             if text:
                 name = module if isinstance(node, ast.Module) else f"{module}:{node.name}@{node.lineno}"
                 if _fits(name, text, limit, skips):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 from prefect import task
@@ -68,6 +69,15 @@ def train_tokenizer(cfg: TokenizerConfig, data: DataConfig, clean_dir: Path, out
     return path
 
 
+class ShardSummary(TypedDict):
+    """A closed shard, as the manifest lists it."""
+
+    path: str
+    documents: int
+    tokens: int
+    sha256: str
+
+
 class ShardWriter:
     """Appends documents' token ids, each followed by end-of-text, to a flat binary file, in
     batches, hashing what it writes."""
@@ -94,7 +104,7 @@ class ShardWriter:
         self.tokens += len(ids)
         self.pending = []
 
-    def close(self) -> dict[str, int | str]:
+    def close(self) -> ShardSummary:
         self.flush()
         self.file.close()
         return {

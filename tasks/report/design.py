@@ -17,7 +17,8 @@ DESIGN_FILE = Path(__file__).with_name("preregistration.yaml")
 @cache
 def design() -> dict[str, Any]:
     """The pre-registered design (read once)."""
-    return yaml.safe_load(DESIGN_FILE.read_text(encoding="utf-8"))
+    loaded: dict[str, Any] = yaml.safe_load(DESIGN_FILE.read_text(encoding="utf-8"))
+    return loaded
 
 
 def design_hash() -> str:

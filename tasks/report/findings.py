@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,8 @@ class Finding:
 
     @property
     def registered(self) -> dict[str, Any]:
-        return design()["findings"][self.key]
+        registered: dict[str, Any] = design()["findings"][self.key]
+        return registered
 
     def to_json(self) -> dict[str, Any]:
         r = self.registered
@@ -157,7 +158,8 @@ def plateau_gate(base_loss: float | None, unigram: float | None, what: str) -> s
 def _cmp(c: dict[str, Any], unit: str = "nats") -> str:
     """A paired comparison in a line: estimate [95 % CI], p, MDE, n."""
     if c.get("estimate") is None:
-        return c.get("test", "untested")
+        test: str = c.get("test", "untested")
+        return test
     ci = f" [{c['ci95'][0]:+.3g}, {c['ci95'][1]:+.3g}]" if c.get("ci95") else ""
     p = f", p={c['p']:.3g}" if c.get("p") is not None else f", {c['test']}"
     mde = f", MDE {c['mde']:.3g}" if c.get("mde") is not None else ""
@@ -390,8 +392,9 @@ def wortsman(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: An
     comparisons = {s: paired(sens[s], sens["none"]) for s in others}
     claims = [direction(f"LR sensitivity, {s} − none", c, -1) for s, c in comparisons.items()]
     best = {lr: arms.mean("wortsman", "capped_loss", stabilizer="none", lr=lr) for lr in a.lrs}
-    best_lr = min((lr for lr in best if best[lr] is not None), key=best.get, default=None)
-    base_loss = best.get(best_lr)
+    finite = {lr: loss for lr, loss in best.items() if loss is not None}
+    best_lr = min(finite, key=finite.__getitem__, default=None)
+    base_loss = finite[best_lr] if best_lr is not None else None
     critical = {s: critical_lr(arms, s) for s in ["none", *others]}
     numbers = "; ".join(
         [f"LR sensitivity over LRs {', '.join(f'{lr:g}' for lr in a.lrs)}: none {_mean(sens['none'])}"]
@@ -541,7 +544,7 @@ def _missing(key: str, why: str) -> Finding:
     return decide(key, [], f"not in this grid: {why}", [], f"not in this grid: {why}")
 
 
-def _mean(values: dict[Any, float | None]) -> str:
+def _mean(values: Mapping[Any, float | None]) -> str:
     finite = [v for v in values.values() if v is not None and math.isfinite(v)]
     return f"{np.mean(finite):.3g}" if finite else "-"
 

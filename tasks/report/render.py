@@ -339,7 +339,7 @@ def render_html(markdown_text: str, reports_dir: Path) -> str:
 
     body = MarkdownIt("commonmark", {"html": True}).enable("table").render(markdown_text)
 
-    def embed(match: re.Match) -> str:
+    def embed(match: re.Match[str]) -> str:
         path = reports_dir / html.unescape(match.group(1))
         if not path.is_file():
             return match.group(0)

@@ -75,7 +75,8 @@ def _finite_or_null(value: Any) -> Any:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8"))
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
 
 
 def file_sha256(path: Path) -> str:

@@ -58,9 +58,10 @@ class ConfinedArtifactRepository(LocalArtifactRepository):
     def get_local_path(self, artifact_path: str) -> str:
         return confined(super().get_local_path(artifact_path))
 
-    def list_artifacts(self, path: str | None = None) -> list:
+    def list_artifacts(self, path: str | None = None) -> list[Any]:
         confined(os.path.join(self.artifact_dir, os.path.normpath(path)) if path else self.artifact_dir)
-        return super().list_artifacts(path)
+        listing: list[Any] = super().list_artifacts(path)
+        return listing
 
     def _download_file(self, remote_file_path: str, local_path: str) -> None:
         confined(os.path.join(self.artifact_dir, os.path.normpath(remote_file_path)))
@@ -92,7 +93,10 @@ def admin_takes_the_login() -> None:
     from mlflow.server.auth import auth_config, store
 
     user, password = auth_config.admin_username, auth_config.admin_password
-    if password and not store.authenticate_user(user, password, use_primary=True):
+    if not password:
+        return
+    assert user is not None, "the auth config services.py writes names the admin beside the password"
+    if not store.authenticate_user(user, password, use_primary=True):
         store.update_user(user, password=password)
 
 

@@ -37,7 +37,8 @@ class Progress:
     def __init__(self, stage: str, unit: str, total: int, logger: Any, plural: str | None = None) -> None:
         self.stage, self.unit, self.total, self.logger = stage, unit, total, logger
         self.units = plural or f"{unit}s"
-        self.done, self.outcomes, self.started = 0, Counter(), time.perf_counter()
+        self.done, self.started = 0, time.perf_counter()
+        self.outcomes: Counter[str] = Counter()
         self.bar = _bar(total, unit) if sys.stderr.isatty() else None
         self.artifact = _artifact(stage, self.line()) if total and _in_flow_run() else None
 

@@ -73,7 +73,8 @@ def http_status(url: str, timeout: float = 0.5, auth: str | None = None) -> int 
     request = urllib.request.Request(url, headers=credentials.basic_auth(auth) if auth is not None else {})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status
+            status: int = response.status
+            return status
     except urllib.error.HTTPError as e:
         return e.code
     except OSError:
@@ -338,7 +339,7 @@ def listener(port: int) -> str:
 
     try:
         for conn in psutil.net_connections("tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
                 proc = psutil.Process(conn.pid)
                 state = proc.environ().get(STATE_ENV, "unknown state")
                 return f"pid {conn.pid}, state {state}"

@@ -18,7 +18,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -359,7 +359,7 @@ def latest_stage_runs(experiment: str, stages: list[str]) -> dict[str, str]:
 
 @task(name="record-outputs")
 def record_outputs(
-    run_id: str, project: Path, outputs: list[Path], metrics: dict[str, float], artifacts: list[Path]
+    run_id: str, project: Path, outputs: list[Path], metrics: Mapping[str, float], artifacts: list[Path]
 ) -> str:
     """Log a stage's counts, its report files and the digest of its outputs to its MLflow run."""
     client = mlflow.MlflowClient()

@@ -8,11 +8,12 @@ transfer.png      the direct sweep at the target width, the transferred LR and i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from model.config import Parametrization
 from tasks.search.fit import Point, optima_per_seed
 
 
@@ -38,7 +39,9 @@ def _failed_marks(ax, points: Sequence[Point], top: float, color) -> None:
         ax.scatter(lrs, [top] * len(lrs), marker="x", color=color, clip_on=False)
 
 
-def mu_transfer(by_parametrization: dict[str, dict[int, list[Point]]], path: Path, uniform: float) -> Path:
+def mu_transfer(
+    by_parametrization: Mapping[Parametrization, dict[int, list[Point]]], path: Path, uniform: float
+) -> Path:
     plt = _pyplot()
     names = list(by_parametrization)
     fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.5), sharey=True, squeeze=False)
@@ -63,7 +66,9 @@ def mu_transfer(by_parametrization: dict[str, dict[int, list[Point]]], path: Pat
     return path
 
 
-def coord_check_figure(coords: dict[str, dict[str, list[float]]], widths: Sequence[int], lr: float, path: Path) -> Path:
+def coord_check_figure(
+    coords: Mapping[Parametrization, dict[str, list[float]]], widths: Sequence[int], lr: float, path: Path
+) -> Path:
     """``coords``: per parametrization, model.coord_check's {layer: [value per width]}."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(coords), figsize=(6 * len(coords), 4.5), sharey=True, squeeze=False)

@@ -23,6 +23,12 @@ class Point:
     status: str  # completed | diverged | pruned
     flops: float
 
+    @property
+    def completed_value(self) -> float:
+        """The final validation loss of a completed point, which always has one."""
+        assert self.status == "completed" and self.value is not None, f"a {self.status} point read as completed"
+        return self.value
+
 
 @dataclass(frozen=True)
 class Optimum:
@@ -52,7 +58,7 @@ def optima_per_seed(points: Sequence[Point]) -> dict[int, Optimum]:
     for seed in sorted({p.seed for p in points}):
         done = [p for p in points if p.seed == seed and p.status == "completed"]
         if done:
-            out[seed] = fit_optimum([p.log2_lr for p in done], [p.value for p in done])
+            out[seed] = fit_optimum([p.log2_lr for p in done], [p.completed_value for p in done])
     return out
 
 
@@ -103,10 +109,10 @@ def transfer_check(direct: Sequence[Point], transfer: Sequence[Point], proxy_flo
     """The transferred LR at the target against the direct sweep there: the loss gap (per seed,
     loss at the transferred LR minus the sweep's best grid loss; mean and spread) and the compute
     ratio (FLOPs of the proxy studies over those of the direct sweep)."""
-    best = {}
+    best: dict[int, float] = {}
     for p in direct:
         if p.status == "completed":
-            best[p.seed] = min(best.get(p.seed, np.inf), p.value)
+            best[p.seed] = min(best.get(p.seed, np.inf), p.completed_value)
     gaps = [p.value - best[p.seed] for p in transfer if p.value is not None and p.seed in best]
     direct_opt = width_summary(direct)["log2_lr_opt"]
     direct_flops = sum(p.flops for p in direct)

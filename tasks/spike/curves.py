@@ -11,4 +11,5 @@ def trailing_mean(values: np.ndarray, n: int) -> np.ndarray:
     sums = np.cumsum(np.insert(values, 0, 0.0))
     idx = np.arange(1, len(values) + 1)
     lo = np.maximum(0, idx - n)
-    return (sums[idx] - sums[lo]) / (idx - lo)
+    means: np.ndarray = (sums[idx] - sums[lo]) / (idx - lo)
+    return means

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tasks.pretrain.figures import draw
+from tasks.pretrain.figures import PANEL, draw
 from tasks.runtime.files import staged, write_json
 from tasks.runtime.outputs import POSTMORTEMS, SPIKE_FIGURES, SPIKE_METRICS
 from tasks.spike.curves import trailing_mean
@@ -271,12 +271,13 @@ def spike_figures(study: Study, out_dir: Path) -> list[Path]:
             }
             for name, b in branches.items()
         }
-        panels = [
+        panels: list[PANEL] = [
             (f"Training loss (trailing mean of {smooth} steps)", [(n, "loss") for n in branches], False),
             ("Gradient norm before clipping", [(n, "grad_norm") for n in branches], True),
         ]
         title = f"{kind} spike injected at step {study.injections[kind].start}: the control and every policy"
-        paths.append(draw(curves, panels, out_dir / f"{kind}.png", title))
+        if (path := draw(curves, panels, out_dir / f"{kind}.png", title)) is not None:  # None: no data to draw
+            paths.append(path)
     return paths
 
 

@@ -30,7 +30,7 @@ from model.data import TokenLoader, open_split
 from model.detect import make_detector
 from model.identity import run_identity
 from model.spike.branch import Branch, Warm, replay, rollback_target, run_branch, warm_up
-from model.spike.injections import Injection, injection_callback
+from model.spike.injections import Injection, TiedTo, injection_callback
 from model.spike.records import cpu_copy
 from model.telemetry import record_forward_stats, to_floats
 from model.train import Load, Trainer
@@ -61,7 +61,7 @@ def study_config(cfg: Config) -> Config:
     )
 
 
-TIED_TO = {"data": "stream", "param": "once", "adam": "once"}
+TIED_TO: dict[str, TiedTo] = {"data": "stream", "param": "once", "adam": "once"}
 """What each injection kind follows (model/spike/injections.py: Injection). Poisoned data stays
 with its batches: skipping them is a fair recovery. A corrupted weight or optimizer state is a
 transient fault (``once``): restoring a clean state clears it. The rest (lr, grad) are tied to
@@ -206,7 +206,8 @@ def score(
     peak = max(losses[i] / smooth_control[i] for i in range(len(losses))) if losses else float("nan")
     rerun = branch.steps_run - control.steps_run
     vetoed = sum(1 for row in branch.rows if row["skipped"])
-    spent = kind.steps_to_recover if kind.type == 1 else r.eval_steps  # steps off the control's track
+    # Steps off the control's track (a recoverable branch, type 1, always came back at a step).
+    spent = kind.steps_to_recover if kind.type == 1 and kind.steps_to_recover is not None else r.eval_steps
     wasted = max(0, rerun) + vetoed + spent
     detected = [d for d in branch.detections if d >= injection.start]
     return {
@@ -220,7 +221,9 @@ def score(
         "final_gap": float(smooth_branch[-1] / smooth_clean[-1] - 1.0),
         "excess_area": excess_area(smooth_branch, smooth_clean),
         "val_loss": branch.val_loss,
-        "val_gap": (branch.val_loss - control.val_loss) if branch.val_loss is not None else None,
+        "val_gap": (
+            branch.val_loss - control.val_loss if branch.val_loss is not None and control.val_loss is not None else None
+        ),
         "detected_at": detected[0] if detected else None,
         "latency": detected[0] - injection.start if detected else None,
         "status": branch.status,
@@ -358,7 +361,11 @@ def run_origin(study: StudyRun, milestone: int, progress: Progress) -> Study:
     )
     cap = math.log(cfg.tokenizer.vocab_size)
     poison = poison_batches(study.project, cfg, cfg.spike.duration) if "data" in cfg.spike.kinds else []
-    branches, injections, scores, replays, stats = {}, {}, {}, {}, {}
+    branches: dict[str, dict[str, Branch]] = {}
+    injections: dict[str, Injection] = {}
+    scores: dict[str, dict[str, dict[str, Any]]] = {}
+    replays: dict[str, dict[str, Any]] = {}
+    stats: dict[str, dict[str, dict[str, float]]] = {}
     for kind in cfg.spike.kinds:
         injection = Injection.from_config(kind, cfg.spike, origin_step, position, TIED_TO.get(kind, "step"))
         injections[kind], branches[kind], scores[kind] = injection, {}, {}
@@ -506,4 +513,5 @@ def summary_metrics(studies: Sequence[Study]) -> dict[str, Any]:
         "false_positives": sum(len(s.false_positives) for s in studies),
         "cpu_seconds": sum(s.cpu_seconds for s in studies),
     }
-    return json.loads(json.dumps(out, default=str))
+    plain: dict[str, Any] = json.loads(json.dumps(out, default=str))
+    return plain
