@@ -433,6 +433,7 @@ class Trainer:
         layer_stats = {**forward_stats, **result.layer_grad_norms} if stats_now else {}
         if not log_now:
             return to_floats(layer_stats)
+        assert result.update_ratio is not None, "a log step watches its update (_advance: watch_update=log_now)"
         extra = {
             **optimizer_norms(self.model, self.optimizer),
             "train/update_ratio": result.update_ratio,

@@ -40,9 +40,13 @@ from model.step import Batch
 class InjectionSettings(Protocol):
     """What an injection reads; the study's ``spike`` section (tasks/spike/config.py) has these."""
 
-    duration: int
-    magnitude: float
-    param_block: int
+    # Read-only members: a frozen config section is one.
+    @property
+    def duration(self) -> int: ...
+    @property
+    def magnitude(self) -> float: ...
+    @property
+    def param_block(self) -> int: ...
 
 
 TiedTo = Literal["stream", "step", "once"]

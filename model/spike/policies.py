@@ -24,11 +24,17 @@ from model.step import PendingStep
 class RecoverySettings(Protocol):
     """What the recovery policies read; the study's ``recovery`` section has these."""
 
-    skip_batches: int
-    rollback_steps: int
-    lr_factor: float
-    max_retries: int
-    max_consecutive_vetoes: int
+    # Read-only members: a frozen config section is one.
+    @property
+    def skip_batches(self) -> int: ...
+    @property
+    def rollback_steps(self) -> int: ...
+    @property
+    def lr_factor(self) -> float: ...
+    @property
+    def max_retries(self) -> int: ...
+    @property
+    def max_consecutive_vetoes(self) -> int: ...
 
 
 @dataclasses.dataclass(frozen=True)
