@@ -168,6 +168,10 @@ class ScheduleConfig(Section):
             raise ConfigError(f"schedule.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio!r}")
 
 
+MAX_LOSS_SHIFT = 40
+"""fp16's finite range in binades (2^-24 to 2^16): the largest useful ``precision.loss_shift``."""
+
+
 @dataclass(frozen=True)
 class PrecisionConfig(Section):
     mode: Precision = "fp32"
@@ -183,10 +187,24 @@ class PrecisionConfig(Section):
     """fp16 only: initial loss scale."""
     growth_interval: int = 2000
     """fp16 only: steps without overflow before the loss scale doubles."""
+    loss_shift: int = 0
+    """k: the loss is multiplied by 2^-k before the backward pass, Adam's ε by 2^-k and the clip
+    decided on the unshifted gradient norm, so an fp32 run is bitwise unchanged (powers of two
+    scale exactly) while every gradient is 2^-k smaller where fp16 represents it: Micikevicius et
+    al.'s underflow, reached on a model whose gradients are otherwise too large for it. Logged
+    gradient norms are the unshifted ones. 0 to 40: fp16 spans 40 binades (2^-24 to 2^16); past
+    that no gradient is left to study."""
 
     def check(self) -> None:
         positive("precision.init_scale", self.init_scale)
         positive("precision.growth_interval", self.growth_interval)
+        if not 0 <= self.loss_shift <= MAX_LOSS_SHIFT:
+            raise ConfigError(f"precision.loss_shift: {self.loss_shift}; an integer from 0 to {MAX_LOSS_SHIFT}")
+
+    @property
+    def loss_multiplier(self) -> float:
+        """2^-loss_shift: what the loss and Adam's ε are multiplied by."""
+        return 2.0**-self.loss_shift
 
 
 @dataclass(frozen=True)

@@ -63,15 +63,16 @@ def param_groups(model: GPT, cfg: OptimConfig) -> list[dict]:
     ]
 
 
-def build_adamw(model: GPT, cfg: OptimConfig) -> torch.optim.AdamW:
+def build_adamw(model: GPT, cfg: OptimConfig, loss_multiplier: float = 1.0) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups`. ``auto`` is the fused kernel on every device: it exists on
-    the CPU too, is faster there than foreach, and can skip a non-finite step without a host sync."""
+    the CPU too, is faster there than foreach, and can skip a non-finite step without a host sync.
+    ε is scaled with the loss (``precision.loss_shift``): Adam's update is then unchanged."""
     impl = "fused" if cfg.implementation == "auto" else cfg.implementation
     return torch.optim.AdamW(
         param_groups(model, cfg),
         lr=cfg.lr,
         betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
+        eps=cfg.eps * loss_multiplier,
         fused=impl == "fused" or None,
         foreach=impl == "foreach" if impl != "fused" else None,
     )

@@ -85,8 +85,10 @@ class TrainModule:
         compiled: torch.nn.Module | None = None,
         replica: torch.nn.Module | None = None,
         world: World = SINGLE,
+        loss_multiplier: float = 1.0,
     ):
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.loss_multiplier = loss_multiplier  # 2^-precision.loss_shift: the gradients are that much smaller
         self.precision, self.clip = precision, clip
         self.replica = replica or model  # what the forward runs through: DDP(model) under torchrun
         self.compiled = compiled  # torch.compile(replica), or None
@@ -110,7 +112,10 @@ class TrainModule:
             with self._grads_reduced(last=i == len(batches) - 1):
                 with self.precision.autocast():
                     _, ce, z = model(x, y)
-                self.scaler.scale((ce + z) / len(batches)).backward()
+                loss = (ce + z) / len(batches)
+                if self.loss_multiplier != 1.0:
+                    loss = loss * self.loss_multiplier
+                self.scaler.scale(loss).backward()
             ce_sum, z_sum = ce_sum + ce.detach(), z_sum + z.detach()
         n = max(1, len(batches))
         if self.world.distributed:  # the global mean: equal slices per rank
@@ -121,6 +126,9 @@ class TrainModule:
             torch._foreach_mul_(grads, grad_scale)
         grad_norm = get_total_norm(grads) if grads else torch.zeros((), device=device)
         layer_norms = layer_grad_norms(self.model) if watch_layers else {}
+        if self.loss_multiplier != 1.0:  # the unshifted norms (exact: a power of two) decide the clip and are logged
+            grad_norm = grad_norm / self.loss_multiplier
+            layer_norms = {name: norm / self.loss_multiplier for name, norm in layer_norms.items()}
         return PendingStep(step, ce_sum / n, z_sum / n, grad_norm, layer_norms)
 
     def optimizer_step(self, pending: PendingStep, watch_update: bool = False) -> StepResult:
@@ -176,7 +184,7 @@ class TrainModule:
             spec = wanted[group["name"]]
             group.update(
                 betas=(cfg.optim.beta1, cfg.optim.beta2),
-                eps=cfg.optim.eps,
+                eps=cfg.optim.eps * cfg.precision.loss_multiplier,
                 weight_decay=spec["weight_decay"],
                 independent_decay=spec["independent_decay"],
                 lr_mult=spec["lr_mult"],

@@ -191,13 +191,14 @@ class Trainer:
         replica = wrap(model, self.world)
         self.module = TrainModule(
             model,
-            build_adamw(model, cfg.optim),
+            build_adamw(model, cfg.optim, cfg.precision.loss_multiplier),
             precision.grad_scaler(cfg.precision),
             precision,
             cfg.optim.grad_clip,
             torch.compile(replica) if t.compile else None,  # type: ignore[arg-type]  # compile(Module) returns an OptimizedModule, a Module; torch types it as a callable
             replica,
             self.world,
+            cfg.precision.loss_multiplier,
         )
         self.model, self.optimizer, self.scaler, self.precision = (
             model,

@@ -17,7 +17,8 @@ from model.gpt import GPT
 from model.optim import build_adamw, lr_at
 from model.precision import resolve_precision
 from model.step import TrainModule
-from model.train import train
+from model.train import Trainer, train
+from model.typed_config import ConfigError
 
 TOKENS, VAL = np.split(markov_tokens(24_000, vocab=64), [20_000])
 BAD_STEP = 3  # the step (1-based) whose loss or gradient is made non-finite
@@ -230,3 +231,81 @@ def test_metrics_arrive_at_their_cadence_with_finite_values():
     assert train_keys <= set(logged[2]) and stats_keys <= set(logged[3])
     assert all(math.isfinite(v) for m in logged.values() for v in m.values())
     assert logged[2]["train/z_loss"] > 0 and 0 < logged[2]["train/update_ratio"] < 1
+
+
+# ----------------------------------------------------------------------------------------------
+# precision.loss_shift: fp16's underflow condition with fp32 untouched
+# ----------------------------------------------------------------------------------------------
+
+
+def trained_with_shift(mode: str, shift: int, **dotted):
+    """A 12-step run (clipping active: a clip below the gradient norm) and its per-step logs."""
+    cfg = tiny_config(
+        **{
+            "precision.mode": mode,
+            "precision.emulate": "always",
+            "precision.loss_shift": shift,
+            "optim.grad_clip": 0.05,
+            "train.steps": 12,
+            "train.log_every": 1,
+            **dotted,
+        }
+    )
+    recorder = Recorder()
+    trainer = Trainer(cfg, TOKENS, VAL, [recorder])
+    trainer.run()
+    return trainer, recorder.logs
+
+
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+def test_a_loss_shift_leaves_an_fp32_or_bf16_run_bitwise_unchanged_clip_and_adam_included(mode):
+    plain, plain_logs = trained_with_shift(mode, 0)
+    shifted, shifted_logs = trained_with_shift(mode, 20)
+    assert max(m["train/grad_norm"] for _, m in plain_logs) > 0.05  # the clip acted
+    for key in ("train/loss", "train/grad_norm"):
+        assert [m[key] for _, m in plain_logs] == [m[key] for _, m in shifted_logs], key
+    for (name, a), b in zip(plain.model.state_dict().items(), shifted.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def zero_gradient_share(mode: str, shift: int) -> float:
+    """The share of weight-gradient entries that are exactly zero after one backward pass."""
+    cfg = tiny_config(
+        **{
+            "precision.mode": mode,
+            "precision.emulate": "always",
+            "precision.loss_scaling": False,
+            "precision.loss_shift": shift,
+        }
+    )
+    torch.manual_seed(0)
+    model = GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size)
+    precision = resolve_precision(cfg.precision, "cpu")
+    module = TrainModule(
+        model,
+        build_adamw(model, cfg.optim),
+        precision.grad_scaler(cfg.precision),
+        precision,
+        0.0,
+        loss_multiplier=cfg.precision.loss_multiplier,
+    )
+    span = cfg.model.seq_len + 1
+    x = torch.from_numpy(TOKENS[: 16 * span].astype(np.int64)).view(16, span)
+    module.forward_backward(1, [(x[:, :-1], x[:, 1:])])
+    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None and p.dim() == 2])
+    return (grads == 0).float().mean().item()
+
+
+def test_a_loss_shift_flushes_unscaled_fp16_gradients_to_zero_and_leaves_fp32_and_bf16_ones():
+    assert zero_gradient_share("fp16", 24) > zero_gradient_share("fp16", 0) + 0.2  # measured: 1.0 against 0.15
+    assert zero_gradient_share("fp32", 24) == zero_gradient_share("fp32", 0)
+    assert zero_gradient_share("bf16", 24) == zero_gradient_share("bf16", 0)  # fp32's exponent range
+
+
+@pytest.mark.parametrize(("shift", "ok"), [(-1, False), (0, True), (40, True), (41, False)])
+def test_the_loss_shift_is_checked_at_both_ends_of_its_range(shift, ok):
+    if ok:
+        assert tiny_config(**{"precision.loss_shift": shift}).precision.loss_multiplier == 2.0**-shift
+    else:
+        with pytest.raises(ConfigError, match=f"precision.loss_shift: {shift}; an integer from 0 to 40"):
+            tiny_config(**{"precision.loss_shift": shift})
