@@ -5,6 +5,8 @@ fp16 range (Micikevicius et al. 2017: the reason fp16 needs loss scaling)
                            keep with reduced precision, or overflow to inf
     RangeRecorder          hooks on a GPT that count those shares per block during forward/backward
     RangeProbe             a trainer callback running the recorder at step 1 and every ``every`` steps
+    overflow_multiplier    the smallest power of two by which one block's weight matrices must be
+                           scaled for fp16's forward pass to overflow while bf16's does not
 
 Depth (Xiong et al. 2020, Theorem 1: Post-LN has large gradients near the output at init; Pre-LN's
 last-layer gradient shrinks like 1/√L)
@@ -15,6 +17,7 @@ last-layer gradient shrinks like 1/√L)
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Sequence
@@ -25,9 +28,9 @@ import torch
 from torch.nn.utils import get_total_norm
 
 from model.callbacks import Callback, TrainerView
-from model.config import Block, ModelConfig, MupConfig
+from model.config import Block, ModelConfig, MupConfig, Precision, PrecisionConfig
 from model.gpt import GPT
-from model.precision import FP16_MAX, FP16_SMALLEST_NORMAL, FP16_SMALLEST_SUBNORMAL
+from model.precision import FP16_MAX, FP16_SMALLEST_NORMAL, FP16_SMALLEST_SUBNORMAL, resolve_precision
 
 if TYPE_CHECKING:
     from model.step import PendingStep
@@ -179,6 +182,32 @@ class RangeProbe(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rows = [RangeRow(*row) for row in state["rows"]]
+
+
+@torch.no_grad()
+def finite_forward(model: GPT, x: torch.Tensor, y: torch.Tensor, mode: Precision) -> bool:
+    """Whether an emulated ``mode`` forward pass of ``model`` on (x, y) ends in a finite loss."""
+    precision = resolve_precision(PrecisionConfig(mode=mode, emulate="always"), x.device.type)
+    with precision.autocast():
+        _, ce, z = model(x, y)
+    return bool(torch.isfinite(ce + z))
+
+
+@torch.no_grad()
+def overflow_multiplier(model: GPT, x: torch.Tensor, y: torch.Tensor, block: int, max_doublings: int = 40) -> float:
+    """The smallest power of two by which the weight matrices of ``block`` must be multiplied for
+    an emulated fp16 forward pass on (x, y) to go non-finite while bf16's stays finite: the size a
+    ``param`` injection needs to put fp16, and not bf16, past its range. Measured on a copy (the
+    model is untouched); raises when no multiplier up to 2^max_doublings separates the two."""
+    probe = copy.deepcopy(model)
+    matrices: list[torch.Tensor] = [p for p in probe.blocks[block].parameters() if p.dim() == 2]
+    for k in range(1, max_doublings + 1):
+        torch._foreach_mul_(matrices, 2.0)  # exact: the same bits as one multiplication by 2^k
+        if not finite_forward(probe, x, y, "fp16"):
+            if not finite_forward(probe, x, y, "bf16"):
+                raise ValueError(f"block {block} x 2^{k}: bf16 overflows as soon as fp16 does")
+            return 2.0**k
+    raise ValueError(f"block {block}: no multiplier up to 2^{max_doublings} overflows fp16")
 
 
 # ----------------------------------------------------------------------------------------------

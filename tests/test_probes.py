@@ -3,6 +3,7 @@ depth probe of gradient norms at init."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -19,8 +20,10 @@ from model.probes import (
     QUANTITIES,
     RangeProbe,
     RangeRecorder,
+    finite_forward,
     fp16_range_shares,
     gradient_norms_at_init,
+    overflow_multiplier,
     summarize_depth,
 )
 from model.step import TrainModule
@@ -75,6 +78,39 @@ def test_activations_beyond_fp16s_max_count_as_overflow():
     shares = recorder.shares()
     assert shares[("block0", "act_above_max")] == shares[("block1", "act_above_max")] == 1.0
     assert shares[("block0", "mlp_pre_above_max")] == 0.0  # the MLP reads the normalised stream
+
+
+def scaled_block(model: GPT, block: int, factor: float) -> GPT:
+    scaled = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in scaled.blocks[block].parameters():
+            if p.dim() == 2:
+                p.mul_(factor)
+    return scaled
+
+
+@pytest.mark.parametrize("block", [0, 1])
+def test_the_overflow_multiplier_is_the_first_power_of_two_that_overflows_fp16_and_not_bf16(block):
+    cfg = tiny_config()
+    torch.manual_seed(0)
+    model = GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size)
+    weights = copy.deepcopy(model.state_dict())
+    batch = torch.from_numpy(TOKENS[: 4 * 17].astype(np.int64)).view(4, 17)
+    x, y = batch[:, :-1], batch[:, 1:]
+    m = overflow_multiplier(model, x, y, block)
+    assert m >= 2.0 and math.log2(m).is_integer()
+    assert finite_forward(scaled_block(model, block, m / 2), x, y, "fp16")  # the last multiplier that does not
+    assert not finite_forward(scaled_block(model, block, m), x, y, "fp16")
+    assert finite_forward(scaled_block(model, block, m), x, y, "bf16")
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())  # measured on a copy
+
+
+def test_the_overflow_multiplier_refuses_when_no_power_of_two_up_to_the_bound_overflows():
+    cfg = tiny_config()
+    model = GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size)
+    x = torch.zeros(2, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match="block 0: no multiplier up to 2\\^1 overflows fp16"):
+        overflow_multiplier(model, x, x, 0, max_doublings=1)
 
 
 def test_range_probe_reports_every_block_and_quantity_at_step_one_and_every_n_steps():
