@@ -10,9 +10,11 @@ process that calls it; :func:`numeric_path` digests the fields that change bits 
 into a short id that runs, ``metrics/*.json`` and the report compare.
 
 Not in the digest: the CPU's marketing name (the family/model numbers and flags say what matters),
-the thread counts (a CPU run's bits do not depend on them: tests/test_threads.py, and
-benchmarks/bench_numerics.py across 1 and 2 threads), and the run's precision mode (its config,
-already in the run identity; what ``auto`` resolves to on this machine is in).
+the run's precision mode (its config, already in the run identity; what ``auto`` resolves to on
+this machine is in), and the thread counts. Those can change bits too (benchmarks/bench_numerics.py:
+an fp32 arm on the AVX2 path, 1 against 2 threads), but they are each run's setting, not the
+machine's (arms always run on one; pretrain picks by load): the record keeps them beside the path,
+so runs that share a path are compared on ``threads.intra_op`` as well.
 """
 
 from __future__ import annotations
