@@ -157,9 +157,11 @@ def native_low_precision(mode: str, device_type: str) -> str | None:
 
 def resolve_precision(cfg: PrecisionConfig, device_type: str) -> Precision:
     """``emulate: auto`` runs real autocast where the hardware has the type natively (CUDA, a CPU
-    with AVX512-BF16/AMX), emulation elsewhere; ``always``/``never`` force the choice."""
+    with AVX512-BF16/AMX) and numerics are native, emulation elsewhere (a CPU's autocast kernels
+    differ from CPU to CPU); ``always``/``never`` force the choice."""
     native = native_low_precision(cfg.mode, device_type)
-    emulate = cfg.emulate == "always" or (cfg.emulate == "auto" and native is None)
+    portable_cpu = cfg.numerics == "portable" and device_type == "cpu"
+    emulate = cfg.emulate == "always" or (cfg.emulate == "auto" and (native is None or portable_cpu))
     return Precision(
         mode=cfg.mode,
         emulated=emulate and cfg.mode != "fp32",
