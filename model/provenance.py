@@ -11,10 +11,10 @@ into a short id that runs, ``metrics/*.json`` and the report compare.
 
 Not in the digest: the CPU's marketing name (the family/model numbers and flags say what matters),
 the run's precision mode (its config, already in the run identity; what ``auto`` resolves to on
-this machine is in), and the thread counts. Those can change bits too (benchmarks/bench_numerics.py:
-an fp32 arm on the AVX2 path, 1 against 2 threads), but they are each run's setting, not the
-machine's (arms always run on one; pretrain picks by load): the record keeps them beside the path,
-so runs that share a path are compared on ``threads.intra_op`` as well.
+this machine is in), and the thread counts. Those change bits too (benchmarks/bench_numerics.py:
+the default grid's fp32 arm, 1 against 2 threads, in both numerics modes), but they are each run's
+setting, not the machine's (arms run on one; pretrain picks by load): the record keeps them beside
+the path, so runs that share a path are compared on ``threads.intra_op`` as well.
 """
 
 from __future__ import annotations
