@@ -44,6 +44,7 @@ exit codes: 0 done, 2 bad config or input (the message names the key or file), 3
 
 def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
     from flows.stages import STAGES
+    from model.numerics import apply_numerics
     from model.stops import RunEnded
     from tasks.config import project_config
     from tasks.runtime import paths, services
@@ -51,6 +52,7 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
 
     started = time.perf_counter()
     cfg, _ = project_config(profile, sets)  # fail fast, before any import cost
+    apply_numerics(cfg.precision.numerics)  # before torch loads, here and in the workers this starts
     where = services.configure_environment()  # before prefect is imported
     if STAGES[stage].fans_out:
         refuse_dask_without_prefect(cfg)

@@ -27,6 +27,7 @@ from prefect import flow, get_run_logger, task
 from prefect.futures import as_completed
 
 from flows.forms import Profile
+from model.provenance import config_provenance
 from model.typed_config import ConfigError
 from tasks.ablate.arm import run_command
 from tasks.ablate.depth import depth_probe
@@ -51,7 +52,7 @@ from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import write_json
 from tasks.runtime.outputs import ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST
 from tasks.runtime.progress import Progress
-from tasks.runtime.tracking import child_run, log_params, log_summary, run_url, stage_run
+from tasks.runtime.tracking import child_run, log_params, log_summary, numerics_tags, run_url, stage_run
 from tasks.runtime.workers import Executor, clean_state, executor
 
 ARM_MODULE = ["-m", "tasks.ablate.arm"]
@@ -115,6 +116,7 @@ def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str
         "spikelab.run_identity": row["key"],
         "spikelab.command": shown(row["command"]),
         "spikelab.cached": str(row["cached"]).lower(),
+        **numerics_tags((result or {}).get("provenance")),  # the worker's, not the stage's: another machine's
     }
     with child_run(f"ablate {row['name']}", tags, parent_id=parent_id) as run:
         log_params({**row["factors"], "seed": row["seed"]})
@@ -188,13 +190,14 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         units.workers,
         units.address or "local workers",
     )
-    with stage_run(cfg, "ablate") as run:
+    numerics = config_provenance(cfg)
+    with stage_run(cfg, "ablate", numerics=numerics) as run:
         log_summary({"arms": len(rows), "arms_cached": cached, "workers": units.workers})
         fan_out(cfg, project, rows, todo, units, run.info.run_id)
         for row in rows:
             if row["cached"]:
                 row["mlflow"] = track_arm(row, row["result"], run.info.run_id)
-        metrics = write_outputs(cfg, project, rows, time.perf_counter() - started)
+        metrics = write_outputs(cfg, project, rows, time.perf_counter() - started, numerics)
         headline = {
             "arms": len(rows),
             "trained now": len(todo),
@@ -252,6 +255,7 @@ def finalize(row: dict[str, Any]) -> None:
     result = row["result"]
     row["metrics"] = arm_metrics(result, row["config"]) if result is not None else {}
     row["status"] = row["metrics"]["status"] if result is not None else "failed"
+    row["numeric_path"] = ((result or {}).get("provenance") or {}).get("numeric_path")
 
 
 TRACES = ("rows", "trajectories", "ranges")
@@ -259,8 +263,22 @@ TRACES = ("rows", "trajectories", "ranges")
 metrics/ablate.json (they stay in each arm's result.json and its MLflow run)."""
 
 
-def write_outputs(cfg: Config, project: Path, rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
-    """metrics/ablate.json and the figures, from every arm (failed ones are listed, not dropped)."""
+def arm_numerics(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each numeric path the arms' results record, its arithmetic and how many arms took it."""
+    paths: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        record = (row["result"] or {}).get("provenance")
+        if record is not None:
+            paths.setdefault(record["numeric_path"], {**record, "arms": 0})["arms"] += 1
+    return paths
+
+
+def write_outputs(
+    cfg: Config, project: Path, rows: list[dict[str, Any]], wall_s: float, numerics: dict[str, Any]
+) -> dict[str, Any]:
+    """metrics/ablate.json and the figures, from every arm (failed ones are listed, not dropped).
+    ``provenance``: the stage process's arithmetic (the depth probe's); ``arm_numerics``: the
+    arithmetic of each numeric path the arms were trained on (each arm names its own)."""
     arms = [
         {
             k: (str(v) if isinstance(v, Path) else v)
@@ -281,6 +299,8 @@ def write_outputs(cfg: Config, project: Path, rows: list[dict[str, Any]], wall_s
         "wall_s": wall_s,
         "depth_probe": depth_probe(cfg),
         "unigram_val_loss": unigram_baseline(project / MANIFEST, cfg.ablation.seq_len)["unigram_val_loss"],
+        "provenance": numerics,
+        "arm_numerics": arm_numerics(rows),
     }
     write_json(project / ABLATE_METRICS, metrics)
     registered = design()

@@ -13,6 +13,7 @@ import mlflow
 from prefect import flow, task
 
 from flows.forms import Profile
+from model.provenance import config_provenance
 from tasks.config import project_config
 from tasks.pretrain.figures import pretrain_figures
 from tasks.pretrain.train import pretrain, pretrain_config, pretrain_identity, read_manifest
@@ -65,7 +66,7 @@ def pretrain_flow(profile: Profile | None = None, overrides: dict[str, Any] | No
     cfg = pretrain_config(cfg, project)
     manifest = read_manifest(project, cfg)
     identity = pretrain_identity(cfg, manifest).digest
-    with stage_run(cfg, "pretrain", identity) as run:
+    with stage_run(cfg, "pretrain", identity, config_provenance(cfg)) as run:
         log_token_shards(project, manifest)
         summary = pretrain(cfg, project)
         figures = pretrain_figures(project / PRETRAIN_PLOTS, project / PRETRAIN_REPORTS, run.info.run_name)

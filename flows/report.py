@@ -11,9 +11,11 @@ import mlflow
 from prefect import flow
 
 from flows.forms import Profile
+from model.provenance import config_provenance
 from model.typed_config import InputError
 from tasks.config import project_config
 from tasks.params import RESOLVED
+from tasks.report.arithmetic import committed_outputs, numeric_paths, warnings
 from tasks.report.figures import forest_plot
 from tasks.report.findings import evaluate
 from tasks.report.render import forest_rows, provenance, render_html, render_markdown, report_json
@@ -38,6 +40,13 @@ def optional(path: Path) -> dict[str, Any] | None:
     return read_json(path) if path.is_file() else None
 
 
+def arithmetic_of(report: dict[str, Any], outputs: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+    """The report's arithmetic (its own, its inputs' by numeric path, the committed outputs'),
+    and what a reader must be warned of (tasks/report/arithmetic.py)."""
+    used, committed = numeric_paths(outputs), numeric_paths(committed_outputs())
+    return {"report": report, "inputs": used, "committed": committed, "warnings": warnings(used, committed)}
+
+
 @flow(name="report")
 def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Build reports/REPORT.md, reports/report.html and metrics/report.json from the stages' outputs."""
@@ -46,17 +55,19 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         raise InputError(f"{project / ABLATE_METRICS}: missing; run the ablate stage first (dvc repro ablate)")
     ablate = read_json(project / ABLATE_METRICS)
     search, spike, pretrain = (optional(project / p) for p in (SEARCH_METRICS, SPIKE_METRICS, PRETRAIN_METRICS))
-    with stage_run(cfg, "report") as run:
+    numerics = config_provenance(cfg)
+    with stage_run(cfg, "report", numerics=numerics) as run:
         findings = evaluate(cfg, ablate, search, spike, ablate.get("unigram_val_loss"))
         origin = provenance(project, RESOLVED, git_lineage().get("mlflow.source.git.commit"))
+        arithmetic = arithmetic_of(numerics, {"search": search, "pretrain": pretrain, "spike": spike, "ablate": ablate})
         runs = latest_stage_runs(cfg.tracking.experiment, STAGES_REPORTED)
         with staged(project / REPORT_FOREST) as (forest,):
             forest_plot(forest_rows(findings), forest)
-        text = render_markdown(cfg, project, findings, ablate, search, spike, pretrain, origin, runs)
+        text = render_markdown(cfg, project, findings, ablate, search, spike, pretrain, origin, runs, arithmetic)
         with staged(project / REPORT_MD, project / REPORT_HTML) as (md, page):
             md.write_text(text, encoding="utf-8")
             page.write_text(render_html(text, (project / REPORT_MD).parent), encoding="utf-8")
-        summary = report_json(findings, ablate)
+        summary = report_json(findings, ablate, arithmetic)
         write_json(project / REPORT_METRICS, summary)
         log_summary({k.replace(" ", "_"): v for k, v in summary["counts"].items()})
         for path in (REPORT_MD, REPORT_HTML, REPORT_METRICS, REPORT_FOREST):

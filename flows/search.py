@@ -15,6 +15,7 @@ import mlflow
 from prefect import flow
 
 from flows.forms import Profile
+from model.provenance import config_provenance
 from tasks.config import project_config
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.outputs import SEARCH_LR, SEARCH_METRICS
@@ -29,10 +30,11 @@ def search_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
     """Search the LR at several widths for SP and μP, transfer μP's to the target width, check it
     against a direct sweep there, and write search/lr.yaml for pretrain."""
     cfg, project = project_config(profile, overrides)
-    started = time.perf_counter(), time.process_time()
-    with stage_run(cfg, "search") as run:
+    started, numerics = (time.perf_counter(), time.process_time()), config_provenance(cfg)
+    with stage_run(cfg, "search", numerics=numerics) as run:
         findings = search(cfg, project, run.info.run_id)
         findings.metrics["time"] = stage_time(*started)
+        findings.metrics["provenance"] = numerics
         figures = publish(cfg, project, findings)
         annotate(cfg, findings, figures)
         key_figures = headline(findings.metrics)

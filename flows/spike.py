@@ -18,6 +18,7 @@ from prefect import flow, task
 from flows.forms import Profile
 from model.checkpoint import checkpoint_path
 from model.data import open_split
+from model.provenance import config_provenance
 from model.stops import MLFLOW_STATUS
 from model.typed_config import InputError
 from tasks.config import project_config
@@ -87,7 +88,8 @@ def track_branch(study: Study, kind: str | None, policy: str) -> str:
 def spike_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Inject, detect, recover and write the post-mortems, from the milestones ``spike.origins``."""
     cfg, project = project_config(profile, overrides)
-    with stage_run(cfg, "spike") as run:
+    numerics = config_provenance(cfg)
+    with stage_run(cfg, "spike", numerics=numerics) as run:
         studies = study_task(cfg, project)
         uris = {}
         for study in studies:
@@ -95,7 +97,7 @@ def spike_flow(profile: Profile | None = None, overrides: dict[str, Any] | None 
             for kind, by_policy in study.branches.items():
                 for policy in by_policy:
                     uris[study.branch_name(kind, policy)] = track_branch(study, kind, policy)
-        metrics = publish(project, studies, open_split(project / MANIFEST, "train"), uris)
+        metrics = publish(project, studies, open_split(project / MANIFEST, "train"), uris, numerics)
         log_summary({"false_positives": metrics["false_positives"], "cpu_seconds": metrics["cpu_seconds"]})
         mlflow.log_artifact(str(project / SPIKE_METRICS))
         mlflow.log_artifacts(str(project / POSTMORTEMS), artifact_path="postmortems")

@@ -2,7 +2,11 @@
 
 import os
 
-# MKL's strict conditional-numerical-reproducibility mode: fp32 matrix products give the same bits
-# whatever the thread count (on an AVX-512 CPU, 1 and 2 threads gave different weights without it;
-# tests/test_threads.py). MKL reads it on its first call, so it is set before any training runs.
-os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+from model.numerics import MODES, process_mode
+
+# The libraries' settings of this process's numerics mode (model/numerics.py), read when torch
+# loads; a launcher that read the config has set them already, and a setting given by hand wins.
+# Both modes keep MKL strict: on an AVX-512 CPU, 1 and 2 threads gave different weights without it
+# (tests/test_threads.py).
+for _key, _value in MODES[process_mode()].items():
+    os.environ.setdefault(_key, _value)

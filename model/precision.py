@@ -134,15 +134,24 @@ Measured on an AMD EPYC with avx512_bf16: real bf16 autocast 0.70x the fp32 step
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields in ``/proc/cpuinfo`` (vendor_id, cpu family, model, flags...);
+    empty where it cannot be read (not Linux)."""
+    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                info[key.strip()] = value.strip()
     except OSError:
         pass
-    return frozenset()
+    return info
+
+
+def cpu_flags() -> frozenset[str]:
+    return frozenset(cpu_info().get("flags", "").split())
 
 
 def native_low_precision(mode: str, device_type: str) -> str | None:
@@ -155,9 +164,11 @@ def native_low_precision(mode: str, device_type: str) -> str | None:
 
 def resolve_precision(cfg: PrecisionConfig, device_type: str) -> Precision:
     """``emulate: auto`` runs real autocast where the hardware has the type natively (CUDA, a CPU
-    with AVX512-BF16/AMX), emulation elsewhere; ``always``/``never`` force the choice."""
+    with AVX512-BF16/AMX) and numerics are native, emulation elsewhere (a CPU's autocast kernels
+    differ from CPU to CPU); ``always``/``never`` force the choice."""
     native = native_low_precision(cfg.mode, device_type)
-    emulate = cfg.emulate == "always" or (cfg.emulate == "auto" and native is None)
+    portable_cpu = cfg.numerics == "portable" and device_type == "cpu"
+    emulate = cfg.emulate == "always" or (cfg.emulate == "auto" and (native is None or portable_cpu))
     return Precision(
         mode=cfg.mode,
         emulated=emulate and cfg.mode != "fp32",

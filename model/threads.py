@@ -3,8 +3,10 @@
 barrier, so one thread sharing a core with another process holds the whole team back: on this
 2-core machine, with one busy neighbour, pretraining ran at 4.3k tokens/s on 2 threads against
 8.1k on 1. Counting only idle cores keeps 2 threads where both are free (14k tokens/s).
-The choice is made once, at the start of a run; the number of threads does not change a CPU
-run's numbers (tests/test_threads.py pins it on the model)."""
+The choice is made once, at the start of a run. The number of threads can change a CPU run's bits:
+tests/test_threads.py's 6-step model agrees on 1 and 2, but the default grid's fp32 arm over 200
+steps did not, in either numerics mode (benchmarks/bench_numerics.py); each run records its count
+(model/provenance.py)."""
 
 from __future__ import annotations
 

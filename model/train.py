@@ -56,6 +56,7 @@ from model.distributed import World, init_world, leave_world, wrap
 from model.flops import mfu, model_flops_per_token, peak_flops
 from model.gpt import GPT
 from model.identity import LOADABLE, RESUMABLE, check_loadable, run_identity
+from model.numerics import check_mode
 from model.optim import build_adamw, lr_at, set_lr
 from model.precision import resolve_precision
 from model.step import Batch, StepResult, TrainModule
@@ -187,6 +188,7 @@ class Trainer:
             or run_identity(cfg, {"train": tokens_digest(train_tokens), "val": tokens_digest(val_tokens)}).digest
         )
         model = GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size).to(self.device)
+        check_mode(cfg.precision.numerics)
         precision = resolve_precision(cfg.precision, self.device.type)
         replica = wrap(model, self.world)
         self.module = TrainModule(

@@ -21,6 +21,7 @@ import cloudpickle
 import pytest
 from prefect import task
 
+from model.provenance import provenance
 from tests.test_search import tiny_project
 
 pytestmark = pytest.mark.e2e
@@ -151,6 +152,9 @@ def test_every_arm_has_its_mlflow_child_run_under_the_stage_run(first_run, live_
         assert run.info.status == ("FAILED" if arm["status"] == "failed" else "FINISHED")
         if arm["status"] == "completed":
             assert run.data.metrics["summary/final_loss"] == pytest.approx(arm["metrics"]["final_loss"])
+            assert (
+                run.data.tags["spikelab.numerics.numeric_path"] == arm["numeric_path"] == provenance()["numeric_path"]
+            )
 
 
 def test_unchanged_arms_are_not_trained_again_and_new_arms_train_alone(first_run, project):
@@ -205,6 +209,9 @@ def test_the_report_has_a_verdict_on_every_finding_and_every_figure_it_links_exi
         "wortsman",
     }
     assert "report/forest.png" in text
+    arm_paths = {a["numeric_path"] for a in json.loads((project / "metrics" / "ablate.json").read_text())["arms"]}
+    assert arm_paths - {None} <= set(report["provenance"]["inputs"])
+    assert text.index("Computed with this arithmetic") < text.index("## Findings")
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert images and all((project / "reports" / i).is_file() for i in images)
     page = (project / "reports" / "report.html").read_text()

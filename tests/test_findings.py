@@ -147,7 +147,7 @@ def test_report_json_carries_the_verdict_test_source_and_mde_of_every_finding_an
     cfg = Config()
     ablate = study(cfg, post_ln_no_warmup=0.3)
     findings = evaluate(cfg, ablate, None, None, UNIGRAM)
-    out = report_json(findings, ablate)
+    out = report_json(findings, ablate, {"warnings": []})
     assert out["unigram_val_loss"] == UNIGRAM
     assert set(out["base_val_loss"]) == {"xiong", "precision", "overflow", "beta2", "wortsman"}
     assert all(v < UNIGRAM - 0.5 for v in out["base_val_loss"].values())

@@ -404,7 +404,7 @@ def test_an_unavailable_device_is_a_config_error_naming_the_key():
 )
 def test_emulate_auto_uses_real_autocast_where_the_cpu_has_the_type(monkeypatch, flags, mode, expect):
     monkeypatch.setattr(precision_mod, "cpu_flags", lambda: frozenset(flags))
-    chosen = precision_mod.resolve_precision(PrecisionConfig(mode=mode), "cpu")
+    chosen = precision_mod.resolve_precision(PrecisionConfig(mode=mode, numerics="native"), "cpu")
     assert chosen.describe() == expect
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from model.checkpoint import CheckpointError
+from model.provenance import provenance
 from model.spike.branch import Branch
 from model.train import Trainer
 from model.typed_config import UserError
@@ -135,8 +136,16 @@ def finished(tmp_path_factory):
     milestones = {step: project / path for step, path in MILESTONES.items()}
     studies = run_study(tiny_config(**STUDY), project, milestones, project / "runs" / "spike")
     uris = {name: f"runs:/{name.replace('/', '-')}" for study in studies for name in study.identities}
-    metrics = publish(project, studies, train, uris)
+    metrics = publish(project, studies, train, uris, provenance())
     return studies, project, metrics
+
+
+def test_the_spike_metrics_name_the_arithmetic_that_trained_the_branches(finished):
+    _, project, metrics = finished
+    written = json.loads((project / SPIKE_METRICS).read_text())
+    assert (
+        written["provenance"]["numeric_path"] == metrics["provenance"]["numeric_path"] == provenance()["numeric_path"]
+    )
 
 
 def flip_a_byte(path: Path) -> None:

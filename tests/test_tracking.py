@@ -116,6 +116,23 @@ def test_child_runs_nest_under_the_stage_run_with_its_lineage_and_their_own_stat
     assert store.get_run(parent.info.run_id).info.status == "FINISHED"
 
 
+def test_a_stage_runs_arithmetic_is_tagged_and_an_in_process_child_inherits_it_unless_it_brings_its_own(store):
+    from model.provenance import provenance
+    from tasks.runtime.tracking import child_run, numerics_tags, stage_run
+
+    here = provenance()
+    elsewhere = {**here, "numeric_path": "1234567890ab"}  # an arm trained on another machine
+    with stage_run(CFG, "ablate", numerics=here) as parent:
+        with child_run("branch") as inherits:
+            pass
+        with child_run("arm", numerics_tags(elsewhere)) as own:
+            pass
+    tags = [store.get_run(r.info.run_id).data.tags for r in (parent, inherits, own)]
+    assert [t["spikelab.numerics.numeric_path"] for t in tags] == [here["numeric_path"]] * 2 + ["1234567890ab"]
+    assert tags[0]["spikelab.numerics.cpu.isa"] == (",".join(here["cpu"]["isa"]) or "none")
+    assert tags[0]["spikelab.numerics.aten_capability"] == here["aten_capability"]
+
+
 def test_losses_are_named_to_sort_before_the_other_metric_groups():
     from tasks.runtime.tracking import metric_name
 

@@ -32,6 +32,7 @@ from model.collapse import collapse_stats, sample
 from model.data import open_split
 from model.detect import make_detector
 from model.probes import RangeProbe
+from model.provenance import provenance
 from model.spike.injections import Injection, injection_callback
 from model.spike.records import Trace
 from model.stops import EXIT_CODES
@@ -165,14 +166,16 @@ def run_arm(cfg: Config, project: Path, out: Path, spike: str = "none", range_ev
         "init_loss": math.log(cfg.tokenizer.vocab_size),
         "collapse": end.collapse,
         "weights_sha256": end.weights_sha256,
+        "provenance": end.provenance,
     }
     write_result(out / "result.json", result)
     return result
 
 
 class EndProbe(Callback):
-    """After the run: a digest of the final weights (bitwise reproduction is checked on it) and,
-    for a run that completed, the collapse of greedy samples from validation prompts (seed 000:
+    """After the run: a digest of the final weights (bitwise reproduction is checked on it), the
+    arithmetic that produced them (model/provenance.py; taken while the trainer's thread count
+    holds, on the machine that ran the arm), and, for a run that completed, the collapse of greedy samples from validation prompts (seed 000:
     repetitive or empty generations)."""
 
     name = "end_probe"
@@ -182,12 +185,14 @@ class EndProbe(Callback):
         self.completed = False
         self.collapse: dict[str, float] = {}
         self.weights_sha256: str | None = None
+        self.provenance: dict[str, Any] | None = None
 
     def on_train_end(self, summary: dict[str, Any]) -> None:
         self.completed = summary["status"] == "completed"
 
     def on_close(self, trainer) -> None:
         self.weights_sha256 = weights_digest(trainer.model)
+        self.provenance = provenance(trainer.precision)
         if self.completed:
             span = trainer.cfg.model.seq_len + 1
             starts = np.stack([self.val_tokens[i * span : i * span + 8].astype(np.int64) for i in range(self.prompts)])

@@ -27,6 +27,7 @@ from model.callbacks import CSVLogger, ProgressBar
 from model.checkpoint import RunLock, checkpoint_path, list_checkpoints, load_latest, remove_orphans
 from model.data import open_split
 from model.identity import RunIdentity, run_identity
+from model.provenance import provenance
 from model.stops import raise_for_status
 from model.train import Trainer, resolve_device
 from model.typed_config import InputError
@@ -46,7 +47,9 @@ from tasks.runtime.outputs import (
 from tasks.runtime.tracking import MLflowMetrics
 
 IDENTITY_FILE = "run.json"
-"""Beside the checkpoints: the identity of the run they belong to (digest and what was hashed)."""
+"""Beside the checkpoints: the identity of the run they belong to (digest and what was hashed), and
+the arithmetic of every process that trained a segment of it (``provenance``: one record per
+numeric path, so a run resumed on another kind of machine lists both)."""
 SUMMARY_FILE = "summary.json"
 """Beside the checkpoints: the summary of the run that wrote the newest one, so rerunning a
 finished run republishes its figures instead of those of a zero-step pass."""
@@ -113,6 +116,15 @@ def claim_checkpoints(checkpoint_dir: Path, identity: RunIdentity, set_aside: Pa
     return moved
 
 
+def record_arithmetic(marker: Path, arithmetic: dict[str, Any]) -> None:
+    """Add this process's arithmetic to the run's identity record, unless its numeric path is there."""
+    record = read_json(marker)
+    seen = record.get("provenance", [])
+    if arithmetic["numeric_path"] not in {p["numeric_path"] for p in seen}:
+        with staged(marker) as (tmp,):
+            write_json(tmp, {**record, "provenance": [*seen, arithmetic]})
+
+
 def backfill_milestones(cfg: Config, train_tokens, val_tokens, checkpoint_dir: Path, identity: str) -> list[int]:
     """Milestones added after the run passed them: replay from the newest checkpoint before the
     first missing one (or from scratch) to the last missing one, saving only milestones. The run is
@@ -147,7 +159,9 @@ def pretrain(cfg: Config, project: Path) -> dict[str, Any]:
         callbacks = [MLflowMetrics(cfg.tracking.async_logging), CSVLogger(project / PRETRAIN_PLOTS), ProgressBar()]
         trainer = Trainer(cfg, train_tokens, val_tokens, callbacks, checkpoints, identity.digest)
         trainer.resume()
-        summary = _with_previous_figures(trainer.run(), checkpoints / SUMMARY_FILE)
+        arithmetic = provenance(trainer.precision)
+        record_arithmetic(checkpoints / IDENTITY_FILE, arithmetic)
+        summary = _with_previous_figures({**trainer.run(), "provenance": arithmetic}, checkpoints / SUMMARY_FILE)
         publish(project, trainer, summary)
     raise_for_status(summary)
     return summary

@@ -2,7 +2,9 @@
 self-contained ``reports/report.html`` (figures embedded, opens offline), plus the verdicts as
 ``metrics/report.json``.
 
-Order, as a reader wants it: provenance and the rule; the findings (forest plot and table); one
+Order, as a reader wants it: provenance (the code, config and design, and the arithmetic that
+computed the numbers, with a warning when it is mixed or not the committed outputs':
+tasks/report/arithmetic.py) and the rule; the findings (forest plot and table); one
 section per finding with its pre-registered design, its claims and its figures; the change
 history; then the detail: the arms per family, the search, spike and pretraining stages, the
 MLflow runs. Verdicts
@@ -78,6 +80,7 @@ def render_markdown(
     pretrain: dict[str, Any] | None,
     provenance: dict[str, str],
     stage_runs: dict[str, str],
+    arithmetic: dict[str, Any],
 ) -> str:
     counts = ", ".join(f"{sum(f.verdict == v for f in findings)} {v}" for v in VERDICTS)
     lines = [
@@ -87,6 +90,7 @@ def render_markdown(
         f"(sha256 of params/resolved.yaml) · design hash `{design_hash()}` (sha256 of "
         f"tasks/report/preregistration.yaml) · built {provenance['built']}",
         "",
+        *_arithmetic_lines(arithmetic),
         f"**{len(findings)} findings: {counts}.** Each finding was tested as its pre-registered design says "
         "(tasks/report/preregistration.yaml), with one rule for all: "
         f"{badge(NOT_TESTED)} when a named precondition failed; {badge(CONTRADICTED)} when any claim is "
@@ -127,6 +131,15 @@ def render_markdown(
         *_runs_section(ablate, stage_runs),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _arithmetic_lines(arithmetic: dict[str, Any]) -> list[str]:
+    """Which machine(s) computed the numbers, one line per numeric path, after any warning."""
+    warnings = [f"> **Arithmetic warning:** {w}." for w in arithmetic["warnings"]]
+    paths = [
+        f"- numeric path `{p}` ({', '.join(e['produced'])}): {e['machine']}" for p, e in arithmetic["inputs"].items()
+    ]
+    return [*warnings, *([""] if warnings else []), "Computed with this arithmetic:", "", *paths, ""]
 
 
 def _claim_line(c) -> str:
@@ -357,10 +370,12 @@ def render_html(markdown_text: str, reports_dir: Path) -> str:
     )
 
 
-def report_json(findings: list[Finding], ablate: dict[str, Any]) -> dict[str, Any]:
+def report_json(findings: list[Finding], ablate: dict[str, Any], arithmetic: dict[str, Any]) -> dict[str, Any]:
     """metrics/report.json: per finding its verdict, test, source, smallest detectable effects and
-    claims; the unigram baseline and each family's base-arm loss; counts per verdict."""
+    claims; the unigram baseline and each family's base-arm loss; counts per verdict; the
+    arithmetic of the report and of the runs it used, and its warnings (``provenance``)."""
     return {
+        "provenance": arithmetic,
         "design_hash": design_hash(),
         "unigram_val_loss": ablate.get("unigram_val_loss"),
         "base_val_loss": {FAMILY_OF[f.key]: f.base_val_loss for f in findings if f.key in FAMILY_OF},

@@ -29,6 +29,7 @@ from mlflow.entities import Metric, RunTag
 from prefect import task
 
 from model.stops import MLFLOW_STATUS, RunEnded
+from model.typed_config import flatten
 from tasks.runtime.files import digest
 from tasks.runtime.paths import (
     DVC_EXP_ENV,
@@ -67,7 +68,7 @@ def experiment_id(name: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _git(*args: str) -> str | None:
+def git_output(*args: str) -> str | None:
     try:
         done = subprocess.run(["git", *args], cwd=project_dir(), capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
@@ -78,11 +79,11 @@ def _git(*args: str) -> str | None:
 def git_lineage() -> dict[str, str]:
     """The commit the code came from (DVC's baseline inside an experiment), and the code files
     changed since, only when there are any (params and outputs are not code)."""
-    commit = os.environ.get("DVC_EXP_BASELINE_REV") or _git("rev-parse", "HEAD")
+    commit = os.environ.get("DVC_EXP_BASELINE_REV") or git_output("rev-parse", "HEAD")
     if commit is None:
         return {}
     tags = {"mlflow.source.git.commit": commit}
-    changed = _git("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS)
+    changed = git_output("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS)
     if changed:
         tags["spikelab.code_changed"] = " ".join(line[3:] for line in changed.splitlines())[:5000]
     return tags
@@ -174,6 +175,18 @@ def owner_tags() -> dict[str, str]:
     }
 
 
+def numerics_tags(record: dict[str, Any] | None) -> dict[str, str]:
+    """The arithmetic a run used (a model/provenance.py record) as ``spikelab.numerics.<field>``
+    tags, so runs filter by it in the UI: ``tags.`spikelab.numerics.numeric_path` = '...'``."""
+    return {f"spikelab.numerics.{key}": _tag_text(value) for key, value in flatten(record or {}).items()}
+
+
+def _tag_text(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "none"
+    return "none" if value is None else str(value)
+
+
 def lineage_tags(cfg: Config, stage: str, identity: str | None = None) -> dict[str, str]:
     """Where a stage run came from; nested under the pipeline's run when a pipeline ran it."""
     optional = {
@@ -242,14 +255,20 @@ def _ends_with_its_status() -> Iterator[None]:
 
 
 @contextmanager
-def stage_run(cfg: Config, stage: str, identity: str | None = None) -> Iterator[mlflow.ActiveRun]:
+def stage_run(
+    cfg: Config, stage: str, identity: str | None = None, numerics: dict[str, Any] | None = None
+) -> Iterator[mlflow.ActiveRun]:
     """The parent MLflow run of one stage execution (the trials, arms or policies it launches are
-    :func:`child_run`): named for what ran, lineage tags, the resolved config as params."""
+    :func:`child_run`, and inherit its tags): named for what ran, lineage tags, the arithmetic of
+    a stage that trains or computes statistics (``numerics``, a model/provenance.py record), the
+    resolved config as params."""
     experiment = experiment_id(cfg.tracking.experiment)
     for run_id in close_orphaned_runs(experiment):
         print(f"spikelab: MLflow run {run_id} was left RUNNING by a killed process; marked KILLED")
     run = mlflow.start_run(
-        experiment_id=experiment, run_name=run_name(stage, cfg, identity), tags=lineage_tags(cfg, stage, identity)
+        experiment_id=experiment,
+        run_name=run_name(stage, cfg, identity),
+        tags={**lineage_tags(cfg, stage, identity), **numerics_tags(numerics)},
     )
     with _ends_with_its_status():
         log_params(cfg.to_flat_dict())

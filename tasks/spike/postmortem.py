@@ -282,11 +282,16 @@ def spike_figures(study: Study, out_dir: Path) -> list[Path]:
 
 
 def publish(
-    project: Path, studies: Sequence[Study], train_tokens: np.ndarray, run_uris: dict[str, str]
+    project: Path,
+    studies: Sequence[Study],
+    train_tokens: np.ndarray,
+    run_uris: dict[str, str],
+    numerics: dict[str, Any],
 ) -> dict[str, Any]:
-    """The stage's outputs, atomically: metrics/spike.json (every origin), the figures and
-    post-mortems (the first origin's). Returns the metrics."""
-    metrics = summary_metrics(studies)
+    """The stage's outputs, atomically: metrics/spike.json (every origin, and ``numerics``: the
+    arithmetic that trained them, model/provenance.py), the figures and post-mortems (the first
+    origin's). Returns the metrics."""
+    metrics = {**summary_metrics(studies), "provenance": numerics}
     with staged(project / SPIKE_METRICS, project / SPIKE_FIGURES, project / POSTMORTEMS) as (json_out, figs, pms):
         spike_figures(studies[0], figs)
         write_postmortems(studies[0], train_tokens, pms, run_uris)

@@ -1,0 +1,58 @@
+"""The numerics modes (``precision.numerics``): which code paths the CPU libraries take. Torch-free:
+the settings are environment variables that MKL, oneDNN and ATen read once, when torch loads, so a
+launcher applies them (:func:`apply_numerics`) after reading the config and before importing torch;
+every process it starts (Dask workers, torchrun's ranks) inherits them. A process started without
+such a launcher (``python -m model.train``, an arm's own command, the tests) takes the mode named by
+``SPIKELAB_NUMERICS``, else the default, when ``model`` is first imported (model/__init__.py); the
+trainer refuses a run whose config asks for another mode than the process runs
+(model/provenance.py: check_numerics).
+
+  portable  one code path on every x86-64 CPU with AVX2: MKL's strict CNR at its AVX2 branch, oneDNN
+            capped at AVX2, ATen's kernels at AVX2, and ``emulate: auto`` emulating bf16/fp16 on the
+            CPU (real autocast kernels are per CPU). On this AMD EPYC (Zen 4) it gave the same bits
+            as the same arm with every library held to AVX2 (an AVX2-only CPU's native path), at
+            the cost measured in benchmarks/bench_numerics.py.
+  native    each library's fastest path for this CPU (MKL's strict CNR on its automatic branch:
+            the same bits on any thread count). Bits differ between CPU kinds (issue 28).
+"""
+
+from __future__ import annotations
+
+import os
+
+from model.typed_config import ConfigError
+
+MODE_ENV = "SPIKELAB_NUMERICS"
+"""The mode of a process started without a launcher that read the config."""
+DEFAULT_MODE = "portable"
+MODES = {
+    "portable": {"MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+    "native": {"MKL_CBWR": "AUTO,STRICT"},
+}
+"""Each mode's library settings (environment variables, read when torch loads)."""
+
+
+def process_mode() -> str:
+    """The mode this process was started in (``SPIKELAB_NUMERICS``, else the default)."""
+    return os.environ.get(MODE_ENV, DEFAULT_MODE)
+
+
+def check_mode(mode: str) -> None:
+    """Refuse to train in ``mode`` in a process whose libraries were set up for the other one."""
+    if mode != process_mode():
+        raise ConfigError(
+            f"precision.numerics: {mode!r}, but this process runs {process_mode()!r} numerics, fixed when "
+            f"torch loaded; start it with {MODE_ENV}={mode} in its environment (spikelab run sets it)"
+        )
+
+
+def apply_numerics(mode: str) -> None:
+    """Set ``mode``'s library settings for torch to read when it loads, here and in every process
+    started from here: the settings the process mode put there (model/__init__.py) are replaced,
+    one given by hand is kept."""
+    for key, value in MODES[process_mode()].items():
+        if os.environ.get(key) == value:
+            del os.environ[key]
+    os.environ[MODE_ENV] = mode
+    for key, value in MODES[mode].items():
+        os.environ.setdefault(key, value)
