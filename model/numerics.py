@@ -37,12 +37,24 @@ def process_mode() -> str:
     return os.environ.get(MODE_ENV, DEFAULT_MODE)
 
 
-def check_mode(mode: str) -> None:
-    """Refuse to train in ``mode`` in a process whose libraries were set up for the other one."""
+def check_mode(mode: str, device_type: str = "cpu") -> None:
+    """Refuse to train in ``mode`` in a process whose libraries were set up for the other one, or,
+    on the CPU, whose ATen kernels are not the mode's: portable needs AVX2's (a setting given by
+    hand, or torch ops run before the mode's settings were made, would keep another path while
+    the process still names itself portable; a CPU without AVX2 has no portable path)."""
     if mode != process_mode():
         raise ConfigError(
             f"precision.numerics: {mode!r}, but this process runs {process_mode()!r} numerics, fixed when "
             f"torch loaded; start it with {MODE_ENV}={mode} in its environment (spikelab run sets it)"
+        )
+    import torch  # here, not at the top: the modes are read before torch may load (model/__init__.py)
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    if device_type == "cpu" and mode == "portable" and capability != "AVX2":
+        raise ConfigError(
+            f"precision.numerics: 'portable', but ATen runs its {capability} kernels in this process "
+            f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY')!r}); portable needs its AVX2 "
+            f"ones (on a CPU without AVX2, use precision.numerics: native)"
         )
 
 

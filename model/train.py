@@ -188,7 +188,7 @@ class Trainer:
             or run_identity(cfg, {"train": tokens_digest(train_tokens), "val": tokens_digest(val_tokens)}).digest
         )
         model = GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size).to(self.device)
-        check_mode(cfg.precision.numerics)
+        check_mode(cfg.precision.numerics, self.device.type)
         precision = resolve_precision(cfg.precision, self.device.type)
         replica = wrap(model, self.world)
         self.module = TrainModule(

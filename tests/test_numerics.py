@@ -17,6 +17,7 @@ from trainer_kit import markov_tokens, tiny_config
 import model.precision as precision_mod
 from model.config import PrecisionConfig
 from model.numerics import MODE_ENV, MODES, process_mode
+from model.precision import cpu_flags
 from model.train import Trainer
 from model.typed_config import ConfigError
 
@@ -61,6 +62,27 @@ def test_a_trainer_refuses_the_mode_its_process_does_not_run():
     tokens = markov_tokens(4000, vocab=64)
     with pytest.raises(ConfigError, match=rf"precision\.numerics: '{other}'.*{MODE_ENV}={other}"):
         Trainer(tiny_config(**{"precision.numerics": other}), tokens, tokens)
+
+
+REFUSED = """
+import json
+from model.typed_config import ConfigError
+from model.train import Trainer
+from tests.trainer_kit import markov_tokens, tiny_config
+tokens = markov_tokens(4000, vocab=64)
+try:
+    Trainer(tiny_config(**{"precision.numerics": "portable"}), tokens, tokens)
+    print(json.dumps("trained"))
+except ConfigError as e:
+    print(json.dumps(str(e)))
+"""
+
+
+@pytest.mark.skipif("avx512f" not in cpu_flags(), reason="needs a CPU whose ATen kernels go past AVX2")
+def test_a_portable_trainer_refuses_a_process_whose_aten_kernels_are_not_avx2s():
+    said = fresh_process(REFUSED, **{MODE_ENV: "portable", "ATEN_CPU_CAPABILITY": "avx512"})  # given by hand: kept
+    assert said.startswith("precision.numerics: 'portable', but ATen runs its AVX512 kernels"), said
+    assert fresh_process(REFUSED, **{MODE_ENV: "portable"}) == "trained"
 
 
 @pytest.mark.parametrize("mode", ["portable", "native"])
