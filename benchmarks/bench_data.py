@@ -34,13 +34,13 @@ sys.path.insert(0, str(ROOT))
 
 from tasks.config import Config, load_config  # noqa: E402
 from tasks.data.docs import read_docs, repair_undecodable, write_doc  # noqa: E402
-from tasks.data.filters import drop_perplexity_outliers, screen_documents  # noqa: E402
+from tasks.data.filters import filter_corpus  # noqa: E402
+from tasks.data.shards import shard_paths, shard_pool  # noqa: E402
 from tasks.data.sources import read_corpus  # noqa: E402
-from tasks.data.tokenize import ENCODE_BATCH, encode_shards, train_tokenizer  # noqa: E402
+from tasks.data.tokenize import ENCODE_BATCH, encode_corpus, train_tokenizer  # noqa: E402
 from tasks.runtime.files import read_json  # noqa: E402
 from tasks.runtime.outputs import (  # noqa: E402
     CLEAN_DIR,
-    DOCS_FILE,
     FILTER_REPORT,
     POISON_DIR,
     RAW_DIR,
@@ -51,29 +51,22 @@ from tasks.runtime.outputs import (  # noqa: E402
 
 
 def run_stages(cfg: Config, project: Path) -> dict[str, float]:
-    """The three stages' tasks as plain functions; seconds per stage."""
+    """The three stages' work as plain functions on ``data.workers``; seconds per stage."""
     seconds = {}
     started = time.perf_counter()
     read_corpus.fn(cfg.data, project, project / RAW_DIR)
     seconds["prepare"] = time.perf_counter() - started
     (project / FILTER_REPORT).parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory() as work, shard_pool(cfg.data.workers, "local") as pool:
         started = time.perf_counter()
-        counts = screen_documents.fn(cfg.filter, project / RAW_DIR, project / POISON_DIR, Path(work))
-        drop_perplexity_outliers.fn(
-            cfg.filter,
-            counts,
-            project / RAW_DIR,
-            Path(work),
-            project / CLEAN_DIR,
-            project / POISON_DIR,
-            project / FILTER_REPORT,
-        )
+        outs = (project / CLEAN_DIR, project / POISON_DIR, project / FILTER_REPORT)
+        filter_corpus(cfg.filter, project / RAW_DIR, Path(work) / "filter", *outs, pool)
         seconds["filter"] = time.perf_counter() - started
-    started = time.perf_counter()
-    tokenizer = train_tokenizer.fn(cfg.tokenizer, cfg.data, project / CLEAN_DIR, project / TOKENS_DIR)
-    encode_shards.fn(cfg.tokenizer, cfg.data, tokenizer, project / CLEAN_DIR, project / POISON_DIR)
-    seconds["tokenize"] = time.perf_counter() - started
+        started = time.perf_counter()
+        clean, tokens = project / CLEAN_DIR, project / TOKENS_DIR
+        tokenizer = train_tokenizer(cfg.tokenizer, cfg.data, clean, tokens, Path(work) / "tokenize", pool)
+        encode_corpus(cfg.tokenizer, cfg.data, tokenizer, clean, project / POISON_DIR, Path(work) / "tokenize", pool)
+        seconds["tokenize"] = time.perf_counter() - started
     return seconds
 
 
@@ -83,7 +76,7 @@ def bare_tokenizer_seconds(project: Path) -> float:
 
     tokenizer = Tokenizer.from_file(str(project / TOKENS_DIR / TOKENIZER_FILE))
     started = time.perf_counter()
-    docs = (d["text"] for d in read_docs(project / RAW_DIR / DOCS_FILE))
+    docs = (d["text"] for shard in shard_paths(project / RAW_DIR) for d in read_docs(shard))
     while batch := list(itertools.islice(docs, ENCODE_BATCH)):
         tokenizer.encode_batch_fast([repair_undecodable(t) for t in batch])
     return time.perf_counter() - started
@@ -111,7 +104,7 @@ def write_scaled_corpus(project: Path, path: Path, copies: int) -> None:
     """The raw corpus ``copies`` times as JSON lines; copy k > 0 swaps every fifth word."""
     with open(path, "w", encoding="utf-8") as f:
         for k in range(copies):
-            for doc in read_docs(project / RAW_DIR / DOCS_FILE):
+            for doc in (d for shard in shard_paths(project / RAW_DIR) for d in read_docs(shard)):
                 text = doc["text"] if k == 0 else _perturbed(doc["text"], random.Random(f"{k}:{doc['id']}"))
                 write_doc(f, {"text": text})
 

@@ -18,17 +18,17 @@ from tasks.data.filters import (
     GENERATED,
     Deduplicator,
     Screen,
-    drop_perplexity_outliers,
+    filter_corpus,
     generated_garbage,
     has_char_run,
     has_repeated_ngram,
     nonprintable_ratio,
-    screen_documents,
 )
 from tasks.data.perplexity import ByteNgramModel, robust_zscores
 from tasks.data.quality import PLANTED, measure_filters, planted_corpus
+from tasks.data.shards import shard_path, shard_pool
 from tasks.data.sources import Skips, stdlib_documents
-from tasks.runtime.outputs import DOCS_FILE, SOURCE_FILE
+from tasks.runtime.outputs import SOURCE_FILE
 
 PROSE = (
     "The quick brown fox jumps over the lazy dog. Return a new list containing all items from "
@@ -45,18 +45,16 @@ def base_docs() -> list[str]:
 
 def write_raw(raw_dir: Path, docs: list[dict[str, str]]) -> Path:
     raw_dir.mkdir(parents=True, exist_ok=True)
-    with open(raw_dir / DOCS_FILE, "w", encoding="utf-8") as f:
+    with open(shard_path(raw_dir, 0), "w", encoding="utf-8") as f:
         for doc in docs:
             write_doc(f, doc)
     (raw_dir / SOURCE_FILE).write_text(json.dumps({"source": "test"}))
     return raw_dir
 
 
-def run_filter(cfg: FilterConfig, raw_dir: Path, out: Path) -> dict[str, float]:
-    counts = screen_documents.fn(cfg, raw_dir, out / "poison", out / "work")
-    return drop_perplexity_outliers.fn(
-        cfg, counts, raw_dir, out / "work", out / "clean", out / "poison", out / "filter.json"
-    )
+def run_filter(cfg: FilterConfig, raw_dir: Path, out: Path, workers: int = 1) -> dict[str, float]:
+    with shard_pool(workers, "local") as pool:
+        return filter_corpus(cfg, raw_dir, out / "work", out / "clean", out / "poison", out / "filter.json", pool)
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,11 +165,11 @@ def texts_of(path: Path) -> set[str]:
 
 
 def test_poison_pool_shares_no_document_with_the_clean_corpus(filtered):
-    clean = texts_of(filtered / "clean" / DOCS_FILE)
+    clean = texts_of(shard_path(filtered / "clean", 0))
     poison = set().union(*(texts_of(p) for p in (filtered / "poison").glob("*.jsonl")))
     assert poison and clean
     assert not clean & poison
-    assert not {d["id"] for d in read_docs(filtered / "clean" / DOCS_FILE) if not d["id"].startswith("base:")}
+    assert not {d["id"] for d in read_docs(shard_path(filtered / "clean", 0)) if not d["id"].startswith("base:")}
 
 
 def test_poison_pool_holds_the_removed_garbage_by_reason_and_the_generated_garbage(filtered):
@@ -199,7 +197,7 @@ def test_generated_garbage_is_deterministic_and_cycles_through_the_kinds():
 
 def test_a_corpus_the_filters_remove_entirely_is_an_error_naming_the_file(tmp_path):
     raw = write_raw(tmp_path / "raw", [{"id": str(i), "text": "too short"} for i in range(5)])
-    with pytest.raises(InputError, match=r"raw/docs\.jsonl.*removed all 5.*too_short: 5.*filter\."):
+    with pytest.raises(InputError, match=r"raw: the filters removed all 5.*too_short: 5.*filter\."):
         run_filter(FilterConfig(), raw, tmp_path)
 
 

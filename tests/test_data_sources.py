@@ -13,14 +13,15 @@ import pytest
 from model.typed_config import InputError, UserError
 from tasks.data.config import DataConfig
 from tasks.data.docs import read_docs
+from tasks.data.shards import shard_path
 from tasks.data.sources import bounded_lines, read_corpus
 from tasks.runtime.files import staged
-from tasks.runtime.outputs import DOCS_FILE, SOURCE_FILE
+from tasks.runtime.outputs import SOURCE_FILE
 
 
 def prepare(tmp_path: Path, **data) -> tuple[dict[str, int], list[dict[str, str]]]:
     counts = read_corpus.fn(DataConfig(**data), tmp_path, tmp_path / "raw")
-    return counts, list(read_docs(tmp_path / "raw" / DOCS_FILE))
+    return counts, list(read_docs(shard_path(tmp_path / "raw", 0)))
 
 
 def test_stdlib_docs_are_docstrings_and_record_the_python_version(tmp_path):

@@ -11,13 +11,14 @@ documents whose robust z-score (median / MAD) lies above ``filter.perplexity_zsc
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import numpy as np
 
 ORDER = 4
 """Longest n-gram: three bytes of context and the predicted byte."""
 TABLE_BITS = 20
-"""Each order counts into 2^20 hashed cells (4 MiB): fixed memory, rare collisions on MB-scale corpora."""
+"""Each order counts into 2^20 hashed cells (8 MiB of 64-bit counts): fixed memory, rare collisions on MB-scale corpora."""
 PRIOR = 2.0
 """Dirichlet prior mass a context gives to the next-shorter context's prediction."""
 MAX_DOC_BYTES = 1 << 16
@@ -33,14 +34,31 @@ _SHIFT = np.uint64(64 - TABLE_BITS)
 
 class ByteNgramModel:
     def __init__(self) -> None:
-        self.joint = np.zeros((ORDER, 1 << TABLE_BITS), np.uint32)  # count(context, byte) per order
-        self.context = np.zeros((ORDER, 1 << TABLE_BITS), np.uint32)  # count(context) per order
+        # 64-bit counts: the order-0 context counts every byte, past 2^32 on a multi-GB corpus
+        self.joint = np.zeros((ORDER, 1 << TABLE_BITS), np.uint64)  # count(context, byte) per order
+        self.context = np.zeros((ORDER, 1 << TABLE_BITS), np.uint64)  # count(context) per order
+
+    def add(self, other: ByteNgramModel) -> None:
+        """Count ``other``'s corpus too (models of shards summed into the corpus's)."""
+        self.joint += other.joint
+        self.context += other.context
+
+    def save(self, path: Path) -> Path:
+        np.savez(path, joint=self.joint, context=self.context)
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> ByteNgramModel:
+        model = cls()
+        with np.load(path) as tables:
+            model.joint, model.context = tables["joint"], tables["context"]
+        return model
 
     def train(self, texts: Iterable[str]) -> None:
         for batch in _batches(texts):
             for order, (ctx, joint) in enumerate(batch.cells()):
-                self.context[order] += np.bincount(ctx, minlength=self.context.shape[1]).astype(np.uint32)
-                self.joint[order] += np.bincount(joint, minlength=self.joint.shape[1]).astype(np.uint32)
+                self.context[order] += np.bincount(ctx, minlength=self.context.shape[1]).astype(np.uint64)
+                self.joint[order] += np.bincount(joint, minlength=self.joint.shape[1]).astype(np.uint64)
 
     def log_perplexity(self, texts: Iterable[str]) -> np.ndarray:
         """Per-character log-perplexity of each text, leave-one-out (each must be in the training set)."""

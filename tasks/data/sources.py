@@ -1,4 +1,4 @@
-"""prepare: stream documents from the configured source into ``data/raw/docs.jsonl``.
+"""prepare: stream documents from the configured source into shards ``data/raw/<n>-docs.jsonl``.
 
 Sources: the running Python's standard-library docstrings and help topics (the offline default),
 a user's text file or folder, a JSON-lines file, or a Hugging Face dataset (the ``hf`` extra).
@@ -27,9 +27,9 @@ from prefect import task
 
 from model.typed_config import InputError, UserError
 from tasks.data.config import DataConfig
-from tasks.data.docs import write_doc
+from tasks.data.shards import ShardedWriter
 from tasks.runtime.files import write_json
-from tasks.runtime.outputs import DOCS_FILE, SOURCE_FILE
+from tasks.runtime.outputs import SOURCE_FILE
 
 log = logging.getLogger(__name__)
 
@@ -248,22 +248,31 @@ def origin(cfg: DataConfig) -> str:
 
 @task(name="read-corpus")
 def read_corpus(cfg: DataConfig, project: Path, out_dir: Path) -> dict[str, int]:
-    """Write the source's documents to ``out_dir/docs.jsonl`` and their provenance to
-    ``out_dir/source.json``; return the counts (documents, bytes, skipped per reason)."""
+    """Write the source's documents to shards ``out_dir/<n>-docs.jsonl`` (tasks/data/shards.py) and
+    their provenance to ``out_dir/source.json``; return the counts (documents, bytes, shards,
+    skipped per reason)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     skips = Skips()
     count = size = 0
-    with open(out_dir / DOCS_FILE, "w", encoding="utf-8") as f:
+    shards = ShardedWriter(out_dir, cfg.shard_bytes)
+    try:
         for doc in documents(cfg, project, skips):
-            write_doc(f, {"id": doc.id, "text": doc.text})
+            shards.add({"id": doc.id, "text": doc.text})
             count += 1
             size += len(doc.text.encode("utf-8", "surrogatepass"))
+    finally:
+        shards.close()
     if not count:
         where = project / cfg.path if cfg.source in ("text", "jsonl") else origin(cfg)
         raise InputError(f"{where}: no usable document (data.source={cfg.source!r}){_skip_summary(skips)}")
     if skips.counts:
         log.warning("prepare skipped %s%s", dict(skips.counts), _skip_summary(skips))
-    counts = {"documents": count, "bytes": size, **{f"skipped_{k}": v for k, v in sorted(skips.counts.items())}}
+    counts = {
+        "documents": count,
+        "bytes": size,
+        "shards": shards.shards,
+        **{f"skipped_{k}": v for k, v in sorted(skips.counts.items())},
+    }
     write_json(
         out_dir / SOURCE_FILE,
         {"source": cfg.source, "origin": origin(cfg), "python_version": platform.python_version(), **counts},
