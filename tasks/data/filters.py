@@ -19,6 +19,7 @@ definition, still in the training data, and the pool must share nothing with it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import re
@@ -84,11 +85,19 @@ def _char_run_pattern(max_run: int) -> re.Pattern:
     return re.compile(rf"(.)\1{{{max_run}}}", re.DOTALL)
 
 
+@functools.lru_cache(maxsize=1)
+def word_hashes(text: str) -> np.ndarray:
+    """CRC-32 of each whitespace-separated word (deterministic across runs). Cached for the last
+    text: the repeated-n-gram check and the dedup fingerprint of a document both read it, so it
+    is hashed once (callers must not modify the array)."""
+    return np.array([zlib.crc32(w.encode("utf-8", "surrogatepass")) for w in text.split()], np.uint64)
+
+
 def has_repeated_ngram(text: str, max_period: int, min_repeats: int) -> bool:
     """OLMo-core's instance filter on whitespace tokens: some span of period p ≤ ``max_period``
     tokens repeats at least ``min_repeats`` times in a row. A span of r repeats of period p is
     exactly a run of (r - 1)·p positions where token[i] == token[i + p]."""
-    tokens = np.array([zlib.crc32(w.encode("utf-8", "surrogatepass")) for w in text.split()], np.int64)
+    tokens = word_hashes(text)
     for period in range(1, max_period + 1):
         needed = (min_repeats - 1) * period
         if len(tokens) - period < needed:
@@ -194,7 +203,7 @@ class Deduplicator:
 
 def shingle_hashes(text: str, size: int) -> np.ndarray:
     """Distinct 32-bit hashes of the word ``size``-grams of ``text`` (deterministic across runs)."""
-    words = np.array([zlib.crc32(w.encode("utf-8", "surrogatepass")) for w in text.split()] or [0], np.uint64)
+    words = word_hashes(text) if text.split() else np.zeros(1, np.uint64)
     span = max(len(words) - size + 1, 1)
     h = np.zeros(span, np.uint64)
     for i in range(min(size, len(words))):

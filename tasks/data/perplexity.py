@@ -25,8 +25,11 @@ MAX_DOC_BYTES = 1 << 16
 """Each document is modelled and scored on its first 64 KiB: enough to tell prose from garbage,
 and it bounds the time and memory of one batch."""
 BATCH_BYTES = 1 << 18
-"""Documents are hashed and counted in batches of about this many bytes (a batch's temporaries
+"""Documents are hashed and scored in batches of about this many bytes (a batch's temporaries
 take ~60 bytes per byte, so 256 KiB keeps them near 16 MiB)."""
+TRAIN_BATCH_BYTES = 1 << 20
+"""Training counts in batches of about this many bytes: each batch's counts are added over the
+whole tables (8 sweeps of 2^20 cells), so larger batches sweep less often (~60 MiB of temporaries)."""
 _PAD = ORDER - 1
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: multiply, keep the top bits
 _SHIFT = np.uint64(64 - TABLE_BITS)
@@ -55,20 +58,22 @@ class ByteNgramModel:
         return model
 
     def train(self, texts: Iterable[str]) -> None:
-        for batch in _batches(texts):
+        for batch in _batches(texts, TRAIN_BATCH_BYTES):
             for order, (ctx, joint) in enumerate(batch.cells()):
                 self.context[order] += np.bincount(ctx, minlength=self.context.shape[1]).astype(np.uint64)
                 self.joint[order] += np.bincount(joint, minlength=self.joint.shape[1]).astype(np.uint64)
 
     def log_perplexity(self, texts: Iterable[str]) -> np.ndarray:
         """Per-character log-perplexity of each text, leave-one-out (each must be in the training set)."""
-        scores = [self._score(batch) for batch in _batches(texts)]
+        scores = [self._score(batch) for batch in _batches(texts, BATCH_BYTES)]
         return np.concatenate(scores) if scores else np.zeros(0)
 
     def _score(self, batch: _Batch) -> np.ndarray:
         prob = np.full(len(batch.doc), 1.0 / 256)
         for order, (ctx, joint) in enumerate(batch.cells()):
-            ctx_count = self.context[order][ctx].astype(np.float64) - batch.own(ctx)
+            # order 0 has one context (no history), seen once per position of the document
+            own_ctx = batch.own(ctx) if order else np.bincount(batch.doc)[batch.doc]
+            ctx_count = self.context[order][ctx].astype(np.float64) - own_ctx
             joint_count = self.joint[order][joint].astype(np.float64) - batch.own(joint)
             prob = (joint_count + PRIOR * prob) / (ctx_count + PRIOR)
         nats = -np.bincount(batch.doc, weights=np.log(prob), minlength=batch.n_docs)
@@ -109,23 +114,28 @@ class _Batch:
 
     def own(self, cells: np.ndarray) -> np.ndarray:
         """How often each position's cell occurs in its own document (to leave that document out)."""
-        keys = (self.doc.astype(np.uint64) << np.uint64(TABLE_BITS)) | cells
-        _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
-        return counts[inverse]
+        keys = ((self.doc.astype(np.uint64) << np.uint64(TABLE_BITS)) | cells).view(np.int64)
+        order = np.argsort(keys)  # one sort, not np.unique's sort plus its inverse bookkeeping
+        ordered = keys[order]
+        starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+        runs = np.diff(np.append(starts, len(keys)))
+        own = np.empty(len(keys), np.int64)
+        own[order] = np.repeat(runs, runs)
+        return own
 
 
 def _cell(key: np.ndarray) -> np.ndarray:
     return (key * _MIX) >> _SHIFT
 
 
-def _batches(texts: Iterable[str]) -> Iterator[_Batch]:
+def _batches(texts: Iterable[str], batch_bytes: int) -> Iterator[_Batch]:
     blobs: list[bytes] = []
     size = 0
     for text in texts:
         blob = text.encode("utf-8", "surrogatepass")[:MAX_DOC_BYTES]
         blobs.append(blob)
         size += len(blob)
-        if size >= BATCH_BYTES:
+        if size >= batch_bytes:
             yield _Batch(blobs)
             blobs, size = [], 0
     if blobs:

@@ -56,10 +56,10 @@ def planted_corpus(base: list[str], per_kind: int, cfg: FilterConfig, seed: int 
         yield {"id": f"base:{i}", "text": text}
     for kind in PLANTED:
         for j in range(per_kind):
-            yield {"id": f"{kind}:{j}", "text": _garbage(kind, rng.choice(base), base, cfg, rng)}
+            yield {"id": f"{kind}:{j}", "text": garbage(kind, rng.choice(base), base, cfg, rng)}
 
 
-def _garbage(kind: str, text: str, base: list[str], cfg: FilterConfig, rng: random.Random) -> str:
+def garbage(kind: str, text: str, base: list[str], cfg: FilterConfig, rng: random.Random) -> str:
     cut = rng.randrange(len(text))
     if kind == "undecodable_bytes":  # bytes 0xF8-0xFF never occur in UTF-8
         junk = bytes(rng.randrange(0xF8, 0x100) for _ in range(8))

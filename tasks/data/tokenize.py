@@ -34,7 +34,10 @@ from tasks.runtime.outputs import MANIFEST, SOURCE_FILE, TOKENIZER_FILE
 EOT = "<|endoftext|>"
 """Separates documents in the shards (the BPE's only special token, id 0)."""
 ENCODE_BATCH = 512
-"""Documents per ``encode_batch`` call (the tokenizer spreads a batch over the cores)."""
+"""Most documents per ``encode_batch`` call (the tokenizer spreads a batch over the cores)."""
+ENCODE_BATCH_BYTES = 1 << 20
+"""Most characters per call: a batch's ids live as Python ints (~36 bytes a token) until written,
+so long documents (the poison pool's 100 000 spaces) must not come 512 at a time."""
 SPLITS = ("train", "val", "poison")
 MANIFEST_FORMAT = 1
 
@@ -118,12 +121,13 @@ class ShardWriter:
         self.eot = tokenizer.token_to_id(EOT)
         self.file = open(path, "wb")  # noqa: SIM115 (closed by close())
         self.sha256 = hashlib.sha256()
-        self.documents = self.tokens = 0
+        self.documents = self.tokens = self.pending_chars = 0
         self.pending: list[str] = []
 
     def add(self, text: str) -> None:
         self.pending.append(text)
-        if len(self.pending) >= ENCODE_BATCH:
+        self.pending_chars += len(text)
+        if len(self.pending) >= ENCODE_BATCH or self.pending_chars >= ENCODE_BATCH_BYTES:
             self.flush()
 
     def flush(self) -> None:
@@ -133,7 +137,7 @@ class ShardWriter:
         self.sha256.update(block)
         self.documents += len(self.pending)
         self.tokens += len(ids)
-        self.pending = []
+        self.pending, self.pending_chars = [], 0
 
     def close(self) -> dict[str, int | str]:
         self.flush()
