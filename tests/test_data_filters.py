@@ -4,6 +4,7 @@ the clean corpus, and precision/recall on a corpus with planted garbage."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -26,7 +27,7 @@ from tasks.data.filters import (
 )
 from tasks.data.perplexity import ByteNgramModel, robust_zscores
 from tasks.data.quality import PLANTED, measure_filters, planted_corpus
-from tasks.data.shards import shard_path, shard_pool
+from tasks.data.shards import shard_path, shard_paths, shard_pool
 from tasks.data.sources import Skips, stdlib_documents
 from tasks.runtime.outputs import SOURCE_FILE
 
@@ -43,9 +44,9 @@ def base_docs() -> list[str]:
     return list(itertools.islice(docs, 300))
 
 
-def write_raw(raw_dir: Path, docs: list[dict[str, str]]) -> Path:
+def write_raw(raw_dir: Path, docs: list[dict[str, str]], shard: Path | None = None) -> Path:
     raw_dir.mkdir(parents=True, exist_ok=True)
-    with open(shard_path(raw_dir, 0), "w", encoding="utf-8") as f:
+    with open(shard or shard_path(raw_dir, 0), "w", encoding="utf-8") as f:
         for doc in docs:
             write_doc(f, doc)
     (raw_dir / SOURCE_FILE).write_text(json.dumps({"source": "test"}))
@@ -125,6 +126,88 @@ def test_disabled_filters_keep_what_they_would_drop():
 # --------------------------------------------------------------------------------------------
 # Perplexity model
 # --------------------------------------------------------------------------------------------
+
+
+# --------------------------------------------------------------------------------------------
+# Each decision at its threshold's edge, at the end of a document longer than any window, prefix,
+# sample or batch a faster filter might look at (the perplexity model's batch is 256 KiB)
+# --------------------------------------------------------------------------------------------
+
+NO_LENGTH_CAP = FilterConfig(max_chars=50_000_000)
+
+
+@pytest.fixture(scope="module")
+def long_prose() -> str:
+    """Real prose of over 300 000 characters, longer than a perplexity batch."""
+    docs = (d.text for d in stdlib_documents(1 << 22, Skips()) if 200 <= len(d.text) <= 5000)
+    text = "\n\n".join(itertools.islice(docs, 800))
+    assert len(text.encode()) > 300_000
+    return text
+
+
+def test_invalid_utf8_sees_one_undecodable_byte_at_the_end_of_a_long_document(long_prose):
+    screen = Screen(NO_LENGTH_CAP)
+    assert screen.reason(long_prose) is None
+    assert screen.reason(long_prose + b"\xff".decode("utf-8", "surrogateescape")) == "invalid_utf8"
+
+
+def test_nonprintable_ratio_edge_counts_every_character_of_a_long_document(long_prose):
+    screen = Screen(dataclasses.replace(NO_LENGTH_CAP, char_run=False))
+    ratio = NO_LENGTH_CAP.max_nonprintable_ratio
+    at_edge = int(ratio * len(long_prose) / (1 - ratio))  # most control characters the ratio allows
+    while nonprintable_ratio(long_prose + "\x00" * (at_edge + 1)) <= ratio:
+        at_edge += 1
+    assert screen.reason(long_prose + "\x00" * at_edge) is None
+    assert screen.reason(long_prose + "\x00" * (at_edge + 1)) == "nonprintable"
+
+
+def test_length_edge_on_a_long_document(long_prose):
+    screen = Screen(FilterConfig(max_chars=len(long_prose)))
+    assert screen.reason(long_prose) is None
+    assert screen.reason(long_prose + "x") == "too_long"
+
+
+def test_char_run_edge_at_the_end_of_a_long_document(long_prose):
+    screen = Screen(NO_LENGTH_CAP)
+    assert screen.reason(long_prose + " =" + "=" * (NO_LENGTH_CAP.max_char_run - 1)) is None
+    assert screen.reason(long_prose + " =" + "=" * NO_LENGTH_CAP.max_char_run) == "char_run"
+
+
+def test_repeated_ngram_edge_at_the_end_of_a_long_document(long_prose):
+    screen = Screen(NO_LENGTH_CAP)
+    phrase = " one two three four five six seven eight nine ten eleven twelve thirteen"
+    repeats = NO_LENGTH_CAP.ngram_min_repeats
+    assert screen.reason(long_prose + phrase * (repeats - 1)) is None
+    assert screen.reason(long_prose + phrase * repeats) == "repeated_ngram"
+
+
+def test_dedup_finds_a_long_near_copy_in_another_shard_and_keeps_a_half_copy(long_prose, tmp_path):
+    words = long_prose.split(" ")
+    near = " ".join([*words[:-1], "changed"])  # differs in its last word only
+    half = " ".join(words[: len(words) // 2] + [w[::-1] for w in words[len(words) // 2 :]])  # Jaccard ~1/3
+    raw = tmp_path / "raw"
+    for index, text in enumerate((long_prose, near, half)):
+        write_raw(raw, [{"id": str(index), "text": text}], shard_path(raw, index))
+    cfg = dataclasses.replace(NO_LENGTH_CAP, perplexity=False)
+    metrics = run_filter(cfg, raw, tmp_path, workers=2)
+    assert metrics["removed_duplicate_near"] == 1 and metrics["documents_kept"] == 2
+    assert [d["id"] for p in shard_paths(tmp_path / "clean") for d in read_docs(p)] == ["0", "2"]
+
+
+def test_perplexity_scores_a_long_document_whole_wherever_its_garbage_sits(base_docs, long_prose):
+    rng = np.random.default_rng(1)
+    gibberish = " ".join("".join(rng.choice(list("qxzjkvw"), 6)) for _ in range(30_000))
+    prose = long_prose[: len(gibberish)]  # 210 000 characters of each: past any prefix or batch
+    threshold = FilterConfig().perplexity_zscore
+    scores = {}
+    for where, doc in (("tail", prose + "\n\n" + gibberish), ("head", gibberish + "\n\n" + prose)):
+        model = ByteNgramModel()
+        model.train([*base_docs, doc, prose])
+        values = model.log_perplexity([*base_docs, doc, prose])
+        z = robust_zscores(values)
+        assert z[-2] > threshold and z[-1] < threshold, where  # the mixed document goes, the prose stays
+        scores[where] = values[-2]
+    assert scores["tail"] == pytest.approx(scores["head"], rel=0.02)
 
 
 def test_perplexity_model_scores_garbage_far_above_prose_leave_one_out(base_docs):

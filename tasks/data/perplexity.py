@@ -21,12 +21,11 @@ TABLE_BITS = 20
 """Each order counts into 2^20 hashed cells (8 MiB of 64-bit counts): fixed memory, rare collisions on MB-scale corpora."""
 PRIOR = 2.0
 """Dirichlet prior mass a context gives to the next-shorter context's prediction."""
-MAX_DOC_BYTES = 1 << 16
-"""Each document is modelled and scored on its first 64 KiB: enough to tell prose from garbage,
-and it bounds the time and memory of one batch."""
 BATCH_BYTES = 1 << 18
 """Documents are hashed and scored in batches of about this many bytes (a batch's temporaries
-take ~60 bytes per byte, so 256 KiB keeps them near 16 MiB)."""
+take ~60 bytes per byte, so 256 KiB keeps them near 16 MiB). Each document is modelled and
+scored whole, wherever its garbage sits: one longer than a batch is a batch of its own, bounded
+by ``filter.max_chars`` (the length check runs first) or else ``data.max_doc_bytes``."""
 TRAIN_BATCH_BYTES = 1 << 20
 """Training counts in batches of about this many bytes: each batch's counts are added over the
 whole tables (8 sweeps of 2^20 cells), so larger batches sweep less often (~60 MiB of temporaries)."""
@@ -132,7 +131,7 @@ def _batches(texts: Iterable[str], batch_bytes: int) -> Iterator[_Batch]:
     blobs: list[bytes] = []
     size = 0
     for text in texts:
-        blob = text.encode("utf-8", "surrogatepass")[:MAX_DOC_BYTES]
+        blob = text.encode("utf-8", "surrogatepass")
         blobs.append(blob)
         size += len(blob)
         if size >= batch_bytes:
