@@ -10,8 +10,7 @@ scipy, the tokenizer's library): a stage process pays for what it runs.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
+import shutil
 from typing import Any
 
 from prefect import flow
@@ -42,16 +41,14 @@ def prepare_flow(profile: Profile | None = None, overrides: dict[str, Any] | Non
 def filter_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Filter the shards of data/raw into data/clean, the poison pool and the filter report."""
     from tasks.data.filters import filter_shards
+    from tasks.data.shards import listing, scratch
 
     cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "filter") as run:
-        with (
-            staged(project / CLEAN_DIR, project / POISON_DIR, project / FILTER_REPORT) as outs,
-            tempfile.TemporaryDirectory(prefix=".filter-", dir=project / RAW_DIR.parent) as work,
-        ):
-            metrics = filter_shards(
-                cfg.filter, cfg.data, cfg.executor.scheduler, project / RAW_DIR, Path(work), tuple(outs)
-            )
+        work = scratch(project / RAW_DIR.parent, "filter", cfg.filter, listing(project / RAW_DIR))
+        with staged(project / CLEAN_DIR, project / POISON_DIR, project / FILTER_REPORT) as outs:
+            metrics = filter_shards(cfg.filter, cfg.data, cfg.executor.scheduler, project / RAW_DIR, work, tuple(outs))
+        shutil.rmtree(work)
         digest = record_outputs(run.info.run_id, project, list(STAGES["filter"].outs), metrics, [FILTER_REPORT])
         publish_summary("filter", run, {**metrics, "dataset digest": digest[:16]})
 
@@ -59,22 +56,19 @@ def filter_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
 @flow(name="tokenize")
 def tokenize_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Train the BPE on a sample of data/clean and write the token files and manifest to data/tokens."""
+    from tasks.data.shards import listing, scratch
     from tasks.data.tokenize import tokenize_shards
 
     cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "tokenize") as run:
-        with (
-            staged(project / TOKENS_DIR) as (tokens,),
-            tempfile.TemporaryDirectory(prefix=".tokenize-", dir=project / TOKENS_DIR.parent) as work,
-        ):
+        d = cfg.data
+        inputs = (listing(project / CLEAN_DIR), listing(project / POISON_DIR))
+        split = (d.seed, d.val_fraction, d.tokenizer_sample_bytes)
+        work = scratch(project / TOKENS_DIR.parent, "tokenize", cfg.tokenizer, split, inputs)
+        with staged(project / TOKENS_DIR) as (tokens,):
             metrics = tokenize_shards(
-                cfg.tokenizer,
-                cfg.data,
-                cfg.executor.scheduler,
-                project / CLEAN_DIR,
-                project / POISON_DIR,
-                tokens,
-                Path(work),
+                cfg.tokenizer, d, cfg.executor.scheduler, project / CLEAN_DIR, project / POISON_DIR, tokens, work
             )
+        shutil.rmtree(work)
         digest = record_outputs(run.info.run_id, project, list(STAGES["tokenize"].outs), metrics, [MANIFEST])
         publish_summary("tokenize", run, {**metrics, "dataset digest": digest[:16]})

@@ -297,3 +297,35 @@ def test_each_filter_catches_the_garbage_planted_for_it_with_few_false_positives
     assert results["dedup"]["recall"] >= 0.8 and results["dedup"]["precision"] >= 0.9
     assert results["perplexity"]["recall"] == 1.0 and results["perplexity"]["precision"] >= 0.7
     assert results["all"]["recall"] >= 0.9 and results["all"]["precision"] >= 0.9  # LSH misses a few near the threshold
+
+
+def test_a_filter_killed_after_screening_resumes_without_screening_a_finished_shard_again(
+    base_docs, tmp_path, monkeypatch
+):
+    import tasks.data.filters as filters
+
+    raw = tmp_path / "raw"
+    for index in range(3):
+        write_raw(
+            raw, [{"id": f"{index}:{i}", "text": t} for i, t in enumerate(base_docs[index::3])], shard_path(raw, index)
+        )
+    fresh = run_filter(FilterConfig(), raw, tmp_path / "fresh")
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "clean").write_text("in the way: the write pass fails")
+    with pytest.raises(FileExistsError):
+        run_filter(FilterConfig(), raw, killed)
+    (killed / "clean").unlink()
+    (killed / "work" / shard_path(raw, 1).stem / "filter-screen.pkl").unlink()  # shard 1 was not finished
+    original, screened = filters.screen_shard, []
+
+    def counting(shard: Path, **kwargs):
+        screened.append(shard.name)
+        return original(shard, **kwargs)
+
+    monkeypatch.setattr(filters, "screen_shard", counting)
+    assert run_filter(FilterConfig(), raw, killed) == fresh
+    assert screened == [shard_path(raw, 1).name]
+    assert [p.read_bytes() for p in shard_paths(killed / "clean")] == [
+        p.read_bytes() for p in shard_paths(tmp_path / "fresh" / "clean")
+    ]

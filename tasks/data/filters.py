@@ -248,7 +248,8 @@ def screen_shard(raw_shard: Path, cfg: FilterConfig, work_dir: Path) -> dict[str
     fingerprint = Fingerprinter(cfg) if cfg.dedup else None
     counts: Counter = Counter()
     keys, signatures = [], []
-    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)  # what a killed run left half-written
+    work.mkdir(parents=True)
     with PoisonPool(work / "poison") as poison, open(work / SURVIVORS_FILE, "w", encoding="utf-8") as survivors:
         for doc in read_docs(raw_shard):
             counts["input"] += 1
@@ -310,6 +311,7 @@ def write_shard(raw_shard: Path, outliers: np.ndarray | None, work_dir: Path, cl
     outliers to the shard's poison pool."""
     work = work_dir / raw_shard.stem
     counts: Counter = Counter()
+    (work / "poison" / "perplexity.jsonl").unlink(missing_ok=True)  # the pool appends
     with PoisonPool(work / "poison") as poison, open(clean_dir / raw_shard.name, "w", encoding="utf-8") as clean:
         for i, doc in enumerate(kept_survivors(work)):
             if outliers is not None and outliers[i]:
@@ -358,7 +360,9 @@ def filter_corpus(
     shards, the poison pool and the report; return the report's flat metrics."""
     shards = shard_paths(raw_dir)
     counts: Counter = Counter()
-    for shard_counts in map_shards(pool, "filter-screen", partial(screen_shard, cfg=cfg, work_dir=work_dir), shards):
+    for shard_counts in map_shards(
+        pool, "filter-screen", partial(screen_shard, cfg=cfg, work_dir=work_dir), shards, done=work_dir
+    ):
         counts.update(shard_counts)
     if not counts["screened"]:
         raise _all_removed(raw_dir, counts)
@@ -367,11 +371,11 @@ def filter_corpus(
     outliers, stats = [None] * len(shards), {}
     if cfg.perplexity:
         model = ByteNgramModel()
-        for path in map_shards(pool, "filter-count", partial(count_shard, work_dir=work_dir), shards):
+        for path in map_shards(pool, "filter-count", partial(count_shard, work_dir=work_dir), shards, done=work_dir):
             model.add(ByteNgramModel.load(path))
         model_path = model.save(work_dir / "ngram.npz")
         scores = map_shards(
-            pool, "filter-score", partial(score_shard, work_dir=work_dir, model_path=model_path), shards
+            pool, "filter-score", partial(score_shard, work_dir=work_dir, model_path=model_path), shards, done=work_dir
         )
         outliers, stats = perplexity_outliers(cfg, scores)
     clean_dir.mkdir(parents=True, exist_ok=True)

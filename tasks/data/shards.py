@@ -11,8 +11,12 @@ must see the project at the same path: a shared file system).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
+import os
+import pickle
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
@@ -83,17 +87,64 @@ def shard_pool(workers: int, scheduler_setting: str) -> Iterator[Executor]:
 
 
 def map_shards(
-    pool: Executor, stage: str, fn: Callable[..., Any], shards: list[Path], *per_shard: list[Any]
+    pool: Executor,
+    stage: str,
+    fn: Callable[..., Any],
+    shards: list[Path],
+    *per_shard: list[Any],
+    done: Path | None = None,
 ) -> list[Any]:
     """``fn(shard, *per_shard_i)`` for every shard on the pool (bind constant arguments with
     ``functools.partial``), results in shard order; a progress line per finished shard (MB/s of
-    shard files, shards done/total, ETA)."""
-    progress = Progress(stage, "shard", len(shards), run_logger())
-    started, done_bytes, results = time.perf_counter(), 0, []
-    for shard, result in zip(shards, pool.map(fn, shards, *per_shard)):
-        done_bytes += shard.stat().st_size if shard.exists() else 0
+    shard files, shards done/total, ETA). With ``done`` (a stage's scratch folder), each result
+    is kept there as it arrives and a shard with a kept result is not run again: a killed stage
+    resumes from its finished shards."""
+    kept = {i: _kept(done, stage, shard) for i, shard in enumerate(shards)} if done else {}
+    todo = [i for i, shard in enumerate(shards) if kept.get(i) is None]
+    progress = Progress(stage, "shard", len(todo), run_logger())
+    started, done_bytes, results = time.perf_counter(), 0, {i: r for i, r in kept.items() if r is not None}
+    args = [[column[i] for i in todo] for column in per_shard]
+    for i, result in zip(todo, pool.map(fn, [shards[i] for i in todo], *args)):
+        if done:
+            _keep(done, stage, shards[i], result)
+        done_bytes += shards[i].stat().st_size
         rate = done_bytes / 1e6 / max(time.perf_counter() - started, 1e-9)
-        progress.finished(f"{shard.name} ({rate:.1f} MB/s so far)", "done")
-        results.append(result)
+        progress.finished(f"{shards[i].name} ({rate:.1f} MB/s so far)", "done")
+        results[i] = result
     progress.close()
-    return results
+    return [results[i] for i in range(len(shards))]
+
+
+def _kept(done: Path, stage: str, shard: Path) -> Any:
+    path = done / shard.stem / f"{stage}.pkl"
+    return pickle.loads(path.read_bytes()) if path.exists() else None
+
+
+def _keep(done: Path, stage: str, shard: Path, result: Any) -> None:
+    """Beside the shard's other scratch files (``done/<shard>/``): a pass that starts a shard
+    afresh clears that folder, and with it the later passes' results, which no longer hold."""
+    (done / shard.stem).mkdir(parents=True, exist_ok=True)
+    temp = done / shard.stem / f".{stage}.pkl.tmp"
+    temp.write_bytes(pickle.dumps(result))
+    os.replace(temp, done / shard.stem / f"{stage}.pkl")  # whole or absent, never half-written
+
+
+def scratch(parent: Path, stage: str, *identity: Any) -> Path:
+    """A stage's scratch folder under ``parent``, named by ``identity`` (the stage's config and
+    its input files' names, sizes and times) and the data stages' code. The flow removes it when
+    the stage succeeds; a killed stage leaves it, and a rerun with the same identity resumes from
+    it. Folders of another identity are stale and removed."""
+    h = hashlib.sha256(repr(identity).encode())
+    for code in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(code.read_bytes())
+    path = parent / f".{stage}-work-{h.hexdigest()[:16]}"
+    for stale in parent.glob(f".{stage}-work-*"):
+        if stale != path:
+            shutil.rmtree(stale)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def listing(directory: Path) -> list[tuple[str, int, int]]:
+    """Names, sizes and modification times of a folder's files: the identity of a stage's input."""
+    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(directory.iterdir()) if p.is_file()]

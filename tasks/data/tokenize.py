@@ -93,7 +93,7 @@ def train_tokenizer(
     shards = shard_paths(clean_dir)
     rate = sample_rate(shards, data.tokenizer_sample_bytes)
     samples = map_shards(
-        pool, "tokenize-sample", partial(sample_shard, data=data, rate=rate, work_dir=work_dir), shards
+        pool, "tokenize-sample", partial(sample_shard, data=data, rate=rate, work_dir=work_dir), shards, done=work_dir
     )
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -214,7 +214,7 @@ def encode_corpus(
     dtype = shard_dtype(cfg.vocab_size)
     shards = shard_paths(clean_dir)
     encode = partial(encode_shard, data=data, tokenizer_path=tokenizer_path, dtype=dtype, work_dir=work_dir)
-    parts = map_shards(pool, "tokenize-encode", encode, shards)
+    parts = map_shards(pool, "tokenize-encode", encode, shards, done=work_dir)
     splits = {
         name: join_parts(out_dir / f"{name}.bin", shards, [p[name] for p in parts], work_dir)
         for name in ("train", "val")
