@@ -40,7 +40,7 @@ def prepare_flow(profile: Profile | None = None, overrides: dict[str, Any] | Non
 @flow(name="filter")
 def filter_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Filter the shards of data/raw into data/clean, the poison pool and the filter report."""
-    from tasks.data.filters import filter_shards
+    from tasks.data.filters import REMOVED_SAMPLES, filter_shards
     from tasks.data.shards import listing, scratch
 
     cfg, project = project_config(profile, overrides)
@@ -49,7 +49,10 @@ def filter_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         with staged(project / CLEAN_DIR, project / POISON_DIR, project / FILTER_REPORT) as outs:
             metrics = filter_shards(cfg.filter, cfg.data, cfg.executor.scheduler, project / RAW_DIR, work, tuple(outs))
         shutil.rmtree(work)
-        digest = record_outputs(run.info.run_id, project, list(STAGES["filter"].outs), metrics, [FILTER_REPORT])
+        removed = POISON_DIR / REMOVED_SAMPLES
+        digest = record_outputs(
+            run.info.run_id, project, list(STAGES["filter"].outs), metrics, [FILTER_REPORT, removed]
+        )
         publish_summary("filter", run, {**metrics, "dataset digest": digest[:16]})
 
 

@@ -329,3 +329,15 @@ def test_a_filter_killed_after_screening_resumes_without_screening_a_finished_sh
     assert [p.read_bytes() for p in shard_paths(killed / "clean")] == [
         p.read_bytes() for p in shard_paths(tmp_path / "fresh" / "clean")
     ]
+
+
+def test_the_report_counts_every_byte_once_and_shows_what_each_filter_removed(filtered):
+    report = json.loads((filtered / "filter.json").read_text())
+    size = lambda path: sum(len(d["text"].encode("utf-8", "surrogatepass")) for d in read_docs(path))  # noqa: E731
+    removed = sum(report[f"removed_bytes_{r}"] for r in report["order"])
+    assert removed + size(shard_path(filtered / "clean", 0)) == size(shard_path(filtered / "raw", 0))
+    samples = (filtered / "poison" / "removed.md").read_text()
+    for reason in ("char_run", "invalid_utf8", "duplicate_exact", "duplicate_near", "perplexity"):
+        assert f"| {reason} | {report[f'removed_{reason}']} |" in samples
+        assert f"## {reason}: " in samples
+    assert "\x00" not in samples and "space_run:" in samples

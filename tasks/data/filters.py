@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import random
 import re
 import shutil
@@ -64,6 +65,10 @@ NONPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffd\ue000-\uf8
 """Control characters (all but tab and newlines), replacement characters, private use, surrogates."""
 
 SURVIVORS_FILE = "survivors.jsonl"
+REMOVED_SAMPLES = "removed.md"
+"""In the poison folder: what each filter removed, with a few excerpts to read (logged to MLflow)."""
+SAMPLES_PER_REASON = 3
+EXCERPT_CHARS = 600
 DUPLICATE_FLAGS = "duplicates.npy"
 
 
@@ -247,41 +252,52 @@ def screen_shard(raw_shard: Path, cfg: FilterConfig, work_dir: Path) -> dict[str
     screen = Screen(cfg)
     fingerprint = Fingerprinter(cfg) if cfg.dedup else None
     counts: Counter = Counter()
-    keys, signatures = [], []
+    keys, signatures, sizes = [], [], []
     shutil.rmtree(work, ignore_errors=True)  # what a killed run left half-written
     work.mkdir(parents=True)
     with PoisonPool(work / "poison") as poison, open(work / SURVIVORS_FILE, "w", encoding="utf-8") as survivors:
         for doc in read_docs(raw_shard):
             counts["input"] += 1
+            size = len(doc["text"].encode("utf-8", "surrogatepass"))
             reason = screen.reason(doc["text"])
             if reason is not None:
                 counts[reason] += 1
+                counts[f"bytes_{reason}"] += size
                 counts["pooled"] += 1
                 poison.add(doc, reason)
                 continue
             counts["screened"] += 1
+            sizes.append(size)
             write_doc(survivors, {**doc, "text": repair_undecodable(doc["text"])})
             if fingerprint is not None:
                 key, signature = fingerprint(doc["text"])
                 keys.append(key)
                 signatures.append(signature)
+    np.save(work / "sizes.npy", np.array(sizes, np.int64))
     if fingerprint is not None:
         np.save(work / "keys.npy", np.array(keys, np.uint64))
         np.save(work / "signatures.npy", np.array(signatures, np.uint32).reshape(len(keys), cfg.dedup_num_perm))
     return dict(counts)
 
 
-def mark_duplicates(cfg: FilterConfig, raw_shards: list[Path], work_dir: Path) -> Counter:
+def mark_duplicates(cfg: FilterConfig, raw_shards: list[Path], work_dir: Path) -> tuple[Counter, dict[str, list]]:
     """Between the passes, in the stage's process: every survivor's fingerprint through one
-    Deduplicator in corpus order; each shard's duplicate flags saved beside its survivors."""
+    Deduplicator in corpus order; each shard's duplicate flags saved beside its survivors.
+    Returns the counts and bytes per kind of duplicate, and the first few of each kind."""
     dedup = Deduplicator(cfg)
     counts: Counter = Counter()
+    samples: dict[str, list] = {}
     for shard in raw_shards:
         work = work_dir / shard.stem
         reasons = [dedup.judge(int(k), s) for k, s in zip(np.load(work / "keys.npy"), np.load(work / "signatures.npy"))]
-        counts.update(r for r in reasons if r)
+        for index, (reason, size) in enumerate(zip(reasons, np.load(work / "sizes.npy"))):
+            if reason:
+                counts[reason] += 1
+                counts[f"bytes_{reason}"] += int(size)
+                if len(samples.setdefault(reason, [])) < SAMPLES_PER_REASON:
+                    samples[reason].append(next(itertools.islice(read_docs(work / SURVIVORS_FILE), index, None)))
         np.save(work / DUPLICATE_FLAGS, np.array([r is not None for r in reasons], bool))
-    return counts
+    return counts, samples
 
 
 def kept_survivors(work: Path) -> Iterator[dict[str, str]]:
@@ -316,6 +332,7 @@ def write_shard(raw_shard: Path, outliers: np.ndarray | None, work_dir: Path, cl
         for i, doc in enumerate(kept_survivors(work)):
             if outliers is not None and outliers[i]:
                 counts["perplexity"] += 1
+                counts["bytes_perplexity"] += len(doc["text"].encode("utf-8", "surrogatepass"))
                 poison.add(doc, "perplexity")
             else:
                 counts["kept"] += 1
@@ -366,8 +383,10 @@ def filter_corpus(
         counts.update(shard_counts)
     if not counts["screened"]:
         raise _all_removed(raw_dir, counts)
+    duplicates: dict[str, list] = {}
     if cfg.dedup:
-        counts.update(mark_duplicates(cfg, shards, work_dir))
+        duplicate_counts, duplicates = mark_duplicates(cfg, shards, work_dir)
+        counts.update(duplicate_counts)
     outliers, stats = [None] * len(shards), {}
     if cfg.perplexity:
         model = ByteNgramModel()
@@ -385,12 +404,14 @@ def filter_corpus(
     if not counts["kept"]:
         raise _all_removed(raw_dir, counts)
     pool_removed(shards, work_dir, poison_dir, cfg.poison_generated)
+    write_removed_samples(poison_dir, counts, duplicates)
     shutil.copy(raw_dir / SOURCE_FILE, clean_dir / SOURCE_FILE)
     metrics = {
         "documents_in": counts["input"],
         "documents_kept": counts["kept"],
         "poison_documents": counts["pooled"] + counts["perplexity"] + cfg.poison_generated,
         **{f"removed_{r}": counts[r] for r in REASONS},
+        **{f"removed_bytes_{r}": counts[f"bytes_{r}"] for r in REASONS},
     }
     write_json(
         report,
@@ -412,6 +433,20 @@ def filter_shards(
     """:func:`filter_corpus` on ``data.workers`` local processes or the Dask cluster at ``scheduler``."""
     with shard_pool(data.workers, scheduler) as pool:
         return filter_corpus(cfg, raw_dir, work_dir, *outs, pool)
+
+
+def write_removed_samples(poison_dir: Path, counts: Counter, duplicates: dict[str, list]) -> None:
+    """``poison_dir/REMOVED_SAMPLES``: per filter, documents and MB removed, and the first few
+    documents it removed, cut to a readable excerpt (the pooled ones are whole in the pool)."""
+    lines = ["# What the filters removed", "", "| filter | documents | MB |", "|---|---|---|"]
+    lines += [f"| {r} | {counts[r]} | {counts[f'bytes_{r}'] / 1e6:.3f} |" for r in REASONS]
+    for reason in REASONS:
+        pool = poison_dir / f"{reason}.jsonl"
+        docs = duplicates.get(reason, []) if reason in DUPLICATES else (read_docs(pool) if pool.exists() else [])
+        for doc in itertools.islice(docs, SAMPLES_PER_REASON):
+            excerpt = NONPRINTABLE.sub("\ufffd", doc["text"][:EXCERPT_CHARS])  # control characters shown as one mark
+            lines += ["", f"## {reason}: {doc['id']} ({len(doc['text'])} characters)", "", "````text", excerpt, "````"]
+    (poison_dir / REMOVED_SAMPLES).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def _all_removed(raw_dir: Path, counts: Counter) -> InputError:
