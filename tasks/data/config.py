@@ -18,7 +18,8 @@ class DataConfig(Section):
     """Where documents come from. ``stdlib_docs``: docstrings and help topics of the running
     Python's standard library (offline everywhere, PSF licence). ``text``: ``path`` is a UTF-8
     file or a folder of ``*.txt`` files (one document per file; a single file is split on blank
-    lines). ``jsonl``: ``path`` is a JSON-lines file, text under ``jsonl_field``. ``hf``: a Hugging
+    lines). ``jsonl``: ``path`` is a JSON-lines file or a folder of ``*.jsonl`` / ``*.jsonl.gz`` files,
+    text under ``jsonl_field``. ``hf``: a Hugging
     Face dataset (needs network and the ``hf`` extra)."""
     path: str = ""
     """File or folder for ``text``/``jsonl``; relative paths are relative to the project."""

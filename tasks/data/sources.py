@@ -11,12 +11,14 @@ error, and it names the file and the key to look at.
 from __future__ import annotations
 
 import ast
+import gzip
 import itertools
 import json
 import logging
 import platform
 import pydoc_data.topics
 import sysconfig
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,6 +35,8 @@ from tasks.runtime.outputs import SOURCE_FILE
 
 log = logging.getLogger(__name__)
 
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
+"""What a ``jsonl`` folder's files are named (gzip is read streaming)."""
 READ_CHUNK = 1 << 20
 """Largest piece read at once; with ``data.max_doc_bytes`` it bounds the memory of reading."""
 STDLIB_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages"}
@@ -170,8 +174,36 @@ def _blocks(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
 
 
 def jsonl_documents(path: Path, key: str, limit: int, skips: Skips) -> Iterator[Doc]:
+    """A JSON-lines file, or a folder of them (``*.jsonl``, ``*.jsonl.gz``; hidden ones aside), in
+    name order. A file that cannot be read to its end (a truncated gzip, an I/O error) is counted
+    and logged by name, keeping what was read before."""
+    files = [path] if path.is_file() else jsonl_files(path)
+    for file in files:
+        try:
+            yield from jsonl_file_documents(file, key, limit, skips)
+        except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+            skips.add("unreadable_file", str(file), f"{type(e).__name__}: {e}")
+            log.warning(
+                "prepare: %s is unreadable past some point, skipped the rest (%s: %s)", file, type(e).__name__, e
+            )
+
+
+def jsonl_files(folder: Path) -> list[Path]:
+    files = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.name.endswith(JSONL_SUFFIXES)
+        and p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
+    if not files:
+        raise InputError(f"data.path: folder {folder} holds no {' or '.join('*' + s for s in JSONL_SUFFIXES)} files")
+    return files
+
+
+def jsonl_file_documents(path: Path, key: str, limit: int, skips: Skips) -> Iterator[Doc]:
     """The string under ``key`` of each JSON object line; other lines are skipped and counted."""
-    with open(path, "rb") as f:
+    with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as f:
         for number, (line, length) in enumerate(bounded_lines(f, limit), start=1):
             where = f"{path}:{number}"
             if length > limit:
