@@ -10,8 +10,7 @@ scipy, the tokenizer's library): a stage process pays for what it runs.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
+import shutil
 from typing import Any
 
 from prefect import flow
@@ -40,30 +39,41 @@ def prepare_flow(profile: Profile | None = None, overrides: dict[str, Any] | Non
 
 @flow(name="filter")
 def filter_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
-    """Filter data/raw into data/clean, the poison pool and the filter report."""
-    from tasks.data.filters import drop_perplexity_outliers, screen_documents
+    """Filter the shards of data/raw into data/clean, the poison pool and the filter report."""
+    from tasks.data.filters import REMOVED_SAMPLES, filter_shards
+    from tasks.data.shards import listing, scratch
 
     cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "filter") as run:
-        with (
-            staged(project / CLEAN_DIR, project / POISON_DIR, project / FILTER_REPORT) as (clean, poison, report),
-            tempfile.TemporaryDirectory(prefix=".filter-", dir=project / RAW_DIR.parent) as work,
-        ):
-            counts = screen_documents(cfg.filter, project / RAW_DIR, poison, Path(work))
-            metrics = drop_perplexity_outliers(cfg.filter, counts, project / RAW_DIR, Path(work), clean, poison, report)
-        digest = record_outputs(run.info.run_id, project, list(STAGES["filter"].outs), metrics, [FILTER_REPORT])
+        work = scratch(project / RAW_DIR.parent, "filter", cfg.filter, listing(project / RAW_DIR))
+        with staged(project / CLEAN_DIR, project / POISON_DIR, project / FILTER_REPORT) as (clean, poison, report):
+            metrics = filter_shards(
+                cfg.filter, cfg.data, cfg.executor.scheduler, project / RAW_DIR, work, (clean, poison, report)
+            )
+        shutil.rmtree(work)
+        removed = POISON_DIR / REMOVED_SAMPLES
+        digest = record_outputs(
+            run.info.run_id, project, list(STAGES["filter"].outs), metrics, [FILTER_REPORT, removed]
+        )
         publish_summary("filter", run, {**metrics, "dataset digest": digest[:16]})
 
 
 @flow(name="tokenize")
 def tokenize_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
-    """Train the BPE on data/clean and write the token shards and manifest to data/tokens."""
-    from tasks.data.tokenize import encode_shards, train_tokenizer
+    """Train the BPE on a sample of data/clean and write the token files and manifest to data/tokens."""
+    from tasks.data.shards import listing, scratch
+    from tasks.data.tokenize import tokenize_shards
 
     cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "tokenize") as run:
+        d = cfg.data
+        inputs = (listing(project / CLEAN_DIR), listing(project / POISON_DIR))
+        split = (d.seed, d.val_fraction, d.tokenizer_sample_bytes)
+        work = scratch(project / TOKENS_DIR.parent, "tokenize", cfg.tokenizer, split, inputs)
         with staged(project / TOKENS_DIR) as (tokens,):
-            tokenizer = train_tokenizer(cfg.tokenizer, cfg.data, project / CLEAN_DIR, tokens)
-            metrics = encode_shards(cfg.tokenizer, cfg.data, tokenizer, project / CLEAN_DIR, project / POISON_DIR)
+            metrics = tokenize_shards(
+                cfg.tokenizer, d, cfg.executor.scheduler, project / CLEAN_DIR, project / POISON_DIR, tokens, work
+            )
+        shutil.rmtree(work)
         digest = record_outputs(run.info.run_id, project, list(STAGES["tokenize"].outs), metrics, [MANIFEST])
         publish_summary("tokenize", run, {**metrics, "dataset digest": digest[:16]})

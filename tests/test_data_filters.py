@@ -4,6 +4,7 @@ the clean corpus, and precision/recall on a corpus with planted garbage."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -18,17 +19,17 @@ from tasks.data.filters import (
     GENERATED,
     Deduplicator,
     Screen,
-    drop_perplexity_outliers,
+    filter_corpus,
     generated_garbage,
     has_char_run,
     has_repeated_ngram,
     nonprintable_ratio,
-    screen_documents,
 )
 from tasks.data.perplexity import ByteNgramModel, robust_zscores
 from tasks.data.quality import PLANTED, measure_filters, planted_corpus
+from tasks.data.shards import shard_path, shard_paths, shard_pool
 from tasks.data.sources import Skips, stdlib_documents
-from tasks.runtime.outputs import DOCS_FILE, SOURCE_FILE
+from tasks.runtime.outputs import SOURCE_FILE
 
 PROSE = (
     "The quick brown fox jumps over the lazy dog. Return a new list containing all items from "
@@ -43,20 +44,18 @@ def base_docs() -> list[str]:
     return list(itertools.islice(docs, 300))
 
 
-def write_raw(raw_dir: Path, docs: list[dict[str, str]]) -> Path:
+def write_raw(raw_dir: Path, docs: list[dict[str, str]], shard: Path | None = None) -> Path:
     raw_dir.mkdir(parents=True, exist_ok=True)
-    with open(raw_dir / DOCS_FILE, "w", encoding="utf-8") as f:
+    with open(shard or shard_path(raw_dir, 0), "w", encoding="utf-8") as f:
         for doc in docs:
             write_doc(f, doc)
     (raw_dir / SOURCE_FILE).write_text(json.dumps({"source": "test"}))
     return raw_dir
 
 
-def run_filter(cfg: FilterConfig, raw_dir: Path, out: Path) -> dict[str, float]:
-    counts = screen_documents.fn(cfg, raw_dir, out / "poison", out / "work")
-    return drop_perplexity_outliers.fn(
-        cfg, counts, raw_dir, out / "work", out / "clean", out / "poison", out / "filter.json"
-    )
+def run_filter(cfg: FilterConfig, raw_dir: Path, out: Path, workers: int = 1) -> dict[str, float]:
+    with shard_pool(workers, "local") as pool:
+        return filter_corpus(cfg, raw_dir, out / "work", out / "clean", out / "poison", out / "filter.json", pool)
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,6 +128,88 @@ def test_disabled_filters_keep_what_they_would_drop():
 # --------------------------------------------------------------------------------------------
 
 
+# --------------------------------------------------------------------------------------------
+# Each decision at its threshold's edge, at the end of a document longer than any window, prefix,
+# sample or batch a faster filter might look at (the perplexity model's batch is 256 KiB)
+# --------------------------------------------------------------------------------------------
+
+NO_LENGTH_CAP = FilterConfig(max_chars=50_000_000)
+
+
+@pytest.fixture(scope="module")
+def long_prose() -> str:
+    """Real prose of over 300 000 characters, longer than a perplexity batch."""
+    docs = (d.text for d in stdlib_documents(1 << 22, Skips()) if 200 <= len(d.text) <= 5000)
+    text = "\n\n".join(itertools.islice(docs, 800))
+    assert len(text.encode()) > 300_000
+    return text
+
+
+def test_invalid_utf8_sees_one_undecodable_byte_at_the_end_of_a_long_document(long_prose):
+    screen = Screen(NO_LENGTH_CAP)
+    assert screen.reason(long_prose) is None
+    assert screen.reason(long_prose + b"\xff".decode("utf-8", "surrogateescape")) == "invalid_utf8"
+
+
+def test_nonprintable_ratio_edge_counts_every_character_of_a_long_document(long_prose):
+    screen = Screen(dataclasses.replace(NO_LENGTH_CAP, char_run=False))
+    ratio = NO_LENGTH_CAP.max_nonprintable_ratio
+    at_edge = int(ratio * len(long_prose) / (1 - ratio))  # most control characters the ratio allows
+    while nonprintable_ratio(long_prose + "\x00" * (at_edge + 1)) <= ratio:
+        at_edge += 1
+    assert screen.reason(long_prose + "\x00" * at_edge) is None
+    assert screen.reason(long_prose + "\x00" * (at_edge + 1)) == "nonprintable"
+
+
+def test_length_edge_on_a_long_document(long_prose):
+    screen = Screen(FilterConfig(max_chars=len(long_prose)))
+    assert screen.reason(long_prose) is None
+    assert screen.reason(long_prose + "x") == "too_long"
+
+
+def test_char_run_edge_at_the_end_of_a_long_document(long_prose):
+    screen = Screen(NO_LENGTH_CAP)
+    assert screen.reason(long_prose + " =" + "=" * (NO_LENGTH_CAP.max_char_run - 1)) is None
+    assert screen.reason(long_prose + " =" + "=" * NO_LENGTH_CAP.max_char_run) == "char_run"
+
+
+def test_repeated_ngram_edge_at_the_end_of_a_long_document(long_prose):
+    screen = Screen(NO_LENGTH_CAP)
+    phrase = " one two three four five six seven eight nine ten eleven twelve thirteen"
+    repeats = NO_LENGTH_CAP.ngram_min_repeats
+    assert screen.reason(long_prose + phrase * (repeats - 1)) is None
+    assert screen.reason(long_prose + phrase * repeats) == "repeated_ngram"
+
+
+def test_dedup_finds_a_long_near_copy_in_another_shard_and_keeps_a_half_copy(long_prose, tmp_path):
+    words = long_prose.split(" ")
+    near = " ".join([*words[:-1], "changed"])  # differs in its last word only
+    half = " ".join(words[: len(words) // 2] + [w[::-1] for w in words[len(words) // 2 :]])  # Jaccard ~1/3
+    raw = tmp_path / "raw"
+    for index, text in enumerate((long_prose, near, half)):
+        write_raw(raw, [{"id": str(index), "text": text}], shard_path(raw, index))
+    cfg = dataclasses.replace(NO_LENGTH_CAP, perplexity=False)
+    metrics = run_filter(cfg, raw, tmp_path, workers=2)
+    assert metrics["removed_duplicate_near"] == 1 and metrics["documents_kept"] == 2
+    assert [d["id"] for p in shard_paths(tmp_path / "clean") for d in read_docs(p)] == ["0", "2"]
+
+
+def test_perplexity_scores_a_long_document_whole_wherever_its_garbage_sits(base_docs, long_prose):
+    rng = np.random.default_rng(1)
+    gibberish = " ".join("".join(rng.choice(list("qxzjkvw"), 6)) for _ in range(30_000))
+    prose = long_prose[: len(gibberish)]  # 210 000 characters of each: past any prefix or batch
+    threshold = FilterConfig().perplexity_zscore
+    scores = {}
+    for where, doc in (("tail", prose + "\n\n" + gibberish), ("head", gibberish + "\n\n" + prose)):
+        model = ByteNgramModel()
+        model.train([*base_docs, doc, prose])
+        values = model.log_perplexity([*base_docs, doc, prose])
+        z = robust_zscores(values)
+        assert z[-2] > threshold and z[-1] < threshold, where  # the mixed document goes, the prose stays
+        scores[where] = values[-2]
+    assert scores["tail"] == pytest.approx(scores["head"], rel=0.02)
+
+
 def test_perplexity_model_scores_garbage_far_above_prose_leave_one_out(base_docs):
     rng = np.random.default_rng(0)
     gibberish = " ".join("".join(rng.choice(list("qxzjkvw"), 6)) for _ in range(2000))
@@ -167,11 +248,11 @@ def texts_of(path: Path) -> set[str]:
 
 
 def test_poison_pool_shares_no_document_with_the_clean_corpus(filtered):
-    clean = texts_of(filtered / "clean" / DOCS_FILE)
+    clean = texts_of(shard_path(filtered / "clean", 0))
     poison = set().union(*(texts_of(p) for p in (filtered / "poison").glob("*.jsonl")))
     assert poison and clean
     assert not clean & poison
-    assert not {d["id"] for d in read_docs(filtered / "clean" / DOCS_FILE) if not d["id"].startswith("base:")}
+    assert not {d["id"] for d in read_docs(shard_path(filtered / "clean", 0)) if not d["id"].startswith("base:")}
 
 
 def test_poison_pool_holds_the_removed_garbage_by_reason_and_the_generated_garbage(filtered):
@@ -199,7 +280,7 @@ def test_generated_garbage_is_deterministic_and_cycles_through_the_kinds():
 
 def test_a_corpus_the_filters_remove_entirely_is_an_error_naming_the_file(tmp_path):
     raw = write_raw(tmp_path / "raw", [{"id": str(i), "text": "too short"} for i in range(5)])
-    with pytest.raises(InputError, match=r"raw/docs\.jsonl.*removed all 5.*too_short: 5.*filter\."):
+    with pytest.raises(InputError, match=r"raw: the filters removed all 5.*too_short: 5.*filter\."):
         run_filter(FilterConfig(), raw, tmp_path)
 
 
@@ -216,3 +297,47 @@ def test_each_filter_catches_the_garbage_planted_for_it_with_few_false_positives
     assert results["dedup"]["recall"] >= 0.8 and results["dedup"]["precision"] >= 0.9
     assert results["perplexity"]["recall"] == 1.0 and results["perplexity"]["precision"] >= 0.7
     assert results["all"]["recall"] >= 0.9 and results["all"]["precision"] >= 0.9  # LSH misses a few near the threshold
+
+
+def test_a_filter_killed_after_screening_resumes_without_screening_a_finished_shard_again(
+    base_docs, tmp_path, monkeypatch
+):
+    import tasks.data.filters as filters
+
+    raw = tmp_path / "raw"
+    for index in range(3):
+        write_raw(
+            raw, [{"id": f"{index}:{i}", "text": t} for i, t in enumerate(base_docs[index::3])], shard_path(raw, index)
+        )
+    fresh = run_filter(FilterConfig(), raw, tmp_path / "fresh")
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "clean").write_text("in the way: the write pass fails")
+    with pytest.raises(FileExistsError):
+        run_filter(FilterConfig(), raw, killed)
+    (killed / "clean").unlink()
+    (killed / "work" / shard_path(raw, 1).stem / "filter-screen.pkl").unlink()  # shard 1 was not finished
+    original, screened = filters.screen_shard, []
+
+    def counting(shard: Path, **kwargs):
+        screened.append(shard.name)
+        return original(shard, **kwargs)
+
+    monkeypatch.setattr(filters, "screen_shard", counting)
+    assert run_filter(FilterConfig(), raw, killed) == fresh
+    assert screened == [shard_path(raw, 1).name]
+    assert [p.read_bytes() for p in shard_paths(killed / "clean")] == [
+        p.read_bytes() for p in shard_paths(tmp_path / "fresh" / "clean")
+    ]
+
+
+def test_the_report_counts_every_byte_once_and_shows_what_each_filter_removed(filtered):
+    report = json.loads((filtered / "filter.json").read_text())
+    size = lambda path: sum(len(d["text"].encode("utf-8", "surrogatepass")) for d in read_docs(path))  # noqa: E731
+    removed = sum(report[f"removed_bytes_{r}"] for r in report["order"])
+    assert removed + size(shard_path(filtered / "clean", 0)) == size(shard_path(filtered / "raw", 0))
+    samples = (filtered / "poison" / "removed.md").read_text()
+    for reason in ("char_run", "invalid_utf8", "duplicate_exact", "duplicate_near", "perplexity"):
+        assert f"| {reason} | {report[f'removed_{reason}']} |" in samples
+        assert f"## {reason}: " in samples
+    assert "\x00" not in samples and "space_run:" in samples

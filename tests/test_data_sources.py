@@ -13,14 +13,15 @@ import pytest
 from model.typed_config import InputError, UserError
 from tasks.data.config import DataConfig
 from tasks.data.docs import read_docs
+from tasks.data.shards import shard_path
 from tasks.data.sources import bounded_lines, read_corpus
 from tasks.runtime.files import staged
-from tasks.runtime.outputs import DOCS_FILE, SOURCE_FILE
+from tasks.runtime.outputs import SOURCE_FILE
 
 
 def prepare(tmp_path: Path, **data) -> tuple[dict[str, int], list[dict[str, str]]]:
     counts = read_corpus.fn(DataConfig(**data), tmp_path, tmp_path / "raw")
-    return counts, list(read_docs(tmp_path / "raw" / DOCS_FILE))
+    return counts, list(read_docs(shard_path(tmp_path / "raw", 0)))
 
 
 def test_stdlib_docs_are_docstrings_and_record_the_python_version(tmp_path):
@@ -143,3 +144,20 @@ def test_a_failed_stage_leaves_no_output_and_keeps_the_previous_one(tmp_path):
     assert (out / "docs.jsonl").read_text() == "v1"
     assert not (tmp_path / "metrics" / "m.json").exists()
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["raw"]  # no temporaries left
+
+
+def test_a_jsonl_folder_reads_gzip_skips_hidden_and_counts_a_truncated_file_by_name(tmp_path, caplog):
+    import gzip
+
+    folder = tmp_path / "corpus"
+    (folder / "part" / ".cache").mkdir(parents=True)
+    lines = lambda *texts: "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()  # noqa: E731
+    (folder / "a.jsonl").write_bytes(lines("one", "two"))
+    (folder / "part" / "b.jsonl.gz").write_bytes(gzip.compress(lines("three")))
+    (folder / "part" / "c.jsonl.gz").write_bytes(gzip.compress(lines(*(f"long {i}" for i in range(5000))))[:-200])
+    (folder / "part" / ".cache" / "d.jsonl").write_bytes(lines("hidden"))
+    counts, docs = prepare(tmp_path, source="jsonl", path="corpus")
+    texts = [d["text"] for d in docs]
+    assert texts[:3] == ["one", "two", "three"] and "hidden" not in texts
+    assert 3 < len(texts) < 5003 and counts["skipped_unreadable_file"] == 1  # what c held before the cut
+    assert "c.jsonl.gz" in caplog.text

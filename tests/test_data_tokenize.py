@@ -3,6 +3,10 @@ trainer reads, and the poison shard kept apart."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
+from concurrent.futures import Executor
 from pathlib import Path
 
 import numpy as np
@@ -14,34 +18,62 @@ from model.data import open_split
 from model.typed_config import InputError
 from tasks.data.config import DataConfig, FilterConfig
 from tasks.data.docs import read_docs
-from tasks.data.filters import drop_perplexity_outliers, screen_documents
+from tasks.data.filters import filter_corpus
+from tasks.data.shards import shard_paths, shard_pool
 from tasks.data.sources import read_corpus
-from tasks.data.tokenize import encode_shards, is_validation, shard_dtype, train_tokenizer
-from tasks.runtime.files import digest, file_sha256, read_json
-from tasks.runtime.outputs import DOCS_FILE, MANIFEST, TOKENIZER_FILE
+from tasks.data.tokenize import encode_corpus, is_validation, shard_dtype, train_tokenizer
+from tasks.runtime.files import file_sha256, read_json
+from tasks.runtime.outputs import MANIFEST, TOKENIZER_FILE
 
 DATA = DataConfig(max_docs=400, val_fraction=0.1)
 TOKENIZER = TokenizerConfig(vocab_size=400)
 
 
-def run_stages(project: Path, data: DataConfig = DATA) -> Path:
-    """prepare -> filter -> tokenize into ``project/data``, the tasks' plain functions in the flows' order."""
+def run_stages(project: Path, data: DataConfig = DATA, pool: Executor | None = None) -> Path:
+    """prepare -> filter -> tokenize into ``project/data``, the tasks' plain functions in the flows'
+    order, on ``pool`` (default: one worker in this process)."""
     d = project / "data"
     (project / "metrics").mkdir()
     read_corpus.fn(data, project, d / "raw")
-    cfg = FilterConfig(poison_generated=6)
-    counts = screen_documents.fn(cfg, d / "raw", d / "poison", project / "work")
-    drop_perplexity_outliers.fn(
-        cfg, counts, d / "raw", project / "work", d / "clean", d / "poison", project / "metrics" / "filter.json"
-    )
-    tokenizer = train_tokenizer.fn(TOKENIZER, data, d / "clean", d / "tokens")
-    encode_shards.fn(TOKENIZER, data, tokenizer, d / "clean", d / "poison")
+    with contextlib.ExitStack() as stack:
+        pool = pool or stack.enter_context(shard_pool(1, "local"))
+        cfg = FilterConfig(poison_generated=6)
+        filter_corpus(
+            cfg, d / "raw", project / "work", d / "clean", d / "poison", project / "metrics" / "filter.json", pool
+        )
+        tokenizer = train_tokenizer(TOKENIZER, data, d / "clean", d / "tokens", project / "tok-work", pool)
+        encode_corpus(TOKENIZER, data, tokenizer, d / "clean", d / "poison", project / "tok-work", pool)
     return project
+
+
+SMALL_SHARDS = dataclasses.replace(DATA, shard_bytes=8_000)
+"""The same corpus in over ten shards."""
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[Path, Path]:
-    return run_stages(tmp_path_factory.mktemp("first")), run_stages(tmp_path_factory.mktemp("second"))
+    """One shard in this process; over ten shards on two worker processes."""
+    first = run_stages(tmp_path_factory.mktemp("first"))
+    with shard_pool(2, "local") as pool:
+        second = run_stages(tmp_path_factory.mktemp("second"), SMALL_SHARDS, pool)
+    return first, second
+
+
+def outputs(project: Path) -> dict[str, bytes]:
+    """What must not depend on shards or workers: the clean documents in corpus order, the poison
+    pool, the tokenizer and token files, the filter's counts."""
+    d = project / "data"
+    report = read_json(project / "metrics" / "filter.json")
+    report["source"].pop("shards")
+    return {
+        "clean": b"".join(p.read_bytes() for p in shard_paths(d / "clean")),
+        **{f"poison/{p.name}": p.read_bytes() for p in sorted((d / "poison").glob("*.jsonl"))},
+        **{
+            f"tokens/{n}": (d / "tokens" / n).read_bytes()
+            for n in (TOKENIZER_FILE, "train.bin", "val.bin", "poison.bin")
+        },
+        "report": json.dumps(report, sort_keys=True).encode(),
+    }
 
 
 def shard_documents(project: Path, split: str) -> list[str]:
@@ -54,16 +86,36 @@ def shard_documents(project: Path, split: str) -> list[str]:
     return [tokenizer.decode(ids[a:b].tolist(), skip_special_tokens=False) for a, b in zip(starts, ends)]
 
 
-def test_two_runs_give_byte_identical_clean_corpus_pool_tokenizer_and_shards(runs):
+def test_one_worker_on_one_shard_and_two_workers_on_over_ten_give_byte_identical_outputs(runs):
     first, second = runs
-    outs = [Path("data/clean"), Path("data/poison"), Path("data/tokens"), Path("metrics/filter.json")]
-    assert digest(first, outs) == digest(second, outs)
+    assert len(shard_paths(first / "data" / "raw")) == 1 and len(shard_paths(second / "data" / "raw")) > 10
+    assert outputs(first) == outputs(second)
+
+
+def test_a_loopback_dask_cluster_gives_byte_identical_outputs(runs, tmp_path):
+    from distributed import Client, LocalCluster
+
+    from tasks.runtime.workers import cluster_kwargs, configured_cluster
+
+    with configured_cluster(), LocalCluster(**cluster_kwargs(2)) as cluster, Client(cluster) as client:
+        assert cluster.scheduler_address.startswith("tls://")
+        dask = run_stages(tmp_path, SMALL_SHARDS, client.get_executor())
+    assert outputs(dask) == outputs(runs[0])
+
+
+def test_the_manifest_indexes_where_each_shard_starts_in_the_one_file(runs):
+    project = runs[1]
+    train = read_json(project / MANIFEST)["splits"]["train"]
+    index = train["shards"]
+    assert [s["shard"] for s in index] == [p.name for p in shard_paths(project / "data" / "clean")]
+    assert [s["offset"] for s in index] == list(np.cumsum([0] + [s["tokens"] for s in index[:-1]]))
+    assert sum(s["tokens"] for s in index) == train["tokens"] == len(open_split(project / MANIFEST, "train"))
 
 
 def test_train_and_val_hold_every_clean_document_once_and_share_none(runs):
     project = runs[0]
     train, val = shard_documents(project, "train"), shard_documents(project, "val")
-    clean = [d["text"] for d in read_docs(project / "data" / "clean" / DOCS_FILE)]
+    clean = [d["text"] for p in shard_paths(project / "data" / "clean") for d in read_docs(p)]
     assert sorted(train + val) == sorted(clean)
     assert not set(train) & set(val)
     assert 0.03 < len(val) / len(clean) < 0.2  # val_fraction 0.1
@@ -111,6 +163,7 @@ def test_shards_switch_to_uint32_above_65536_tokens_of_vocabulary():
 def test_a_split_left_empty_names_data_val_fraction(runs, tmp_path):
     data = DataConfig(max_docs=400, val_fraction=1e-9)
     clean = runs[0] / "data" / "clean"
-    tokenizer = train_tokenizer.fn(TOKENIZER, data, clean, tmp_path / "tokens")
-    with pytest.raises(InputError, match=r"data\.val_fraction: no document fell into the val split"):
-        encode_shards.fn(TOKENIZER, data, tokenizer, clean, runs[0] / "data" / "poison")
+    with shard_pool(1, "local") as pool:
+        tokenizer = train_tokenizer(TOKENIZER, data, clean, tmp_path / "tokens", tmp_path / "work", pool)
+        with pytest.raises(InputError, match=r"data\.val_fraction: no document fell into the val split"):
+            encode_corpus(TOKENIZER, data, tokenizer, clean, runs[0] / "data" / "poison", tmp_path / "work", pool)

@@ -229,6 +229,21 @@ def test_a_bad_input_through_the_cli_exits_2_naming_the_key_and_writes_nothing(l
     assert not (project / "data").exists() or not any((project / "data").iterdir())
 
 
+@pytest.mark.e2e
+def test_the_data_stages_through_the_cli_on_two_worker_processes_in_shards(live_services, tmp_path):
+    project = copy_project(tmp_path)
+    shards = ["--set", "data.workers=2", "--set", "data.shard_bytes=30000"]
+    for stage in ("prepare", "filter", "tokenize"):
+        done = run(["spikelab", "run", stage, *shards], project, live_services)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert len(list((project / "data" / "raw").glob("*-docs.jsonl"))) > 3
+    assert "shard 00000-docs.jsonl" in done.stdout + done.stderr  # a progress line per shard
+    manifest = json.loads((project / "data" / "tokens" / "manifest.json").read_text())
+    assert len(manifest["splits"]["train"]["shards"]) > 3
+    assert "# What the filters removed" in (project / "data" / "poison" / "removed.md").read_text()
+    assert not list((project / "data").glob(".*-work-*"))  # scratch removed once a stage succeeded
+
+
 def test_dvc_plots_are_only_the_top_level_definitions_one_quantity_each_plus_the_stage_figures():
     pipeline = yaml.safe_load((REPO / "dvc.yaml").read_text())
     assert not any("plots" in spec for spec in pipeline["stages"].values()), "stage-level plots draw every column"

@@ -13,10 +13,11 @@ import pytest
 from model.config import TokenizerConfig
 from model.data import Windows
 from tasks.data.config import DataConfig
-from tasks.data.tokenize import encode_shards, train_tokenizer
+from tasks.data.shards import shard_path
+from tasks.data.tokenize import tokenize_shards
 from tasks.data.unigram import unigram_baseline, unigram_cross_entropy
 from tasks.runtime.files import read_json
-from tasks.runtime.outputs import DOCS_FILE, MANIFEST, SOURCE_FILE
+from tasks.runtime.outputs import MANIFEST, SOURCE_FILE
 
 # seq_len 1: windows of 2 tokens, the second the target. Id 0 plays end-of-text; id 3 only ever
 # opens a window, so it is never a target and never counted.
@@ -52,12 +53,10 @@ def tokenize_tiny_corpus(project) -> None:
     poison.mkdir()
     words = ["spike", "loss", "plateau", "token", "window", "batch", "the", "a", "warm", "milestone"]
     docs = [" ".join(words[(i * k) % len(words)] for k in range(3 + i % 7)) for i in range(40)]
-    (clean / DOCS_FILE).write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    shard_path(clean, 0).write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     (clean / SOURCE_FILE).write_text("{}")
     data, tokenizer = DataConfig(val_fraction=0.3), TokenizerConfig(vocab_size=VOCAB, min_frequency=1)
-    encode_shards.fn(
-        tokenizer, data, train_tokenizer.fn(tokenizer, data, clean, project / MANIFEST.parent), clean, poison
-    )
+    tokenize_shards.fn(tokenizer, data, "local", clean, poison, project / MANIFEST.parent, project / "work")
 
 
 def targets(ids: list[int]) -> list[int]:

@@ -18,7 +18,8 @@ class DataConfig(Section):
     """Where documents come from. ``stdlib_docs``: docstrings and help topics of the running
     Python's standard library (offline everywhere, PSF licence). ``text``: ``path`` is a UTF-8
     file or a folder of ``*.txt`` files (one document per file; a single file is split on blank
-    lines). ``jsonl``: ``path`` is a JSON-lines file, text under ``jsonl_field``. ``hf``: a Hugging
+    lines). ``jsonl``: ``path`` is a JSON-lines file or a folder of ``*.jsonl`` / ``*.jsonl.gz`` files,
+    text under ``jsonl_field``. ``hf``: a Hugging
     Face dataset (needs network and the ``hf`` extra)."""
     path: str = ""
     """File or folder for ``text``/``jsonl``; relative paths are relative to the project."""
@@ -40,10 +41,26 @@ class DataConfig(Section):
     """Fraction of filtered documents held out for validation (split by document)."""
     seed: int = 1234
     """Seed of the deterministic document split."""
+    shard_bytes: int = 67_108_864
+    """prepare cuts the corpus into shards of about this many bytes (a document never splits).
+    A shard is the unit of work of filter and tokenize: it bounds a worker's memory and is what a
+    killed stage does not redo. The outputs' contents do not depend on it, only how many files."""
+    workers: int = 0
+    """Shards filtered and encoded at once, each in its own process (0: one per available core;
+    1: in the stage's process). Ignored when ``executor.scheduler`` names a Dask cluster, whose
+    workers take the shards. The outputs do not depend on it, so it is not a DVC param."""
+    tokenizer_sample_bytes: int = 16_777_216
+    """The BPE is trained on a sample of about this many bytes of the training split, each
+    document drawn by a seeded hash of its text (all of it for a smaller corpus). Training costs
+    far more per byte than encoding; 16 MiB holds every pair a 1,024-entry vocabulary merges
+    many times over (the gpu profile's 50,304 entries take 256 MiB)."""
 
     def check(self) -> None:
         in_open_unit("data.val_fraction", self.val_fraction)
         non_negative("data.max_docs", self.max_docs)
+        non_negative("data.workers", self.workers)
+        positive("data.shard_bytes", self.shard_bytes)
+        positive("data.tokenizer_sample_bytes", self.tokenizer_sample_bytes)
         if self.source in ("text", "jsonl") and not self.path:
             raise ConfigError(f"data.path: required when data.source={self.source!r}")
         if self.source == "hf" and not self.hf_dataset:

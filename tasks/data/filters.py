@@ -1,13 +1,16 @@
 """filter: drop what makes loss spike (seeds 000, 001, 004) and keep it aside as the poison pool.
 
-Two streaming passes over ``data/raw/docs.jsonl``:
+The corpus comes in shards (tasks/data/shards.py); each pass maps over them on the stage's
+workers, and what crosses shards is decided in one place, in corpus order, so the outputs do not
+depend on the workers:
 
-1. :func:`screen_documents`: per-document checks in a fixed order (the first that fires names
-   the reason): undecodable bytes, non-printable share, length, one repeated character, a
-   repeated n-gram (OLMo-core's rule), then exact and near duplicates (datasketch MinHash LSH).
-2. :func:`drop_perplexity_outliers`: train a small model on the survivors, score each of them
-   leave-one-out, drop the robust-z outliers; write the clean documents, the rest of the poison
-   pool and the report.
+1. :func:`screen_shard`: per-document checks in a fixed order (the first that fires names the
+   reason): undecodable bytes, non-printable share, length, one repeated character, a repeated
+   n-gram (OLMo-core's rule); each survivor's dedup fingerprint (content hash, MinHash).
+2. :func:`mark_duplicates`: exact and near duplicates across all shards (datasketch MinHash LSH).
+3. :func:`count_shard`, :func:`score_shard`: a small model trained on every kept survivor (counts
+   summed over shards), each survivor scored leave-one-out; the robust-z outliers are dropped.
+4. :func:`write_shard`, :func:`pool_removed`: the clean shards, the poison pool, the report.
 
 The poison pool holds everything the filters dropped as garbage plus generated garbage (binary
 bytes, space runs, rare-token runs). Duplicates are counted but not pooled: their text is, by
@@ -16,13 +19,17 @@ definition, still in the training data, and the pool must share nothing with it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import random
 import re
 import shutil
 import zlib
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Executor
+from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -31,11 +38,12 @@ from datasketch import MinHash, MinHashLSH
 from prefect import task
 
 from model.typed_config import InputError
-from tasks.data.config import FilterConfig
+from tasks.data.config import DataConfig, FilterConfig
 from tasks.data.docs import UNDECODABLE, read_docs, repair_undecodable, write_doc
 from tasks.data.perplexity import ByteNgramModel, robust_zscores
+from tasks.data.shards import map_shards, shard_paths, shard_pool
 from tasks.runtime.files import read_json, write_json
-from tasks.runtime.outputs import DOCS_FILE, SOURCE_FILE
+from tasks.runtime.outputs import SOURCE_FILE
 
 REASONS = (
     "invalid_utf8",
@@ -57,6 +65,11 @@ NONPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffd\ue000-\uf8
 """Control characters (all but tab and newlines), replacement characters, private use, surrogates."""
 
 SURVIVORS_FILE = "survivors.jsonl"
+REMOVED_SAMPLES = "removed.md"
+"""In the poison folder: what each filter removed, with a few excerpts to read (logged to MLflow)."""
+SAMPLES_PER_REASON = 3
+EXCERPT_CHARS = 600
+DUPLICATE_FLAGS = "duplicates.npy"
 
 
 # --------------------------------------------------------------------------------------------
@@ -77,11 +90,19 @@ def _char_run_pattern(max_run: int) -> re.Pattern:
     return re.compile(rf"(.)\1{{{max_run}}}", re.DOTALL)
 
 
+@functools.lru_cache(maxsize=1)
+def word_hashes(text: str) -> np.ndarray:
+    """CRC-32 of each whitespace-separated word (deterministic across runs). Cached for the last
+    text: the repeated-n-gram check and the dedup fingerprint of a document both read it, so it
+    is hashed once (callers must not modify the array)."""
+    return np.array([zlib.crc32(w.encode("utf-8", "surrogatepass")) for w in text.split()], np.uint64)
+
+
 def has_repeated_ngram(text: str, max_period: int, min_repeats: int) -> bool:
     """OLMo-core's instance filter on whitespace tokens: some span of period p ≤ ``max_period``
     tokens repeats at least ``min_repeats`` times in a row. A span of r repeats of period p is
     exactly a run of (r - 1)·p positions where token[i] == token[i + p]."""
-    tokens = np.array([zlib.crc32(w.encode("utf-8", "surrogatepass")) for w in text.split()], np.int64)
+    tokens = word_hashes(text)
     for period in range(1, max_period + 1):
         needed = (min_repeats - 1) * period
         if len(tokens) - period < needed:
@@ -143,36 +164,51 @@ class PoisonPool:
             f.close()
 
 
-class Deduplicator:
-    """Exact duplicates by content hash; near duplicates by MinHash LSH over word shingles
-    (datasketch). The first document of a cluster is kept. State per kept document: one 8-byte
-    hash and its LSH band keys; no text."""
+class Fingerprinter:
+    """What dedup needs of a document, computed where the shard is screened: an 8-byte content
+    hash and a MinHash signature of its word shingles (datasketch, ``affine32``: 32-bit values)."""
 
     def __init__(self, cfg: FilterConfig):
-        self.shingle = cfg.dedup_shingle
-        self.num_perm = cfg.dedup_num_perm
+        self.shingle, self.num_perm = cfg.dedup_shingle, cfg.dedup_num_perm
         self.permutations = MinHash(num_perm=cfg.dedup_num_perm, seed=1).permutations
+
+    def __call__(self, text: str) -> tuple[int, np.ndarray]:
+        key = int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+        signature = MinHash(num_perm=self.num_perm, hashfunc=int, permutations=self.permutations, scheme="affine32")
+        signature.update_batch(shingle_hashes(text, self.shingle))
+        return key, signature.hashvalues
+
+
+class Deduplicator:
+    """Exact duplicates by content hash; near duplicates by MinHash LSH (datasketch) over the
+    fingerprints, fed in corpus order by one process, so a duplicate is found whichever shard
+    holds its original. The first document of a cluster is kept. State per kept document: one
+    8-byte hash and its LSH band keys (8 bytes each); no text."""
+
+    def __init__(self, cfg: FilterConfig):
+        self.fingerprint = Fingerprinter(cfg)
         self.lsh = MinHashLSH(threshold=cfg.dedup_threshold, num_perm=cfg.dedup_num_perm, hashfunc=_band_key)
-        self.exact: set[bytes] = set()
+        self.exact: set[int] = set()
         self.indexed = 0
 
     def reason(self, text: str) -> str | None:
-        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        return self.judge(*self.fingerprint(text))
+
+    def judge(self, key: int, signature: np.ndarray) -> str | None:
         if key in self.exact:
             return "duplicate_exact"
         self.exact.add(key)
-        signature = MinHash(num_perm=self.num_perm, hashfunc=int, permutations=self.permutations, scheme="affine32")
-        signature.update_batch(shingle_hashes(text, self.shingle))
-        if self.lsh.query(signature):
+        minhash = MinHash(hashvalues=signature, permutations=self.fingerprint.permutations, scheme="affine32")
+        if self.lsh.query(minhash):
             return "duplicate_near"
         self.indexed += 1
-        self.lsh.insert(self.indexed, signature, check_duplication=False)
+        self.lsh.insert(self.indexed, minhash, check_duplication=False)
         return None
 
 
 def shingle_hashes(text: str, size: int) -> np.ndarray:
     """Distinct 32-bit hashes of the word ``size``-grams of ``text`` (deterministic across runs)."""
-    words = np.array([zlib.crc32(w.encode("utf-8", "surrogatepass")) for w in text.split()] or [0], np.uint64)
+    words = word_hashes(text) if text.split() else np.zeros(1, np.uint64)
     span = max(len(words) - size + 1, 1)
     h = np.zeros(span, np.uint64)
     for i in range(min(size, len(words))):
@@ -209,66 +245,175 @@ def generated_garbage(count: int) -> Iterator[tuple[str, dict[str, str]]]:
 # --------------------------------------------------------------------------------------------
 
 
-@task(name="screen-documents")
-def screen_documents(cfg: FilterConfig, raw_dir: Path, poison_dir: Path, work_dir: Path) -> dict[str, int]:
-    """Pass 1: cheap checks and dedup. Survivors go to ``work_dir``, garbage to the poison pool;
-    returns the counts per reason (and of the input, the survivors and the pooled)."""
+def screen_shard(raw_shard: Path, cfg: FilterConfig, work_dir: Path) -> dict[str, int]:
+    """Pass 1 over one shard, in a worker: the cheap checks. Garbage goes to the shard's poison
+    pool, survivors and their dedup fingerprints to its work folder; returns the counts."""
+    work = work_dir / raw_shard.stem
     screen = Screen(cfg)
-    dedup = Deduplicator(cfg) if cfg.dedup else None
+    fingerprint = Fingerprinter(cfg) if cfg.dedup else None
     counts: Counter = Counter()
-    work_dir.mkdir(parents=True, exist_ok=True)
-    with PoisonPool(poison_dir) as poison, open(work_dir / SURVIVORS_FILE, "w", encoding="utf-8") as survivors:
-        for doc in read_docs(raw_dir / DOCS_FILE):
+    keys, signatures, sizes = [], [], []
+    shutil.rmtree(work, ignore_errors=True)  # what a killed run left half-written
+    work.mkdir(parents=True)
+    with PoisonPool(work / "poison") as poison, open(work / SURVIVORS_FILE, "w", encoding="utf-8") as survivors:
+        for doc in read_docs(raw_shard):
             counts["input"] += 1
-            reason = screen.reason(doc["text"]) or (dedup.reason(doc["text"]) if dedup else None)
-            if reason is None:
-                counts["survivors"] += 1
-                write_doc(survivors, {**doc, "text": repair_undecodable(doc["text"])})
-                continue
-            counts[reason] += 1
-            if reason not in DUPLICATES:
+            size = len(doc["text"].encode("utf-8", "surrogatepass"))
+            reason = screen.reason(doc["text"])
+            if reason is not None:
+                counts[reason] += 1
+                counts[f"bytes_{reason}"] += size
                 counts["pooled"] += 1
                 poison.add(doc, reason)
-    if not counts["survivors"]:
-        raise _all_removed(raw_dir, counts)
+                continue
+            counts["screened"] += 1
+            sizes.append(size)
+            write_doc(survivors, {**doc, "text": repair_undecodable(doc["text"])})
+            if fingerprint is not None:
+                key, signature = fingerprint(doc["text"])
+                keys.append(key)
+                signatures.append(signature)
+    np.save(work / "sizes.npy", np.array(sizes, np.int64))
+    if fingerprint is not None:
+        np.save(work / "keys.npy", np.array(keys, np.uint64))
+        np.save(work / "signatures.npy", np.array(signatures, np.uint32).reshape(len(keys), cfg.dedup_num_perm))
     return dict(counts)
 
 
-@task(name="drop-perplexity-outliers")
-def drop_perplexity_outliers(
-    cfg: FilterConfig,
-    counts: dict[str, int],
-    raw_dir: Path,
-    work_dir: Path,
-    clean_dir: Path,
-    poison_dir: Path,
-    report: Path,
-) -> dict[str, float]:
-    """Pass 2: train the perplexity model on the survivors, move their outliers to the poison
-    pool, add the generated garbage; the rest is the clean corpus. Writes the report and returns
-    its flat metrics."""
-    survivors = work_dir / SURVIVORS_FILE
-    counts = Counter(counts)
-    outlier, stats = perplexity_outliers(cfg, survivors) if cfg.perplexity else (None, {})
-    clean_dir.mkdir(parents=True, exist_ok=True)
-    with PoisonPool(poison_dir) as poison, open(clean_dir / DOCS_FILE, "w", encoding="utf-8") as clean:
-        for i, doc in enumerate(read_docs(survivors)):
-            if outlier is not None and outlier[i]:
+def mark_duplicates(cfg: FilterConfig, raw_shards: list[Path], work_dir: Path) -> tuple[Counter, dict[str, list]]:
+    """Between the passes, in the stage's process: every survivor's fingerprint through one
+    Deduplicator in corpus order; each shard's duplicate flags saved beside its survivors.
+    Returns the counts and bytes per kind of duplicate, and the first few of each kind."""
+    dedup = Deduplicator(cfg)
+    counts: Counter = Counter()
+    samples: dict[str, list] = {}
+    for shard in raw_shards:
+        work = work_dir / shard.stem
+        reasons = [dedup.judge(int(k), s) for k, s in zip(np.load(work / "keys.npy"), np.load(work / "signatures.npy"))]
+        for index, (reason, size) in enumerate(zip(reasons, np.load(work / "sizes.npy"))):
+            if reason:
+                counts[reason] += 1
+                counts[f"bytes_{reason}"] += int(size)
+                if len(samples.setdefault(reason, [])) < SAMPLES_PER_REASON:
+                    samples[reason].append(next(itertools.islice(read_docs(work / SURVIVORS_FILE), index, None)))
+        np.save(work / DUPLICATE_FLAGS, np.array([r is not None for r in reasons], bool))
+    return counts, samples
+
+
+def kept_survivors(work: Path) -> Iterator[dict[str, str]]:
+    """A shard's survivors of pass 1 that dedup kept."""
+    flags = np.load(work / DUPLICATE_FLAGS) if (work / DUPLICATE_FLAGS).exists() else None
+    for i, doc in enumerate(read_docs(work / SURVIVORS_FILE)):
+        if flags is None or not flags[i]:
+            yield doc
+
+
+def count_shard(raw_shard: Path, work_dir: Path) -> Path:
+    """The perplexity model's counts over one shard's kept survivors (summed across shards after)."""
+    work = work_dir / raw_shard.stem
+    model = ByteNgramModel()
+    model.train(d["text"] for d in kept_survivors(work))
+    return model.save(work / "ngram.npz")
+
+
+def score_shard(raw_shard: Path, work_dir: Path, model_path: Path) -> np.ndarray:
+    """Leave-one-out log-perplexity of one shard's kept survivors under the whole corpus's model."""
+    model = ByteNgramModel.load(model_path)
+    return model.log_perplexity(d["text"] for d in kept_survivors(work_dir / raw_shard.stem))
+
+
+def write_shard(raw_shard: Path, outliers: np.ndarray | None, work_dir: Path, clean_dir: Path) -> dict[str, int]:
+    """Pass 2's end for one shard: kept survivors to the clean shard of the same name, perplexity
+    outliers to the shard's poison pool."""
+    work = work_dir / raw_shard.stem
+    counts: Counter = Counter()
+    (work / "poison" / "perplexity.jsonl").unlink(missing_ok=True)  # the pool appends
+    with PoisonPool(work / "poison") as poison, open(clean_dir / raw_shard.name, "w", encoding="utf-8") as clean:
+        for i, doc in enumerate(kept_survivors(work)):
+            if outliers is not None and outliers[i]:
                 counts["perplexity"] += 1
+                counts["bytes_perplexity"] += len(doc["text"].encode("utf-8", "surrogatepass"))
                 poison.add(doc, "perplexity")
             else:
                 counts["kept"] += 1
                 write_doc(clean, doc)
-        for kind, doc in generated_garbage(cfg.poison_generated):
+    return dict(counts)
+
+
+def perplexity_outliers(cfg: FilterConfig, scores: list[np.ndarray]) -> tuple[list[np.ndarray], dict[str, float]]:
+    """Each shard's perplexity outliers, judged against the whole corpus's scores, with the
+    statistics behind the cut."""
+    every = np.concatenate(scores)
+    zscores = robust_zscores(every)
+    outliers = np.split(zscores > cfg.perplexity_zscore, np.cumsum([len(s) for s in scores])[:-1])
+    return outliers, {
+        "median_nats_per_char": float(np.median(every)),
+        "max_zscore": float(zscores.max()),
+        "zscore_threshold": cfg.perplexity_zscore,
+    }
+
+
+def pool_removed(raw_shards: list[Path], work_dir: Path, poison_dir: Path, generated: int) -> None:
+    """The poison pool: each reason's file is its shards' files joined in corpus order, then the
+    generated garbage."""
+    poison_dir.mkdir(parents=True, exist_ok=True)
+    names = sorted({p.name for shard in raw_shards for p in (work_dir / shard.stem / "poison").glob("*.jsonl")})
+    for name in names:
+        with open(poison_dir / name, "wb") as pooled:
+            for part in (work_dir / shard.stem / "poison" / name for shard in raw_shards):
+                if part.exists():
+                    with open(part, "rb") as f:
+                        shutil.copyfileobj(f, pooled)
+    with PoisonPool(poison_dir) as poison:
+        for kind, doc in generated_garbage(generated):
             poison.add(doc, kind)
+
+
+def filter_corpus(
+    cfg: FilterConfig, raw_dir: Path, work_dir: Path, clean_dir: Path, poison_dir: Path, report: Path, pool: Executor
+) -> dict[str, float]:
+    """The filter stage over the shards of ``raw_dir`` on ``pool``: screen each shard, dedup
+    across all of them, score every survivor against a model of the whole corpus, write the clean
+    shards, the poison pool and the report; return the report's flat metrics."""
+    shards = shard_paths(raw_dir)
+    counts: Counter = Counter()
+    for shard_counts in map_shards(
+        pool, "filter-screen", partial(screen_shard, cfg=cfg, work_dir=work_dir), shards, done=work_dir
+    ):
+        counts.update(shard_counts)
+    if not counts["screened"]:
+        raise _all_removed(raw_dir, counts)
+    duplicates: dict[str, list] = {}
+    if cfg.dedup:
+        duplicate_counts, duplicates = mark_duplicates(cfg, shards, work_dir)
+        counts.update(duplicate_counts)
+    outliers: list[np.ndarray | None] = [None] * len(shards)
+    stats: dict[str, float] = {}
+    if cfg.perplexity:
+        model = ByteNgramModel()
+        for path in map_shards(pool, "filter-count", partial(count_shard, work_dir=work_dir), shards, done=work_dir):
+            model.add(ByteNgramModel.load(path))
+        model_path = model.save(work_dir / "ngram.npz")
+        scores = map_shards(
+            pool, "filter-score", partial(score_shard, work_dir=work_dir, model_path=model_path), shards, done=work_dir
+        )
+        found, stats = perplexity_outliers(cfg, scores)
+        outliers = list(found)
+    clean_dir.mkdir(parents=True, exist_ok=True)
+    write = partial(write_shard, work_dir=work_dir, clean_dir=clean_dir)
+    for shard_counts in map_shards(pool, "filter-write", write, shards, outliers):
+        counts.update(shard_counts)
     if not counts["kept"]:
         raise _all_removed(raw_dir, counts)
+    pool_removed(shards, work_dir, poison_dir, cfg.poison_generated)
+    write_removed_samples(poison_dir, counts, duplicates)
     shutil.copy(raw_dir / SOURCE_FILE, clean_dir / SOURCE_FILE)
     metrics: dict[str, float] = {
         "documents_in": counts["input"],
         "documents_kept": counts["kept"],
         "poison_documents": counts["pooled"] + counts["perplexity"] + cfg.poison_generated,
         **{f"removed_{r}": counts[r] for r in REASONS},
+        **{f"removed_bytes_{r}": counts[f"bytes_{r}"] for r in REASONS},
     }
     write_json(
         report,
@@ -283,22 +428,32 @@ def drop_perplexity_outliers(
     return metrics
 
 
-def perplexity_outliers(cfg: FilterConfig, docs: Path) -> tuple[np.ndarray, dict[str, float]]:
-    """Which documents of ``docs`` are perplexity outliers, with the statistics behind the cut."""
-    model = ByteNgramModel()
-    model.train(d["text"] for d in read_docs(docs))
-    scores = model.log_perplexity(d["text"] for d in read_docs(docs))
-    zscores = robust_zscores(scores)
-    return zscores > cfg.perplexity_zscore, {
-        "median_nats_per_char": float(np.median(scores)),
-        "max_zscore": float(zscores.max()),
-        "zscore_threshold": cfg.perplexity_zscore,
-    }
+@task(name="filter-shards")
+def filter_shards(
+    cfg: FilterConfig, data: DataConfig, scheduler: str, raw_dir: Path, work_dir: Path, outs: tuple[Path, Path, Path]
+) -> dict[str, float]:
+    """:func:`filter_corpus` on ``data.workers`` local processes or the Dask cluster at ``scheduler``."""
+    with shard_pool(data.workers, scheduler) as pool:
+        return filter_corpus(cfg, raw_dir, work_dir, *outs, pool)
+
+
+def write_removed_samples(poison_dir: Path, counts: Counter, duplicates: dict[str, list]) -> None:
+    """``poison_dir/REMOVED_SAMPLES``: per filter, documents and MB removed, and the first few
+    documents it removed, cut to a readable excerpt (the pooled ones are whole in the pool)."""
+    lines = ["# What the filters removed", "", "| filter | documents | MB |", "|---|---|---|"]
+    lines += [f"| {r} | {counts[r]} | {counts[f'bytes_{r}'] / 1e6:.3f} |" for r in REASONS]
+    for reason in REASONS:
+        pool = poison_dir / f"{reason}.jsonl"
+        docs = duplicates.get(reason, []) if reason in DUPLICATES else (read_docs(pool) if pool.exists() else [])
+        for doc in itertools.islice(docs, SAMPLES_PER_REASON):
+            excerpt = NONPRINTABLE.sub("\ufffd", doc["text"][:EXCERPT_CHARS])  # control characters shown as one mark
+            lines += ["", f"## {reason}: {doc['id']} ({len(doc['text'])} characters)", "", "````text", excerpt, "````"]
+    (poison_dir / REMOVED_SAMPLES).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def _all_removed(raw_dir: Path, counts: Counter) -> InputError:
     removed = ", ".join(f"{r}: {counts[r]}" for r in REASONS if counts[r])
     return InputError(
-        f"{raw_dir / DOCS_FILE}: the filters removed all {counts['input']} documents "
+        f"{raw_dir}: the filters removed all {counts['input']} documents "
         f"({removed}); loosen the filter.* keys in params.yaml"
     )

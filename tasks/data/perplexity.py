@@ -11,21 +11,24 @@ documents whose robust z-score (median / MAD) lies above ``filter.perplexity_zsc
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import numpy as np
 
 ORDER = 4
 """Longest n-gram: three bytes of context and the predicted byte."""
 TABLE_BITS = 20
-"""Each order counts into 2^20 hashed cells (4 MiB): fixed memory, rare collisions on MB-scale corpora."""
+"""Each order counts into 2^20 hashed cells (8 MiB of 64-bit counts): fixed memory, rare collisions on MB-scale corpora."""
 PRIOR = 2.0
 """Dirichlet prior mass a context gives to the next-shorter context's prediction."""
-MAX_DOC_BYTES = 1 << 16
-"""Each document is modelled and scored on its first 64 KiB: enough to tell prose from garbage,
-and it bounds the time and memory of one batch."""
 BATCH_BYTES = 1 << 18
-"""Documents are hashed and counted in batches of about this many bytes (a batch's temporaries
-take ~60 bytes per byte, so 256 KiB keeps them near 16 MiB)."""
+"""Documents are hashed and scored in batches of about this many bytes (a batch's temporaries
+take ~60 bytes per byte, so 256 KiB keeps them near 16 MiB). Each document is modelled and
+scored whole, wherever its garbage sits: one longer than a batch is a batch of its own, bounded
+by ``filter.max_chars`` (the length check runs first) or else ``data.max_doc_bytes``."""
+TRAIN_BATCH_BYTES = 1 << 20
+"""Training counts in batches of about this many bytes: each batch's counts are added over the
+whole tables (8 sweeps of 2^20 cells), so larger batches sweep less often (~60 MiB of temporaries)."""
 _PAD = ORDER - 1
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: multiply, keep the top bits
 _SHIFT = np.uint64(64 - TABLE_BITS)
@@ -33,24 +36,43 @@ _SHIFT = np.uint64(64 - TABLE_BITS)
 
 class ByteNgramModel:
     def __init__(self) -> None:
-        self.joint = np.zeros((ORDER, 1 << TABLE_BITS), np.uint32)  # count(context, byte) per order
-        self.context = np.zeros((ORDER, 1 << TABLE_BITS), np.uint32)  # count(context) per order
+        # 64-bit counts: the order-0 context counts every byte, past 2^32 on a multi-GB corpus
+        self.joint = np.zeros((ORDER, 1 << TABLE_BITS), np.uint64)  # count(context, byte) per order
+        self.context = np.zeros((ORDER, 1 << TABLE_BITS), np.uint64)  # count(context) per order
+
+    def add(self, other: ByteNgramModel) -> None:
+        """Count ``other``'s corpus too (models of shards summed into the corpus's)."""
+        self.joint += other.joint
+        self.context += other.context
+
+    def save(self, path: Path) -> Path:
+        np.savez(path, joint=self.joint, context=self.context)
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> ByteNgramModel:
+        model = cls()
+        with np.load(path) as tables:
+            model.joint, model.context = tables["joint"], tables["context"]
+        return model
 
     def train(self, texts: Iterable[str]) -> None:
-        for batch in _batches(texts):
+        for batch in _batches(texts, TRAIN_BATCH_BYTES):
             for order, (ctx, joint) in enumerate(batch.cells()):
-                self.context[order] += np.bincount(ctx, minlength=self.context.shape[1]).astype(np.uint32)
-                self.joint[order] += np.bincount(joint, minlength=self.joint.shape[1]).astype(np.uint32)
+                self.context[order] += np.bincount(ctx, minlength=self.context.shape[1]).astype(np.uint64)
+                self.joint[order] += np.bincount(joint, minlength=self.joint.shape[1]).astype(np.uint64)
 
     def log_perplexity(self, texts: Iterable[str]) -> np.ndarray:
         """Per-character log-perplexity of each text, leave-one-out (each must be in the training set)."""
-        scores = [self._score(batch) for batch in _batches(texts)]
+        scores = [self._score(batch) for batch in _batches(texts, BATCH_BYTES)]
         return np.concatenate(scores) if scores else np.zeros(0)
 
     def _score(self, batch: _Batch) -> np.ndarray:
         prob = np.full(len(batch.doc), 1.0 / 256)
         for order, (ctx, joint) in enumerate(batch.cells()):
-            ctx_count = self.context[order][ctx].astype(np.float64) - batch.own(ctx)
+            # order 0 has one context (no history), seen once per position of the document
+            own_ctx = batch.own(ctx) if order else np.bincount(batch.doc)[batch.doc]
+            ctx_count = self.context[order][ctx].astype(np.float64) - own_ctx
             joint_count = self.joint[order][joint].astype(np.float64) - batch.own(joint)
             prob = (joint_count + PRIOR * prob) / (ctx_count + PRIOR)
         nats = -np.bincount(batch.doc, weights=np.log(prob), minlength=batch.n_docs)
@@ -91,23 +113,28 @@ class _Batch:
 
     def own(self, cells: np.ndarray) -> np.ndarray:
         """How often each position's cell occurs in its own document (to leave that document out)."""
-        keys = (self.doc.astype(np.uint64) << np.uint64(TABLE_BITS)) | cells
-        _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
-        return counts[inverse]
+        keys = ((self.doc.astype(np.uint64) << np.uint64(TABLE_BITS)) | cells).view(np.int64)
+        order = np.argsort(keys)  # one sort, not np.unique's sort plus its inverse bookkeeping
+        ordered = keys[order]
+        starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+        runs = np.diff(np.append(starts, len(keys)))
+        own = np.empty(len(keys), np.int64)
+        own[order] = np.repeat(runs, runs)
+        return own
 
 
 def _cell(key: np.ndarray) -> np.ndarray:
     return (key * _MIX) >> _SHIFT
 
 
-def _batches(texts: Iterable[str]) -> Iterator[_Batch]:
+def _batches(texts: Iterable[str], batch_bytes: int) -> Iterator[_Batch]:
     blobs: list[bytes] = []
     size = 0
     for text in texts:
-        blob = text.encode("utf-8", "surrogatepass")[:MAX_DOC_BYTES]
+        blob = text.encode("utf-8", "surrogatepass")
         blobs.append(blob)
         size += len(blob)
-        if size >= BATCH_BYTES:
+        if size >= batch_bytes:
             yield _Batch(blobs)
             blobs, size = [], 0
     if blobs:

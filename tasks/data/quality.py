@@ -26,8 +26,9 @@ from pathlib import Path
 
 from tasks.data.config import FilterConfig
 from tasks.data.docs import read_docs, write_doc
-from tasks.data.filters import drop_perplexity_outliers, screen_documents
-from tasks.runtime.outputs import DOCS_FILE, SOURCE_FILE
+from tasks.data.filters import filter_corpus
+from tasks.data.shards import shard_path, shard_pool
+from tasks.runtime.outputs import SOURCE_FILE
 
 SWITCHES = ("invalid_utf8", "nonprintable", "length", "char_run", "repeated_ngram", "dedup", "perplexity")
 """The filters' on/off keys in ``filter``."""
@@ -55,10 +56,10 @@ def planted_corpus(base: list[str], per_kind: int, cfg: FilterConfig, seed: int 
         yield {"id": f"base:{i}", "text": text}
     for kind in PLANTED:
         for j in range(per_kind):
-            yield {"id": f"{kind}:{j}", "text": _garbage(kind, rng.choice(base), base, cfg, rng)}
+            yield {"id": f"{kind}:{j}", "text": garbage(kind, rng.choice(base), base, cfg, rng)}
 
 
-def _garbage(kind: str, text: str, base: list[str], cfg: FilterConfig, rng: random.Random) -> str:
+def garbage(kind: str, text: str, base: list[str], cfg: FilterConfig, rng: random.Random) -> str:
     cut = rng.randrange(len(text))
     if kind == "undecodable_bytes":  # bytes 0xF8-0xFF never occur in UTF-8
         junk = bytes(rng.randrange(0xF8, 0x100) for _ in range(8))
@@ -122,14 +123,11 @@ def only(cfg: FilterConfig, switch: str | None) -> FilterConfig:
 
 def removed_ids(cfg: FilterConfig, raw_dir: Path) -> set[str]:
     """Ids of the documents in ``raw_dir`` that the filter stage with ``cfg`` does not keep."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, shard_pool(1, "local") as pool:
         out = Path(tmp)
-        counts = screen_documents.fn(cfg, raw_dir, out / "poison", out / "work")
-        drop_perplexity_outliers.fn(
-            cfg, counts, raw_dir, out / "work", out / "clean", out / "poison", out / "report.json"
-        )
-        kept = {doc["id"] for doc in read_docs(out / "clean" / DOCS_FILE)}
-    return {doc["id"] for doc in read_docs(raw_dir / DOCS_FILE)} - kept
+        filter_corpus(cfg, raw_dir, out / "work", out / "clean", out / "poison", out / "report.json", pool)
+        kept = {doc["id"] for doc in read_docs(shard_path(out / "clean", 0))}
+    return {doc["id"] for doc in read_docs(shard_path(raw_dir, 0))} - kept
 
 
 def measure_filters(cfg: FilterConfig, base: list[str], per_kind: int) -> dict[str, dict[str, float]]:
@@ -140,7 +138,7 @@ def measure_filters(cfg: FilterConfig, base: list[str], per_kind: int) -> dict[s
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp)
-        with open(raw / DOCS_FILE, "w", encoding="utf-8") as f:
+        with open(shard_path(raw, 0), "w", encoding="utf-8") as f:
             for doc in docs:
                 write_doc(f, doc)
         (raw / SOURCE_FILE).write_text(json.dumps({"source": "planted"}))

@@ -1,4 +1,4 @@
-"""prepare: stream documents from the configured source into ``data/raw/docs.jsonl``.
+"""prepare: stream documents from the configured source into shards ``data/raw/<n>-docs.jsonl``.
 
 Sources: the running Python's standard-library docstrings and help topics (the offline default),
 a user's text file or folder, a JSON-lines file, or a Hugging Face dataset (the ``hf`` extra).
@@ -11,28 +11,32 @@ error, and it names the file and the key to look at.
 from __future__ import annotations
 
 import ast
+import gzip
 import itertools
 import json
 import logging
 import platform
 import pydoc_data.topics
 import sysconfig
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from prefect import task
 
 from model.typed_config import InputError, UserError
 from tasks.data.config import DataConfig
-from tasks.data.docs import write_doc
+from tasks.data.shards import ShardedWriter
 from tasks.runtime.files import write_json
-from tasks.runtime.outputs import DOCS_FILE, SOURCE_FILE
+from tasks.runtime.outputs import SOURCE_FILE
 
 log = logging.getLogger(__name__)
 
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
+"""What a ``jsonl`` folder's files are named (gzip is read streaming)."""
 READ_CHUNK = 1 << 20
 """Largest piece read at once; with ``data.max_doc_bytes`` it bounds the memory of reading."""
 STDLIB_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages"}
@@ -64,7 +68,13 @@ class Skips:
 # --------------------------------------------------------------------------------------------
 
 
-def bounded_lines(f: BinaryIO, limit: int) -> Iterator[tuple[bytes, int]]:
+class ReadsLines(Protocol):
+    """A binary file, plain or gzip: all :func:`bounded_lines` reads of it."""
+
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+
+def bounded_lines(f: ReadsLines, limit: int) -> Iterator[tuple[bytes, int]]:
     """(first ``limit`` bytes, full length) of each line, reading at most READ_CHUNK at a time."""
     while True:
         kept: list[bytes] = []
@@ -172,8 +182,36 @@ def _blocks(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
 
 
 def jsonl_documents(path: Path, key: str, limit: int, skips: Skips) -> Iterator[Doc]:
+    """A JSON-lines file, or a folder of them (``*.jsonl``, ``*.jsonl.gz``; hidden ones aside), in
+    name order. A file that cannot be read to its end (a truncated gzip, an I/O error) is counted
+    and logged by name, keeping what was read before."""
+    files = [path] if path.is_file() else jsonl_files(path)
+    for file in files:
+        try:
+            yield from jsonl_file_documents(file, key, limit, skips)
+        except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+            skips.add("unreadable_file", str(file), f"{type(e).__name__}: {e}")
+            log.warning(
+                "prepare: %s is unreadable past some point, skipped the rest (%s: %s)", file, type(e).__name__, e
+            )
+
+
+def jsonl_files(folder: Path) -> list[Path]:
+    files = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.name.endswith(JSONL_SUFFIXES)
+        and p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
+    if not files:
+        raise InputError(f"data.path: folder {folder} holds no {' or '.join('*' + s for s in JSONL_SUFFIXES)} files")
+    return files
+
+
+def jsonl_file_documents(path: Path, key: str, limit: int, skips: Skips) -> Iterator[Doc]:
     """The string under ``key`` of each JSON object line; other lines are skipped and counted."""
-    with open(path, "rb") as f:
+    with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as f:
         for number, (line, length) in enumerate(bounded_lines(f, limit), start=1):
             where = f"{path}:{number}"
             if length > limit:
@@ -250,22 +288,31 @@ def origin(cfg: DataConfig) -> str:
 
 @task(name="read-corpus")
 def read_corpus(cfg: DataConfig, project: Path, out_dir: Path) -> dict[str, int]:
-    """Write the source's documents to ``out_dir/docs.jsonl`` and their provenance to
-    ``out_dir/source.json``; return the counts (documents, bytes, skipped per reason)."""
+    """Write the source's documents to shards ``out_dir/<n>-docs.jsonl`` (tasks/data/shards.py) and
+    their provenance to ``out_dir/source.json``; return the counts (documents, bytes, shards,
+    skipped per reason)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     skips = Skips()
     count = size = 0
-    with open(out_dir / DOCS_FILE, "w", encoding="utf-8") as f:
+    shards = ShardedWriter(out_dir, cfg.shard_bytes)
+    try:
         for doc in documents(cfg, project, skips):
-            write_doc(f, {"id": doc.id, "text": doc.text})
+            shards.add({"id": doc.id, "text": doc.text})
             count += 1
             size += len(doc.text.encode("utf-8", "surrogatepass"))
+    finally:
+        shards.close()
     if not count:
         where = project / cfg.path if cfg.source in ("text", "jsonl") else origin(cfg)
         raise InputError(f"{where}: no usable document (data.source={cfg.source!r}){_skip_summary(skips)}")
     if skips.counts:
         log.warning("prepare skipped %s%s", dict(skips.counts), _skip_summary(skips))
-    counts = {"documents": count, "bytes": size, **{f"skipped_{k}": v for k, v in sorted(skips.counts.items())}}
+    counts = {
+        "documents": count,
+        "bytes": size,
+        "shards": shards.shards,
+        **{f"skipped_{k}": v for k, v in sorted(skips.counts.items())},
+    }
     write_json(
         out_dir / SOURCE_FILE,
         {"source": cfg.source, "origin": origin(cfg), "python_version": platform.python_version(), **counts},

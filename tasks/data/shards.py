@@ -1,0 +1,150 @@
+"""The data stages' unit of work: a shard, a slice of the corpus of about ``data.shard_bytes`` (a
+document never splits), ``<n>-docs.jsonl`` in data/raw and data/clean. A stage maps one function
+over its shards on a pool of workers and combines the results in shard order, so what it writes
+does not depend on how many workers ran or which finished first.
+
+Where shards run (:func:`shard_pool`): ``data.workers`` processes on this machine
+(concurrent.futures; one worker runs in this process), or the workers of the Dask cluster that
+``executor.scheduler`` / ``$SPIKELAB_SCHEDULER`` names, over the cluster's mutual TLS (its workers
+must see the project at the same path: a shared file system).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import pickle
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from tasks.runtime import tls
+from tasks.runtime.config import LOCAL
+from tasks.runtime.outputs import DOCS_FILE
+from tasks.runtime.progress import Progress, run_logger
+from tasks.runtime.workers import CONNECT_TIMEOUT_S, available_cores, scheduler
+
+
+def shard_path(directory: Path, index: int) -> Path:
+    return directory / f"{index:05d}-{DOCS_FILE}"
+
+
+def shard_paths(directory: Path) -> list[Path]:
+    """The shards of a stage's output folder, in corpus order."""
+    return sorted(directory.glob(f"*-{DOCS_FILE}"))
+
+
+class ShardedWriter:
+    """Writes JSON-lines records into consecutive shards, starting a new one once a shard holds
+    ``shard_bytes``."""
+
+    def __init__(self, directory: Path, shard_bytes: int):
+        self.directory, self.shard_bytes = directory, shard_bytes
+        self.shards = self.size = 0
+        self.file: TextIO | None = None
+
+    def add(self, record: dict[str, Any]) -> None:
+        if self.file is None or self.size >= self.shard_bytes:
+            self.close()
+            self.file = open(shard_path(self.directory, self.shards), "w", encoding="utf-8")  # noqa: SIM115 (closed by close())
+            self.shards += 1
+            self.size = 0
+        line = json.dumps(record, ensure_ascii=True) + "\n"
+        self.file.write(line)
+        self.size += len(line)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+@contextmanager
+def shard_pool(workers: int, scheduler_setting: str) -> Iterator[Executor]:
+    """Where the shards run: the Dask cluster at ``executor.scheduler`` (or ``$SPIKELAB_SCHEDULER``),
+    else ``workers`` local processes (0: one per available core). Fresh ``spawn`` processes, not
+    forks: the stage process holds Prefect's and MLflow's threads."""
+    address = scheduler(scheduler_setting)
+    if address != LOCAL:
+        from distributed import Client
+
+        with Client(address, security=tls.security(), timeout=CONNECT_TIMEOUT_S, set_as_default=False) as client:
+            yield client.get_executor()
+        return
+    count = workers or available_cores()
+    if count == 1:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            yield pool
+        return
+    with ProcessPoolExecutor(max_workers=count, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool
+
+
+def map_shards(
+    pool: Executor,
+    stage: str,
+    fn: Callable[..., Any],
+    shards: list[Path],
+    *per_shard: list[Any],
+    done: Path | None = None,
+) -> list[Any]:
+    """``fn(shard, *per_shard_i)`` for every shard on the pool (bind constant arguments with
+    ``functools.partial``), results in shard order; a progress line per finished shard (MB/s of
+    shard files, shards done/total, ETA). With ``done`` (a stage's scratch folder), each result
+    is kept there as it arrives and a shard with a kept result is not run again: a killed stage
+    resumes from its finished shards."""
+    kept = {i: _kept(done, stage, shard) for i, shard in enumerate(shards)} if done else {}
+    todo = [i for i, shard in enumerate(shards) if kept.get(i) is None]
+    progress = Progress(stage, "shard", len(todo), run_logger())
+    started, done_bytes, results = time.perf_counter(), 0, {i: r for i, r in kept.items() if r is not None}
+    args = [[column[i] for i in todo] for column in per_shard]
+    for i, result in zip(todo, pool.map(fn, [shards[i] for i in todo], *args)):
+        if done:
+            _keep(done, stage, shards[i], result)
+        done_bytes += shards[i].stat().st_size
+        rate = done_bytes / 1e6 / max(time.perf_counter() - started, 1e-9)
+        progress.finished(f"{shards[i].name} ({rate:.1f} MB/s so far)", "done")
+        results[i] = result
+    progress.close()
+    return [results[i] for i in range(len(shards))]
+
+
+def _kept(done: Path, stage: str, shard: Path) -> Any:
+    path = done / shard.stem / f"{stage}.pkl"
+    return pickle.loads(path.read_bytes()) if path.exists() else None
+
+
+def _keep(done: Path, stage: str, shard: Path, result: Any) -> None:
+    """Beside the shard's other scratch files (``done/<shard>/``): a pass that starts a shard
+    afresh clears that folder, and with it the later passes' results, which no longer hold."""
+    (done / shard.stem).mkdir(parents=True, exist_ok=True)
+    temp = done / shard.stem / f".{stage}.pkl.tmp"
+    temp.write_bytes(pickle.dumps(result))
+    os.replace(temp, done / shard.stem / f"{stage}.pkl")  # whole or absent, never half-written
+
+
+def scratch(parent: Path, stage: str, *identity: Any) -> Path:
+    """A stage's scratch folder under ``parent``, named by ``identity`` (the stage's config and
+    its input files' names, sizes and times) and the data stages' code. The flow removes it when
+    the stage succeeds; a killed stage leaves it, and a rerun with the same identity resumes from
+    it. Folders of another identity are stale and removed."""
+    h = hashlib.sha256(repr(identity).encode())
+    for code in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(code.read_bytes())
+    path = parent / f".{stage}-work-{h.hexdigest()[:16]}"
+    for stale in parent.glob(f".{stage}-work-*"):
+        if stale != path:
+            shutil.rmtree(stale)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def listing(directory: Path) -> list[tuple[str, int, int]]:
+    """Names, sizes and modification times of a folder's files: the identity of a stage's input."""
+    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(directory.iterdir()) if p.is_file()]
