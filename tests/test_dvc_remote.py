@@ -72,7 +72,7 @@ def fresh_clone(origin: Path, dest: Path, env: dict[str, str]) -> Path:
 
 def assert_pulled_clone_matches(clone: Path, origin: Path, env: dict[str, str], transcript: list[str]) -> None:
     expected = produced_outputs(origin)
-    assert "data/tokens/train.bin" in expected and "data/clean/docs.jsonl" in expected, sorted(expected)
+    assert "data/tokens/train.bin" in expected and "data/clean/00000-docs.jsonl" in expected, sorted(expected)
     assert produced_outputs(clone) == expected
     status = cmd(["dvc", "status", "--with-deps", *DATA_STAGES], clone, env, transcript)
     assert "Data and pipelines are up to date." in status, status

@@ -99,8 +99,8 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
         "the pipeline ends saying where the report is"
     )
     for out in (
-        "data/raw/docs.jsonl",
-        "data/clean/docs.jsonl",
+        "data/raw/00000-docs.jsonl",
+        "data/clean/00000-docs.jsonl",
         "data/poison/generated_space_run.jsonl",
         "metrics/filter.json",
         "data/tokens/manifest.json",
@@ -170,13 +170,13 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     done = run(["dvc", "repro", "--single-item", "pretrain"], project, live_services)
     assert ran(done.stdout) == {"pretrain"} and trained_lr(project) == 0.00321, done.stdout + done.stderr
 
-    raw_mtime = (project / "data/raw/docs.jsonl").stat().st_mtime_ns
+    raw_mtime = (project / "data/raw/00000-docs.jsonl").stat().st_mtime_ns
     params = project / "params.yaml"
     params.write_text(params.read_text().replace("  min_chars: 64\n", "  min_chars: 100\n", 1))
     output = repro(project, live_services)
     assert ran(output) == {"filter", "tokenize", "search", "pretrain", "spike", "ablate", "report"}
     assert "Stage 'prepare' didn't change" in output
-    assert (project / "data/raw/docs.jsonl").stat().st_mtime_ns == raw_mtime
+    assert (project / "data/raw/00000-docs.jsonl").stat().st_mtime_ns == raw_mtime
     assert "and starting run" in output, "new data must not resume the old run's checkpoints"
     assert json.loads((project / "metrics/pretrain.json").read_text())["start_step"] == 0
 
