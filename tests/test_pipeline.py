@@ -130,7 +130,7 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     assert runs["filter"].data.metrics["removed_too_short"] > 0
     assert runs["filter"].data.params["filter.max_char_run"] == "200"
     assert runs["tokenize"].data.metrics["train_tokens"] > 0
-    assert [a.path for a in client.list_artifacts(runs["filter"].info.run_id)] == ["filter.json"]
+    assert [a.path for a in client.list_artifacts(runs["filter"].info.run_id)] == ["filter.json", "removed.md"]
     pretrain = runs["pretrain"]
     identity = pretrain.data.tags["spikelab.run_identity"]
     assert pretrain.info.status == "FINISHED" and pretrain.data.tags["spikelab.profile"] == "smoke"

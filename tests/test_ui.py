@@ -151,8 +151,22 @@ def test_every_stage_publishes_a_summary_linking_its_mlflow_runs_and_fan_out_sta
     progress = [a for a in artifacts if a["type"] == "progress"]
     summaries = [a for a in artifacts if a["type"] != "progress"]
     assert sorted(a["key"] for a in summaries) == sorted(["pipeline-summary", *(f"{s}-summary" for s in STAGES)])
-    # the fan-out stages count their units; the search has two rounds (sweeps, then the transfer)
-    assert {a["key"] for a in progress} == {"search-progress", "spike-progress", "ablate-progress"}
+    # the fan-out stages count their units: the search (two rounds: sweeps, then the transfer), the
+    # spike study, the arms, and each pass of the data stages over their shards
+    data_passes = {
+        "filter-screen",
+        "filter-count",
+        "filter-score",
+        "filter-write",
+        "tokenize-sample",
+        "tokenize-encode",
+    }
+    assert {a["key"] for a in progress} == {
+        "search-progress",
+        "spike-progress",
+        "ablate-progress",
+        *(f"{p}-progress" for p in data_passes),
+    }
     assert all(float(a["data"]) == 100.0 and " done" in a["description"] for a in progress)
     mlflow_ui = env["MLFLOW_TRACKING_URI"]
     unlinked = [
