@@ -181,6 +181,11 @@ class GPT(nn.Module):
         """``blocks`` typed as what they hold: nn.ModuleList yields plain Modules to a type checker."""
         return cast("list[Block]", list(self.blocks))
 
+    def block_matrices(self, block: int) -> list[torch.Tensor]:
+        """The weight matrices of one block (its norm gains and biases left out): what a ``param``
+        injection scales and the overflow probe sizes."""
+        return [p for p in self.blocks[block].parameters() if p.dim() == 2]
+
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:

@@ -200,7 +200,7 @@ def overflow_multiplier(model: GPT, x: torch.Tensor, y: torch.Tensor, block: int
     ``param`` injection needs to put fp16, and not bf16, past its range. Measured on a copy (the
     model is untouched); raises when no multiplier up to 2^max_doublings separates the two."""
     probe = copy.deepcopy(model)
-    matrices: list[torch.Tensor] = [p for p in probe.blocks[block].parameters() if p.dim() == 2]
+    matrices = probe.block_matrices(block)
     for k in range(1, max_doublings + 1):
         torch._foreach_mul_(matrices, 2.0)  # exact: the same bits as one multiplication by 2^k
         if not finite_forward(probe, x, y, "fp16"):

@@ -137,18 +137,13 @@ class GradSpike(StepSpike):
         trainer.scale_grad(self.injection.magnitude)
 
 
-def block_matrices(trainer: TrainerView, block: int) -> list[torch.nn.Parameter]:
-    """The weight matrices of one block (its norm gains and biases stay)."""
-    return [p for p in trainer.model.blocks[block].parameters() if p.dim() == 2]
-
-
 class ParamSpike(StepSpike):
     name = "inject_param"
 
     @torch.no_grad()
     def apply(self, trainer: TrainerView, index: int) -> None:
         if index == 0:
-            for p in block_matrices(trainer, self.injection.param_block):
+            for p in trainer.model.block_matrices(self.injection.param_block):
                 p.mul_(self.injection.magnitude)
 
 
@@ -158,7 +153,7 @@ class AdamSpike(StepSpike):
     @torch.no_grad()
     def apply(self, trainer: TrainerView, index: int) -> None:
         if index == 0:
-            for p in block_matrices(trainer, self.injection.param_block):
+            for p in trainer.model.block_matrices(self.injection.param_block):
                 state = trainer.optimizer.state.get(p, {})
                 if "exp_avg_sq" in state:  # none before the first update
                     state["exp_avg_sq"].div_(self.injection.magnitude)
