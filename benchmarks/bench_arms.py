@@ -93,7 +93,7 @@ def shape_of(row: dict[str, Any]) -> Shape:
 def arms_by_shape(cfg: Config, arms: int) -> dict[Shape, list[dict[str, Any]]]:
     """The first ``arms`` arms of each shape the grid uses, base arms first."""
     by_shape: dict[Shape, list[dict[str, Any]]] = {}
-    for row in plan(cfg, ROOT, {}):
+    for row in plan(cfg, ROOT, {}, 0):
         by_shape.setdefault(shape_of(row), []).append(row)
     return {shape: rows[:arms] for shape, rows in by_shape.items()}
 

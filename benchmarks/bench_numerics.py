@@ -85,7 +85,7 @@ def study_arms(profile: str | None, steps: int) -> dict[str, list[str]]:
     has bf16), each cut to ``steps`` steps, as arm-command arguments."""
     cfg = load_config(ROOT / "params.yaml", profile)
     first = {}
-    for row in plan(cfg, ROOT, {}):
+    for row in plan(cfg, ROOT, {}, 0):
         first.setdefault(row["config"].precision.mode, row)
     shorter = [f"--set=train.steps={steps}", f"--set=train.eval_every={steps}"]
     return {

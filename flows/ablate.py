@@ -30,6 +30,7 @@ from flows.forms import Profile
 from model.provenance import config_provenance
 from model.typed_config import ConfigError
 from tasks.ablate.arm import run_command
+from tasks.ablate.conditions import loss_shift_probe
 from tasks.ablate.depth import depth_probe
 from tasks.ablate.figures import family_figures
 from tasks.ablate.grid import (
@@ -58,9 +59,11 @@ from tasks.runtime.workers import Executor, clean_state, executor
 ARM_MODULE = ["-m", "tasks.ablate.arm"]
 
 
-def arm_command(arm: Arm, cfg: Config, project: Path, directory: Path, stage_overrides: dict[str, Any]) -> list[str]:
+def arm_command(
+    arm: Arm, cfg: Config, project: Path, directory: Path, stage_overrides: dict[str, Any], loss_shift: int
+) -> list[str]:
     """The command that trains ``arm`` by itself: the stage's own overrides, then the arm's."""
-    sets = {**stage_overrides, **overrides(arm, cfg.ablation)}
+    sets = {**stage_overrides, **overrides(arm, cfg.ablation, loss_shift)}
     probe = range_probe_every(arm, cfg.ablation)
     return [
         sys.executable,
@@ -133,13 +136,13 @@ def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str
     return run_url(run) or f"runs:/{run.info.run_id}"
 
 
-def plan(cfg: Config, project: Path, stage_overrides: dict[str, Any]) -> list[dict[str, Any]]:
+def plan(cfg: Config, project: Path, stage_overrides: dict[str, Any], loss_shift: int) -> list[dict[str, Any]]:
     """Every arm with its key, directory, command, and its result where one is stored. Arms of two
     families that are the same run (same key) share one directory and train once."""
     data, code = data_hashes(project / MANIFEST), code_digest()
     rows = []
     for arm in expand(cfg.ablation):
-        arm_cfg = arm_config(cfg, arm)
+        arm_cfg = arm_config(cfg, arm, loss_shift)
         key = arm_key(arm_cfg, data, code, arm.spike, range_probe_every(arm, cfg.ablation))
         directory = project / ABLATE_ARMS / key
         stored = read_result(directory)
@@ -152,7 +155,7 @@ def plan(cfg: Config, project: Path, stage_overrides: dict[str, Any]) -> list[di
                 "factors": arm.factors,
                 "key": key,
                 "directory": directory,
-                "command": arm_command(arm, cfg, project, directory, stage_overrides),
+                "command": arm_command(arm, cfg, project, directory, stage_overrides, loss_shift),
                 "config": arm_cfg,
                 "cached": stored is not None and stored.get("key") == key,
                 "result": stored if stored is not None and stored.get("key") == key else None,
@@ -177,7 +180,11 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
     cfg, project = project_config(profile, overrides)
     logger = get_run_logger()
     started = time.perf_counter()
-    rows = plan(cfg, project, overrides or {})
+    conditions = {"loss_shift": loss_shift_probe(cfg, project)}
+    logger.info(
+        "loss shift for the precision family: k = %s (tasks/ablate/conditions.py)", conditions["loss_shift"]["k"]
+    )
+    rows = plan(cfg, project, overrides or {}, conditions["loss_shift"]["k"] or 0)
     todo = runs_to_train(rows)
     units = executor(cfg, cfg.ablation.workers, len(todo))
     cached = sum(row["cached"] for row in rows)
@@ -197,7 +204,7 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         for row in rows:
             if row["cached"]:
                 row["mlflow"] = track_arm(row, row["result"], run.info.run_id)
-        metrics = write_outputs(cfg, project, rows, time.perf_counter() - started, numerics)
+        metrics = write_outputs(cfg, project, rows, time.perf_counter() - started, numerics, conditions)
         headline = {
             "arms": len(rows),
             "trained now": len(todo),
@@ -274,11 +281,17 @@ def arm_numerics(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def write_outputs(
-    cfg: Config, project: Path, rows: list[dict[str, Any]], wall_s: float, numerics: dict[str, Any]
+    cfg: Config,
+    project: Path,
+    rows: list[dict[str, Any]],
+    wall_s: float,
+    numerics: dict[str, Any],
+    conditions: dict[str, Any],
 ) -> dict[str, Any]:
     """metrics/ablate.json and the figures, from every arm (failed ones are listed, not dropped).
     ``provenance``: the stage process's arithmetic (the depth probe's); ``arm_numerics``: the
-    arithmetic of each numeric path the arms were trained on (each arm names its own)."""
+    arithmetic of each numeric path the arms were trained on (each arm names its own);
+    ``conditions``: what the probes measured before the arms (tasks/ablate/conditions.py)."""
     arms = [
         {
             k: (str(v) if isinstance(v, Path) else v)
@@ -301,6 +314,7 @@ def write_outputs(
         "unigram_val_loss": unigram_baseline(project / MANIFEST, cfg.ablation.seq_len)["unigram_val_loss"],
         "provenance": numerics,
         "arm_numerics": arm_numerics(rows),
+        "conditions": conditions,
     }
     write_json(project / ABLATE_METRICS, metrics)
     registered = design()

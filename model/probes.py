@@ -7,6 +7,8 @@ fp16 range (Micikevicius et al. 2017: the reason fp16 needs loss scaling)
     RangeProbe             a trainer callback running the recorder at step 1 and every ``every`` steps
     overflow_multiplier    the smallest power of two by which one block's weight matrices must be
                            scaled for fp16's forward pass to overflow while bf16's does not
+    underflow_by_shift     per loss shift k, the worst block's share of activation gradients that
+                           fp16 would flush to zero once the loss is multiplied by 2^-k
 
 Depth (Xiong et al. 2020, Theorem 1: Post-LN has large gradients near the output at init; Pre-LN's
 last-layer gradient shrinks like 1/√L)
@@ -208,6 +210,32 @@ def overflow_multiplier(model: GPT, x: torch.Tensor, y: torch.Tensor, block: int
                 raise ValueError(f"block {block} x 2^{k}: bf16 overflows as soon as fp16 does")
             return 2.0**k
     raise ValueError(f"block {block}: no multiplier up to 2^{max_doublings} overflows fp16")
+
+
+def underflow_by_shift(model: GPT, x: torch.Tensor, y: torch.Tensor, shifts: Iterable[int]) -> dict[int, float]:
+    """One fp32 forward/backward of ``model`` on (x, y): for each k in ``shifts``, the largest share
+    over blocks of nonzero activation-gradient values (the residual stream at each block's output,
+    as :class:`RangeRecorder` measures them) below fp16's smallest subnormal once the loss is
+    multiplied by 2^-k (``precision.loss_shift``). fp32 gradients scale exactly by a power of two,
+    so one pass answers every k: |g| 2^-k < 2^-24 exactly when |g| < 2^(k-24). The model's
+    gradients are left as the pass made them (call it on a model that is about to be discarded)."""
+    magnitudes: list[torch.Tensor] = []
+
+    def keep(out: torch.Tensor) -> None:
+        out.register_hook(lambda g: magnitudes.append(g.detach().abs().flatten()))
+
+    handles = [block.register_forward_hook(lambda _m, _i, out: keep(out)) for block in model.layers]
+    try:
+        _, ce, z = model(x, y)
+        (ce + z).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    nonzero = [m[m != 0] for m in magnitudes]
+    return {
+        k: max(float((m < FP16_SMALLEST_SUBNORMAL * 2.0**k).float().mean()) if m.numel() else 0.0 for m in nonzero)
+        for k in shifts
+    }
 
 
 # ----------------------------------------------------------------------------------------------

@@ -33,19 +33,19 @@ def test_the_default_study_is_each_familys_grid_once_per_seed():
     a = Config().ablation
     arms = expand(a)
     per_seed = {"xiong": 2 * 2 * 2, "precision": 4, "overflow": 2 * 2, "beta2": 2 * 2, "wortsman": 3 * 7}
-    assert len(arms) == sum(per_seed.values()) * len(a.seeds)
+    assert len(arms) == sum(per_seed.values()) * len(a.all_seeds)
     for family, n in per_seed.items():
-        assert sum(arm.family == family for arm in arms) == n * len(a.seeds)
+        assert sum(arm.family == family for arm in arms) == n * len(a.all_seeds)
     names = [arm.name for arm in arms]
     assert len(set(names)) == len(names)
     assert "xiong/post_ln·warmup=0·lr=0.003/s3" in names and "wortsman/qk_norm·lr=0.3/s0" in names
-    assert "overflow/fp16·lr/s1" in names and "beta2/beta2=0.999·lr_mult=4/s2" in names
+    assert "overflow/fp16·param/s1" in names and "beta2/beta2=0.999·lr_mult=4/s2" in names
 
 
 def test_adding_a_value_adds_exactly_its_arms():
     before = {a.name for a in expand(Config().ablation)}
     after = {a.name for a in expand(study(beta2s=[0.95, 0.999, 0.99]).ablation)}
-    assert before < after and len(after - before) == 2 * 4  # β₂ = 0.99 x 2 LR multiples x 4 seeds
+    assert before < after and len(after - before) == 2 * 8  # β₂ = 0.99 x 2 LR multiples x 8 seeds (4 + 4)
 
 
 def test_each_family_trains_in_the_conditions_its_source_names():
@@ -74,13 +74,27 @@ def test_each_family_trains_in_the_conditions_its_source_names():
         assert c.spike.kinds == [], "the spike stage's injections never reach an arm"
 
 
-def test_only_the_overflow_family_takes_a_spike_and_it_is_tied_to_steps():
+def test_only_the_overflow_family_takes_an_injection_a_weight_excursion_sized_by_its_probe():
     a = Config().ablation
     injected = [arm for arm in expand(a) if arm.spike != "none"]
     assert injected and {arm.family for arm in injected} == {"overflow"}
-    spec = injection_spec("lr", a)
-    assert spec["tied_to"] == "step" and spec["start"] == a.steps // 2 and spec["magnitude"] == a.inject_magnitude
+    spec = injection_spec("param", a)
+    assert spec["kind"] == "param" and spec["tied_to"] == "once" and spec["start"] == a.steps // 2
+    assert spec["magnitude"] == 0.0, "the multiplier is the arm's probe's, measured at the injection step"
     assert injection_spec("none", a) is None
+
+
+def test_the_precision_and_overflow_families_take_the_probes_loss_shift_and_no_other_family_does():
+    cfg = Config()
+    for arm in expand(cfg.ablation):
+        shift = arm_config(cfg, arm, loss_shift=9).precision.loss_shift
+        assert shift == (9 if arm.family in ("precision", "overflow") else 0), arm.name
+
+
+def test_every_arm_trains_at_the_discovery_and_the_confirmation_seeds():
+    a = Config().ablation
+    assert {arm.seed for arm in expand(a)} == set(a.seeds) | set(a.confirm_seeds)
+    assert not set(a.seeds) & set(a.confirm_seeds)
 
 
 def test_the_overflow_familys_clean_twins_are_the_precision_familys_runs():
@@ -90,7 +104,7 @@ def test_the_overflow_familys_clean_twins_are_the_precision_familys_runs():
         probe = cfg.ablation.range_probe_every
         key[arm.name] = arm_key(arm_config(cfg, arm), DATA, "code", arm.spike, probe)
     assert key["overflow/fp16·none/s0"] == key["precision/fp16/s0"]
-    assert key["overflow/fp16·lr/s0"] != key["precision/fp16/s0"]
+    assert key["overflow/fp16·param/s0"] != key["precision/fp16/s0"]
     assert key["precision/fp16/s0"] != key["precision/fp16/s1"]
 
 
@@ -111,6 +125,11 @@ def test_the_arm_code_digest_covers_existing_files_of_this_checkout():
         ("ablation.lrs", [], "ablation.lrs: must not be empty"),
         ("ablation.overflow_precisions", ["bf16", "fp16"], None),  # fine as it is
         ("ablation.seeds", [0, 0], "repeats a value"),
+        ("ablation.confirm_seeds", [3, 4], "ablation.confirm_seeds: [3] also discovery seeds"),
+        ("ablation.confirm_seeds", [], None),  # a profile may run no confirmation half
+        ("ablation.underflow_target", 1.0, "ablation.underflow_target"),
+        ("ablation.underflow_target", 0.999, None),
+        ("ablation.underflow_target", 0.0, "ablation.underflow_target"),
     ],
 )
 def test_a_bad_study_is_refused_naming_the_key(key, value, message):

@@ -55,6 +55,7 @@ GRID = {
     "ablation.stabilizers": ["none"],
     "ablation.lrs": [0.003],
     "ablation.seeds": [0],
+    "ablation.confirm_seeds": [],
     "ablation.workers": 2,
     "ablation.retries": 1,
     "tracking.experiment": "cluster-test",

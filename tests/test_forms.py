@@ -125,7 +125,7 @@ def test_numbers_flags_choices_and_a_path_inside_the_project_pass(tmp_path):
             "filter.min_chars": 100,
             "model.qk_norm": True,
             "model.block": "post_ln",
-            "ablation.seeds": [0, 1],
+            "ablation.seeds": [0, 2],
             "data.source": "jsonl",
             "data.path": "corpus/missing.jsonl",  # inside: the stage, not this rule, says it is missing
         },

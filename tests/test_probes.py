@@ -25,6 +25,7 @@ from model.probes import (
     gradient_norms_at_init,
     overflow_multiplier,
     summarize_depth,
+    underflow_by_shift,
 )
 from model.step import TrainModule
 from model.train import Trainer, train
@@ -111,6 +112,30 @@ def test_the_overflow_multiplier_refuses_when_no_power_of_two_up_to_the_bound_ov
     x = torch.zeros(2, 8, dtype=torch.long)
     with pytest.raises(ValueError, match="block 0: no multiplier up to 2\\^1 overflows fp16"):
         overflow_multiplier(model, x, x, 0, max_doublings=1)
+
+
+@pytest.mark.parametrize("shift", [0, 9, 16])
+def test_one_pass_gives_the_underflow_share_a_run_at_each_loss_shift_measures(shift):
+    # The probe reads every k off one unshifted backward; a run with precision.loss_shift = k, its
+    # RangeProbe at step 1 (same init, same first batch), must find exactly that share.
+    cfg = tiny_config(**{"train.steps": 1, "schedule.warmup_steps": 0, "precision.mode": "fp32"})
+    probe_trainer = Trainer(cfg, TOKENS, VAL)
+    x, y = probe_trainer.loader.next_batch()
+    shares = underflow_by_shift(probe_trainer.model, x, y, [0, 9, 16])
+    ranges = RangeProbe(every=100)
+    Trainer(cfg.replace(**{"precision.loss_shift": shift}), TOKENS, VAL, [ranges]).run()
+    measured = max(r.share for r in ranges.rows if r.quantity == "act_grad_below_subnormal" and r.step == 1)
+    assert shares[shift] == measured
+
+
+def test_the_underflow_share_grows_with_the_shift_until_every_gradient_is_below_the_subnormal():
+    cfg = tiny_config()
+    trainer = Trainer(cfg, TOKENS, VAL)
+    x, y = trainer.loader.next_batch()
+    shares = underflow_by_shift(trainer.model, x, y, range(41))
+    values = [shares[k] for k in range(41)]
+    assert values == sorted(values) and values[0] < 0.01 and values[40] == 1.0
+    assert not any(block._backward_hooks or block._forward_hooks for block in trainer.model.layers)
 
 
 def test_range_probe_reports_every_block_and_quantity_at_step_one_and_every_n_steps():

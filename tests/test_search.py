@@ -40,6 +40,7 @@ SEARCH = {
     "search.batch_size": 4,
     "search.eval_every": 3,
     "search.seeds": [0],
+    "search.confirm_seeds": [],
     "mup.base_width": 16,
     "mup.parametrization": "mup",
     "tracking.experiment": "test",

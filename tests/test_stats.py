@@ -1,5 +1,5 @@
 """The study's paired statistics against values computed by hand: the paired t-test and its interval,
-the signed-rank test from 6 pairs, the minimum detectable difference, equivalence tests (paired and
+the per-seed means, the minimum detectable difference, equivalence tests (paired and
 of a slope), divergence as a paired rate (exact McNemar), and every case where no test can run."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from scipy import stats
 
 from tasks.ablate.stats import (
     divergence_rates,
-    hodges_lehmann,
     mde_paired,
     paired,
+    seed_means,
     slope_test,
     tost_paired,
     tost_slope,
@@ -54,24 +54,21 @@ def test_a_group_without_spread_against_one_with_spread_is_tested_because_the_di
     assert r["p"] < 0.01
 
 
-def test_from_six_pairs_the_signed_rank_test_is_used_with_the_hodges_lehmann_shift_beside_the_mean():
-    a = {s: 10.0 + d for s, d in enumerate([1, 2, 3, 4, 5, 20])}
-    b = {s: 10.0 for s in range(6)}
-    r = paired(a, b)
-    assert r["test"] == "Wilcoxon signed-rank"
-    assert r["p"] == pytest.approx(2 / 2**6)  # all 6 differences positive: 1 sign pattern in 64, twice
-    # Walsh averages: 15 from 1..5 (1, 1.5, 2, 2, 2.5, 2.5, 3, 3, 3, 3.5, 3.5, 4, ...) and 6 with 20 (>= 10.5);
-    # the 11th of 21 is 3.5, where the mean is pulled to 35/6 by the one large difference.
-    assert r["hodges_lehmann"] == 3.5 and r["estimate"] == r["mean_diff"] == pytest.approx(35 / 6)
-    # One sign flipped, the largest: W- = 6; rank subsets summing to <= 6 number 14, p = 2 * 14 / 64.
-    flipped = paired({s: d for s, d in enumerate([1, 2, 3, 4, 5, -6])}, {s: 0.0 for s in range(6)})
-    assert flipped["p"] == pytest.approx(0.4375)
-    assert paired({s: float(s * s) for s in range(5)}, {s: 0.0 for s in range(5)})["test"] == "paired t-test"
+def test_the_paired_t_test_is_the_test_at_every_number_of_seeds_so_its_mde_is_the_one_printed():
+    # Eight seeds: version 1 switched to the signed-rank test from 6 pairs and kept the t-test's MDE.
+    diffs = [1.0, 2.0, 3.0, 4.0, 5.0, 20.0, 0.5, 1.5]
+    r = paired({s: 10.0 + d for s, d in enumerate(diffs)}, {s: 10.0 for s in range(8)})
+    assert r["test"] == "paired t-test"
+    assert r["p"] == pytest.approx(stats.ttest_1samp(diffs, 0.0).pvalue)
+    assert r["mde"] == pytest.approx(mde_paired(8, r["sd_diff"]))
+    assert "hodges_lehmann" not in r
 
 
-def test_hodges_lehmann_is_the_median_of_the_walsh_averages():
-    # [0, 1, 5]: averages 0, 0.5, 2.5, 1, 3, 5; sorted 0, 0.5, 1, 2.5, 3, 5 -> (1 + 2.5) / 2, neither median 1 nor mean 2
-    assert hodges_lehmann([0.0, 1.0, 5.0]) == 1.75
+def test_seed_means_average_a_seeds_units_over_the_other_factors_before_any_test():
+    # (seed, lr) units: two LRs of one seed share its init and data order, so they are one unit.
+    values = {(0, 0.01): 1.0, (0, 0.04): 3.0, (1, 0.01): 2.0, (1, 0.04): 2.0, (2, 0.01): 5.0}
+    assert seed_means(values) == {(0,): 2.0, (1,): 2.0, (2,): 5.0}
+    assert seed_means({3: 1.5}) == {(3,): 1.5}  # plain seed keys too
 
 
 def test_equal_differences_in_every_seed_are_untested_but_keep_their_estimate():

@@ -1,5 +1,6 @@
 """The verdict rule on constructed claims: each of the four verdicts, their order, p exactly at
-alpha (not significant), and equivalence claims."""
+alpha (not significant), the interval clearing the smallest effect of interest (and exactly at it:
+not cleared), the halves' sign rule, and equivalence claims against their margin."""
 
 from __future__ import annotations
 
@@ -8,24 +9,34 @@ import pytest
 from tasks.ablate.stats import ALPHA
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED, Claim, verdict
 
+AGREE = {"discovery": 1.0, "confirmation": 1.2}
 
-def equivalence(p_tost, p_difference=None):
+
+def claim(estimate=1.0, p=0.01, ci=(0.5, 1.5), sesoi=0.2, expected=1, halves=None):
+    return Claim("a", estimate, p, expected, sesoi=sesoi, ci95=list(ci), halves=AGREE if halves is None else halves)
+
+
+def equivalence(p_tost, ci=(-0.004, 0.008), halves=None):
+    halves = {"discovery": 0.001, "confirmation": 0.003} if halves is None else halves
     return Claim(
-        "no effect within ±0.01 nats", 0.002, p_tost, expected=0, kind="equivalence", p_difference=p_difference
+        "no effect within ±0.01 nats", 0.002, p_tost, 0, kind="equivalence", sesoi=0.01, ci95=list(ci), halves=halves
     )
 
 
 @pytest.mark.parametrize(
     ("claims", "expected"),
     [
-        ([Claim("a", 1.0, 0.01), Claim("b", 2.0, 0.001)], REPRODUCED),
-        ([Claim("a", -1.0, 0.01, expected=-1)], REPRODUCED),
-        ([Claim("a", 1.0, 0.01), Claim("b", 2.0, 0.2)], INCONCLUSIVE),  # one claim not significant
-        ([Claim("a", -1.0, 0.3), Claim("b", -2.0, 0.2)], INCONCLUSIVE),  # the wrong way, but not significantly
-        ([Claim("a", 1.0, None)], INCONCLUSIVE),  # untested
+        ([claim(), claim(2.0, 0.001, (1.0, 3.0))], REPRODUCED),
+        ([claim(-1.0, ci=(-1.5, -0.5), expected=-1, halves={"discovery": -1.0})], REPRODUCED),
+        ([claim(), claim(2.0, 0.2, (-1.0, 5.0))], INCONCLUSIVE),  # one claim not significant
+        ([claim(-1.0, 0.3, (-3.0, 1.0)), claim(-2.0, 0.2, (-5.0, 1.0))], INCONCLUSIVE),  # wrong way, not significant
+        ([claim(p=None)], INCONCLUSIVE),  # untested
         ([], INCONCLUSIVE),
-        ([Claim("a", 1.0, 0.01), Claim("b", -2.0, 0.01)], CONTRADICTED),  # one holds, one significantly opposite
-        ([Claim("a", 1.0, 0.001, expected=-1)], CONTRADICTED),
+        (
+            [claim(), claim(-2.0, 0.01, (-3.0, -1.0), halves={"discovery": -2.0, "confirmation": -1.5})],
+            CONTRADICTED,
+        ),  # one holds, one shown the other way
+        ([claim(1.0, 0.001, (0.5, 1.5), expected=-1, halves=AGREE)], CONTRADICTED),
     ],
 )
 def test_the_verdict_rule(claims, expected):
@@ -33,35 +44,79 @@ def test_the_verdict_rule(claims, expected):
 
 
 def test_a_failed_precondition_is_not_tested_even_against_a_contradiction():
-    assert verdict([Claim("a", 1.0, 0.001)], precondition_failed="the bf16 control broke too") == NOT_TESTED
-    assert verdict([Claim("a", -1.0, 0.001)], precondition_failed="the bf16 control broke too") == NOT_TESTED
+    against = claim(-1.0, 0.001, (-1.5, -0.5), halves={"discovery": -1.0})
+    assert verdict([claim()], precondition_failed="the bf16 control broke too") == NOT_TESTED
+    assert verdict([against], precondition_failed="the bf16 control broke too") == NOT_TESTED
 
 
 def test_p_exactly_at_alpha_is_not_significant_either_way():
-    assert verdict([Claim("a", 1.0, ALPHA)]) == INCONCLUSIVE
-    assert verdict([Claim("a", -1.0, ALPHA)]) == INCONCLUSIVE
+    assert verdict([claim(p=ALPHA)]) == INCONCLUSIVE
+    assert verdict([claim(-1.0, ALPHA, (-1.5, -0.5), halves={"discovery": -1.0})]) == INCONCLUSIVE
     assert verdict([equivalence(ALPHA)]) == INCONCLUSIVE
-    assert verdict([Claim("a", 1.0, 0.0499)]) == REPRODUCED
+    assert verdict([claim(p=0.0499)]) == REPRODUCED
 
 
-def test_an_equivalence_claim_holds_on_its_tost_p_and_is_contradicted_by_a_difference_outside_the_margin():
-    assert verdict([equivalence(0.01, p_difference=0.6)]) == REPRODUCED
-    assert verdict([equivalence(0.3, p_difference=0.6)]) == INCONCLUSIVE  # absence of evidence is not evidence
-    assert verdict([equivalence(0.3, p_difference=0.01)]) == CONTRADICTED
-    assert verdict([equivalence(0.3)]) == INCONCLUSIVE  # no difference test given: nothing contradicts it
+def test_a_significant_effect_whose_interval_does_not_clear_the_sesoi_is_inconclusive():
+    # Significant (the interval excludes 0) but it reaches below the SESOI: float rounding on another
+    # CPU could move it across; exactly at the SESOI is not clearing it either.
+    assert verdict([claim(ci=(0.1, 1.9), sesoi=0.2)]) == INCONCLUSIVE
+    assert verdict([claim(ci=(0.2, 1.8), sesoi=0.2)]) == INCONCLUSIVE
+    assert verdict([claim(ci=(0.2000001, 1.8), sesoi=0.2)]) == REPRODUCED
+    # ... and the same standard the other way: a small significant effect opposite is no contradiction.
+    small_against = claim(-0.3, 0.01, (-0.35, -0.1), sesoi=0.2, halves={"discovery": -0.3})
+    assert verdict([small_against]) == INCONCLUSIVE
+
+
+def test_a_pooled_result_one_half_does_not_share_is_not_reproduced():
+    assert verdict([claim(halves={"discovery": 1.4, "confirmation": -0.1})]) == INCONCLUSIVE
+    assert verdict([claim(halves={"discovery": 1.4, "confirmation": 0.0})]) == INCONCLUSIVE  # no sign
+    assert verdict([claim(halves={"discovery": 1.4, "confirmation": None})]) == INCONCLUSIVE  # untested half
+    assert verdict([claim(halves={"discovery": 1.4})]) == REPRODUCED  # a profile with one half
+    # a contradiction needs both halves the other way too
+    split = claim(-1.0, 0.001, (-1.5, -0.5), halves={"discovery": -2.0, "confirmation": 0.1})
+    assert verdict([split]) == INCONCLUSIVE
+
+
+def test_an_equivalence_claim_holds_on_its_tost_p_and_is_contradicted_by_an_interval_outside_the_margin():
+    assert verdict([equivalence(0.01)]) == REPRODUCED
+    assert verdict([equivalence(0.3, ci=(-0.02, 0.03))]) == INCONCLUSIVE  # absence of evidence is not evidence
+    assert verdict([equivalence(0.3, ci=(0.011, 0.05), halves={"discovery": 0.02, "confirmation": 0.03})]) == (
+        CONTRADICTED
+    )
+    assert verdict([equivalence(0.3, ci=(0.01, 0.05), halves={"discovery": 0.02, "confirmation": 0.03})]) == (
+        INCONCLUSIVE  # the interval touches the margin: not wholly outside it
+    )
+    assert verdict([equivalence(0.01, halves={"discovery": 0.001, "confirmation": 0.012})]) == INCONCLUSIVE
 
 
 def test_a_significant_difference_inside_the_margin_does_not_contradict_equivalence():
     # With small paired SDs a 0.002-nat difference can be significant and still lie within ±0.01.
-    assert verdict([equivalence(0.01, p_difference=0.01)]) == REPRODUCED
+    assert verdict([equivalence(0.01, ci=(0.001, 0.003))]) == REPRODUCED
 
 
 def test_an_equivalence_claim_and_a_direction_claim_combine_under_the_same_rule():
-    assert verdict([Claim("a", 1.0, 0.01), equivalence(0.01)]) == REPRODUCED
-    assert verdict([Claim("a", 1.0, 0.01), equivalence(0.2, p_difference=0.001)]) == CONTRADICTED
+    assert verdict([claim(), equivalence(0.01)]) == REPRODUCED
+    outside = equivalence(0.2, ci=(0.02, 0.05), halves={"discovery": 0.03, "confirmation": 0.04})
+    assert verdict([claim(), outside]) == CONTRADICTED
 
 
 @pytest.mark.parametrize(("kind", "expected"), [("direction", 0), ("equivalence", 1), ("sign", 1)])
 def test_a_claim_whose_expectation_does_not_fit_its_kind_is_refused(kind, expected):
     with pytest.raises(ValueError):
-        Claim("a", 1.0, 0.01, expected=expected, kind=kind)
+        Claim("a", 1.0, 0.01, expected=expected, kind=kind, sesoi=0.1)
+
+
+@pytest.mark.parametrize("sesoi", [-0.1, float("nan"), float("inf")])
+def test_a_smallest_effect_of_interest_must_be_a_finite_non_negative_number(sesoi):
+    with pytest.raises(ValueError, match="smallest effect of interest"):
+        Claim("a", 1.0, 0.01, sesoi=sesoi)
+
+
+def test_an_equivalence_claim_needs_a_positive_margin():
+    with pytest.raises(ValueError, match="margin"):
+        Claim("a", 0.0, 0.01, 0, kind="equivalence", sesoi=0.0)
+
+
+@pytest.mark.parametrize(("mde", "powered"), [(0.1, True), (0.1000001, False), (None, None)])
+def test_a_claim_is_powered_when_its_mde_is_at_most_half_its_sesoi(mde, powered):
+    assert Claim("a", 1.0, 0.01, sesoi=0.2, mde=mde).powered is powered

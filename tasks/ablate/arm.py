@@ -1,6 +1,6 @@
 """One ablation arm: the trainer on one thread with the spike detector, a per-step trace (loss,
 pre-clip grad norm, update RMS, flags), per-layer trajectories, and, where asked, an injected
-spike and the fp16 range probe; writes ``<out>/result.json``.
+weight excursion (the overflow family's) and the fp16 range probe; writes ``<out>/result.json``.
 
     python -m tasks.ablate.arm --profile default --out runs/ablate/arms/manual \\
         --set model.block=post_ln --set schedule.warmup_steps=0 ... [--spike lr] [--range-probe-every 100]
@@ -33,12 +33,13 @@ from model.data import open_split
 from model.detect import make_detector
 from model.probes import RangeProbe
 from model.provenance import provenance
-from model.spike.injections import Injection, injection_callback
+from model.spike.injections import Injection
 from model.spike.records import Trace
 from model.stops import EXIT_CODES
 from model.telemetry import adam_update_rms
 from model.train import train
 from model.typed_config import UserError, add_config_arguments, parse_sets
+from tasks.ablate.conditions import OverflowProbeSpike, probe_batch
 from tasks.ablate.grid import SPIKES, arm_key, code_digest, data_hashes, injection_spec
 from tasks.config import Config, load_config
 
@@ -150,8 +151,9 @@ def run_arm(cfg: Config, project: Path, out: Path, spike: str = "none", range_ev
     trace, stats = ArmTrace(detector), LogitStats()
     after_spike = range(spec["start"], spec["start"] + spec["duration"] + SPIKE_PROBE_STEPS) if spec else ()
     ranges = [RangeProbe(range_every, after_spike)] if range_every else []
-    injection = [injection_callback(Injection(**spec))] if spec else []
     train_tokens, val_tokens = open_split(manifest, "train"), open_split(manifest, "val")
+    batch = probe_batch(val_tokens, cfg.model.seq_len, cfg.train.batch_size)
+    injection = [OverflowProbeSpike(Injection(**spec), batch)] if spec else []
     end = EndProbe(val_tokens, json.loads(manifest.read_text())["eot_id"])
     callbacks = [*injection, detector, trace, stats, *ranges, end]
     summary = train(cfg, train_tokens, val_tokens, out, callbacks, identity=key)
@@ -163,6 +165,7 @@ def run_arm(cfg: Config, project: Path, out: Path, spike: str = "none", range_ev
         "trajectories": stats.trajectories,
         "ranges": [row._asdict() for row in ranges[0].rows] if ranges else [],
         "injection": spec,
+        "injected_multiplier": injection[0].multiplier if injection else None,
         "init_loss": math.log(cfg.tokenizer.vocab_size),
         "collapse": end.collapse,
         "weights_sha256": end.weights_sha256,

@@ -10,13 +10,13 @@ for the family to be tested (tasks/report/findings.py), is the first value of ea
 lists, except: overflow's is bf16's clean twin, wortsman's is ``none`` at its best LR on the grid.
 
   xiong       block x warmup x LR   SP init, depth ``xiong_depth``        (Xiong et al. 2020)
-  precision   precision             SP, one numeric path (emulated)       (Micikevicius et al. 2017)
-  overflow    precision x spike     SP, LR spike tied to steps, twins     (Micikevicius et al. 2017)
+  precision   precision             SP, emulated, loss x 2^-k (probe)     (Micikevicius et al. 2017)
+  overflow    precision x spike     SP, probe-sized weight excursion      (Micikevicius et al. 2017)
   beta2       β₂ x LR multiple      clean, >= 2/(1-β₂) steps              (Shazeer & Stern 2018;
                                                                            Wortsman et al. 2023b)
   wortsman    stabilizer x LR       SP, independent decay, 5 % warmup     (Wortsman et al. 2023)
 
-all of them x ``seeds``. Arms of one seed share initialisation, data order and validation
+all of them x ``seeds`` and ``confirm_seeds``. Arms of one seed share initialisation, data order and validation
 batches: the report pairs them by seed.
 """
 
@@ -37,7 +37,10 @@ class AblationConfig(Section):
     """The study's arms, family by family (see the module doc)."""
 
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
-    """Seeds of every arm (``train.seed``: init and data order). Xiong et al.'s finding needs >= 4."""
+    """Discovery seeds of every arm (``train.seed``: init and data order)."""
+    confirm_seeds: list[int] = field(default_factory=lambda: [4, 5, 6, 7])
+    """Confirmation seeds, trained exactly like the discovery seeds: a verdict holds only where both
+    halves point the same way (tasks/report/preregistration.yaml, ``method: replication``)."""
 
     # --- the arm scale, shared by every family -------------------------------------------------
     d_model: int = 64
@@ -82,16 +85,17 @@ class AblationConfig(Section):
     ``fp16_unscaled`` without."""
     range_probe_every: int = 100
     """Steps between measurements of the fp16 range shares (model/probes.py: RangeProbe)."""
+    underflow_target: float = 0.10
+    """The precision family's loss shift is the smallest k whose one-step probe puts this share of the
+    worst layer's activation gradients below fp16's smallest subnormal (tasks/ablate/conditions.py)."""
 
     # --- overflow: an LR spike drives the forward pass past fp16's range -----------------------
     overflow_precisions: list[PrecisionVariant] = field(default_factory=lambda: ["bf16", "fp16"])
     """Formats that take the LR spike, each beside its clean twin of the precision family."""
     inject_fraction: float = 0.5
-    """Where the spike starts, as a fraction of ``steps``."""
-    inject_magnitude: float = 100.0
-    """LR x this for ``inject_duration`` steps, tied to steps (no policy can skip it)."""
-    inject_duration: int = 3
-    """Steps the spike lasts."""
+    """Where the injection strikes, as a fraction of ``steps``: block 0's weight matrices x the
+    smallest power of two that takes the arm's fp16 forward pass past its range there
+    (tasks/ablate/conditions.py: OverflowProbeSpike)."""
 
     # --- beta2: β₂ = 0.999 is more spike-prone than 0.95 -------------------------------------
     beta2s: list[float] = field(default_factory=lambda: [0.95, 0.999])
@@ -136,8 +140,6 @@ class AblationConfig(Section):
             "xiong_depth",
             "xiong_steps",
             "range_probe_every",
-            "inject_magnitude",
-            "inject_duration",
             "beta2_steps",
             "beta2_batch_size",
             "z_loss",
@@ -163,11 +165,9 @@ class AblationConfig(Section):
                 f"{2 * self.n_head} (heads of even size)"
             )
         in_open_unit("ablation.inject_fraction", self.inject_fraction)
-        if self.inject_step + self.inject_duration > self.steps:
-            raise ConfigError(
-                f"ablation.inject_fraction: the spike (steps {self.inject_step}.."
-                f"{self.inject_step + self.inject_duration - 1}) must end within ablation.steps={self.steps}"
-            )
+        in_open_unit("ablation.underflow_target", self.underflow_target)
+        if overlap := sorted(set(self.seeds) & set(self.confirm_seeds)):
+            raise ConfigError(f"ablation.confirm_seeds: {overlap} also discovery seeds (ablation.seeds)")
         if not set(self.overflow_precisions) <= set(self.precisions):
             raise ConfigError(
                 f"ablation.overflow_precisions: {self.overflow_precisions} must be among ablation.precisions="
@@ -175,6 +175,7 @@ class AblationConfig(Section):
             )
         for key in (
             "seeds",
+            "confirm_seeds",
             "blocks",
             "xiong_warmups",
             "xiong_lrs",
@@ -187,9 +188,15 @@ class AblationConfig(Section):
             "lrs",
         ):
             values = getattr(self, key)
-            not_empty(f"ablation.{key}", values)
+            if key != "confirm_seeds":  # a profile may run no confirmation half (the smoke profile)
+                not_empty(f"ablation.{key}", values)
             if len(set(values)) != len(values):
                 raise ConfigError(f"ablation.{key}: {values} repeats a value (an arm would run twice)")
+
+    @property
+    def all_seeds(self) -> list[int]:
+        """Every seed an arm trains at: discovery, then confirmation."""
+        return [*self.seeds, *self.confirm_seeds]
 
     @property
     def inject_step(self) -> int:

@@ -27,7 +27,7 @@ def depth_probe(cfg: Config) -> dict[str, Any]:
     a = cfg.ablation
     paper = {k.split(".", 1)[1]: v for k, v in XIONG_MODEL.items() if k.startswith("model.")}
     model = dataclasses.replace(cfg.model, d_model=a.d_model, n_head=a.n_head, seq_len=a.seq_len, **paper)
-    out: dict[str, Any] = {"depths": list(a.probe_depths), "seeds": list(a.seeds)}
+    out: dict[str, Any] = {"depths": list(a.probe_depths), "seeds": list(a.all_seeds)}
     for init in INITS:
         out[init] = _sweep(dataclasses.replace(model, init=init), cfg)
     return out
@@ -41,7 +41,7 @@ def _sweep(model: ModelConfig, cfg: Config) -> dict[str, Any]:
         for depth in a.probe_depths:
             norms = {
                 seed: gradient_norms_at_init(model, depth, block, (seed,), a.batch_size, cfg.tokenizer.vocab_size)
-                for seed in a.seeds
+                for seed in a.all_seeds
             }
             last.setdefault(block, {})[str(depth)] = {str(s): n[f"block{depth - 1}"] for s, n in norms.items()}
             per_layer.setdefault(block, {})[str(depth)] = [

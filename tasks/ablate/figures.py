@@ -309,21 +309,19 @@ def precision_figure(arms: Sequence[Arm], loss: LossAxes, threshold: float, path
 
 
 def overflow_figure(arms: Sequence[Arm], loss: LossAxes, cfg: Config, path: Path) -> Path:
-    """An LR spike per format against its clean twin: the whole run, then every step around the spike."""
+    """The probe-sized weight excursion per format against its clean twin: the whole run, then every
+    step around the injection."""
     a = cfg.ablation
     precisions = _values(arms, "precision")
-    window = (a.inject_step, a.inject_step + a.inject_duration - 1)
     fig = Figure(figsize=(5.5 * len(precisions), 8))
     axes = fig.subplots(2, len(precisions), squeeze=False)
     for column, precision in enumerate(precisions):
         members = [arm for arm in arms if arm["factors"]["precision"] == precision]
         for ax, smooth in ((axes[0, column], loss.smooth), (axes[1, column], 1)):
             for (spike,), twins in _groups(members, "spike").items():
-                label = "clean" if spike == "none" else f"{spike} spike"
+                label = "clean" if spike == "none" else "block 0's weights x the probe's multiplier"
                 _band(ax, [_row_trace(t, "loss") for t in twins], label, smooth)
-            ax.axvspan(
-                *window, color="red", alpha=0.2, label=f"spike: LR x{a.inject_magnitude:g}, {a.inject_duration} steps"
-            )
+            ax.axvline(a.inject_step, color="red", alpha=0.5, label=f"injection, step {a.inject_step}")
             loss.finish(ax, members)
             ax.set_xlabel("step")
         axes[0, column].set_title(f"{precision}: whole run ({loss.smooth}-step trailing mean)")

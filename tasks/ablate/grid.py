@@ -36,12 +36,13 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 """Each family and the factors it crosses (times the seeds); the first value of each factor is the
 family's base arm."""
 
-SPIKES = ("none", "lr")
-"""The overflow family's spike factor: its clean twin, and the LR spike tied to steps."""
+SPIKES = ("none", "param")
+"""The overflow family's spike factor: its clean twin, and the probe-sized weight excursion
+(tasks/ablate/conditions.py: OverflowProbeSpike)."""
 
 CODE_ROOT = Path(__file__).resolve().parents[2]
 """The checkout this module runs from (tasks/ablate/grid.py is two folders below it)."""
-ARM_CODE = ("model", "tasks/ablate/arm.py")
+ARM_CODE = ("model", "tasks/ablate/arm.py", "tasks/ablate/conditions.py")
 """The code an arm trains with, besides its config and data: a change here reruns every arm (how
 results are read, tasks/ablate/grid.py and the stage, can change without retraining)."""
 
@@ -86,11 +87,12 @@ def factor_values(a: AblationConfig) -> dict[str, dict[str, list[Any]]]:
 
 
 def expand(a: AblationConfig) -> list[Arm]:
-    """Every arm the config asks for, family by family, each point of its grid once per seed."""
+    """Every arm the config asks for, family by family, each point of its grid once per seed
+    (discovery, then confirmation)."""
     arms = []
     for family, factors in factor_values(a).items():
         for values in itertools.product(*factors.values()):
-            arms += [Arm(family, values, seed) for seed in a.seeds]
+            arms += [Arm(family, values, seed) for seed in a.all_seeds]
     return arms
 
 
@@ -104,8 +106,9 @@ def base_values(a: AblationConfig, family: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 
 
-def overrides(arm: Arm, a: AblationConfig) -> dict[str, Any]:
-    """The dotted keys that turn the study's config into this arm's. With them,
+def overrides(arm: Arm, a: AblationConfig, loss_shift: int = 0) -> dict[str, Any]:
+    """The dotted keys that turn the study's config into this arm's (``loss_shift``: the precision
+    and overflow families', tasks/ablate/conditions.py: loss_shift_probe). With them,
     ``python -m tasks.ablate.arm --set KEY=VALUE ...`` trains the arm by itself."""
     steps = family_steps(arm.family, a)
     keys = {
@@ -128,13 +131,17 @@ def overrides(arm: Arm, a: AblationConfig) -> dict[str, Any]:
         "schedule.warmup_steps": round(a.warmup_fraction * steps),
         "precision.mode": "fp32",
         "precision.loss_scaling": True,
+        "precision.loss_shift": 0,
         "checkpoint.every_steps": max(1, steps // 4),  # a retried arm resumes
         "checkpoint.keep_last": 1,
         "checkpoint.milestones": [],
         "checkpoint.every_minutes": 0.0,
         "spike.kinds": [],  # the overflow family's spike is the arm's own (tasks/ablate/arm.py)
     }
-    return keys | CONDITIONS[arm.family](arm.factors, a, steps)
+    family = CONDITIONS[arm.family](arm.factors, a, steps)
+    if arm.family in ("precision", "overflow"):
+        family["precision.loss_shift"] = loss_shift
+    return keys | family
 
 
 def _xiong(f: dict[str, Any], a: AblationConfig, steps: int) -> dict[str, Any]:
@@ -194,23 +201,24 @@ def family_steps(family: str, a: AblationConfig) -> int:
     return {"xiong": a.xiong_steps, "beta2": a.beta2_steps, "wortsman": a.wortsman_steps}.get(family, a.steps)
 
 
-def arm_config(cfg: Config, arm: Arm) -> Config:
-    return cfg.replace(**overrides(arm, cfg.ablation))
+def arm_config(cfg: Config, arm: Arm, loss_shift: int = 0) -> Config:
+    return cfg.replace(**overrides(arm, cfg.ablation, loss_shift))
 
 
 def injection_spec(kind: str, a: AblationConfig) -> dict[str, Any] | None:
-    """The spike an arm takes (model/spike/injections.py: Injection's fields), None for a clean arm (``none``).
-    Tied to steps, not to stream positions, so nothing that skips batches can remove it."""
+    """The injection an arm takes (model/spike/injections.py: Injection's fields), None for a clean
+    arm (``none``): block 0's weights once at ``inject_step``, by a multiplier the arm measures then
+    (``magnitude`` 0: sized by the probe, tasks/ablate/conditions.py: OverflowProbeSpike)."""
     if kind == "none":
         return None
     return {
         "kind": kind,
         "start": a.inject_step,
         "position": a.inject_step - 1,
-        "duration": a.inject_duration,
-        "magnitude": a.inject_magnitude,
+        "duration": 1,
+        "magnitude": 0.0,
         "param_block": 0,
-        "tied_to": "step",
+        "tied_to": "once",
     }
 
 
@@ -310,6 +318,7 @@ def arm_metrics(result: dict[str, Any], cfg: Config) -> dict[str, Any]:
         **{f"collapse_{k}": v for k, v in result.get("collapse", {}).items()},
         "wall_s": summary["wall_s"],
         "precision_path": summary["precision"],
+        "injected_multiplier": result.get("injected_multiplier"),
     }
 
 

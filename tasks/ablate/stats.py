@@ -32,10 +32,6 @@ ALPHA = 0.05
 POWER = 0.8
 """Power at which the minimum detectable difference is given."""
 
-WILCOXON_FROM = 6
-"""Pairs from which the signed-rank test replaces the paired t-test: below 6 the exact signed-rank
-test cannot reach p < 0.05 (its smallest two-sided p is 2 / 2^n, 0.0625 at n = 5)."""
-
 FIGURES = (
     "final_loss",
     "val_loss",
@@ -127,20 +123,11 @@ def mde_paired(n: int, sd: float, alpha: float = ALPHA, power: float = POWER) ->
     return float(optimize.brentq(power_minus_target, 0.0, high) * sd / math.sqrt(n))
 
 
-def hodges_lehmann(diffs: Sequence[float]) -> float:
-    """Median of the Walsh averages (d_i + d_j) / 2, i <= j: the shift the signed-rank test estimates."""
-    d = np.asarray(diffs, dtype=float)
-    i, j = np.triu_indices(len(d))
-    return float(np.median((d[i] + d[j]) / 2))
-
-
 def paired(a: dict[Unit, float], b: dict[Unit, float]) -> dict[str, Any]:
-    """Arm ``a`` against arm ``b`` over the seeds both ran: the per-seed differences a - b, their mean,
-    SD, dz (mean / SD), the t-interval of the mean difference, the two-sided p and the minimum
-    detectable mean difference (paired t, ``POWER``). The paired t-test below ``WILCOXON_FROM`` pairs,
-    the signed-rank test (exact, or exhaustive permutation with ties, as scipy decides) from there,
-    with the Hodges-Lehmann shift beside it. ``estimate`` is always the mean difference, the centre of
-    the t-interval and the quantity the MDE is for, so the three describe one number.
+    """Arm ``a`` against arm ``b`` over the units both ran (the seed: tasks/report/preregistration.yaml,
+    ``method``): the per-unit differences a - b, their mean, SD, dz (mean / SD), the t-interval of the
+    mean difference, the paired t-test's two-sided p and the smallest mean difference that test
+    detects at ``POWER``: one test, so the estimate, its interval, p and the MDE describe one number.
     Where no test can run, ``test`` says why and p is None."""
     seeds = sorted(a.keys() & b.keys())
     diffs = [a[s] - b[s] for s in seeds]
@@ -184,22 +171,27 @@ def paired(a: dict[Unit, float], b: dict[Unit, float]) -> dict[str, Any]:
 
 def _paired_test(diffs: list[float]) -> dict[str, Any]:
     n, mean, sd = len(diffs), float(np.mean(diffs)), float(np.std(diffs, ddof=1))
-    out = {
+    result = stats.ttest_1samp(diffs, 0.0)  # = ttest_rel(a, b) on the same pairs
+    return {
+        "test": "paired t-test",
+        "p": float(result.pvalue),
         "ci95": [float(x) for x in stats.t.interval(1 - ALPHA, n - 1, loc=mean, scale=sd / math.sqrt(n))],
         "ci95_method": "t-interval of the mean difference",
         "dz": mean / sd,
         "mde": mde_paired(n, sd),
     }
-    if n < WILCOXON_FROM:
-        result = stats.ttest_1samp(diffs, 0.0)  # = ttest_rel(a, b) on the same pairs
-        return {**out, "test": "paired t-test", "p": float(result.pvalue)}
-    signed_rank = stats.wilcoxon(diffs)
-    return {
-        **out,
-        "test": "Wilcoxon signed-rank",
-        "hodges_lehmann": hodges_lehmann(diffs),
-        "p": float(signed_rank.pvalue),
-    }
+
+
+def seed_means(values: dict[Unit, float]) -> dict[tuple[Any, ...], float]:
+    """Per seed, the mean over the other factors of its units (``(seed, lr, ...)`` keys): the seed
+    is the unit of analysis, so a family crossing an LR grid is aggregated within each seed before
+    any test (two LRs of one seed share its initialisation and data order: not independent)."""
+    by_seed: dict[Any, list[float]] = {}
+    for unit, value in values.items():
+        seed = unit[0] if isinstance(unit, tuple) else unit
+        by_seed.setdefault(seed, []).append(value)
+    with np.errstate(invalid="ignore"):
+        return {(seed,): float(np.mean(v)) for seed, v in sorted(by_seed.items())}
 
 
 def tost_paired(diffs: Sequence[float], margin: float, alpha: float = ALPHA) -> dict[str, Any]:

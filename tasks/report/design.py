@@ -1,6 +1,10 @@
 """The study's pre-registered design (tasks/report/preregistration.yaml), read in one place: the
 findings read it for their tests and thresholds, the ablate stage's figures for the lines they
-draw (the plateau margin, the fp16 underflow threshold), the report prints its hash."""
+draw (the plateau margin, the fp16 underflow threshold), the report prints its hash.
+
+The hash covers the YAML and the code that turns results into verdicts (DESIGN_CODE): the pairing
+unit, the tests, the verdict rule, what each arm's figures mean, how a spike is classified and an
+optimum fitted. Changing any of them changes the design as much as editing a threshold does."""
 
 from __future__ import annotations
 
@@ -11,7 +15,19 @@ from typing import Any
 
 import yaml
 
+ROOT = Path(__file__).resolve().parents[2]
 DESIGN_FILE = Path(__file__).with_name("preregistration.yaml")
+DESIGN_CODE = (
+    "tasks/report/preregistration.yaml",
+    "tasks/report/verdict.py",
+    "tasks/report/findings.py",
+    "tasks/ablate/stats.py",
+    "tasks/ablate/grid.py",
+    "tasks/ablate/conditions.py",
+    "tasks/search/fit.py",
+    "tasks/spike/study.py",
+)
+"""The files whose content decides a verdict, relative to the checkout (the design hash's input)."""
 
 
 @cache
@@ -22,5 +38,8 @@ def design() -> dict[str, Any]:
 
 
 def design_hash() -> str:
-    """sha256 of the design file, as the report prints it."""
-    return hashlib.sha256(DESIGN_FILE.read_bytes()).hexdigest()[:16]
+    """sha256 over DESIGN_CODE, file by file (path and bytes), as the report prints it."""
+    h = hashlib.sha256()
+    for name in DESIGN_CODE:
+        h.update(name.encode() + b"\0" + (ROOT / name).read_bytes())
+    return h.hexdigest()[:16]

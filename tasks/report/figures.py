@@ -86,15 +86,19 @@ def _claim(fig: Figure, ax: Axes, row: dict[str, Any]) -> None:
 
 
 def _estimate(ax: Axes, row: dict[str, Any]) -> None:
-    """The point estimate and its interval on an axis symmetric about 0, the equivalence band, and
-    above the axis its unit and the prediction."""
+    """The point estimate and its interval on an axis symmetric about 0, the equivalence band or the
+    smallest effect of interest the interval must clear (dashed, on the predicted side), and above
+    the axis its unit and the prediction."""
     estimate, (lo, hi) = row["estimate"], row["ci95"] or (row["estimate"], row["estimate"])
     margin = row["margin"] if row["kind"] == "equivalence" else None
-    reach = 1.25 * max(abs(estimate), abs(lo), abs(hi), margin or 0) or 1.0
+    sesoi = row.get("sesoi") or 0.0
+    reach = 1.25 * max(abs(estimate), abs(lo), abs(hi), margin or 0, sesoi) or 1.0
     ax.set_xlim(-reach, reach)
     ax.axvline(0, color="0.3", lw=1)
     if margin:
         ax.axvspan(-margin, margin, color="#2e7d32", alpha=0.15)
+    elif sesoi:
+        ax.axvline(row["expected"] * sesoi, color="#2e7d32", lw=1, ls="--")
     prediction = f"equivalent: within ±{margin:g}" if margin else PREDICTION.get(row["expected"], "")
     ax.text(0, 1.04, row["unit"], transform=ax.transAxes, fontsize=7, color="0.3")
     ax.text(1, 1.04, prediction, transform=ax.transAxes, ha="right", fontsize=7, color="0.3")

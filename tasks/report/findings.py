@@ -1,38 +1,53 @@
 """The findings the study tests, each read off the stages' outputs as its pre-registered design
-says (tasks/report/preregistration.yaml: arms, metric, test, direction, α, margin, precondition),
+says (tasks/report/preregistration.yaml: method, arms, metric, test, direction, SESOI, precondition),
 with its verdict from the one rule (tasks/report/verdict.py).
 
-Every comparison is paired: arms of one seed (and, where a family crosses an LR grid, one LR)
-share initialisation, data order and validation batches, so a finding compares per-unit
-differences (tasks/ablate/stats.py: paired). A diverged arm is a result: its loss is the loss at
-initialisation (tasks/ablate/stats.py: capped_loss), and divergence is reported apart as a rate.
-A family is tested only if its base arm ended ``plateau_margin`` nats below the unigram baseline:
-an arm that learned no more than unigram statistics tests nothing.
+The seed is the unit: arms of one seed share initialisation, data order and validation batches,
+so a finding takes per-seed differences (a family crossing an LR grid averages its per-(seed, LR)
+differences within each seed first, tasks/ablate/stats.py: seed_means) and tests them with the
+paired t-test, pooled over every seed and, beside it, within each registered half (discovery,
+confirmation). A diverged arm is a result: its loss is the loss at initialisation
+(tasks/ablate/stats.py: capped_loss), and divergence is reported apart as a rate. Every variant a
+claim compares must end ``plateau_margin`` nats below the unigram baseline (those the finding
+predicts to fail aside, ``may_fail``): an arm that learned no more than unigram statistics tests nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from scipy import stats as scipy_stats
 
-from tasks.ablate.grid import Arm, base_values
-from tasks.ablate.stats import derived, divergence_rates, lr_sensitivity, paired, slope_test, tost_paired, tost_slope
+from tasks.ablate.grid import Arm, base_values, factor_values
+from tasks.ablate.stats import (
+    derived,
+    divergence_rates,
+    lr_sensitivity,
+    paired,
+    seed_means,
+    tost_paired,
+)
 from tasks.config import Config
 from tasks.report.design import design
-from tasks.report.verdict import Claim, verdict
+from tasks.report.verdict import EQUIVALENCE, Claim, verdict
 
 FAMILY_OF = {"xiong": "xiong", "fp16": "precision", "overflow": "overflow", "beta2": "beta2", "wortsman": "wortsman"}
 """The family of arms each trained finding reads (tasks/ablate/grid.py: FAMILIES)."""
 
+Halves = dict[str, list[int]]
+"""The registered halves of a stage's seeds: {"discovery": [...], "confirmation": [...]}."""
+
 
 @dataclasses.dataclass
 class Finding:
-    """A finding's verdict with what decided it: its claims (each a paired comparison), the
-    precondition that failed (if one did), the numbers a reader checks, and the arms it read."""
+    """A finding's verdict with what decided it: its claims (each pooled over every seed, with each
+    half's estimate), the precondition that failed (if one did), the numbers a reader checks, and
+    the arms it read; ``halves`` holds each claim's comparison within each half of the seeds."""
 
     key: str
     verdict: str
@@ -42,6 +57,7 @@ class Finding:
     arms: list[str]
     base_val_loss: float | None = None
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    halves: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
     @property
     def registered(self) -> dict[str, Any]:
@@ -57,8 +73,13 @@ class Finding:
             "test": r["test"],
             "expected": r["expected"],
             "precondition_failed": self.precondition_failed,
+            "sesoi": {c.what: c.sesoi for c in self.claims},
             "mde": {c.what: c.mde for c in self.claims},
-            "claims": [dataclasses.asdict(c) for c in self.claims],
+            "powered": {c.what: c.powered for c in self.claims},
+            "claims": [
+                {**dataclasses.asdict(c), "holds": c.holds, "contradicted": c.contradicted} for c in self.claims
+            ],
+            "halves": self.halves,
             "numbers": self.numbers,
             "base_val_loss": self.base_val_loss,
             "arms": self.arms,
@@ -74,6 +95,7 @@ def decide(
     precondition_failed: str | None = None,
     base_val_loss: float | None = None,
     details: dict[str, Any] | None = None,
+    halves: dict[str, dict[str, dict[str, Any]]] | None = None,
 ) -> Finding:
     return Finding(
         key,
@@ -84,20 +106,93 @@ def decide(
         arms,
         base_val_loss,
         details or {},
+        halves or {},
     )
 
 
-def direction(what: str, comparison: dict[str, Any], expected: int, unit: str = "nats") -> Claim:
-    """A directional claim from a paired comparison (tasks/ablate/stats.py: paired)."""
+# ----------------------------------------------------------------------------------------------
+# Seeds as units, halves, claims
+# ----------------------------------------------------------------------------------------------
+
+
+def ablation_halves(cfg: Config) -> Halves:
+    return _halves(cfg.ablation.seeds, cfg.ablation.confirm_seeds)
+
+
+def _halves(discovery: Sequence[int], confirmation: Sequence[int]) -> Halves:
+    """The registered halves, the confirmation half only where it has seeds (a profile may have none)."""
+    out = {"discovery": list(discovery)}
+    if confirmation:
+        out["confirmation"] = list(confirmation)
+    return out
+
+
+def within(values: Mapping[tuple, float], seeds: Sequence[int]) -> dict[tuple, float]:
+    """The per-seed values of the units whose seed is in ``seeds``."""
+    return {u: v for u, v in values.items() if u[0] in seeds}
+
+
+def pooled_and_halves(values: dict[tuple, float], halves: Halves) -> dict[str, Any]:
+    """The paired t-test of per-seed values (differences) against 0, pooled over every seed, with the
+    same test within each half under ``halves``."""
+    return {
+        **_against_zero(values),
+        "halves": {name: _against_zero(within(values, seeds)) for name, seeds in halves.items()},
+    }
+
+
+def _against_zero(values: dict[tuple, float]) -> dict[str, Any]:
+    return paired(values, {u: 0.0 for u in values})
+
+
+def per_seed_difference(a: dict[tuple, float], b: dict[tuple, float]) -> dict[tuple, float]:
+    """a − b per unit, averaged within each seed (the seed is the unit)."""
+    return seed_means(subtract(a, b))
+
+
+def sesoi(key: str, claim: str) -> float:
+    """The registered smallest effect of interest of ``claim`` of finding ``key``."""
+    value: float = design()["findings"][key]["claims"][claim]["sesoi"]
+    return value
+
+
+def direction(key: str, claim: str, what: str, tested: dict[str, Any], expected: int, unit: str = "nats") -> Claim:
+    """A directional claim from :func:`pooled_and_halves`, with its registered SESOI and each half's estimate."""
     return Claim(
         what,
-        comparison.get("estimate"),
-        comparison.get("p"),
+        tested.get("estimate"),
+        tested.get("p"),
         expected,
-        ci95=comparison.get("ci95"),
-        mde=comparison.get("mde"),
+        sesoi=sesoi(key, claim),
+        ci95=tested.get("ci95"),
+        halves={h: c.get("estimate") for h, c in tested.get("halves", {}).items()},
+        mde=tested.get("mde"),
         unit=unit,
     )
+
+
+def equivalence(key: str, claim: str, what: str, values: dict[tuple, float], halves: Halves, unit: str) -> Claim:
+    """An equivalence claim on per-seed values: TOST against ±SESOI pooled; each half's estimate."""
+    margin = sesoi(key, claim)
+    tested = pooled_and_halves(values, halves)
+    tost = tost_paired(list(values.values()), margin)
+    return Claim(
+        what,
+        tested.get("estimate"),
+        tost.get("p"),
+        0,
+        kind=EQUIVALENCE,
+        sesoi=margin,
+        ci95=tested.get("ci95"),
+        halves={h: c.get("estimate") for h, c in tested["halves"].items()},
+        mde=tested.get("mde"),
+        unit=unit,
+    )
+
+
+def halves_of(claims: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per claim, its comparison within each half (for the report)."""
+    return {what: tested.get("halves", {}) for what, tested in claims.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,6 +271,35 @@ def _diverged(arms: Arms, family: str, **factors: Any) -> dict[tuple, bool]:
     return {u: bool(v) for u, v in arms.values(family, "diverged", **factors).items()}
 
 
+def variants_of(cfg: Config, family: str, **fixed: Any) -> list[dict[str, Any]]:
+    """Every variant (factor values) of ``family`` in the config, those in ``fixed`` held."""
+    factors = {k: ([fixed[k]] if k in fixed else v) for k, v in factor_values(cfg.ablation)[family].items()}
+    return [dict(zip(factors, values)) for values in itertools.product(*factors.values())]
+
+
+def variants_gate(
+    key: str, arms: Arms, family: str, compared: Sequence[dict[str, Any]], unigram: float | None
+) -> str | None:
+    """The plateau gate on every variant a claim compares (mean capped loss over all its seeds),
+    except those the finding registers as predicted to fail (``may_fail``): the first that fails, or None."""
+    may_fail = design()["findings"][key].get("may_fail") or []
+    for factors in compared:
+        if any(all(factors.get(k) == v for k, v in exempt.items()) for exempt in may_fail):
+            continue
+        what = f"the compared variant {_variant(family, factors)}"
+        if failed := plateau_gate(arms.mean(family, "capped_loss", **factors), unigram, what):
+            return failed
+    return None
+
+
+def _claims_numbers(tested: Mapping[str, dict[str, Any]], unit: str = "nats") -> str:
+    """Each claim's pooled test, then each half's, in a line."""
+    return "; ".join(
+        f"{what}: {_cmp(t, unit)}" + "".join(f" | {half} {_cmp(h, unit)}" for half, h in t.get("halves", {}).items())
+        for what, t in tested.items()
+    )
+
+
 # ----------------------------------------------------------------------------------------------
 # The findings
 # ----------------------------------------------------------------------------------------------
@@ -183,8 +307,8 @@ def _diverged(arms: Arms, family: str, **factors: Any) -> dict[tuple, bool]:
 
 def xiong_init(cfg: Config, ablate: dict[str, Any], **_: Any) -> Finding:
     probe = (ablate.get("depth_probe") or {}).get("xavier") or {}
-    if not {"pre_ln", "post_ln"} <= set(cfg.ablation.blocks) or len(cfg.ablation.probe_depths) < 2:
-        return _missing("xiong_init", "ablation.blocks needs pre_ln and post_ln, ablation.probe_depths two or more")
+    if not {"pre_ln", "post_ln"} <= set(cfg.ablation.blocks) or len(cfg.ablation.probe_depths) < 3:
+        return _missing("xiong_init", "ablation.blocks needs pre_ln and post_ln, ablation.probe_depths three or more")
     if not probe.get("last_layer"):
         return decide("xiong_init", [], "the depth probe did not run", [], "no depth probe in metrics/ablate.json")
     last = probe["last_layer"]  # block -> depth -> seed -> gradient norm, under the paper's init
@@ -194,21 +318,34 @@ def xiong_init(cfg: Config, ablate: dict[str, Any], **_: Any) -> Finding:
         for d in depths
         for s in last["post_ln"][str(d)]
     }
+    halves = ablation_halves(cfg)
     deepest = {(s,): r for (s, d), r in ratio.items() if d == depths[-1]}
-    at_depth = paired(deepest, {u: 0.0 for u in deepest})
-    slope = slope_test([math.log(d) for _, d in ratio], list(ratio.values()))
+    slopes = {
+        (s,): float(scipy_stats.linregress(np.log(depths), [ratio[s, d] for d in depths]).slope)
+        for s in sorted({s for s, _ in ratio})
+    }
+    tested = {
+        f"log(Post-LN / Pre-LN) last-layer grad norm at depth {depths[-1]}": pooled_and_halves(deepest, halves),
+        "per-seed slope of that log ratio on log depth": pooled_and_halves(slopes, halves),
+    }
+    (what_deep, deep), (what_slope, slope) = tested.items()
     claims = [
-        direction(f"log(Post-LN / Pre-LN) last-layer grad norm at depth {depths[-1]}", at_depth, +1, "log ratio"),
-        Claim("slope of that log ratio on log depth", slope["slope"], slope["p"], +1, ci95=slope["ci95"], unit="slope"),
+        direction("xiong_init", "deepest", what_deep, deep, +1, "log ratio"),
+        direction("xiong_init", "slope", what_slope, slope, +1, "slope"),
     ]
     mean_ratio = {d: float(np.exp(np.mean([r for (s, dd), r in ratio.items() if dd == d]))) for d in depths}
     numbers = (
         "Post-LN / Pre-LN last-layer gradient norm at init, geometric mean over seeds: "
         + ", ".join(f"L={d}: {mean_ratio[d]:.2f}x" for d in depths)
-        + f"; at L={depths[-1]} {_cmp(at_depth, 'log')}; slope on log L {_slope(slope)} (Theorem 1 predicts +0.5)"
+        + f"; {_claims_numbers(tested, 'log')} (Theorem 1 predicts a slope of +0.5)"
     )
     return decide(
-        "xiong_init", claims, numbers, [f"depth probe: L={d}" for d in depths], details={"ratio_by_depth": mean_ratio}
+        "xiong_init",
+        claims,
+        numbers,
+        [f"depth probe: L={d}" for d in depths],
+        details={"ratio_by_depth": mean_ratio},
+        halves=halves_of(tested),
     )
 
 
@@ -216,36 +353,40 @@ def xiong(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) 
     arms, a = Arms(ablate), cfg.ablation
     if not {"pre_ln", "post_ln"} <= set(a.blocks) or 0.0 not in a.xiong_warmups or len(a.xiong_warmups) < 2:
         return _missing("xiong", "ablation.blocks needs post_ln, ablation.xiong_warmups 0 and a warmup")
-    base = base_values(a, "xiong")
+    halves = ablation_halves(cfg)
     warm = next(w for w in a.xiong_warmups if w)
     loss = {(b, w): arms.values("xiong", "capped_loss", block=b, warmup=w) for b in a.blocks for w in (0.0, warm)}
-    post = paired(loss["post_ln", 0.0], loss["post_ln", warm])
-    pre = paired(loss["pre_ln", 0.0], loss["pre_ln", warm])
-    interaction = paired(
-        subtract(loss["post_ln", 0.0], loss["post_ln", warm]), subtract(loss["pre_ln", 0.0], loss["pre_ln", warm])
-    )
+    effect = {b: subtract(loss[b, 0.0], loss[b, warm]) for b in ("post_ln", "pre_ln")}  # per (seed, LR)
+    tested = {
+        "Post-LN: no warmup − warmup, final loss": pooled_and_halves(seed_means(effect["post_ln"]), halves),
+        "warmup's effect, Post-LN − Pre-LN (interaction)": pooled_and_halves(
+            per_seed_difference(effect["post_ln"], effect["pre_ln"]), halves
+        ),
+    }
+    pre = pooled_and_halves(seed_means(effect["pre_ln"]), halves)
+    (what_post, post), (what_inter, interaction) = tested.items()
     claims = [
-        direction("Post-LN: no warmup − warmup, final loss", post, +1),
-        direction("warmup's effect, Post-LN − Pre-LN (interaction)", interaction, +1),
+        direction("xiong", "post_ln", what_post, post, +1),
+        direction("xiong", "interaction", what_inter, interaction, +1),
     ]
     diverged = divergence_rates(
         _diverged(arms, "xiong", block="post_ln", warmup=0.0), _diverged(arms, "xiong", block="post_ln", warmup=warm)
     )
-    base_loss = arms.mean("xiong", "capped_loss", **base)
     numbers = (
-        f"final val loss (capped at ln V), paired by (seed, LR): Post-LN no warmup − {warm:.0%} warmup "
-        f"{_cmp(post)}; Pre-LN {_cmp(pre)}; interaction {_cmp(interaction)}; Post-LN diverged without vs "
-        f"with warmup {_rate(diverged)}; depth {a.xiong_depth}, the paper's model (Xavier init, LayerNorm, GELU), "
-        f"LRs {', '.join(f'{lr:g}' for lr in a.xiong_lrs)}"
+        f"final val loss (capped at ln V), per seed the mean over LRs {', '.join(f'{lr:g}' for lr in a.xiong_lrs)}: "
+        f"{_claims_numbers(tested)}; Pre-LN no warmup − warmup {_cmp(pre)}; Post-LN diverged without vs with "
+        f"warmup, per (seed, LR) {_rate(diverged)}; depth {a.xiong_depth}, the paper's model (Xavier init, "
+        "LayerNorm, GELU)"
     )
     return decide(
         "xiong",
         claims,
         numbers,
         arms.names("xiong"),
-        plateau_gate(base_loss, unigram, f"the base arm ({_variant('xiong', base)})"),
-        base_loss,
-        {"post_ln": post, "pre_ln": pre, "interaction": interaction, "divergence": diverged},
+        variants_gate("xiong", arms, "xiong", variants_of(cfg, "xiong"), unigram),
+        arms.mean("xiong", "capped_loss", **base_values(a, "xiong")),
+        {"pre_ln": pre, "divergence": diverged, **tested},
+        halves_of(tested),
     )
 
 
@@ -253,31 +394,33 @@ def fp16(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -
     arms, a, registered = Arms(ablate), cfg.ablation, design()["findings"]["fp16"]
     if not {"fp32", "fp16", "fp16_unscaled"} <= set(a.precisions):
         return _missing("fp16", "ablation.precisions needs fp32, fp16 and fp16_unscaled")
+    halves = ablation_halves(cfg)
     loss = {p: arms.values("precision", "capped_loss", precision=p) for p in a.precisions}
-    unscaled = paired(loss["fp16_unscaled"], loss["fp16"])
-    scaled_diffs = subtract(loss["fp16"], loss["fp32"])
-    equivalence = tost_paired(list(scaled_diffs.values()), registered["margin"])
-    scaled = paired(loss["fp16"], loss["fp32"])
+    unscaled_values = per_seed_difference(loss["fp16_unscaled"], loss["fp16"])
+    scaled_values = per_seed_difference(loss["fp16"], loss["fp32"])
+    tested = {
+        "unscaled − scaled fp16, final loss": pooled_and_halves(unscaled_values, halves),
+        "scaled fp16 − fp32, final loss": pooled_and_halves(scaled_values, halves),
+    }
+    margin = sesoi("fp16", "scaled")
     claims = [
-        direction("unscaled − scaled fp16, final loss", unscaled, +1),
-        Claim(
-            f"scaled fp16 ≡ fp32 within ±{registered['margin']:g} nats",
-            scaled.get("estimate"),
-            equivalence.get("p"),
-            0,
-            kind="equivalence",
-            p_difference=scaled.get("p"),
-            ci95=scaled.get("ci95"),
-            mde=scaled.get("mde"),
-            unit="nats",
+        direction(
+            "fp16", "unscaled", "unscaled − scaled fp16, final loss", tested["unscaled − scaled fp16, final loss"], +1
         ),
+        equivalence("fp16", "scaled", f"scaled fp16 ≡ fp32 within ±{margin:g} nats", scaled_values, halves, "nats"),
     ]
     underflow = [
         v for v in arms.values("precision", "grad_underflow_share", precision="fp32").values() if v is not None
     ]
     share = float(np.mean(underflow)) if underflow else None
-    base_loss = arms.mean("precision", "capped_loss", precision=a.precisions[0])
-    failed = plateau_gate(base_loss, unigram, f"the base arm ({a.precisions[0]})")
+    shift = (ablate.get("conditions") or {}).get("loss_shift") or {}
+    compared = [{"precision": p} for p in ("fp32", "fp16", "fp16_unscaled")]
+    failed = variants_gate("fp16", arms, "precision", compared, unigram)
+    if failed is None and shift.get("k") is None:
+        failed = (
+            f"no loss shift up to 2^-16 put {a.underflow_target:.0%} of activation gradients below 2^-24 in the "
+            "one-step probe (the condition was not reached)"
+        )
     if failed is None and (share is None or share < registered["threshold"]):
         failed = (
             "no activation-gradient underflow to lose: "
@@ -286,9 +429,11 @@ def fp16(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -
         )
     means = ", ".join(f"{p} {number(arms.mean('precision', 'capped_loss', precision=p))}" for p in a.precisions)
     numbers = (
-        f"final val loss (capped), mean over seeds: {means}; unscaled − scaled {_cmp(unscaled)}; scaled − fp32 "
-        f"{_cmp(scaled)}, TOST ±{registered['margin']:g} p={_p(equivalence)}; activation-gradient values below "
-        f"2⁻²⁴ in the fp32 arms (worst layer): {'-' if share is None else f'{share:.3%}'}"
+        f"loss x 2^-{shift.get('k', '?')} (one-step probe: {_share_at(shift)} of the worst block's activation "
+        f"gradients below 2⁻²⁴ there, target {a.underflow_target:.0%}); final val loss (capped), mean over seeds: "
+        f"{means}; {_claims_numbers(tested)}; TOST ±{margin:g} p={number(claims[1].p, '{:.3g}')}; activation-gradient "
+        f"values below 2⁻²⁴ in the fp32 arms (worst layer, mean over probes): {'-' if share is None else f'{share:.3%}'}"
+        f" (threshold {registered['threshold']:.0%})"
     )
     return decide(
         "fp16",
@@ -296,71 +441,99 @@ def fp16(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -
         numbers,
         arms.names("precision"),
         failed,
-        base_loss,
-        {"underflow_share": share, "tost": equivalence},
+        arms.mean("precision", "capped_loss", precision=a.precisions[0]),
+        {"underflow_share": share, "threshold": registered["threshold"], "loss_shift": shift, **tested},
+        halves_of(tested),
     )
+
+
+def _share_at(shift: dict[str, Any]) -> str:
+    k = shift.get("k")
+    return "-" if k is None else f"{shift['shares'][str(k)]:.1%}"
 
 
 def overflow(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -> Finding:
     arms, a = Arms(ablate), cfg.ablation
     if not {"bf16", "fp16"} <= set(a.overflow_precisions):
         return _missing("overflow", "ablation.overflow_precisions needs bf16 and fp16")
+    halves = ablation_halves(cfg)
     effect = {
         p: subtract(
-            arms.values("overflow", "capped_loss", precision=p, spike="lr"),
+            arms.values("overflow", "capped_loss", precision=p, spike="param"),
             arms.values("overflow", "capped_loss", precision=p, spike="none"),
         )
         for p in ("bf16", "fp16")
     }
-    interaction = paired(effect["fp16"], effect["bf16"])
-    claims = [direction("spike's effect on final loss, fp16 − bf16", interaction, +1)]
-    overflowed = [v for v in arms.values("overflow", "act_overflow_share", precision="bf16", spike="lr").values() if v]
-    base_loss = arms.mean("overflow", "capped_loss", precision="bf16", spike="none")
-    failed = plateau_gate(base_loss, unigram, "the base arm (bf16, clean)")
+    what = "the injection's effect on final loss, fp16 − bf16"
+    tested = {what: pooled_and_halves(per_seed_difference(effect["fp16"], effect["bf16"]), halves)}
+    claims = [direction("overflow", "interaction", what, tested[what], +1)]
+    overflowed = [
+        v for v in arms.values("overflow", "act_overflow_share", precision="bf16", spike="param").values() if v
+    ]
+    multipliers = [v for v in arms.values("overflow", "injected_multiplier", spike="param").values() if v is not None]
+    failed = variants_gate("overflow", arms, "overflow", variants_of(cfg, "overflow"), unigram)
     if failed is None and not overflowed:
-        failed = "the spike drove no activation past 65,504 in the spiked bf16 arms (fp16's range was never reached)"
+        failed = "no activation passed 65,504 in the injected bf16 arms (fp16's range was never reached)"
     broken = divergence_rates(
-        {u: bool(v) for u, v in arms.values("overflow", "diverged", precision="fp16", spike="lr").items()},
-        {u: bool(v) for u, v in arms.values("overflow", "diverged", precision="bf16", spike="lr").items()},
+        {u: bool(v) for u, v in arms.values("overflow", "diverged", precision="fp16", spike="param").items()},
+        {u: bool(v) for u, v in arms.values("overflow", "diverged", precision="bf16", spike="param").items()},
     )
     numbers = (
-        f"spike (LR x{a.inject_magnitude:g} for {a.inject_duration} steps from step {a.inject_step}, tied to steps): "
-        f"effect on final loss fp16 {_mean(effect['fp16'])}, bf16 {_mean(effect['bf16'])}; fp16 − bf16 "
-        f"{_cmp(interaction)}; diverged under the spike fp16 vs bf16 {_rate(broken)}; spiked bf16 arms with "
-        f"activations above 65,504: {len(overflowed)}"
+        f"block 0's weights x the probe's multiplier at step {a.inject_step} (multipliers "
+        f"{sorted({f'2^{round(math.log2(m))}' for m in multipliers}) or '-'}): effect on final loss fp16 "
+        f"{_mean(effect['fp16'])}, bf16 {_mean(effect['bf16'])}; {_claims_numbers(tested)}; runs broken under "
+        f"the injection fp16 vs bf16 {_rate(broken)}; injected bf16 arms with activations above 65,504: "
+        f"{len(overflowed)}"
     )
-    return decide("overflow", claims, numbers, arms.names("overflow"), failed, base_loss, {"divergence": broken})
+    return decide(
+        "overflow",
+        claims,
+        numbers,
+        arms.names("overflow"),
+        failed,
+        arms.mean("overflow", "capped_loss", precision="bf16", spike="none"),
+        {"divergence": broken, "multipliers": multipliers, **tested},
+        halves_of(tested),
+    )
 
 
 def beta2(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -> Finding:
     arms, a = Arms(ablate), cfg.ablation
     if not {0.95, 0.999} <= set(a.beta2s):
         return _missing("beta2", "ablation.beta2s needs 0.95 and 0.999")
-    comparisons = {
-        figure: paired(arms.values("beta2", figure, beta2=0.999), arms.values("beta2", figure, beta2=0.95))
+    halves = ablation_halves(cfg)
+    difference = {
+        figure: per_seed_difference(arms.values("beta2", figure, beta2=0.999), arms.values("beta2", figure, beta2=0.95))
         for figure in ("spikes_per_1k", "update_rms_max", "capped_loss")
     }
+    tested = {
+        "natural spikes per 1,000 steps, 0.999 − 0.95": pooled_and_halves(difference["spikes_per_1k"], halves),
+        "largest update RMS, 0.999 − 0.95": pooled_and_halves(difference["update_rms_max"], halves),
+    }
+    (what_spikes, spikes), (what_rms, rms) = tested.items()
     claims = [
-        direction("natural spikes per 1,000 steps, 0.999 − 0.95", comparisons["spikes_per_1k"], +1, "spikes/1k"),
-        direction("largest update RMS, 0.999 − 0.95", comparisons["update_rms_max"], +1, "RMS"),
+        direction("beta2", "spikes", what_spikes, spikes, +1, "spikes/1k"),
+        direction("beta2", "update_rms", what_rms, rms, +1, "RMS"),
     ]
-    base_loss = arms.mean("beta2", "capped_loss", **base_values(a, "beta2"))
+    final = pooled_and_halves(difference["capped_loss"], halves)
     numbers = (
-        f"clean runs of {a.beta2_steps} steps, paired by (seed, LR x{', x'.join(f'{m:g}' for m in a.beta2_lr_mults)}): "
-        f"spikes per 1,000 steps {_mean(arms.values('beta2', 'spikes_per_1k', beta2=0.999))} vs "
-        f"{_mean(arms.values('beta2', 'spikes_per_1k', beta2=0.95))} ({_cmp(comparisons['spikes_per_1k'], '')}); "
-        f"largest update RMS {_mean(arms.values('beta2', 'update_rms_max', beta2=0.999))} vs "
-        f"{_mean(arms.values('beta2', 'update_rms_max', beta2=0.95))} ({_cmp(comparisons['update_rms_max'], '')}); "
-        f"final loss {_cmp(comparisons['capped_loss'])}"
+        f"clean runs of {a.beta2_steps} steps at LR ablation.lr = {a.lr:g} (fixed) x"
+        f"{', x'.join(f'{m:g}' for m in a.beta2_lr_mults)}, per seed the mean over those LRs: spikes per 1,000 "
+        f"steps {_mean(arms.values('beta2', 'spikes_per_1k', beta2=0.999))} vs "
+        f"{_mean(arms.values('beta2', 'spikes_per_1k', beta2=0.95))}; largest update RMS "
+        f"{_mean(arms.values('beta2', 'update_rms_max', beta2=0.999))} vs "
+        f"{_mean(arms.values('beta2', 'update_rms_max', beta2=0.95))}; {_claims_numbers(tested, '')}; final loss "
+        f"{_cmp(final)}"
     )
     return decide(
         "beta2",
         claims,
         numbers,
         arms.names("beta2"),
-        plateau_gate(base_loss, unigram, f"the base arm ({_variant('beta2', base_values(a, 'beta2'))})"),
-        base_loss,
-        comparisons,
+        variants_gate("beta2", arms, "beta2", variants_of(cfg, "beta2"), unigram),
+        arms.mean("beta2", "capped_loss", **base_values(a, "beta2")),
+        {"capped_loss": final, **tested},
+        halves_of(tested),
     )
 
 
@@ -383,83 +556,120 @@ def critical_lr(arms: Arms, stabilizer: str) -> dict[int, float | None]:
     return out
 
 
+def best_lr(arms: Arms, cfg: Config, stabilizer: str) -> float | None:
+    """The LR of the grid where ``stabilizer``'s mean capped loss over seeds is lowest."""
+    means = {lr: arms.mean("wortsman", "capped_loss", stabilizer=stabilizer, lr=lr) for lr in cfg.ablation.lrs}
+    finite = {lr: loss for lr, loss in means.items() if loss is not None}
+    return min(finite, key=finite.__getitem__, default=None)
+
+
 def wortsman(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) -> Finding:
     arms, a = Arms(ablate), cfg.ablation
     others = [s for s in ("qk_norm", "z_loss") if s in a.stabilizers]
     if "none" not in a.stabilizers or not others or len(a.lrs) < 2:
         return _missing("wortsman", "ablation.stabilizers needs none and qk_norm or z_loss; ablation.lrs two or more")
+    halves = ablation_halves(cfg)
     sens = {s: lr_sensitivities(arms, cfg, s) for s in ["none", *others]}
-    comparisons = {s: paired(sens[s], sens["none"]) for s in others}
-    claims = [direction(f"LR sensitivity, {s} − none", c, -1) for s, c in comparisons.items()]
-    best = {lr: arms.mean("wortsman", "capped_loss", stabilizer="none", lr=lr) for lr in a.lrs}
-    finite = {lr: loss for lr, loss in best.items() if loss is not None}
-    best_lr = min(finite, key=finite.__getitem__, default=None)
-    base_loss = finite[best_lr] if best_lr is not None else None
+    tested = {f"LR sensitivity, {s} − none": pooled_and_halves(subtract(sens[s], sens["none"]), halves) for s in others}
+    claims = [
+        direction("wortsman", s, f"LR sensitivity, {s} − none", tested[f"LR sensitivity, {s} − none"], -1)
+        for s in others
+    ]
+    best = {s: best_lr(arms, cfg, s) for s in ["none", *others]}
+    compared = [{"stabilizer": s, "lr": lr} for s, lr in best.items() if lr is not None]
+    failed = variants_gate("wortsman", arms, "wortsman", compared, unigram)
+    if failed is None and len(compared) < len(best):
+        failed = f"no finite loss on the LR grid for {[s for s, lr in best.items() if lr is None]}"
     critical = {s: critical_lr(arms, s) for s in ["none", *others]}
     numbers = "; ".join(
-        [f"LR sensitivity over LRs {', '.join(f'{lr:g}' for lr in a.lrs)}: none {_mean(sens['none'])}"]
-        + [f"{s} {_mean(sens[s])} ({_cmp(c)})" for s, c in comparisons.items()]
-        + [
+        [
+            f"LR sensitivity over LRs {', '.join(f'{lr:g}' for lr in a.lrs)}: "
+            + ", ".join(f"{s} {_mean(sens[s])}" for s in sens),
+            _claims_numbers(tested),
+            "best LR per stabilizer: " + ", ".join(f"{s} {number(lr, '{:g}')}" for s, lr in best.items()),
             "lowest LR that diverged, per seed: "
-            + ", ".join(f"{s} {[critical[s][k] for k in sorted(critical[s])]}" for s in critical)
+            + ", ".join(f"{s} {[critical[s][k] for k in sorted(critical[s])]}" for s in critical),
         ]
     )
+    none_best = best["none"]
     return decide(
         "wortsman",
         claims,
         numbers,
         arms.names("wortsman"),
-        plateau_gate(base_loss, unigram, f"the base arm (none, at its best LR {best_lr:g})" if best_lr else "none"),
-        base_loss,
+        failed,
+        arms.mean("wortsman", "capped_loss", stabilizer="none", lr=none_best) if none_best is not None else None,
         {
             "sensitivity": {s: list(v.values()) for s, v in sens.items()},
-            "comparisons": comparisons,
+            "best_lr": best,
             "critical_lr": critical,
+            **tested,
         },
+        halves_of(tested),
     )
+
+
+def search_halves(cfg: Config) -> Halves:
+    return _halves(cfg.search.seeds, cfg.search.confirm_seeds)
+
+
+def seed_slopes(entry: dict[str, Any]) -> dict[tuple, float]:
+    """Per seed, the least-squares slope of its optimum log₂ LR on log₂ width (a seed missing a width has none)."""
+    widths = sorted(entry["widths"], key=int)
+    seeds = set.intersection(*(set(entry["widths"][w]["per_seed"]) for w in widths)) if widths else set()
+    x = [math.log2(int(w)) for w in widths]
+    return {
+        (int(s),): float(scipy_stats.linregress(x, [entry["widths"][w]["per_seed"][s] for w in widths]).slope)
+        for s in sorted(seeds, key=int)
+    }
 
 
 def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | None, **_: Any) -> Finding:
-    registered = design()["findings"]["mu_transfer"]
     if not search or not {"sp", "mup"} <= search.keys():
         return decide("mu_transfer", [], "the search stage compared no SP and μP", [], "no SP and μP search")
-    fits, xy = {}, {}
-    for p in ("sp", "mup"):
-        points = [
-            (math.log2(int(w)), opt) for w, entry in search[p]["widths"].items() for opt in entry["per_seed"].values()
-        ]
-        xy[p] = ([x for x, _ in points], [y for _, y in points])
-        fits[p] = slope_test(*xy[p])
-    equivalence = tost_slope(*xy["mup"], registered["margin"])
-    sp, mup = fits["sp"], fits["mup"]
+    halves = search_halves(cfg)
+    slopes = {p: seed_slopes(search[p]) for p in ("sp", "mup")}
+    tested = {
+        "SP: per-seed slope of log₂ η* on log₂ width": pooled_and_halves(slopes["sp"], halves),
+        "μP: per-seed slope of log₂ η* on log₂ width": pooled_and_halves(slopes["mup"], halves),
+    }
+    margin = sesoi("mu_transfer", "mup")
     claims = [
-        Claim("SP: slope of log₂ η* on log₂ width", sp["slope"], sp["p"], -1, ci95=sp["ci95"], unit="slope"),
-        Claim(
-            f"μP: slope within ±{registered['margin']:g}",
-            mup["slope"],
-            equivalence["p"],
-            0,
-            kind="equivalence",
-            p_difference=mup["p"],
-            ci95=mup["ci95"],
-            unit="slope",
+        direction(
+            "mu_transfer",
+            "sp",
+            "SP: per-seed slope of log₂ η* on log₂ width",
+            tested["SP: per-seed slope of log₂ η* on log₂ width"],
+            -1,
+            "slope",
         ),
+        equivalence("mu_transfer", "mup", f"μP: per-seed slope within ±{margin:g}", slopes["mup"], halves, "slope"),
     ]
     s = cfg.search
+    seeds = len(s.seeds) + len(s.confirm_seeds)
     failed = None
-    if s.lr_points < 7 or len(s.seeds) < 3 or len(s.widths) < 3:
-        failed = (
-            f"the search has {s.lr_points} LR points, {len(s.seeds)} seeds, {len(s.widths)} widths (needs >= 7, 3, 3)"
-        )
-    worst = max(entry["loss_opt"] for p in ("sp", "mup") for entry in search[p]["widths"].values())
+    if s.lr_points < 7 or seeds < 3 or len(s.widths) < 3:
+        failed = f"the search has {s.lr_points} LR points, {seeds} seeds, {len(s.widths)} widths (needs >= 7, 3, 3)"
+    entries = [(p, w, e) for p in ("sp", "mup") for w, e in search[p]["widths"].items()]
+    at_edge = [f"{p} width {w}" for p, w, e in entries if e.get("at_edge")]
+    worst = max(e["loss_opt"] for _, _, e in entries)
     failed = failed or plateau_gate(worst, unigram, "the search's worst fitted optimum")
+    if failed is None and at_edge:
+        failed = f"a fitted optimum at the grid's edge ({', '.join(at_edge)}): the grid does not bracket it"
     numbers = (
-        f"slope of log₂ η* on log₂ width: SP {_slope(sp)}; μP {_slope(mup)}, TOST ±{registered['margin']:g} "
-        f"p={_p(equivalence)}; widths {', '.join(sorted(search['sp']['widths'], key=int))}; "
-        f"loss at the optimum up to {worst:.3f} nats"
+        f"{_claims_numbers(tested, 'slope')}; TOST ±{margin:g} p={number(claims[1].p, '{:.3g}')}; widths "
+        f"{', '.join(sorted(search['sp']['widths'], key=int))}; optima at the grid's edge: {len(at_edge)} of "
+        f"{len(entries)}; loss at the optimum up to {worst:.3f} nats"
     )
     return decide(
-        "mu_transfer", claims, numbers, ["search stage: " + ", ".join(search.get("studies", []))], failed, worst, fits
+        "mu_transfer",
+        claims,
+        numbers,
+        ["search stage: " + ", ".join(search.get("studies", []))],
+        failed,
+        worst,
+        {"slopes": {p: list(v.values()) for p, v in slopes.items()}, "at_edge": at_edge, **tested},
+        halves_of(tested),
     )
 
 
@@ -498,8 +708,17 @@ def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
         claim
         for policy in SPIKE_FIXES
         for claim in (
-            direction(f"{policy} − continue, final gap", comparisons["final_gap", policy], -1, "relative"),
-            direction(f"{policy} − continue, excess loss", comparisons["excess_area", policy], -1, "nat·steps"),
+            Claim(
+                f"{policy} − continue, {figure}",
+                comparisons[figure, policy].get("estimate"),
+                comparisons[figure, policy].get("p"),
+                -1,
+                sesoi=epsilon if figure == "final_gap" else 0.0,
+                ci95=comparisons[figure, policy].get("ci95"),
+                mde=comparisons[figure, policy].get("mde"),
+                unit="relative" if figure == "final_gap" else "nat·steps",
+            )
+            for figure in ("final_gap", "excess_area")
         )
     ]
     failed = None

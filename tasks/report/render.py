@@ -24,7 +24,7 @@ from typing import Any
 
 from tasks.ablate.stats import ALPHA
 from tasks.config import Config
-from tasks.report.design import design, design_hash
+from tasks.report.design import DESIGN_CODE, design, design_hash
 from tasks.report.findings import FAMILY_OF, Finding, number
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED
 
@@ -88,17 +88,21 @@ def render_markdown(
         "",
         f"Profile **{cfg.profile}** · code `{provenance['commit']}` · config hash `{provenance['config_hash']}` "
         f"(sha256 of params/resolved.yaml) · design hash `{design_hash()}` (sha256 of "
-        f"tasks/report/preregistration.yaml) · built {provenance['built']}",
+        f"the pre-registration and the code that decides verdicts: {', '.join(DESIGN_CODE)}) · built {provenance['built']}",
         "",
         *_arithmetic_lines(arithmetic),
         f"**{len(findings)} findings: {counts}.** Each finding was tested as its pre-registered design says "
         "(tasks/report/preregistration.yaml), with one rule for all: "
-        f"{badge(NOT_TESTED)} when a named precondition failed; {badge(CONTRADICTED)} when any claim is "
-        f"significant (p < {ALPHA:g}) the other way; {badge(REPRODUCED)} when every claim is "
-        f'significant the predicted way (a "no effect" claim by two one-sided tests); {badge(INCONCLUSIVE)} '
-        "otherwise. Comparisons are paired by seed; diverged runs count at the loss at initialisation, and none "
-        f"is dropped. Unigram baseline on validation: **{number(ablate.get('unigram_val_loss'), '{:.3f}')} nats**; "
-        f"a family is tested only if its base arm ended {design()['plateau_margin']:g} nats below it.",
+        f"{badge(NOT_TESTED)} when a named precondition failed; {badge(CONTRADICTED)} when a claim is shown the "
+        f"other way (p < {ALPHA:g}, the 95 % interval beyond its smallest effect of interest, both halves of the "
+        f"seeds that way); {badge(REPRODUCED)} when every claim holds: significant the predicted way, its 95 % "
+        "interval clearing its smallest effect of interest (SESOI), and the discovery and confirmation seeds each "
+        f'pointing that way (a "no effect" claim by two one-sided tests against ±SESOI); {badge(INCONCLUSIVE)} '
+        "otherwise. The seed is the unit: per-seed differences (averaged over an LR grid within each seed), the "
+        "paired t-test, its MDE at 80 % power (powered: MDE ≤ SESOI / 2). Diverged runs count at the loss at "
+        "initialisation, and none is dropped. Unigram baseline on validation: "
+        f"**{number(ablate.get('unigram_val_loss'), '{:.3f}')} nats**; every variant a claim compares must end "
+        f"{design()['plateau_margin']:g} nats below it (those predicted to fail aside).",
         "",
         "## Findings",
         "",
@@ -106,15 +110,18 @@ def render_markdown(
         "",
     ]
     lines += _table(
-        ["finding", "source", "verdict", "why", "base arm val loss", "smallest detectable effect"],
+        ["finding", "verdict", "why", "SESOI", "MDE (powered?)", "discovery", "confirmation"],
         [
             [
                 f"[{f.registered['claim']}](#{f.key})",
-                f.registered["source"],
                 badge(f.verdict),
                 f.precondition_failed or "; ".join(_claim_line(c) for c in f.claims) or "-",
-                number(f.base_val_loss, "{:.3f}"),
-                "; ".join(f"{number(c.mde, '{:.3g}')}" for c in f.claims) or "-",
+                "; ".join(number(c.sesoi, "{:.3g}") for c in f.claims) or "-",
+                "; ".join(_mde(c) for c in f.claims) or "-",
+                *(
+                    "; ".join(_half(f.halves.get(c.what, {}).get(half)) for c in f.claims) or "-"
+                    for half in ("discovery", "confirmation")
+                ),
             ]
             for f in findings
         ],
@@ -142,10 +149,28 @@ def _arithmetic_lines(arithmetic: dict[str, Any]) -> list[str]:
     return [*warnings, *([""] if warnings else []), "Computed with this arithmetic:", "", *paths, ""]
 
 
+def _state(c) -> str:
+    return "holds" if c.holds else "contradicted" if c.contradicted else "does not hold"
+
+
 def _claim_line(c) -> str:
-    state = "holds" if c.holds else "contradicted" if c.contradicted else "not significant"
     p = f"p={c.p:.3g}" if c.p is not None else "no test"
-    return f"{c.what}: {number(c.estimate, SIGNED)} ({p}, {state})"
+    ci = f" [{c.ci95[0]:+.3g}, {c.ci95[1]:+.3g}]" if c.ci95 else ""
+    return f"{c.what}: {number(c.estimate, SIGNED)}{ci} ({p}, {_state(c)})"
+
+
+def _mde(c) -> str:
+    powered = {True: "yes", False: "no", None: "-"}[c.powered]
+    return f"{number(c.mde, '{:.3g}')} ({powered})"
+
+
+def _half(tested: dict[str, Any] | None) -> str:
+    """A half's estimate, interval and p in a cell."""
+    if not tested or tested.get("estimate") is None:
+        return "-" if not tested else str(tested.get("test", "-"))
+    ci = f" [{tested['ci95'][0]:+.3g}, {tested['ci95'][1]:+.3g}]" if tested.get("ci95") else ""
+    p = f", p={tested['p']:.3g}" if tested.get("p") is not None else ""
+    return f"{tested['estimate']:+.3g}{ci}{p} (n={tested['n']})"
 
 
 def _finding_section(project: Path, f: Finding) -> list[str]:
@@ -164,15 +189,28 @@ def _finding_section(project: Path, f: Finding) -> list[str]:
     lines += [f"Numbers: {f.numbers}", ""]
     if f.claims:
         lines += _table(
-            ["claim", "estimate", "95 % interval", "p", "smallest detectable effect (80 % power)", "state"],
+            [
+                "claim",
+                "all seeds: estimate",
+                "95 % interval",
+                "p",
+                "SESOI",
+                "MDE (powered?)",
+                "discovery",
+                "confirmation",
+                "state",
+            ],
             [
                 [
                     c.what,
                     number(c.estimate, SIGNED),
                     f"[{c.ci95[0]:+.3g}, {c.ci95[1]:+.3g}]" if c.ci95 else "-",
                     number(c.p, "{:.3g}"),
-                    number(c.mde, "{:.3g}"),
-                    "holds" if c.holds else "contradicted" if c.contradicted else "not significant",
+                    number(c.sesoi, "{:.3g}"),
+                    _mde(c),
+                    _half(f.halves.get(c.what, {}).get("discovery")),
+                    _half(f.halves.get(c.what, {}).get("confirmation")),
+                    _state(c),
                 ]
                 for c in f.claims
             ],
@@ -190,7 +228,8 @@ def _arms_section(cfg: Config, ablate: dict[str, Any]) -> list[str]:
         f"{counts['stopped']} stopped, "
         f"{counts['failed']} failed after retries{': ' + ', '.join(ablate['failed']) if ablate['failed'] else ''}), "
         f"each trained from scratch at width {cfg.ablation.d_model}, {cfg.ablation.seq_len}-token context, "
-        f"seeds {cfg.ablation.seeds}. Per variant: mean over seeds [95 % t-interval].",
+        f"discovery seeds {cfg.ablation.seeds}, confirmation seeds {cfg.ablation.confirm_seeds}. Per variant: mean "
+        "over seeds [95 % t-interval].",
         "",
     ]
     header = ["family", "variant", "seeds", "status", *(h for _, h, _ in FAMILY_COLUMNS)]
@@ -394,7 +433,8 @@ def forest_rows(findings: list[Finding]) -> list[dict[str, Any]]:
             "ci95": c.ci95,
             "expected": c.expected,
             "kind": c.kind,
-            "margin": f.registered.get("margin") if c.kind == "equivalence" else None,
+            "margin": c.sesoi if c.kind == "equivalence" else None,
+            "sesoi": c.sesoi,
             "verdict": f.verdict,
             "unit": c.unit,
         }

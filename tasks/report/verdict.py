@@ -1,35 +1,50 @@
 """The one rule that turns a finding's claims into its verdict, written down before any result was seen:
 
   not tested    a precondition of the finding failed (named by the caller)
-  contradicted  a claim is significant the other way
+  contradicted  a claim is shown the other way, by at least its smallest effect of interest
   reproduced    there is at least one claim, and every claim holds
-  inconclusive  anything else: the right direction without significance, a wrong direction without
-                significance, no claims, a claim with no test (p None)
+  inconclusive  anything else: the right direction without significance, an effect significant but
+                smaller than the claim's smallest effect of interest, halves that disagree, no
+                claims, a claim with no test (p None)
 
 The order is the rule. A failed precondition comes first: the comparison the claim needs was not
 made as intended (e.g. the control broke too), so its numbers neither support nor contradict it.
-A contradiction then outranks the claims that hold: one significant result against the finding is
+A contradiction then outranks the claims that hold: one result shown against the finding is
 evidence against it whatever the others say.
 
 Significant means p < ALPHA, strictly: p equal to ALPHA is not significant.
 
-A direction claim predicts the sign of its estimate (``expected`` +1 or -1) and holds when the
-estimate has that sign and is significant. An equivalence claim predicts no effect beyond a margin
-fixed beforehand (``expected`` 0): ``p`` is its TOST p (tasks/ablate/stats.py: tost_paired,
-tost_slope) and it holds when that is significant; ``p_difference`` is the ordinary two-sided test of
-a difference, and a significant one contradicts the claim unless the TOST also placed the effect
-inside the margin (a difference too small to matter is what the claim allows).
+A direction claim predicts the sign of its estimate (``expected`` +1 or -1). It **holds** when
+  - the pooled test over every seed is significant with the estimate of that sign,
+  - its 95 % interval clears the claim's smallest effect of interest (``sesoi``, registered from the
+    claim's source): the whole interval lies beyond +sesoi (or below -sesoi for -1), so float
+    rounding on another CPU, which moves per-arm losses by 1e-3 to 1e-1 nats, cannot make or unmake
+    an effect that matters, and
+  - every half of the seeds (discovery, confirmation: ``halves``, each half's own estimate) points
+    the predicted way: a pooled result carried by one half's seeds is not a replication.
+It is **contradicted** by the mirror image: significant, the interval beyond the SESOI on the other
+side, and every half pointing the other way.
+
+An equivalence claim predicts no effect beyond a margin fixed beforehand (``expected`` 0; the
+margin is its ``sesoi``): ``p`` is its TOST p (tasks/ablate/stats.py: tost_paired, tost_slope) and it
+holds when that is significant and every half's estimate lies inside the margin; it is contradicted
+when the 95 % interval of the difference (``ci95``) lies wholly outside the margin, on one side,
+with every half on that side (a difference too small to matter is what the claim allows).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from tasks.ablate.stats import ALPHA
 
 REPRODUCED, CONTRADICTED, NOT_TESTED, INCONCLUSIVE = "reproduced", "contradicted", "not tested", "inconclusive"
 DIRECTION, EQUIVALENCE = "direction", "equivalence"
+POWERED_RATIO = 0.5
+"""A claim is adequately powered when its MDE (80 % power, the test used) is at most this share of
+its SESOI: then a true effect of 1.5 x SESOI clears the SESOI with about 80 % probability."""
 
 
 def significant(p: float | None) -> bool:
@@ -43,15 +58,17 @@ def _sign(x: float) -> int:
 
 @dataclasses.dataclass
 class Claim:
-    """One comparison a finding rests on; ``ci95`` and ``mde`` ride along for the report's forest plot."""
+    """One comparison a finding rests on, pooled over every seed, with its registered smallest
+    effect of interest and each half's estimate; ``mde`` rides along for the report."""
 
     what: str
     estimate: float | None
     p: float | None
     expected: int = 1
     kind: str = DIRECTION
-    p_difference: float | None = None
+    sesoi: float = 0.0
     ci95: list[float] | None = None
+    halves: dict[str, float | None] = dataclasses.field(default_factory=dict)
     mde: float | None = None
     unit: str = ""
 
@@ -59,18 +76,50 @@ class Claim:
         allowed = {DIRECTION: (1, -1), EQUIVALENCE: (0,)}
         if self.expected not in allowed.get(self.kind, ()):
             raise ValueError(f"{self.what}: a {self.kind!r} claim cannot expect {self.expected}")
+        if not (self.sesoi >= 0 and math.isfinite(self.sesoi)) or (self.kind == EQUIVALENCE and self.sesoi == 0):
+            raise ValueError(f"{self.what}: smallest effect of interest {self.sesoi!r} (an equivalence margin is > 0)")
+
+    @property
+    def powered(self) -> bool | None:
+        """MDE at most POWERED_RATIO x SESOI (None: no MDE, or no SESOI to compare it with)."""
+        if self.mde is None or self.sesoi == 0:
+            return None
+        return self.mde <= POWERED_RATIO * self.sesoi
+
+    def _halves_point(self, sign: int) -> bool:
+        return all(h is not None and _sign(h) == sign for h in self.halves.values())
+
+    def _clears(self, sign: int) -> bool:
+        """The 95 % interval lies wholly beyond ``sign`` x SESOI (strictly)."""
+        if self.ci95 is None:
+            return False
+        near = min(self.ci95) if sign > 0 else max(self.ci95)
+        return sign * near > self.sesoi
 
     @property
     def holds(self) -> bool:
         if self.kind == EQUIVALENCE:
-            return significant(self.p)
-        return self.estimate is not None and _sign(self.estimate) == self.expected and significant(self.p)
+            inside = all(h is not None and abs(h) < self.sesoi for h in self.halves.values())
+            return significant(self.p) and inside
+        return (
+            self.estimate is not None
+            and _sign(self.estimate) == self.expected
+            and significant(self.p)
+            and self._clears(self.expected)
+            and self._halves_point(self.expected)
+        )
 
     @property
     def contradicted(self) -> bool:
         if self.kind == EQUIVALENCE:
-            return significant(self.p_difference) and not self.holds
-        return self.estimate is not None and _sign(self.estimate) == -self.expected and significant(self.p)
+            return any(self._clears(s) and self._halves_point(s) for s in (1, -1))
+        return (
+            self.estimate is not None
+            and _sign(self.estimate) == -self.expected
+            and significant(self.p)
+            and self._clears(-self.expected)
+            and self._halves_point(-self.expected)
+        )
 
 
 def verdict(claims: Sequence[Claim], precondition_failed: str | None = None) -> str:

@@ -25,9 +25,12 @@ class SearchConfig(Section):
     lr_points: int = 7
     """LR grid points, evenly spaced in log2 from ``log2_lr_min`` to ``log2_lr_max``; each is
     trained once per seed (an Optuna trial)."""
-    seeds: list[int] = field(default_factory=lambda: [0, 1])
-    """Seeds of every grid point; the optimum is fitted per seed and its spread is over seeds. The
-    μ-transfer finding needs 3 (profiles/extended.yaml); the default study keeps 2 for its budget."""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    """Discovery seeds of every grid point; the optimum is fitted per seed and its spread is over
+    seeds (the μ-transfer finding's unit: one seed's slope over the widths)."""
+    confirm_seeds: list[int] = field(default_factory=lambda: [3, 4, 5])
+    """Confirmation seeds, trained exactly like the discovery seeds: the finding holds only where
+    both halves point the same way (tasks/report/preregistration.yaml, ``method: replication``)."""
     steps: int = 140
     """Training steps per trial (warmup: ``schedule.warmup_steps``, capped at a fifth of these)."""
     batch_size: int = 2
@@ -69,3 +72,10 @@ class SearchConfig(Section):
         no_password("search.storage", self.storage)
         for key in ("widths", "seeds", "parametrizations"):
             not_empty(f"search.{key}", getattr(self, key))
+        if overlap := sorted(set(self.seeds) & set(self.confirm_seeds)):
+            raise ConfigError(f"search.confirm_seeds: {overlap} also discovery seeds (search.seeds)")
+
+    @property
+    def all_seeds(self) -> list[int]:
+        """Every seed a grid point trains at: discovery, then confirmation."""
+        return [*self.seeds, *self.confirm_seeds]

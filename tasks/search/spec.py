@@ -93,7 +93,7 @@ def search_digest(cfg: Config, data: dict[str, str]) -> str:
             if k.split(".")[0] in ("tokenizer", "model", "mup", "optim", "schedule", "precision", "train")
             and k not in varied
         },
-        "search": {"grid": lr_grid(cfg), "seeds": cfg.search.seeds, "prune_above": prune_bound(cfg)},
+        "search": {"grid": lr_grid(cfg), "seeds": cfg.search.all_seeds, "prune_above": prune_bound(cfg)},
         "data": data,
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:8]
@@ -117,7 +117,7 @@ class StudySpec:
 
 def sweep_specs(cfg: Config, digest: str) -> list[StudySpec]:
     """The grid studies, widest first (so the longest trials start first)."""
-    points = tuple((lr, seed) for lr in lr_grid(cfg) for seed in cfg.search.seeds)
+    points = tuple((lr, seed) for lr in lr_grid(cfg) for seed in cfg.search.all_seeds)
     return [
         StudySpec(f"{cfg.tracking.experiment}/search/{p}/w{w}/{digest}", "sweep", p, w, points)
         for w in reversed(swept_widths(cfg))
@@ -126,7 +126,7 @@ def sweep_specs(cfg: Config, digest: str) -> list[StudySpec]:
 
 
 def transfer_spec(cfg: Config, digest: str, log2_lr: float) -> StudySpec:
-    points = tuple((round(log2_lr, 6), seed) for seed in cfg.search.seeds)
+    points = tuple((round(log2_lr, 6), seed) for seed in cfg.search.all_seeds)
     p = cfg.mup.parametrization
     return StudySpec(
         f"{cfg.tracking.experiment}/transfer/{p}/w{target_width(cfg)}/{digest}",

@@ -65,7 +65,7 @@ class Tokens:
 def suggest_point(trial: optuna.Trial, cfg: Config) -> tuple[float, int]:
     """The trial's (log2 LR, seed): its queued values (the same on every call)."""
     low, high = trial.study.user_attrs["log2_lr_range"]
-    return trial.suggest_float("log2_lr", low, high), trial.suggest_categorical("seed", cfg.search.seeds)
+    return trial.suggest_float("log2_lr", low, high), trial.suggest_categorical("seed", cfg.search.all_seeds)
 
 
 def objective(
