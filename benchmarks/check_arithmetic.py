@@ -1,0 +1,108 @@
+"""The study's verdicts under a second arithmetic: the verdict-deciding stages rerun on the other
+numeric path (``precision.numerics``: portable <-> native, i.e. MKL, oneDNN and ATen at AVX2 or at
+this CPU's own ISA), on the same data and design, and every finding's verdict compared with the
+project's own (issue 28: the same decisions on any CPU).
+
+    python benchmarks/check_arithmetic.py                       # the default study, after make repro
+    python benchmarks/check_arithmetic.py --profile smoke --stages ablate --rerun-first
+
+The project's outputs are the first arithmetic (or, with ``--rerun-first``, a copy rerun on the
+project's own numeric path). The second runs in a copy of the code and params under ``--work``
+with the project's data (data/tokens, the poison pool) and params, each stage of ``--stages`` run by
+``spikelab run <stage> --set precision.numerics=<other>``; a stage not rerun lends the copy the
+project's own output, so its numbers are the same on both sides. The copy uses the project's
+servers (its ``SPIKELAB_STATE``) when they are up. Writes ``--out`` (JSON) and prints one line per
+finding; exits 1 when a verdict differs, 2 on a bad argument or a missing input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from model.typed_config import parse_sets  # noqa: E402
+from tasks.config import load_config  # noqa: E402
+from tasks.report.robustness import STAGE_METRICS, compare, findings_of  # noqa: E402
+from tasks.runtime.outputs import MANIFEST  # noqa: E402
+
+PARAMS = ["profiles", "params", "params.yaml"]
+"""What a copy needs besides the data: the params and profiles (the code is this checkout's)."""
+DATA = ["data/tokens", "data/poison", "search/lr.yaml"]
+"""The inputs the verdict-deciding stages read (a missing optional one is skipped)."""
+OTHER = {"portable": "native", "native": "portable"}
+
+
+def copy_project(project: Path, dest: Path) -> Path:
+    """The project's params and data in ``dest`` (replaced if it exists)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for name in PARAMS + DATA:
+        src = project / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def run_stages(copy: Path, project: Path, stages: list[str], profile: str, sets: list[str]) -> None:
+    """Each of ``stages`` in ``copy`` by the CLI, on the project's servers; the other stages'
+    outputs lent from ``project``."""
+    for stage, path in STAGE_METRICS.items():
+        if stage not in stages and (project / path).is_file():
+            (copy / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(project / path, copy / path)
+    env = {**os.environ, "SPIKELAB_STATE": os.environ.get("SPIKELAB_STATE") or str(project / ".spikelab")}
+    for stage in stages:
+        command = ["spikelab", "run", stage, "--profile", profile, *(f"--set={s}" for s in sets)]
+        print(f"[check_arithmetic] {copy.name}: {' '.join(command)}", flush=True)
+        subprocess.run(command, cwd=copy, env=env, check=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--project", type=Path, default=ROOT, help="the project whose outputs are checked")
+    p.add_argument("--profile", default="default")
+    p.add_argument("--stages", nargs="+", default=["ablate", "spike"], choices=list(STAGE_METRICS))
+    p.add_argument("--numerics", choices=list(OTHER), help="the second arithmetic (default: the other one)")
+    p.add_argument("--set", dest="sets", action="append", default=[], help="KEY=VALUE for both sides")
+    p.add_argument("--rerun-first", action="store_true", help="rerun the first side too, in a copy")
+    p.add_argument("--work", type=Path, default=ROOT / "benchmarks/out/arithmetic")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/arithmetic.json")
+    args = p.parse_args(argv)
+    project = args.project.resolve()
+    if not (project / MANIFEST).is_file():
+        print(f"check_arithmetic: {project / MANIFEST}: missing; run the data stages first", file=sys.stderr)
+        return 2
+    cfg = load_config(project / "params.yaml", args.profile, parse_sets(args.sets))
+    first_numerics = cfg.precision.numerics
+    second_numerics = args.numerics or OTHER[first_numerics]
+    first = project
+    if args.rerun_first:
+        first = copy_project(project, args.work / first_numerics)
+        run_stages(first, project, args.stages, args.profile, args.sets)
+    second = copy_project(project, args.work / second_numerics)
+    run_stages(second, project, args.stages, args.profile, [*args.sets, f"precision.numerics={second_numerics}"])
+    second_cfg = cfg.replace(**{"precision.numerics": second_numerics})
+    result = compare(findings_of(cfg, first), findings_of(second_cfg, second))
+    result |= {"numerics": [first_numerics, second_numerics], "stages": args.stages, "profile": args.profile}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    for key, row in result["findings"].items():
+        mark = "agree" if row["agree"] else "DIFFER"
+        print(f"{key:12s} {first_numerics}: {row['first']:13s} {second_numerics}: {row['second']:13s} {mark}")
+    print(f"verdicts {'all agree' if result['agree'] else 'DIFFER'} ({args.out})")
+    return 0 if result["agree"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
