@@ -98,13 +98,13 @@ def optimum_cell(summary: dict[str, Any] | None) -> str:
 
 
 def slope_line(parametrization: str, fit: dict[str, Any]) -> str:
-    """The slope of log2 η* on log2 width with its two intervals: seeds' spread, fit's std. error."""
+    """The slope of log2 η* on log2 width with the seeds' spread and the standard error of its mean."""
     name = NAMES[parametrization]
     if fit["slope"] is None:
         return f"- {name}: no slope (fewer than two widths with an optimum)"
     return (
         f"- {name}: slope of log2 η* on log2 width **{fit['slope']:+.2f}** ± {fit['slope_std']:.2f} over seeds, "
-        f"std. error {_num(fit['slope_stderr'], '.2f')} (expected {EXPECTED_SLOPE[parametrization]})"
+        f"std. error over seeds {_num(fit['slope_sem'], '.2f')} (expected {EXPECTED_SLOPE[parametrization]})"
     )
 
 

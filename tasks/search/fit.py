@@ -82,11 +82,13 @@ def width_summary(points: Sequence[Point]) -> dict:
 
 
 def slope(by_width: dict[int, dict]) -> dict:
-    """log2 η* against log2 width: the slope per seed (spread over seeds) and of the seed means
-    (with its standard error). SP is expected near -1 (η* halves per doubling), μP near 0."""
+    """log2 η* against log2 width: the slope of the seed means and each seed's own slope, with
+    their SD over seeds and the standard error of their mean (SD / √seeds): the seed is the unit,
+    so the error is the seeds' (the fit through 3 seed-mean points has an error that ignores them).
+    SP is expected near -1 (η* halves per doubling), μP near 0."""
     widths = sorted(w for w, s in by_width.items() if s["log2_lr_opt"] is not None)
     if len(widths) < 2:
-        return {"slope": None, "slope_std": None, "slope_stderr": None}
+        return {"slope": None, "slope_std": None, "slope_sem": None}
     x = np.log2(widths)
     fit = stats.linregress(x, [by_width[w]["log2_lr_opt"] for w in widths])
     seeds = set.intersection(*(set(by_width[w]["per_seed"]) for w in widths))
@@ -94,7 +96,7 @@ def slope(by_width: dict[int, dict]) -> dict:
     return {
         "slope": float(fit.slope),
         "slope_std": spread(per_seed),
-        "slope_stderr": float(fit.stderr) if len(widths) > 2 else None,
+        "slope_sem": spread(per_seed) / np.sqrt(len(per_seed)) if len(per_seed) > 1 else None,
         "slope_per_seed": [float(v) for v in per_seed],
     }
 
