@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -303,6 +304,32 @@ def test_the_warm_up_must_reach_back_as_far_as_a_rollback_goes():
 def test_harmless_poison_is_refused_naming_the_key():
     with pytest.raises(ConfigError, match=r"^spike\.data_reasons:"):
         tiny_config(**{**STUDY, "spike.data_reasons": ["too_short"]})  # headings are never injected
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.e2e
+def test_the_stage_gives_every_cause_the_same_matrix_on_one_worker_as_on_two(tmp_path, live_services):
+    """The stage itself at the smoke scale, its seeds fanned out as Prefect tasks onto Dask workers."""
+    from flows.spike import spike_flow
+    from tests.test_ablate_stage import on_test_servers
+
+    tiny_project(tmp_path)
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    shutil.copytree(REPO / "profiles", tmp_path / "profiles")
+    written = {}
+    for workers in (1, 2):
+        with on_test_servers(tmp_path):
+            overrides = {"spike.workers": workers, "tracking.experiment": "spike-test"}
+            assert spike_flow(profile="smoke", overrides=overrides, return_state=True).is_completed()
+        written[workers] = json.loads((tmp_path / SPIKE_METRICS).read_text())
+    one, two = written[1], written[2]
+    assert set(one["matrix"]) == {"data", "param", "lr"} and list(one["seeds"]) == ["0", "1"]
+    assert one["matrix"] == two["matrix"]
+    assert {s: e["origin_run"] for s, e in one["seeds"].items()} == {
+        s: e["origin_run"] for s, e in two["seeds"].items()
+    }
 
 
 def test_the_report_tables_each_cause_by_policy_with_outcome_counts_over_the_seeds(finished):
