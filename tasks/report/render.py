@@ -247,11 +247,10 @@ def _search_section(project: Path, search: dict[str, Any] | None) -> list[str]:
 def spike_section(project: Path, spike: dict[str, Any] | None) -> list[str]:
     if not spike or "matrix" not in spike:
         return ["## Spike study", "", "The spike stage has not run.", ""]
-    matrix = spike["matrix"]
-    policies = list(next(iter(matrix.values()), {}))
+    matrix, policies = spike["matrix"], spike["policies"]
     rows = [
         [f"{cause} ({_tied_to(spike, cause)})", *(_spike_cell(matrix[cause].get(p, {})) for p in policies)]
-        for cause in matrix
+        for cause in spike["causes"]
     ]
     seeds = ", ".join(str(s) for s in spike["discovery_seeds"])
     confirm = ", ".join(str(s) for s in spike["confirm_seeds"]) or "none"

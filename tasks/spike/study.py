@@ -579,11 +579,14 @@ def matrix(studies: Sequence[Study]) -> dict[str, dict[str, dict[str, dict[str, 
 
 
 def summary_metrics(studies: Sequence[Study]) -> dict[str, Any]:
-    """``metrics/spike.json``: the cause x policy x seed matrix, every seed's entry (its origin run
-    and details), which seeds discover and which confirm, and the totals."""
+    """``metrics/spike.json``: the cause x policy x seed matrix (and its causes and policies in the
+    config's order: the file's keys are sorted), every seed's entry (its origin run and details),
+    which seeds discover and which confirm, and the totals."""
     cfg = studies[0].cfg
     out = {
         "matrix": matrix(studies),
+        "causes": cfg.spike.kinds,
+        "policies": cfg.recovery.policies,
         "seeds": {str(s.seed): origin_metrics(s) for s in studies},
         "discovery_seeds": cfg.spike.seeds,
         "confirm_seeds": cfg.spike.confirm_seeds,
