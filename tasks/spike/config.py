@@ -68,8 +68,8 @@ class SpikeConfig(Section):
     the results do not depend on it."""
     magnitude: float = 100.0
     """Multiplier of ``lr``, ``grad`` and ``param`` injections and divisor of ``adam``'s second
-    moment (x30 on the default model at its
-    milestone: every policy back within 40 steps; x100 leaves a lasting gap)."""
+    moment (x100 at the default arm scale, 8 seeds: ``lr`` left continue 3-13 % above the control
+    at every seed, ``param`` 2-4 %)."""
     duration: int = 3
     """How long an injection lasts: ``data`` replaces this many batches of the stream (a policy may
     skip them); ``lr`` and ``grad`` multiply this many optimizer steps, tied to the steps so no
