@@ -1,7 +1,11 @@
-"""The spike stage as a Prefect flow: from each pretrain milestone in ``spike.origins``, a clean control
-and one branch per injection and recovery policy (tasks/spike/study.py), tracked as one parent MLflow
-run with a child per branch; post-mortems, figures and ``metrics/spike.json`` published
-(tasks/spike/postmortem.py)."""
+"""The spike stage as a Prefect flow: per seed of ``spike.seeds`` and ``spike.confirm_seeds``, an
+origin run at the ablation arm scale and from its checkpoint a clean control and one branch per
+cause (injection) and recovery policy (tasks/spike/study.py: run_seed). The seeds are fanned out as
+one Prefect task each onto long-lived worker processes, as the ablate stage's arms are
+(``spike.workers`` of a local cluster, or the Dask cluster at ``executor.scheduler``:
+tasks/runtime/workers.py); a seed's numbers do not depend on the worker or the worker count.
+Tracked as one parent MLflow run with a child per branch; post-mortems, figures and
+``metrics/spike.json`` (the cause x policy x seed matrix) published (tasks/spike/postmortem.py)."""
 
 from __future__ import annotations
 
@@ -13,41 +17,53 @@ from typing import Any
 import mlflow
 import numpy as np
 from mlflow.entities import Metric
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
+from prefect.futures import as_completed
 
 from flows.forms import Profile
-from model.checkpoint import checkpoint_path
 from model.data import open_split
 from model.provenance import config_provenance
 from model.stops import MLFLOW_STATUS
-from model.typed_config import InputError
-from tasks.config import project_config
+from tasks.config import Config, project_config
 from tasks.runtime.artifacts import publish_summary
-from tasks.runtime.outputs import MANIFEST, POSTMORTEMS, PRETRAIN_MILESTONES, SPIKE_FIGURES, SPIKE_METRICS, SPIKE_RUN
+from tasks.runtime.outputs import MANIFEST, POSTMORTEMS, SPIKE_FIGURES, SPIKE_METRICS, SPIKE_RUN
+from tasks.runtime.progress import Progress
 from tasks.runtime.tracking import child_run, log_summary, run_url, stage_run
+from tasks.runtime.workers import clean_state, executor
+from tasks.spike.config import OUTCOMES
 from tasks.spike.postmortem import publish
-from tasks.spike.study import Study, run_study
+from tasks.spike.study import Study, run_seed
 
 CURVE = (("loss/train", "loss"), ("train/grad_norm", "grad_norm"), ("train/skipped", "skipped"))
 """A branch's per-step curve in its MLflow run: metric name, trace field."""
 
 
-def milestone_file(project: Path, step: int) -> Path:
-    path = checkpoint_path(project / PRETRAIN_MILESTONES, step)
-    if not path.is_file():
-        raise InputError(
-            f"{path}: missing; run the pretrain stage with spike.origins step {step} among "
-            f"checkpoint.milestones (dvc repro pretrain)"
-        )
-    return path
+@task
+def study_seed(cfg: Config, project: Path, seed: int) -> Study:
+    """One seed's origin run and every branch from it, in this worker, from a clean global state."""
+    clean_state()
+    return run_seed(cfg, project, seed, project / SPIKE_RUN / f"seed_{seed}")
 
 
-@task(name="spike-study")
-def study_task(cfg, project: Path) -> list[Study]:
-    """Per origin: warm-up, control, every injection x policy branch, replays (one process: runs set
-    global RNG and thread state, and branches are short)."""
-    milestones = {step: milestone_file(project, step) for step in cfg.spike.origins}
-    return run_study(cfg, project, milestones, project / SPIKE_RUN)
+def run_seeds(cfg: Config, project: Path) -> list[Study]:
+    """Every seed's study on the executor's workers, one task per seed; in seed order."""
+    seeds = cfg.spike.all_seeds
+    units = executor(cfg, cfg.spike.workers, len(seeds))
+    progress = Progress("spike", "seed", len(seeds), get_run_logger())
+    done: dict[int, Study] = {}
+    with units.runner() as runner, units.placement():
+        futures = {
+            runner.submit(
+                study_seed.with_options(task_run_name=f"seed {seed}"), {"cfg": cfg, "project": project, "seed": seed}
+            ): seed
+            for seed in seeds
+        }
+        for future in as_completed(list(futures)):
+            seed = futures[future]
+            done[seed] = future.result()
+            progress.finished(str(seed), "completed")
+    progress.close()
+    return [done[seed] for seed in seeds]
 
 
 def track_branch(study: Study, kind: str | None, policy: str) -> str:
@@ -59,7 +75,9 @@ def track_branch(study: Study, kind: str | None, policy: str) -> str:
         "spikelab.branch": name,
         "spikelab.policy": policy,
         "spikelab.run_identity": study.identities[name],
-        "spikelab.checkpoint": f"pretrain milestone {study.milestone}, origin step {study.origin_step}",
+        "spikelab.checkpoint": f"seed {study.seed}'s origin run at step {study.cfg.spike.origin_step}, "
+        f"branches from step {study.fork_step}",
+        "spikelab.seed": str(study.seed),
         "spikelab.injection": json.dumps(injection) if injection else "none",
     }
     with child_run(name, tags) as run:
@@ -86,11 +104,11 @@ def track_branch(study: Study, kind: str | None, policy: str) -> str:
 
 @flow(name="spike")
 def spike_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
-    """Inject, detect, recover and write the post-mortems, from the milestones ``spike.origins``."""
+    """Train the origin runs, inject, detect, recover and write the post-mortems, per seed."""
     cfg, project = project_config(profile, overrides)
     numerics = config_provenance(cfg)
     with stage_run(cfg, "spike", numerics=numerics) as run:
-        studies = study_task(cfg, project)
+        studies = run_seeds(cfg, project)
         uris = {}
         for study in studies:
             uris[study.branch_name(None, "continue")] = track_branch(study, None, "continue")
@@ -108,18 +126,16 @@ def spike_flow(profile: Profile | None = None, overrides: dict[str, Any] | None 
 
 
 def headline(studies: list[Study]) -> dict[str, str]:
-    """One line per injection and policy for the Prefect artifact: types and mean scores over origins."""
+    """One line per cause and policy for the Prefect artifact: the outcome counts over seeds and the
+    mean final gap of the branches that completed."""
     out = {
-        "origins": ", ".join(str(s.milestone) for s in studies),
+        "seeds": ", ".join(str(s.seed) for s in studies),
         "false alarms on the controls": str(sum(len(s.false_positives) for s in studies)),
     }
-    first = studies[0]
-    for kind, by_policy in first.scores.items():
-        out[f"{kind}: replay"] = "spiked (data)" if first.replays[kind]["spiked"] else "no spike (data and state)"
+    for kind, by_policy in studies[0].scores.items():
         for policy in by_policy:
             scores = [s.scores[kind][policy] for s in studies]
-            out[f"{kind} / {policy}"] = (
-                f"types {[s['type'] for s in scores]}, mean gap {np.mean([s['final_gap'] for s in scores]):+.3f}, "
-                f"mean excess {np.mean([s['excess_area'] for s in scores]):.2f} nat·steps"
-            )
+            counts = ", ".join(f"{sum(x['outcome'] == o for x in scores)} {o}" for o in OUTCOMES)
+            gaps = [x["final_gap"] for x in scores if x["final_gap"] is not None]
+            out[f"{kind} / {policy}"] = f"{counts}; mean gap {np.mean(gaps):+.3f}" if gaps else counts
     return out

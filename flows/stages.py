@@ -51,7 +51,7 @@ STAGES = {
                 o.PRETRAIN_REPORTS,
             ),
         ),
-        Stage("spike", "flows.spike:spike_flow", (o.SPIKE_METRICS, o.SPIKE_FIGURES, o.POSTMORTEMS)),
+        Stage("spike", "flows.spike:spike_flow", (o.SPIKE_METRICS, o.SPIKE_FIGURES, o.POSTMORTEMS), fans_out=True),
         Stage("ablate", "flows.ablate:ablate_flow", (o.ABLATE_ARMS, o.ABLATE_METRICS, o.ABLATE_FIGURES), fans_out=True),
         Stage("report", "flows.report:report_flow", (o.REPORT_MD, o.REPORT_HTML, o.REPORT_METRICS, o.REPORT_FIGURES)),
     )

@@ -53,14 +53,7 @@ class Config(TrainingConfig):
             raise ConfigError(
                 f"data.max_doc_bytes: {self.data.max_doc_bytes} is below filter.max_chars={self.filter.max_chars}"
             )
-        outside = [step for step in self.spike.origins if step not in self.checkpoint.milestones]
-        if self.spike.kinds and outside:
-            raise ConfigError(
-                f"spike.origins: {outside} not pretrain milestones "
-                f"(checkpoint.milestones={self.checkpoint.milestones}); the study branches from them"
-            )
-        if not 0 <= self.spike.param_block < self.model.n_layer:
-            raise ConfigError(f"spike.param_block: {self.spike.param_block} is outside 0..model.n_layer-1")
+        self.check_spike_window()
         for width in self.search.widths:
             if width <= 0 or width % (2 * self.model.n_head):
                 raise ConfigError(
@@ -72,6 +65,26 @@ class Config(TrainingConfig):
                 f"search.parametrizations: {self.search.parametrizations} lacks "
                 f"mup.parametrization={self.mup.parametrization!r}, whose LR pretrain takes"
             )
+
+    def check_spike_window(self) -> None:
+        """The spike study's rules across sections: a rollback from the injection has a clean checkpoint
+        to go back to (the warm-up is at least ``recovery.rollback_steps``), the window ends inside the
+        origin run's schedule, and the injected block is one of the arm model's (the origin runs are
+        at the ablation arm scale)."""
+        s, r = self.spike, self.recovery
+        if s.warm_steps < r.rollback_steps:
+            raise ConfigError(
+                f"spike.warm_steps: {s.warm_steps} is below recovery.rollback_steps={r.rollback_steps}; "
+                f"a rollback from the injection would find no checkpoint that far back"
+            )
+        end = s.origin_step + s.warm_steps + r.eval_steps
+        if end > s.run_steps:
+            raise ConfigError(
+                f"spike.run_steps: {s.run_steps} ends before the window does (spike.origin_step + "
+                f"spike.warm_steps + recovery.eval_steps = {end})"
+            )
+        if not 0 <= s.param_block < self.ablation.n_layer:
+            raise ConfigError(f"spike.param_block: {s.param_block} is outside 0..ablation.n_layer-1")
 
 
 def resolve_study(

@@ -336,9 +336,7 @@ def test_profile_overlay_sets_what_params_leaves_at_the_default_and_keeps_the_re
 def test_overlay_result_is_validated_as_a_whole(tmp_path):
     # Each file is valid alone; together warmup exceeds steps.
     write_params(tmp_path, "train:\n  steps: 250\n", "profiles/short.yaml")
-    params = write_params(
-        tmp_path, "schedule:\n  warmup_steps: 260\ncheckpoint:\n  milestones: [100]\nspike:\n  origins: [100]\n"
-    )
+    params = write_params(tmp_path, "schedule:\n  warmup_steps: 260\ncheckpoint:\n  milestones: [100]\n")
     load_config(params)
     msg = config_error(params, profile="short")
     assert msg.startswith("schedule.warmup_steps:")
@@ -396,7 +394,7 @@ def test_explicit_means_different_from_the_default_profile_not_from_the_declared
     write_params(tmp_path, "train:\n  steps: 500\n", "profiles/default.yaml")
     write_params(
         tmp_path,
-        "train:\n  steps: 30\ncheckpoint:\n  milestones: [20]\nspike:\n  origins: [20]\n",
+        "train:\n  steps: 30\ncheckpoint:\n  milestones: [20]\n",
         "profiles/smoke.yaml",
     )
     # 300 is the declared default but not the default profile's value: the user set it.
@@ -422,12 +420,12 @@ def test_override_strings_are_read_like_dvc_set_except_for_string_keys(tmp_path)
             "optim.lr": "3e-4",
             "tracking.experiment": "3",
             "model.block": "post_ln",
-            "spike.origins": "[50]",
+            "spike.seeds": "[9]",
             "checkpoint.milestones": "[50]",
         },
     )
     assert cfg.train.steps == 100 and cfg.search.widths == [16, 32] and cfg.optim.lr == 3e-4
-    assert cfg.tracking.experiment == "3" and cfg.model.block == "post_ln"
+    assert cfg.tracking.experiment == "3" and cfg.model.block == "post_ln" and cfg.spike.seeds == [9]
 
 
 @pytest.mark.parametrize(
@@ -446,7 +444,7 @@ def test_a_bad_override_is_rejected_naming_its_key(tmp_path, override, key):
 def test_a_profile_override_selects_the_overlay_and_may_not_contradict_the_argument(tmp_path):
     write_params(
         tmp_path,
-        "train:\n  steps: 30\ncheckpoint:\n  milestones: [20]\nspike:\n  origins: [20]\n",
+        "train:\n  steps: 30\ncheckpoint:\n  milestones: [20]\n",
         "profiles/smoke.yaml",
     )
     params = write_params(tmp_path, "profile: default\n")

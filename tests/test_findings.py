@@ -209,40 +209,78 @@ def test_report_json_carries_the_verdict_test_source_and_mde_of_every_finding_an
     assert rows and {r["finding"] for r in rows} >= {"xiong", "wortsman", "beta2"}
 
 
-def spike_metrics(n_origins: int, fix_effect: float, tied_to: str = "step") -> dict:
-    """metrics/spike.json with ``n_origins`` origins where continue ends ~20 % above its control and
-    rollback and skip_batch end ``fix_effect`` (relative) from continue, origin by origin."""
+SPIKE_POLICIES = ("continue", "skip_step", "skip_batch", "rollback", "lower_lr")
+SPIKE_TIES = {"data": "stream", "param": "once", "lr": "step"}
+FIXES = {("data", "skip_batch"), ("data", "rollback"), ("param", "rollback"), ("lr", "lower_lr")}
 
-    def scores(gap: float) -> dict:
-        return {"final_gap": gap, "excess_area": 50 * gap, "val_gap": 4 * gap, "type": 2, "status": "completed"}
 
-    origins = {}
-    for i in range(n_origins):
-        gap = 0.2 + 0.01 * i  # the per-origin offset pairing removes
-        lr = {p: scores(gap + fix_effect * (1 + 0.1 * i)) for p in ("rollback", "skip_batch")}
-        origins[str(250 + 50 * i)] = {"lr": {"injection": {"tied_to": tied_to}, "continue": scores(gap), **lr}}
-    return {"origins": origins}
+def spike_metrics(n_seeds: int, fix_effect: float, ties: dict[str, str] = SPIKE_TIES) -> dict:
+    """metrics/spike.json with ``n_seeds`` seeds (half discovery, half confirmation) where every
+    cause's continue ends ~20 % above its control, each registered fix ``fix_effect`` (relative)
+    from continue seed by seed, and every other policy where continue is."""
+
+    def cell(gap: float) -> dict:
+        return {"outcome": "gap", "final_gap": gap, "excess_area": 50 * gap, "type": 2, "status": "completed"}
+
+    matrix: dict = {}
+    for cause in ties:
+        for policy in SPIKE_POLICIES:
+            effect = fix_effect if (cause, policy) in FIXES else 0.0
+            gaps = {s: 0.2 + 0.01 * s + effect * (1 + 0.1 * s) for s in range(n_seeds)}  # offsets pairing removes
+            matrix.setdefault(cause, {})[policy] = {str(s): cell(g) for s, g in gaps.items()}
+    entry = {cause: {"injection": {"tied_to": tied}} for cause, tied in ties.items()}
+    half = n_seeds // 2
+    return {
+        "matrix": matrix,
+        "seeds": {str(s): entry for s in range(n_seeds)},
+        "discovery_seeds": list(range(half)),
+        "confirm_seeds": list(range(half, n_seeds)),
+    }
 
 
 def spike_finding(metrics: dict):
     return next(f for f in evaluate(Config(), study(Config()), None, metrics, UNIGRAM) if f.key == "spike")
 
 
-def test_rollback_and_skip_batch_closing_continues_gap_at_six_origins_reproduce_the_spike_finding():
-    found = spike_finding(spike_metrics(6, -0.15))
-    assert found.verdict == REPRODUCED and len(found.claims) == 4  # final gap and excess loss, per policy
-    assert {c.unit for c in found.claims} == {"relative", "nat·steps"}
+def test_the_registered_fixes_closing_continues_gap_reproduce_the_spike_finding():
+    found = spike_finding(spike_metrics(8, -0.15))
+    assert found.verdict == REPRODUCED
+    assert [c.what for c in found.claims] == [
+        "data×skip_batch − continue, final gap",
+        "data×rollback − continue, final gap",
+        "param×rollback − continue, final gap",
+        "lr×lower_lr − continue, final gap",
+    ]
+    assert {c.unit for c in found.claims} == {"relative"}
+
+
+def test_the_no_better_predictions_are_shown_with_their_estimate_but_are_not_claims():
+    found = spike_finding(spike_metrics(8, -0.15))
+    for pair in ("param/skip_batch", "lr/rollback", "lr/skip_batch"):
+        assert found.details[pair]["estimate"] == pytest.approx(0.0) and found.details[pair]["n"] == 8
+    assert "lr×rollback − continue (predicted no better)" in found.numbers
+    halves = found.halves["data×rollback − continue, final gap"]
+    assert halves["discovery"]["n"] == 4 and halves["confirmation"]["n"] == 4
 
 
 def test_fixes_that_widen_the_gap_contradict_the_spike_finding():
-    assert spike_finding(spike_metrics(6, +0.15)).verdict == CONTRADICTED
+    assert spike_finding(spike_metrics(8, +0.15)).verdict == CONTRADICTED
 
 
-def test_the_spike_finding_is_not_tested_below_six_gapped_origins_or_on_a_removable_injection():
-    five = spike_finding(spike_metrics(5, -0.15))
-    assert five.verdict == NOT_TESTED and "5 of 5 origins" in five.precondition_failed
-    closed = spike_metrics(6, -0.15)
-    closed["origins"]["250"]["lr"]["continue"]["final_gap"] = 0.01  # continue itself came back there
-    assert "5 of 6 origins" in spike_finding(closed).precondition_failed
-    stream = spike_finding(spike_metrics(6, -0.15, tied_to="stream"))
-    assert stream.verdict == NOT_TESTED and "tied to the stream" in stream.precondition_failed
+def test_a_branch_that_gave_up_leaves_the_pairs_and_is_counted_never_imputed():
+    metrics = spike_metrics(8, -0.15)
+    metrics["matrix"]["data"]["rollback"]["3"] |= {"outcome": "gave_up", "final_gap": None, "excess_area": None}
+    found = spike_finding(metrics)
+    assert found.details["data/rollback"]["n"] == 7 and 3 not in found.details["data/rollback"]["seeds"]
+    assert "data×rollback − continue (predicted better)" in found.numbers
+    assert "0 recovered / 7 gap / 1 gave up" in found.numbers
+
+
+def test_the_spike_finding_is_not_tested_below_four_gapped_seeds_of_a_cause_or_on_a_mistied_cause():
+    three = spike_finding(spike_metrics(3, -0.15))
+    assert three.verdict == NOT_TESTED and "at 3 of 3 seeds" in three.precondition_failed
+    closed = spike_metrics(4, -0.15)
+    closed["matrix"]["param"]["continue"]["0"]["final_gap"] = 0.01  # continue itself came back there
+    assert spike_finding(closed).precondition_failed.startswith("param: continue ended more than 3% above")
+    mistied = spike_finding(spike_metrics(8, -0.15, {**SPIKE_TIES, "lr": "stream"}))
+    assert mistied.verdict == NOT_TESTED and "lr injection was tied to ['stream']" in mistied.precondition_failed

@@ -193,21 +193,22 @@ def assert_spike_stage(project: Path, parent, children, client) -> None:
     kinds, policies = resolved["spike"]["kinds"], resolved["recovery"]["policies"]
     # False alarms on the clean control are a measurement, reported and never hidden; how many the
     # smoke run raises depends on the CPU's bf16 path (0 with AVX512-BF16 autocast, 1 emulated).
-    origins = resolved["spike"]["origins"]
-    assert list(metrics["origins"]) == [str(o) for o in origins]
+    seeds = [*resolved["spike"]["seeds"], *resolved["spike"]["confirm_seeds"]]
+    assert list(metrics["seeds"]) == [str(s) for s in seeds]
     assert metrics["false_positives"] == parent.data.metrics["summary/false_positives"]
-    for origin, entry in metrics["origins"].items():
+    for entry in metrics["seeds"].values():
         alarms = entry["false_positive_steps"]
         assert entry["false_positives"] == len(alarms)
-        assert all(int(origin) < step <= entry["end_step"] for step in alarms)  # warm-up or control
+        assert all(resolved["spike"]["origin_step"] < step <= entry["end_step"] for step in alarms)  # warm-up, control
         assert all(set(policies) <= entry[kind].keys() for kind in kinds)
-    for number, kind in enumerate(kinds, start=1):  # figures and post-mortems: the first origin's
+    assert {k: list(v) for k, v in metrics["matrix"].items()} == dict.fromkeys(kinds, policies)
+    for number, kind in enumerate(kinds, start=1):  # figures and post-mortems: the first seed's
         assert (project / f"reports/spike/{kind}.png").is_file()
         assert (project / f"reports/postmortems/spike_{number}_{kind}.md").is_file()
     assert parent.info.status == "FINISHED"
     names = sorted(r.info.run_name for r in children)
     assert names == sorted(
-        f"{o}/{b}" for o in origins for b in ["control", *(f"{k}/{p}" for k in kinds for p in policies)]
+        f"s{s}/{b}" for s in seeds for b in ["control", *(f"{k}/{p}" for k in kinds for p in policies)]
     )
     assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
     assert all({"spikelab.checkpoint", "spikelab.injection", "spikelab.policy"} <= r.data.tags.keys() for r in children)
@@ -291,7 +292,8 @@ def test_stages_run_in_dependency_order_and_a_target_brings_only_its_ancestors()
         "ablate",
         "report",
     ]
-    assert stage_order(stages, "spike") == ["params", "prepare", "filter", "tokenize", "search", "pretrain", "spike"]
+    # the spike stage trains its own origin runs: it needs the tokens, not pretrain's milestones
+    assert stage_order(stages, "spike") == ["params", "prepare", "filter", "tokenize", "spike"]
     assert stage_order(stages, "tokenize") == ["params", "prepare", "filter", "tokenize"]
     assert stage_order(stages, "ablate") == ["params", "prepare", "filter", "tokenize", "ablate"]
     assert stage_order(stages, "params") == ["params"]

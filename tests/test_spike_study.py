@@ -1,25 +1,28 @@
-"""The spike study's logic (tasks/spike/study.py, tasks/spike/postmortem.py): classification and the
-excess-loss area on synthetic curves, a whole two-origin study on a tiny synthetic project, read back
-from its metrics and post-mortems, and a damaged milestone refused before anything is written."""
+"""The spike study's logic (tasks/spike/study.py, tasks/spike/postmortem.py): classification, outcomes
+and the excess-loss area on synthetic curves, a whole two-seed study (origin runs, then every cause x
+policy branch) on a tiny synthetic project, read back from its matrix, metrics and post-mortems,
+and each spike setting refused one step outside its range, naming the key."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from model.checkpoint import CheckpointError
 from model.provenance import provenance
 from model.spike.branch import Branch
-from model.train import Trainer
-from model.typed_config import UserError
+from model.spike.injections import Injection
+from model.typed_config import ConfigError
 from tasks.runtime.outputs import SPIKE_METRICS, SPIKE_RUN
+from tasks.spike.config import OUTCOMES
 from tasks.spike.postmortem import SECTIONS, publish
-from tasks.spike.study import classify, excess_area, run_study, window_curves
+from tasks.spike.study import Costs, classify, excess_area, matrix, outcome, run_seed, score, window_curves
 from tests.trainer_kit import markov_tokens, tiny_config
 
 CONTROL = [3.0 - 0.002 * t for t in range(100)]
@@ -60,27 +63,75 @@ def rows(losses, first=1):
     return [{"step": first + i, "loss": loss} for i, loss in enumerate(losses)]
 
 
-def test_a_branch_that_gave_up_or_went_non_finite_counts_at_the_cap_from_there_on():
+def test_a_branch_that_diverged_or_went_non_finite_counts_at_the_cap_from_there_on():
     control = Branch("continue", rows=rows([3.0, 3.0, 3.0, 3.0]))
-    gave_up = Branch("skip_batch", status="stopped", rows=rows([4.0, float("nan")]))
-    b, c = window_curves(gave_up, control, smooth=1, cap=7.0)
+    diverged = Branch("continue", status="diverged", rows=rows([4.0, float("nan")]))
+    b, c = window_curves(diverged, control, smooth=1, cap=7.0)
     assert b.tolist() == [4.0, 7.0, 7.0, 7.0] and c.tolist() == [3.0] * 4
     assert excess_area(b, c) == pytest.approx(1.0 + 3 * 4.0)
 
 
+@pytest.mark.parametrize(
+    ("status", "spike_type", "expected"),
+    [
+        ("completed", 1, "recovered"),
+        ("completed", 2, "gap"),  # back late or settled above
+        ("completed", 3, "gap"),  # still climbing
+        ("diverged", 3, "gap"),  # a diverged run is a result, scored at the cap
+        ("stopped", 1, "gave_up"),  # the retry cap, whatever the steps it ran looked like
+    ],
+)
+def test_each_branch_gets_one_outcome_from_its_status_and_type(status, spike_type, expected):
+    assert outcome(status, spike_type) == expected
+
+
+def gave_up_branch() -> tuple[Branch, Branch]:
+    """A control over 4 steps and a rollback branch that gave up after 2 of them."""
+    control = Branch("continue", rows=rows([3.0, 3.0, 3.0, 3.0]), steps_run=4)
+    gave_up = Branch("rollback", status="stopped", rows=rows([9.0, 8.0]), steps_run=5, segments=2)
+    for branch in (control, gave_up):
+        for row in branch.rows:
+            row.update(skipped=0.0, grad_norm=1.0)
+    return control, gave_up
+
+
+def test_a_branch_that_gave_up_has_no_gap_or_area_instead_of_an_imputed_one():
+    control, gave_up = gave_up_branch()
+    injection = Injection("lr", 1, 0, 1, 100.0, tied_to="step")
+    cfg = tiny_config().recovery
+    scores = score(gave_up, control, injection, cfg, Costs(1.0, 1, 1.0, 1.0), cap=7.0)
+    assert scores["outcome"] == "gave_up" and scores["status"] == "stopped" and scores["restarts"] == 1
+    assert scores["final_gap"] is None and scores["excess_area"] is None
+
+
+def test_the_matrix_counts_a_give_up_as_its_own_outcome(finished):
+    studies, _, metrics = finished
+    study = studies[0]
+    control, gave_up = gave_up_branch()
+    injection = Injection("lr", 1, 0, 1, 100.0, tied_to="step")
+    scores = score(gave_up, control, injection, study.cfg.recovery, study.costs, cap=7.0)
+    planted = dataclasses.replace(study, scores={"lr": {"rollback": scores}})
+    cell = matrix([planted])["lr"]["rollback"][str(study.seed)]
+    assert cell["outcome"] == "gave_up" and cell["final_gap"] is None and cell["excess_area"] is None
+
+
 STUDY = {
-    "train.steps": 40,
-    "checkpoint.milestones": [10, 14],
-    "checkpoint.every_steps": 5,
-    "optim.lr": 3e-3,
-    "schedule.kind": "constant",
-    "spike.origins": [10, 14],
+    "ablation.d_model": 32,
+    "ablation.n_layer": 2,
+    "ablation.n_head": 2,
+    "ablation.seq_len": 16,
+    "ablation.batch_size": 4,
+    "ablation.lr": 3e-3,
+    "spike.seeds": [0],
+    "spike.confirm_seeds": [1],
+    "spike.run_steps": 40,
+    "spike.origin_step": 10,
     "spike.warm_steps": 12,
     "spike.detect_window": 16,
     "spike.detect_warmup": 8,
     "spike.magnitude": 100.0,
     "spike.duration": 2,
-    "spike.kinds": ["data", "lr"],
+    "spike.kinds": ["data", "param", "lr"],
     "spike.sample_prompts": 2,
     "spike.sample_tokens": 4,
     "spike.data_reasons": ["generated_space_run"],
@@ -99,13 +150,9 @@ def write_shard(path, tokens) -> dict:
     return {"path": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "tokens": len(tokens)}
 
 
-MILESTONE = "pretrain/step_00000010.pt"
-MILESTONES = {10: MILESTONE, 14: "pretrain/step_00000014.pt"}
-
-
 def tiny_project(project: Path) -> np.ndarray:
-    """A tokenized project (Markov text, a poison pool of single-token runs) and a pretrain
-    milestones at steps 10 and 14 (MILESTONES); returns the training tokens."""
+    """A tokenized project (Markov text, a poison pool of single-token runs then harmless text);
+    returns the training tokens."""
     tokens_dir = project / "data" / "tokens"
     tokens_dir.mkdir(parents=True)
     train, val = markov_tokens(30_000), markov_tokens(4_000, seed=1)
@@ -124,17 +171,16 @@ def tiny_project(project: Path) -> np.ndarray:
     (tokens_dir / "manifest.json").write_text(
         json.dumps({"dtype": "uint16", "eot_id": 0, "vocab_size": 257, "splits": splits})
     )
-    Trainer(tiny_config(**STUDY), train, val, [], project / "pretrain", identity="pretrain-id").run(until=14)
     return train
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """The study run on a tiny project, its outputs published."""
+    """The study of two seeds (one discovery, one confirmation) on a tiny project, published."""
     project = tmp_path_factory.mktemp("project")
     train = tiny_project(project)
-    milestones = {step: project / path for step, path in MILESTONES.items()}
-    studies = run_study(tiny_config(**STUDY), project, milestones, project / "runs" / "spike")
+    cfg = tiny_config(**STUDY)
+    studies = [run_seed(cfg, project, seed, project / SPIKE_RUN / f"seed_{seed}") for seed in cfg.spike.all_seeds]
     uris = {name: f"runs:/{name.replace('/', '-')}" for study in studies for name in study.identities}
     metrics = publish(project, studies, train, uris, provenance())
     return studies, project, metrics
@@ -148,54 +194,45 @@ def test_the_spike_metrics_name_the_arithmetic_that_trained_the_branches(finishe
     )
 
 
-def flip_a_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # inside the tensors: torch.load alone would read it without a word
-    path.write_bytes(data)
-
-
-def truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # torch.load fails on it, naming no file
-
-
-def drop_the_sidecar(path: Path) -> None:
-    path.with_name(path.name + ".sha256").unlink()
-
-
-@pytest.mark.parametrize("damage", [flip_a_byte, truncate, drop_the_sidecar])
-def test_a_damaged_milestone_stops_the_study_naming_it_before_anything_is_written(tmp_path, damage):
-    tiny_project(tmp_path)
-    damage(tmp_path / MILESTONE)
-    previous = tmp_path / SPIKE_METRICS
-    previous.parent.mkdir()
-    previous.write_text('{"from": "the previous run"}')
-
-    with pytest.raises(CheckpointError, match=f"^checkpoint {re.escape(str(tmp_path / MILESTONE))} is unusable: ") as e:
-        run_study(
-            tiny_config(**STUDY), tmp_path, {s: tmp_path / p for s, p in MILESTONES.items()}, tmp_path / SPIKE_RUN
-        )
-
-    assert isinstance(e.value, UserError)  # the CLI prints that one line and exits 2
-    assert previous.read_text() == '{"from": "the previous run"}'
-    assert not (tmp_path / SPIKE_RUN).exists()  # stopped before the warm-up's first checkpoint
-
-
-def test_every_origin_scores_every_policy_of_every_injection_against_its_own_control(finished):
+def test_every_seed_scores_every_policy_of_every_cause_against_its_own_control(finished):
     studies, project, metrics = finished
     policies = studies[0].cfg.recovery.policies
-    assert list(metrics["origins"]) == ["10", "14"] and metrics["false_positives"] == 0
-    for entry in metrics["origins"].values():
-        assert all(set(policies) <= set(entry[k]) for k in ("data", "lr"))
-        assert all(entry[k][p]["latency"] is not None for k in ("data", "lr") for p in policies)
-        assert all(entry[k][p]["excess_area"] >= 0 for k in ("data", "lr") for p in policies)
-    assert metrics["origins"]["14"]["origin_step"] == 14 + studies[0].cfg.spike.warm_steps
-    assert sorted(p.name for p in (project / "reports" / "spike").iterdir()) == ["data.png", "lr.png"]
+    assert list(metrics["seeds"]) == ["0", "1"] and metrics["false_positives"] == 0
+    assert (metrics["discovery_seeds"], metrics["confirm_seeds"]) == ([0], [1])
+    for seed, entry in metrics["seeds"].items():
+        assert entry["origin_run"]["role"] == ("discovery" if seed == "0" else "confirmation")
+        assert entry["fork_step"] == 10 + 12 and entry["end_step"] == 10 + 12 + 12
+        assert all(entry["data"][p]["latency"] == 0 for p in policies)  # the poison batch itself is flagged
+        assert all(set(policies) <= entry[k].keys() for k in ("data", "param", "lr"))
+    assert sorted(p.name for p in (project / "reports" / "spike").iterdir()) == ["data.png", "lr.png", "param.png"]
 
 
-def test_the_lr_injection_is_tied_to_steps_and_the_data_injection_to_the_stream(finished):
+def test_the_matrix_holds_an_outcome_for_every_cause_policy_and_seed(finished):
+    studies, _, metrics = finished
+    policies = studies[0].cfg.recovery.policies
+    assert set(metrics["matrix"]) == {"data", "param", "lr"}
+    for by_policy in metrics["matrix"].values():
+        assert list(by_policy) == policies
+        for by_seed in by_policy.values():
+            assert list(by_seed) == ["0", "1"]
+            for cell in by_seed.values():
+                assert cell["outcome"] in OUTCOMES
+                assert (cell["final_gap"] is None) == (cell["outcome"] == "gave_up")
+                assert cell["excess_area"] is None or cell["excess_area"] >= 0
+
+
+def test_the_seeds_are_independent_origin_runs(finished):
+    studies, _, metrics = finished
+    runs = [metrics["seeds"][s]["origin_run"] for s in ("0", "1")]
+    assert runs[0]["identity"] != runs[1]["identity"] and runs[0]["train_loss"] != runs[1]["train_loss"]
+    assert [s.cfg.train.seed for s in studies] == [0, 1] and studies[0].cfg.model.d_model == STUDY["ablation.d_model"]
+
+
+def test_each_cause_is_tied_to_what_it_names_data_to_the_stream_param_once_lr_to_steps(finished):
     _, _, metrics = finished
-    for entry in metrics["origins"].values():
-        assert (entry["lr"]["injection"]["tied_to"], entry["data"]["injection"]["tied_to"]) == ("step", "stream")
+    for entry in metrics["seeds"].values():
+        tied = {kind: entry[kind]["injection"]["tied_to"] for kind in ("data", "param", "lr")}
+        assert tied == {"data": "stream", "param": "once", "lr": "step"}
 
 
 def test_data_injection_serves_only_spike_causing_poison(finished):
@@ -204,12 +241,13 @@ def test_data_injection_serves_only_spike_causing_poison(finished):
     assert set(batch[0].unique().tolist()) == {256}  # the run, never the harmless range
 
 
-def test_the_postmortem_has_every_template_section_and_the_numbers_of_the_first_origin(finished):
+def test_the_postmortem_has_every_template_section_and_the_numbers_of_the_first_seed(finished):
     studies, project, metrics = finished
-    study, metrics = studies[0], metrics["origins"]["10"]
+    study, metrics = studies[0], metrics["seeds"]["0"]
     assert sorted(p.name for p in (project / "reports" / "postmortems").glob("*.md")) == [
         "spike_1_data.md",
-        "spike_2_lr.md",
+        "spike_2_param.md",
+        "spike_3_lr.md",
     ]
     text = (project / "reports" / "postmortems" / "spike_1_data.md").read_text()
     headings = re.findall(r"^## (.+)$", text, flags=re.M)
@@ -224,9 +262,9 @@ def test_the_postmortem_has_every_template_section_and_the_numbers_of_the_first_
     assert quoted("Peak loss") == round(s["peak_loss"], 4)
     assert quoted(f"Recovery loss ({study.cfg.recovery.recover_steps} steps later)") == round(s["recovery_loss"], 4)
     assert quoted("Grad norm peak") == round(s["grad_norm_peak"], 4)
-    assert "runs:/10-data-continue" in text and "Batch index range:" in text
+    assert "runs:/s0-data-continue" in text and "Batch index range:" in text
     assert (project / "reports" / "postmortems" / "spike_1_data_tokens.png").stat().st_size > 0
-    assert json.loads((project / "metrics" / "spike.json").read_text())["origins"]["10"]["data"]["symptoms"] == s
+    assert json.loads((project / "metrics" / "spike.json").read_text())["seeds"]["0"]["data"]["symptoms"] == s
     observed = metrics["data"]["continue"]
     assert f"- Type: {observed['type']} (" in text
     for policy, scores in metrics["data"].items():
@@ -234,16 +272,76 @@ def test_the_postmortem_has_every_template_section_and_the_numbers_of_the_first_
             assert f"  | {policy} | {scores['type']} | {scores['peak_ratio']:.2f} |" in text
 
 
-@pytest.mark.parametrize(
-    ("dotted", "key"),
-    [
-        ({"spike.origins": [10, 11]}, "spike.origins"),  # 11 is not a milestone
-        ({"spike.data_reasons": ["too_short"]}, "spike.data_reasons"),  # harmless headings never injected
-        ({"spike.warm_steps": 4}, "spike.warm_steps"),  # the detector would be blind
-    ],
-)
-def test_the_spike_config_is_refused_naming_the_key(dotted, key):
-    from model.typed_config import ConfigError
+EDGES = [
+    # (key, the last valid value, one step outside it), on top of STUDY
+    ("spike.seeds", [0], []),  # a study needs a discovery seed
+    ("spike.seeds", [0], [0, 0]),  # a seed twice
+    ("spike.seeds", [0], [-1]),
+    ("spike.confirm_seeds", [2], [0]),  # a discovery seed cannot confirm
+    ("spike.confirm_seeds", [0 + 1], [1, 1]),
+    ("spike.origin_step", 1, 0),
+    ("spike.run_steps", 10 + 12 + 12, 10 + 12 + 12 - 1),  # the window must end inside the schedule
+    ("spike.warm_steps", 8, 7),  # spike.detect_warmup: the detector would be blind
+    ("spike.workers", 0, -1),
+    ("spike.param_block", 1, 2),  # ablation.n_layer blocks
+]
 
+
+@pytest.mark.parametrize(("key", "last_valid", "outside"), EDGES)
+def test_each_spike_setting_takes_its_last_valid_value_and_refuses_the_next_naming_the_key(key, last_valid, outside):
+    assert tiny_config(**{**STUDY, key: last_valid}).to_flat_dict()[key] == last_valid
     with pytest.raises(ConfigError, match=rf"^{re.escape(key)}:"):
-        tiny_config(**{**STUDY, **dotted})
+        tiny_config(**{**STUDY, key: outside})
+
+
+def test_the_warm_up_must_reach_back_as_far_as_a_rollback_goes():
+    at_edge = {**STUDY, "spike.warm_steps": 8, "recovery.rollback_steps": 8}
+    assert tiny_config(**at_edge).spike.warm_steps == 8
+    with pytest.raises(ConfigError, match=r"^spike\.warm_steps: 8 is below recovery\.rollback_steps=9"):
+        tiny_config(**{**at_edge, "recovery.rollback_steps": 9})
+
+
+def test_harmless_poison_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"^spike\.data_reasons:"):
+        tiny_config(**{**STUDY, "spike.data_reasons": ["too_short"]})  # headings are never injected
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.e2e
+def test_the_stage_gives_every_cause_the_same_matrix_on_one_worker_as_on_two(tmp_path, live_services):
+    """The stage itself at the smoke scale, its seeds fanned out as Prefect tasks onto Dask workers."""
+    from flows.spike import spike_flow
+    from tests.test_ablate_stage import on_test_servers
+
+    tiny_project(tmp_path)
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    shutil.copytree(REPO / "profiles", tmp_path / "profiles")
+    written = {}
+    for workers in (1, 2):
+        with on_test_servers(tmp_path):
+            overrides = {"spike.workers": workers, "tracking.experiment": "spike-test"}
+            assert spike_flow(profile="smoke", overrides=overrides, return_state=True).is_completed()
+        written[workers] = json.loads((tmp_path / SPIKE_METRICS).read_text())
+    one, two = written[1], written[2]
+    assert set(one["matrix"]) == {"data", "param", "lr"} and list(one["seeds"]) == ["0", "1"]
+    assert one["matrix"] == two["matrix"]
+    assert {s: e["origin_run"] for s, e in one["seeds"].items()} == {
+        s: e["origin_run"] for s, e in two["seeds"].items()
+    }
+
+
+def test_the_report_tables_each_cause_by_policy_with_outcome_counts_over_the_seeds(finished):
+    from tasks.report.render import spike_section
+
+    studies, project, _ = finished
+    policies = studies[0].cfg.recovery.policies
+    lines = spike_section(project, json.loads((project / SPIKE_METRICS).read_text()))  # keys sorted there
+    header = next(line for line in lines if line.startswith("| cause |"))
+    assert header == "| " + " | ".join(["cause", *policies]) + " |"
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ") and "-tied)" in line}
+    assert list(rows) == ["data (data-tied)", "param (state-tied)", "lr (step-tied)"]
+    for row in rows.values():
+        for cell in row.strip(" |").split(" | ")[1:]:
+            assert sum(int(n) for n in cell.split(",")[0].split("/")) == 2  # two seeds in every cell

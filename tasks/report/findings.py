@@ -35,6 +35,7 @@ from tasks.ablate.stats import (
 from tasks.config import Config
 from tasks.report.design import design
 from tasks.report.verdict import EQUIVALENCE, Claim, verdict
+from tasks.spike.config import OUTCOMES
 
 FAMILY_OF = {"xiong": "xiong", "fp16": "precision", "overflow": "overflow", "beta2": "beta2", "wortsman": "wortsman"}
 """The family of arms each trained finding reads (tasks/ablate/grid.py: FAMILIES)."""
@@ -673,84 +674,129 @@ def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | Non
     )
 
 
-SPIKE_MIN_ORIGINS = 6
-"""Origins the spike finding needs (registered): the fewest pairs whose signed-rank test can reach
-p < 0.05 (2 / 2^6 = 0.031, tasks/ablate/stats.py: WILCOXON_FROM)."""
+SPIKE_MIN_SEEDS = 4
+"""Seeds at which each cause's ``continue`` branch must have left a gap (registered): fewer, and
+there is no spike worth recovering from to compare the policies on."""
 
-SPIKE_FIXES = ("rollback", "skip_batch")
-"""The policies the spike finding claims bring the run back, each against ``continue``."""
+SPIKE_CAUSES = {"data": "stream", "param": "once", "lr": "step"}
+"""The three causes (injection kinds) and what each must be tied to: data-tied (poisoned batches,
+skipping them clears it), state-tied (a corrupted state, restoring a clean one clears it),
+step-tied (no replay clears it)."""
+
+SPIKE_BETTER = (("data", "skip_batch"), ("data", "rollback"), ("param", "rollback"), ("lr", "lower_lr"))
+"""The registered claims: policy − continue on the final gap < 0, where what the policy assumes
+about the spike holds for its cause (seed 004: skip the data, restart from before, lower the LR)."""
+
+SPIKE_CLAIM_IDS = {
+    ("data", "skip_batch"): "data_skip_batch",
+    ("data", "rollback"): "data_rollback",
+    ("param", "rollback"): "state_rollback",
+    ("lr", "lower_lr"): "step_lower_lr",
+}
+"""Each claim's key in the registered design (its SESOI): the causes by what they are tied to."""
+
+SPIKE_NO_BETTER = (("param", "skip_batch"), ("lr", "rollback"), ("lr", "skip_batch"))
+"""Registered predictions of no improvement, shown with their estimate and interval, not claims:
+replaying the steps meets a step-tied spike again, and skip_batch's restart point (the state just
+before the flagged step) may already hold a corrupted state."""
+
+
+def spike_gaps(matrix: dict[str, Any], cause: str, policy: str, seeds: Sequence[int] | None = None) -> dict[int, float]:
+    """Per seed, the branch's final gap, where it has one (a branch that gave up has none: never
+    imputed); only ``seeds`` where given."""
+    cells = matrix.get(cause, {}).get(policy, {})
+    return {
+        int(seed): cell["final_gap"]
+        for seed, cell in cells.items()
+        if cell["final_gap"] is not None and (seeds is None or int(seed) in seeds)
+    }
+
+
+def spike_precondition(spike: dict[str, Any], epsilon: float) -> str | None:
+    """Why the spike finding cannot be tested, or None: a cause missing or tied to the wrong thing,
+    or a cause whose ``continue`` branch left a gap at fewer than SPIKE_MIN_SEEDS seeds."""
+    matrix = spike["matrix"]
+    for cause, tied in SPIKE_CAUSES.items():
+        if cause not in matrix or "continue" not in matrix[cause]:
+            return f"the spike stage ran no {cause} injection with a continue branch (spike.kinds)"
+        ties = {entry[cause]["injection"]["tied_to"] for entry in spike["seeds"].values()}
+        if ties != {tied}:
+            return f"the {cause} injection was tied to {sorted(ties)}, not to the {tied}: another cause"
+    for cause in SPIKE_CAUSES:
+        gapped = [s for s, gap in spike_gaps(matrix, cause, "continue").items() if gap > epsilon]
+        if len(gapped) < SPIKE_MIN_SEEDS:
+            return (
+                f"{cause}: continue ended more than {epsilon:.0%} above the control at {len(gapped)} of "
+                f"{len(matrix[cause]['continue'])} seeds (needs >= {SPIKE_MIN_SEEDS})"
+            )
+    return None
+
+
+def spike_outcomes(matrix: dict[str, Any], cause: str, policy: str) -> str:
+    """A cell's outcome counts over seeds, e.g. ``0 recovered / 3 gap / 1 gave up``."""
+    cells = matrix.get(cause, {}).get(policy, {}).values()
+    return " / ".join(f"{sum(c['outcome'] == o for c in cells)} {o.replace('_', ' ')}" for o in OUTCOMES)
 
 
 def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
-    """Rollback and skip_batch against continue after a step-tied LR spike, paired by origin, on the
-    final gap (relative, smoothed training loss) and the area of excess loss (nat·steps), over the
-    origins where continue *left a gap*: its own final gap above ``recovery.recover_epsilon`` (per
-    origin, the registered condition the claim is about). Not tested below SPIKE_MIN_ORIGINS such
-    origins, or when the LR injection was stream-tied (skipping batches would remove it)."""
-    if not spike:
+    """Per cause, the policies whose assumption fits it against continue (SPIKE_BETTER: claims) and
+    those whose assumption does not (SPIKE_NO_BETTER: predictions, shown), on the final gap
+    (relative, smoothed training loss), paired by seed over the seeds where both branches have one
+    (a branch that gave up is its own outcome, counted, never imputed). Not tested unless every
+    cause's continue branch left a gap at >= SPIKE_MIN_SEEDS seeds. Beside each claim, its estimate
+    on the discovery and on the confirmation seeds alone (``details``)."""
+    if not spike or "matrix" not in spike:
         return decide("spike", [], "the spike stage did not run", [], "the spike stage did not run")
-    by_origin = {o: entry["lr"] for o, entry in spike["origins"].items() if "lr" in entry}
-    if not by_origin:
-        return decide("spike", [], "no lr injection in the spike stage", [], "spike.kinds has no lr injection")
-    epsilon = cfg.recovery.recover_epsilon
-    gapped = [o for o, lr in by_origin.items() if lr["continue"]["final_gap"] > epsilon]
-    values = {
-        (figure, policy): {o: v for o in gapped if (v := by_origin[o][policy][figure]) is not None}  # val: diverged
-        for figure in ("final_gap", "excess_area", "val_gap")
-        for policy in ("continue", *SPIKE_FIXES)
-    }
-    comparisons = {
-        (figure, policy): paired(values[figure, policy], values[figure, "continue"])
-        for figure in ("final_gap", "excess_area", "val_gap")
-        for policy in SPIKE_FIXES
-    }
+    matrix, epsilon = spike["matrix"], cfg.recovery.recover_epsilon
+    failed = spike_precondition(spike, epsilon)
+    halves = _halves(spike.get("discovery_seeds", []), spike.get("confirm_seeds", []))
+
+    def tested(cause: str, policy: str) -> dict[str, Any]:
+        """policy − continue per seed (one origin run per seed), where both branches have a gap."""
+        differences = subtract(
+            {(s,): g for s, g in spike_gaps(matrix, cause, policy).items()},
+            {(s,): g for s, g in spike_gaps(matrix, cause, "continue").items()},
+        )
+        return pooled_and_halves(differences, halves)
+
+    comparisons = {pair: tested(*pair) for pair in (*SPIKE_BETTER, *SPIKE_NO_BETTER)}
     claims = [
-        claim
-        for policy in SPIKE_FIXES
-        for claim in (
-            Claim(
-                f"{policy} − continue, {figure}",
-                comparisons[figure, policy].get("estimate"),
-                comparisons[figure, policy].get("p"),
-                -1,
-                sesoi=epsilon if figure == "final_gap" else 0.0,
-                ci95=comparisons[figure, policy].get("ci95"),
-                mde=comparisons[figure, policy].get("mde"),
-                unit="relative" if figure == "final_gap" else "nat·steps",
-            )
-            for figure in ("final_gap", "excess_area")
-        )
+        direction("spike", SPIKE_CLAIM_IDS[c, p], f"{c}×{p} − continue, final gap", comparisons[c, p], -1, "relative")
+        for c, p in SPIKE_BETTER
     ]
-    failed = None
-    step_tied = all(lr["injection"]["tied_to"] == "step" for lr in by_origin.values())
-    if not step_tied:
-        failed = "the lr injection was tied to the stream: skip_batch and rollback could skip it (removable)"
-    elif len(gapped) < SPIKE_MIN_ORIGINS:
-        failed = (
-            f"{len(gapped)} of {len(by_origin)} origins had continue end more than {epsilon:.0%} above the "
-            f"control (needs >= {SPIKE_MIN_ORIGINS})"
-        )
+    details: dict[str, Any] = {f"{c}/{p}": comparisons[c, p] for c, p in (*SPIKE_BETTER, *SPIKE_NO_BETTER)}
+    roles = halves
     numbers = "; ".join(
         [
-            f"continue left a gap > {epsilon:.0%} at {len(gapped)} of {len(by_origin)} origins "
-            f"(mean final gap {_mean(values['final_gap', 'continue'])})",
             *(
-                f"{policy} − continue: final gap {_cmp(comparisons['final_gap', policy], '')}, excess loss "
-                f"{_cmp(comparisons['excess_area', policy], 'nat·steps')}, val loss "
-                f"{_cmp(comparisons['val_gap', policy])}; types "
-                f"{[by_origin[o][policy]['type'] for o in gapped]}, gave up at "
-                f"{sum(by_origin[o][policy]['status'] != 'completed' for o in gapped)} origins"
-                for policy in SPIKE_FIXES
+                f"{cause}: continue {spike_outcomes(matrix, cause, 'continue')}, mean final gap "
+                f"{_mean(spike_gaps(matrix, cause, 'continue'))}"
+                for cause in SPIKE_CAUSES
+                if cause in matrix
+            ),
+            *(
+                f"{c}×{p} − continue (predicted better): {_cmp(comparisons[c, p], '')}; {spike_outcomes(matrix, c, p)}"
+                for c, p in SPIKE_BETTER
+            ),
+            *(
+                f"{c}×{p} − continue (predicted no better): {_cmp(comparisons[c, p], '')}; "
+                f"{spike_outcomes(matrix, c, p)}"
+                for c, p in SPIKE_NO_BETTER
             ),
         ]
     )
+    seeds = ", ".join(str(s) for s in (*roles["discovery"], *roles["confirmation"]))
+    arms = [
+        f"spike stage: seeds {seeds}, causes {', '.join(matrix)}, x{cfg.spike.magnitude:g} for {cfg.spike.duration} steps"
+    ]
     return decide(
         "spike",
         claims,
         numbers,
-        [f"spike stage: origins {', '.join(by_origin)}, lr x{cfg.spike.magnitude:g} for {cfg.spike.duration} steps"],
+        arms,
         failed,
-        details={f"{figure}/{policy}": c for (figure, policy), c in comparisons.items()},
+        details=details,
+        halves=halves_of({f"{c}×{p} − continue, final gap": comparisons[c, p] for c, p in SPIKE_BETTER}),
     )
 
 

@@ -27,6 +27,7 @@ from tasks.config import Config
 from tasks.report.design import DESIGN_CODE, design, design_hash
 from tasks.report.findings import FAMILY_OF, Finding, number
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED
+from tasks.spike.config import OUTCOMES
 
 REPORTS = Path("reports")
 VERDICTS = (REPRODUCED, CONTRADICTED, NOT_TESTED, INCONCLUSIVE)
@@ -133,7 +134,7 @@ def render_markdown(
         *_changes_section(),
         *_arms_section(cfg, ablate),
         *_search_section(project, search),
-        *_spike_section(project, spike),
+        *spike_section(project, spike),
         *_pretrain_section(project, pretrain),
         *_runs_section(ablate, stage_runs),
     ]
@@ -282,47 +283,51 @@ def _search_section(project: Path, search: dict[str, Any] | None) -> list[str]:
     return [*lines, ""]
 
 
-def _spike_section(project: Path, spike: dict[str, Any] | None) -> list[str]:
-    if not spike:
+def spike_section(project: Path, spike: dict[str, Any] | None) -> list[str]:
+    if not spike or "matrix" not in spike:
         return ["## Spike study", "", "The spike stage has not run.", ""]
-    origins = list(spike["origins"].values())
-    rows = []
-    for kind, first in origins[0].items():
-        if isinstance(first, dict) and "continue" in first:
-            for policy in first:
-                if isinstance(first[policy], dict) and "type" in first[policy]:
-                    scores = [o[kind][policy] for o in origins]
-                    rows.append(
-                        [
-                            f"{kind} (tied to the {first['injection']['tied_to']})",
-                            policy,
-                            " ".join(str(s["type"]) for s in scores),
-                            f"{fmean([s['final_gap'] for s in scores]):+.2%}",
-                            f"{fmean([s['excess_area'] for s in scores]):.2f}",
-                            str(sum(s["status"] != "completed" for s in scores)),
-                            f"{fmean([s['cost_usd'] for s in scores]):.5f}",
-                        ]
-                    )
+    matrix, policies = spike["matrix"], spike["policies"]
+    rows = [
+        [f"{cause} ({_tied_to(spike, cause)})", *(_spike_cell(matrix[cause].get(p, {})) for p in policies)]
+        for cause in spike["causes"]
+    ]
+    seeds = ", ".join(str(s) for s in spike["discovery_seeds"])
+    confirm = ", ".join(str(s) for s in spike["confirm_seeds"]) or "none"
     lines = [
-        f"## Spike study (from the pretrain milestones {', '.join(spike['origins'])})",
+        f"## Spike study (independent origin runs: discovery seeds {seeds}; confirmation seeds {confirm})",
         "",
-        f"False alarms on the clean controls: {spike.get('false_positives')}. Per injection and policy: its type "
-        "at each origin, and the mean over origins of the final gap and the area of excess loss to the origin's "
-        "control (a branch that gave up or diverged counts at ln V from there on).",
+        f"False alarms on the clean controls: {spike.get('false_positives')}. Per cause and policy, over the seeds: "
+        "how many branches recovered (back within ε in time) / ended with a gap (back late, settled above, or "
+        "diverged) / gave up (the retry cap), and the mean final gap to the seed's control of those that "
+        "did not give up (a branch that gave up has none).",
         "",
-        *_table(
-            ["injection", "policy", "types", "final gap", "excess loss (nat·steps)", "gave up", "cost (USD)"],
-            rows,
-        ),
+        *_table(["cause", *policies], rows),
     ]
     postmortems = sorted((project / REPORTS / "postmortems").glob("*.md"))
     return [
         *lines,
         "",
-        f"Post-mortems (origin {spike['postmortem_origin']}): "
+        f"Post-mortems (seed {spike['postmortem_seed']}): "
         + (", ".join(f"[{p.stem}](postmortems/{p.name})" for p in postmortems) or "none"),
         "",
     ]
+
+
+CAUSE_OF_TIE = {"stream": "data-tied", "once": "state-tied", "step": "step-tied"}
+"""How the report names a cause by what its injection is tied to (model/spike/injections.py)."""
+
+
+def _tied_to(spike: dict[str, Any], cause: str) -> str:
+    entry = next(iter(spike["seeds"].values()))
+    return CAUSE_OF_TIE[entry[cause]["injection"]["tied_to"]]
+
+
+def _spike_cell(by_seed: dict[str, dict[str, Any]]) -> str:
+    """recovered / gap / gave up over the seeds, and the mean final gap of those that have one."""
+    cells = list(by_seed.values())
+    counts = "/".join(str(sum(c["outcome"] == o for c in cells)) for o in OUTCOMES)
+    gaps = [c["final_gap"] for c in cells if c["final_gap"] is not None]
+    return f"{counts}, gap {fmean(gaps):+.1%}" if gaps else counts
 
 
 def _pretrain_section(project: Path, pretrain: dict[str, Any] | None) -> list[str]:

@@ -1,8 +1,15 @@
-"""The spike stage's sections of the study config: ``spike`` (the injections, the detector, the
-collapse check) and ``recovery`` (the policies). Whether every ``spike.origins`` step is a
-pretrain milestone and ``spike.param_block`` a block of the model are rules across sections
-(tasks/config.py). model/spike/ takes these sections as they are (duck-typed: model/ imports
-no study code)."""
+"""The spike stage's sections of the study config: ``spike`` (the origin runs, the injections, the
+detector, the collapse check) and ``recovery`` (the policies). The rules that tie the window to the
+policies (a rollback target before the injection, the window inside the origin run's schedule) and
+``spike.param_block`` to the arm model's blocks are across sections (tasks/config.py). model/spike/
+takes these sections as they are (duck-typed: model/ imports no study code).
+
+Why the origins are runs the stage trains itself, at the ablation arm scale, and not pretrain's
+milestones: milestones of one pretraining run are not independent pairing units, and >= 4
+independent pretraining seeds x 3 causes x 5 policies, each over a window of hundreds of steps,
+do not fit the default study's 45-minute budget at the pretrain model's scale on 2 CPU cores. At
+the arm scale (``ablation.d_model`` ... ``batch_size``, μP at ``mup.base_width``, LR
+``ablation.lr``) they do, one seed per worker process (tasks/spike/study.py: origin_config)."""
 
 from __future__ import annotations
 
@@ -13,6 +20,10 @@ from model.typed_config import ConfigError, Section, in_open_unit, non_negative,
 
 SpikeKind = Literal["data", "lr", "grad", "param", "adam"]
 RecoveryPolicy = Literal["continue", "skip_step", "skip_batch", "rollback", "lower_lr", "swap_data"]
+
+OUTCOMES = ("recovered", "gap", "gave_up")
+"""A branch's outcome (tasks/spike/study.py: outcome), what the spike finding counts per cause and
+policy: back in time, completed with a gap (or diverged), or gave up at the retry cap."""
 
 SPIKE_CAUSING_POISON = (
     "generated_binary",
@@ -30,22 +41,35 @@ length filter drops (headings: ``too_short``), which must never be injected."""
 
 @dataclass(frozen=True)
 class SpikeConfig(Section):
-    kinds: list[SpikeKind] = field(default_factory=lambda: ["data", "lr"])
-    """Injections of the study, each scored against the clean control with every policy:
-    ``data`` replaces the next batches with poison-pool sequences, ``lr`` multiplies the LR,
-    ``grad`` multiplies the gradients before clipping, ``param`` multiplies every weight matrix
-    of one block once. Empty: no spike study (runs that never study one, e.g. unit tests)."""
-    origins: list[int] = field(default_factory=lambda: [200])
-    """Pretrain milestones (``checkpoint.milestones``) the study branches from, each with its own
-    warm-up, control and policy branches: the pairing units of the recovery finding, which needs
-    at least 6 (tasks/report/findings.py: spike)."""
-    warm_steps: int = 64
-    """Steps of clean training from the milestone before the injection: the detector's warm-up
-    (at least ``detect_warmup``) and the pre-spike checkpoints a rollback goes back to."""
+    kinds: list[SpikeKind] = field(default_factory=lambda: ["data", "param", "lr"])
+    """Injections of the study (its causes), each scored against the clean control with every
+    policy: ``data`` (data-tied) replaces the next batches with poison-pool sequences, ``param``
+    (state-tied) multiplies every weight matrix of one block once, ``lr`` (step-tied) multiplies
+    the LR, ``grad`` multiplies the gradients before clipping. Empty: no spike study (runs that
+    never study one, e.g. unit tests)."""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
+    """Discovery seeds: one independent origin run each (``train.seed``: init and data order),
+    the pairing units of the recovery finding (tasks/report/findings.py: spike)."""
+    confirm_seeds: list[int] = field(default_factory=lambda: [4, 5, 6, 7])
+    """Confirmation seeds, none of them a discovery seed: the stage runs both sets alike and the
+    report shows the estimate on each apart."""
+    run_steps: int = 600
+    """Length of each origin run's cosine schedule; the branches continue on it, so the whole
+    window (``origin_step + warm_steps + recovery.eval_steps``) must fit inside it."""
+    origin_step: int = 250
+    """Step of the origin run's scheduled checkpoint every branch of that seed starts from (past
+    the unigram plateau, the LR still decaying)."""
+    warm_steps: int = 128
+    """Steps of clean training from the origin checkpoint before the injection: the detector's
+    warm-up (at least ``detect_warmup``) and the pre-spike checkpoints a rollback goes back to (at
+    least ``recovery.rollback_steps``, so a rollback target exists)."""
+    workers: int = 0
+    """Seeds run at once, each in its own worker process on one thread (0: the cores available);
+    the results do not depend on it."""
     magnitude: float = 100.0
     """Multiplier of ``lr``, ``grad`` and ``param`` injections and divisor of ``adam``'s second
-    moment (x30 on the default model at its
-    milestone: every policy back within 40 steps; x100 leaves a lasting gap)."""
+    moment (x100 at the default arm scale, 8 seeds: ``lr`` left continue 3-13 % above the control
+    at every seed, ``param`` 2-4 %)."""
     duration: int = 3
     """How long an injection lasts: ``data`` replaces this many batches of the stream (a policy may
     skip them); ``lr`` and ``grad`` multiply this many optimizer steps, tied to the steps so no
@@ -74,6 +98,7 @@ class SpikeConfig(Section):
         for key in (
             "magnitude",
             "duration",
+            "run_steps",
             "detect_window",
             "detect_zscore",
             "detect_ratio",
@@ -82,10 +107,9 @@ class SpikeConfig(Section):
         ):
             positive(f"spike.{key}", getattr(self, key))
         non_negative("spike.sample_prompts", self.sample_prompts)
-        if self.kinds:
-            not_empty("spike.origins", self.origins)
-        if len(set(self.origins)) != len(self.origins):
-            raise ConfigError(f"spike.origins: {self.origins} names a milestone twice")
+        non_negative("spike.workers", self.workers)
+        self.check_seeds()
+        positive("spike.origin_step", self.origin_step)
         if not 2 <= self.detect_warmup <= self.detect_window:
             raise ConfigError(
                 f"spike.detect_warmup: need 2 <= {self.detect_warmup} <= spike.detect_window={self.detect_window}"
@@ -101,6 +125,25 @@ class SpikeConfig(Section):
                 f"spike.data_reasons: {harmless or 'empty'}; choose among the spike-causing "
                 f"poison reasons {list(SPIKE_CAUSING_POISON)}"
             )
+
+    def check_seeds(self) -> None:
+        """Discovery seeds given, no seed twice, and confirmation seeds the discovery does not use."""
+        if self.kinds:
+            not_empty("spike.seeds", self.seeds)
+        for key in ("seeds", "confirm_seeds"):
+            values = getattr(self, key)
+            if len(set(values)) != len(values):
+                raise ConfigError(f"spike.{key}: {values} names a seed twice")
+            for seed in values:
+                non_negative(f"spike.{key}", seed)
+        shared = sorted(set(self.seeds) & set(self.confirm_seeds))
+        if shared:
+            raise ConfigError(f"spike.confirm_seeds: {shared} are discovery seeds (spike.seeds); confirm on others")
+
+    @property
+    def all_seeds(self) -> list[int]:
+        """Every origin run of the stage: the discovery seeds, then the confirmation seeds."""
+        return [*self.seeds, *self.confirm_seeds]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Post-mortems (seed 004's "Loss-spike post-mortem template", section by section) and the spike
-figures, from the first origin's :class:`tasks.spike.study.Study` (one incident write-up per
-injection; the other origins are the recovery finding's pairing units, in ``metrics/spike.json``).
+figures, from the first seed's :class:`tasks.spike.study.Study` (one incident write-up per
+injection; the other seeds are the recovery finding's pairing units, in ``metrics/spike.json``).
 
 The numbers a post-mortem quotes come from :func:`symptoms` and the study's scores, the same
 values ``metrics/spike.json`` holds; the lessons are rules over that evidence (:func:`lessons`).
@@ -23,14 +23,16 @@ from tasks.spike.curves import trailing_mean
 from tasks.spike.study import CAUSES, Study, summary_metrics, symptoms
 
 TYPE_NAMES = {1: "recoverable", 2: "lingering", 3: "divergent"}
+OUTCOME_RANK = {"recovered": 0, "gap": 1, "gave_up": 2}
+"""Which outcome a recommendation prefers: back in time, then completed with a gap, then gave up."""
 SECTIONS = ("Symptoms", "Evidence", "Classification", "Recovery action", "Outcome", "Lessons / followups")
 """The template's sections, in order."""
 
 
 def best_policy(study: Study, kind: str) -> str:
-    """The policy to recommend: the lowest type, then the cheapest, then the smallest final gap."""
+    """The policy to recommend: the best outcome, then the lowest type, then the cheapest."""
     scores = study.scores[kind]
-    return min(scores, key=lambda p: (scores[p]["type"], scores[p]["cost_usd"], abs(scores[p]["final_gap"])))
+    return min(scores, key=lambda p: (OUTCOME_RANK[scores[p]["outcome"]], scores[p]["type"], scores[p]["cost_usd"]))
 
 
 def collapse_flags(study: Study, kind: str) -> list[str]:
@@ -124,8 +126,9 @@ def render(study: Study, kind: str, number: int, run_uris: dict[str, str], histo
     lines = [
         f"# Spike #{number} — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "",
-        f"Injected `{kind}` spike at step {injection.start}, tied to the {injection.tied_to} (study from "
-        f"pretrain milestone {study.milestone}, origin step {study.origin_step}, window to step {study.end_step}).",
+        f"Injected `{kind}` spike at step {injection.start}, tied to the {injection.tied_to} (seed {study.seed}: "
+        f"origin run checkpoint at step {study.cfg.spike.origin_step}, branches from step {study.fork_step}, "
+        f"window to step {study.end_step}).",
         "",
         "## Symptoms",
         f"- Pre-spike loss: {_fmt(s['pre_spike_loss'])}",
@@ -207,7 +210,7 @@ def _actions(actions: list[dict[str, Any]]) -> str:
 
 
 def _outcome(policy: str, s: dict[str, Any], start: int) -> str:
-    if s["type"] == 1:
+    if s["outcome"] == "recovered":
         return (
             f"With `{policy}` the loss curve resumed the control's trajectory at step "
             f"{start + s['steps_to_recover']} ({s['steps_to_recover']} steps after the injection)."
@@ -288,9 +291,9 @@ def publish(
     run_uris: dict[str, str],
     numerics: dict[str, Any],
 ) -> dict[str, Any]:
-    """The stage's outputs, atomically: metrics/spike.json (every origin, and ``numerics``: the
-    arithmetic that trained them, model/provenance.py), the figures and post-mortems (the first
-    origin's). Returns the metrics."""
+    """The stage's outputs, atomically: metrics/spike.json (the matrix, every seed, and ``numerics``:
+    the arithmetic that trained them, model/provenance.py), the figures and post-mortems (the first
+    seed's). Returns the metrics."""
     metrics = {**summary_metrics(studies), "provenance": numerics}
     with staged(project / SPIKE_METRICS, project / SPIKE_FIGURES, project / POSTMORTEMS) as (json_out, figs, pms):
         spike_figures(studies[0], figs)

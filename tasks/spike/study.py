@@ -1,14 +1,15 @@
-"""The spike study: from each pretrain milestone in ``spike.origins``, a clean control and, per
-injection kind, one branch per recovery policy; each spike classified and each policy scored
-against its origin's control; the PaLM replay test; the collapse check. Plain functions over
-model/spike/ (the flow adds tracking); post-mortems and figures: tasks/spike/postmortem.py.
+"""The spike study: per seed, an origin run trained cleanly at the ablation arm scale
+(:func:`origin_config`), then from its scheduled checkpoint a clean control and, per cause
+(injection kind), one branch per recovery policy; each spike classified, each branch given its
+outcome (recovered, gap, gave up) and scored against its seed's control; the PaLM replay test; the
+collapse check. Plain functions over model/spike/ (the flow fans the seeds out and adds tracking);
+post-mortems and figures: tasks/spike/postmortem.py.
 
-Every branch of an origin starts bitwise from one state: the milestone continued cleanly for
-``spike.warm_steps`` (the detector's warm-up), with the data order of pretraining. Scores compare
+Every branch of a seed starts bitwise from one state: the origin checkpoint continued cleanly for
+``spike.warm_steps`` (the detector's warm-up), with the origin run's data order. Scores compare
 per-step training losses, smoothed over ``recovery.smooth_steps`` because a branch that skipped
-batches sees other batches than the control at the same step. Origins are run one after another
-in this process: a branch is a few seconds of a small model, and runs set global RNG and thread
-state.
+batches sees other batches than the control at the same step. One seed (:func:`run_seed`) is one
+unit of work on one thread: its numbers do not depend on the process or on what ran there before.
 """
 
 from __future__ import annotations
@@ -17,28 +18,27 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from model.checkpoint import load_checkpoint
+from model.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from model.collapse import collapse_stats, sample
 from model.data import TokenLoader, open_split
 from model.detect import make_detector
 from model.identity import run_identity
 from model.spike.branch import Branch, Warm, replay, rollback_target, run_branch, warm_up
 from model.spike.injections import Injection, TiedTo, injection_callback
-from model.spike.records import cpu_copy
+from model.spike.records import Trace, cpu_copy
 from model.telemetry import record_forward_stats, to_floats
 from model.train import Load, Trainer
 from model.typed_config import InputError
 from tasks.config import Config
 from tasks.runtime.files import read_json
 from tasks.runtime.outputs import MANIFEST
-from tasks.runtime.progress import Progress, run_logger
 from tasks.spike.config import RecoveryConfig
 from tasks.spike.curves import trailing_mean
 
@@ -51,13 +51,35 @@ CAUSES = {
 """Root cause of each injection kind, for the post-mortem."""
 
 
-def study_config(cfg: Config) -> Config:
-    """The config branches run with: checkpoints every ``recovery.checkpoint_every`` steps, enough of
-    them kept for the farthest rollback, no wall-clock saves; the milestones as they are."""
-    r = cfg.recovery
-    keep = (cfg.spike.warm_steps + r.eval_steps) // r.checkpoint_every + 2
+def origin_config(cfg: Config, seed: int) -> Config:
+    """The config of ``seed``'s origin run and of every branch from it: the ablation arm scale (μP
+    at ``mup.base_width``, peak LR ``ablation.lr``, the study's precision), a cosine schedule over
+    ``spike.run_steps`` with the arms' warmup fraction, one thread (a seed is one worker's unit);
+    checkpoints every ``recovery.checkpoint_every`` steps, enough of them kept for the farthest
+    rollback, the origin step pinned; no evaluation but the branches' own at the end."""
+    a, s, r = cfg.ablation, cfg.spike, cfg.recovery
+    keep = (s.warm_steps + r.eval_steps) // r.checkpoint_every + 2
     return cfg.replace(
-        **{"checkpoint.every_steps": r.checkpoint_every, "checkpoint.keep_last": keep, "checkpoint.every_minutes": 0.0}
+        **{
+            "model.d_model": a.d_model,
+            "model.n_layer": a.n_layer,
+            "model.n_head": a.n_head,
+            "model.seq_len": a.seq_len,
+            "train.batch_size": a.batch_size,
+            "train.grad_accum": 1,
+            "train.steps": s.run_steps,
+            "train.seed": seed,
+            "train.cpu_threads": 1,
+            "train.eval_every": 0,
+            "train.layer_stats_every": s.run_steps,
+            "optim.lr": a.lr,
+            "schedule.kind": "cosine",
+            "schedule.warmup_steps": round(a.warmup_fraction * s.run_steps),
+            "checkpoint.every_steps": r.checkpoint_every,
+            "checkpoint.keep_last": keep,
+            "checkpoint.every_minutes": 0.0,
+            "checkpoint.milestones": [s.origin_step],
+        }
     )
 
 
@@ -68,10 +90,11 @@ transient fault (``once``): restoring a clean state clears it. The rest (lr, gra
 optimizer steps, a spike of the dynamics that no policy removes by skipping batches."""
 
 
-def window(cfg: Config, milestone: int) -> tuple[int, int]:
-    """(origin, end): the step every branch from ``milestone`` starts from and the step it runs to."""
-    origin = milestone + cfg.spike.warm_steps
-    return origin, origin + cfg.recovery.eval_steps
+def window(cfg: Config) -> tuple[int, int]:
+    """(fork, end): the step every branch starts from (the origin checkpoint plus the warm-up; the
+    injection is the next step) and the step it runs to."""
+    fork = cfg.spike.origin_step + cfg.spike.warm_steps
+    return fork, fork + cfg.recovery.eval_steps
 
 
 # ----------------------------------------------------------------------------------------------
@@ -155,9 +178,9 @@ def classify(
 def window_curves(branch: Branch, control: Branch, smooth: int, cap: float) -> tuple[np.ndarray, np.ndarray]:
     """The branch's and the control's smoothed losses over the control's steps (the injection to
     the window's end). Every loss is capped at ``cap`` (ln V, the loss of a uniform guess), and a
-    step the branch never reached (it gave up or diverged) or whose loss is not finite counts at
-    the cap: a policy that lost the run scores as the worst outcome instead of leaving the paired
-    test, as a diverged arm's loss is its loss at init (tasks/ablate/stats.py: capped_loss)."""
+    step the branch never reached because it diverged, or whose loss is not finite, counts at the
+    cap, as a diverged arm's loss is its loss at init (tasks/ablate/stats.py: capped_loss). Not for
+    a branch that gave up: that is its own outcome, with no curve to score (:func:`outcome`)."""
     mine = {r["step"]: r["loss"] for r in branch.rows}
 
     def capped(loss: float | None) -> float:
@@ -167,6 +190,15 @@ def window_curves(branch: Branch, control: Branch, smooth: int, cap: float) -> t
     b = np.array([capped(mine.get(s)) for s in steps])
     c = np.array([capped(r["loss"]) for r in control.rows])
     return trailing_mean(b, smooth), trailing_mean(c, smooth)
+
+
+def outcome(status: str, spike_type: int) -> str:
+    """``gave_up``: the branch did not run its window out (the policy's retry cap, or any stop
+    other than divergence); ``recovered``: it completed and came back in time (type 1); ``gap``:
+    otherwise (back late, settled above, or diverged: a diverged run is a result, as in the arms)."""
+    if status not in ("completed", "diverged"):
+        return "gave_up"
+    return "recovered" if status == "completed" and spike_type == 1 else "gap"
 
 
 def excess_area(branch: np.ndarray, control: np.ndarray) -> float:
@@ -198,10 +230,13 @@ def score(
 ) -> dict[str, Any]:
     """A policy's scores against the control (seed 004's incident cost included). ``final_gap``
     (relative, at the window's end) and ``excess_area`` read the capped curves of
-    :func:`window_curves`; the type describes the raw ones."""
+    :func:`window_curves`, and are None for a branch that gave up (never imputed); the type
+    describes the raw losses of the steps it ran."""
     losses, control_losses = aligned_losses(branch, control)
     kind = classify(losses, control_losses, r.recover_epsilon, r.recover_steps, r.smooth_steps)
+    result = outcome(branch.status, kind.type)
     smooth_branch, smooth_clean = window_curves(branch, control, r.smooth_steps, cap)
+    scored = result != "gave_up"
     smooth_control = trailing_mean(np.asarray(control_losses), r.smooth_steps)
     peak = max(losses[i] / smooth_control[i] for i in range(len(losses))) if losses else float("nan")
     rerun = branch.steps_run - control.steps_run
@@ -211,6 +246,7 @@ def score(
     wasted = max(0, rerun) + vetoed + spent
     detected = [d for d in branch.detections if d >= injection.start]
     return {
+        "outcome": result,
         "type": kind.type,
         "why": kind.why,
         "steps_to_recover": kind.steps_to_recover,
@@ -218,8 +254,8 @@ def score(
         "peak_loss": max(losses) if losses else float("nan"),
         "grad_norm_peak": max((row["grad_norm"] for row in branch.rows), default=float("nan")),
         "final_loss": float(np.mean(losses[-r.smooth_steps :])) if losses else float("nan"),
-        "final_gap": float(smooth_branch[-1] / smooth_clean[-1] - 1.0),
-        "excess_area": excess_area(smooth_branch, smooth_clean),
+        "final_gap": float(smooth_branch[-1] / smooth_clean[-1] - 1.0) if scored else None,
+        "excess_area": excess_area(smooth_branch, smooth_clean) if scored else None,
         "val_loss": branch.val_loss,
         "val_gap": (
             branch.val_loss - control.val_loss if branch.val_loss is not None and control.val_loss is not None else None
@@ -229,6 +265,7 @@ def score(
         "status": branch.status,
         "stop_reason": branch.stop_reason,
         "steps_run": branch.steps_run,
+        "restarts": branch.segments - 1,
         "rerun_steps": rerun,
         "vetoed_steps": vetoed,
         "wasted_steps": wasted,
@@ -247,11 +284,12 @@ def score(
 
 @dataclasses.dataclass
 class Study:
-    """Everything the stage computed from one origin; the flow tracks it and writes the reports from it."""
+    """Everything the stage computed from one seed; the flow tracks it and writes the reports from it."""
 
     cfg: Config
-    milestone: int
-    origin_step: int
+    seed: int
+    origin_run: dict[str, Any]  # the clean origin run up to its checkpoint (origin_metrics)
+    fork_step: int
     end_step: int
     warm: Warm
     control: Branch
@@ -267,32 +305,53 @@ class Study:
     cpu_seconds: float = 0.0
 
     def branch_name(self, kind: str | None, policy: str) -> str:
-        return branch_name(self.milestone, kind, policy)
+        return branch_name(self.seed, kind, policy)
 
 
-def branch_name(milestone: int, kind: str | None, policy: str) -> str:
-    """A branch's name across the study (MLflow child run, run identity key): origin, kind, policy."""
-    return f"{milestone}/control" if kind is None else f"{milestone}/{kind}/{policy}"
+def branch_name(seed: int, kind: str | None, policy: str) -> str:
+    """A branch's name across the study (MLflow child run, run identity key): seed, kind, policy."""
+    return f"s{seed}/control" if kind is None else f"s{seed}/{kind}/{policy}"
 
 
 class StudyRun:
-    """The inputs of one study and a factory of trainers for its branches."""
+    """The inputs of one seed's study and a factory of trainers for its runs."""
 
-    def __init__(self, cfg: Config, project: Path, milestone: Path, run_dir: Path):
-        # Verified before anything runs: a damaged milestone stops the stage naming the file, with
-        # no scratch checkpoint written and the previous outputs untouched (published last, staged).
-        self.parent = load_checkpoint(milestone)["identity"]
-        self.cfg, self.project, self.milestone, self.run_dir = study_config(cfg), project, milestone, run_dir
+    def __init__(self, cfg: Config, project: Path, seed: int, run_dir: Path):
+        self.seed, self.cfg, self.project, self.run_dir = seed, origin_config(cfg, seed), project, run_dir
         manifest = read_json(project / MANIFEST)
         self.data = {s: manifest["splits"][s]["sha256"] for s in ("train", "val", "poison")}
         self.eot = manifest["eot_id"]
         self.train, self.val = (open_split(project / MANIFEST, s) for s in ("train", "val"))
+        self.parent = run_identity(self.cfg, self.data, None, {"study": "spike", "branch": "origin"}).digest
 
     def identity(self, extra: dict[str, Any]) -> str:
         return run_identity(self.cfg, self.data, self.parent, {"study": "spike", **extra}).digest
 
     def maker(self, identity: str):
         return lambda callbacks, directory: Trainer(self.cfg, self.train, self.val, callbacks, directory, identity)
+
+    def origin_run(self) -> tuple[Path, dict[str, Any]]:
+        """Train the seed's origin run cleanly from scratch to ``spike.origin_step``; its checkpoint
+        there (the path) and what the run was (its loss and validation loss at the checkpoint)."""
+        s, trace, directory = self.cfg.spike, Trace(), self.run_dir / "origin"
+        trainer = self.maker(self.parent)([trace], directory)
+        summary = trainer.run(until=s.origin_step)
+        if summary["status"] != "completed":
+            raise RuntimeError(f"spike: seed {self.seed}'s origin run {summary['status']} before step {s.origin_step}")
+        path = checkpoint_path(directory, s.origin_step)
+        if not path.exists():
+            save_checkpoint(path, trainer.snapshot())
+        losses = [row["loss"] for row in trace.read()][-self.cfg.recovery.smooth_steps :]
+        return path, {
+            "seed": self.seed,
+            "role": "discovery" if self.seed in s.seeds else "confirmation",
+            "identity": self.parent,
+            "origin_step": s.origin_step,
+            "run_steps": s.run_steps,
+            "lr_at_origin": trainer.last_metrics.get("train/lr"),
+            "train_loss": float(np.mean(losses)),
+            "val_loss": trainer.evaluate(),
+        }
 
     def prompts(self) -> torch.Tensor:
         n = self.cfg.spike.sample_prompts
@@ -312,44 +371,34 @@ def layer_stats(model, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, fl
     return to_floats(stats)
 
 
-def run_study(cfg: Config, project: Path, milestones: dict[int, Path], run_dir: Path) -> list[Study]:
-    """The whole study, one :class:`Study` per origin (``milestones``: step -> checkpoint file);
-    ``run_dir`` holds its checkpoints (scratch, rebuilt on a rerun)."""
-    # Every milestone verified before anything runs: a damaged one stops the stage naming the file,
-    # with no scratch checkpoint written and the previous outputs untouched (published last, staged).
-    runs = {step: StudyRun(cfg, project, path, run_dir / f"origin_{step}") for step, path in milestones.items()}
-    r = cfg.recovery
-    progress = Progress(
-        "spike", "branch", len(runs) * (1 + len(cfg.spike.kinds) * len(r.policies)), run_logger(), "branches"
-    )
-    studies = [run_origin(study, step, progress) for step, study in runs.items()]
-    progress.close()
-    return studies
-
-
-def run_origin(study: StudyRun, milestone: int, progress: Progress) -> Study:
-    """Warm-up, control, every injection x policy branch and the replays, from one milestone."""
+def run_seed(cfg: Config, project: Path, seed: int, run_dir: Path) -> Study:
+    """One seed's whole study: its origin run, then the warm-up, control, every cause x policy
+    branch and the replays from its checkpoint. ``run_dir`` holds the checkpoints (scratch)."""
     cpu0 = time.process_time()
+    study = StudyRun(cfg, project, seed, run_dir)
+    checkpoint, origin_run = study.origin_run()
+    result = run_branches(study, checkpoint, origin_run)
+    result.cpu_seconds = time.process_time() - cpu0
+    return result
+
+
+def run_branches(study: StudyRun, checkpoint: Path, origin_run: dict[str, Any]) -> Study:
+    """Warm-up, control, every injection x policy branch and the replays, from the origin checkpoint."""
     cfg, r, run_dir = study.cfg, study.cfg.recovery, study.run_dir
-    origin_step, end = window(cfg, milestone)
-    warm = warm_up(
-        study.maker(study.identity({"branch": "warm"})), study.milestone, origin_step, cfg.spike, run_dir / "warm"
-    )
+    fork_step, end = window(cfg)
+    warm = warm_up(study.maker(study.identity({"branch": "warm"})), checkpoint, fork_step, cfg.spike, run_dir / "warm")
     origin = warm.origin
     position = int(origin[1]["loader"]["batches_served"])
-    control_name = branch_name(milestone, None, "continue")
+    control_name = branch_name(study.seed, None, "continue")
     identities = {control_name: study.identity({"branch": "control"})}
     started = time.perf_counter()
+
+    def collapse_probe(trainer: Trainer) -> dict[str, Any]:
+        return {"collapse": study.collapse(trainer.model)}
+
     control = run_branch(
-        study.maker(identities[control_name]),
-        origin,
-        end,
-        "continue",
-        r,
-        cfg.spike,
-        probe=lambda t: {"collapse": study.collapse(t.model)},
+        study.maker(identities[control_name]), origin, end, "continue", r, cfg.spike, probe=collapse_probe
     )
-    progress.finished(control_name, control.status)
     probe_trainer = study.maker(identities[control_name])([], None)
     probe_trainer.load(cpu_copy(origin[1]), origin[0], Load())
     collapse_before = study.collapse(probe_trainer.model)
@@ -367,10 +416,10 @@ def run_origin(study: StudyRun, milestone: int, progress: Progress) -> Study:
     replays: dict[str, dict[str, Any]] = {}
     stats: dict[str, dict[str, dict[str, float]]] = {}
     for kind in cfg.spike.kinds:
-        injection = Injection.from_config(kind, cfg.spike, origin_step, position, TIED_TO.get(kind, "step"))
+        injection = Injection.from_config(kind, cfg.spike, fork_step, position, TIED_TO.get(kind, "step"))
         injections[kind], branches[kind], scores[kind] = injection, {}, {}
         for policy in r.policies:
-            name = branch_name(milestone, kind, policy)
+            name = branch_name(study.seed, kind, policy)
             identities[name] = study.identity({"injection": injection.spec(), "policy": policy})
             branch = run_branch(
                 study.maker(identities[name]),
@@ -383,20 +432,21 @@ def run_origin(study: StudyRun, milestone: int, progress: Progress) -> Study:
                 poison,
                 warm.timeline,
                 run_dir / kind / policy,
-                probe=lambda t: {"collapse": study.collapse(t.model)},
+                probe=collapse_probe,
             )
             branches[kind][policy] = branch
             scores[kind][policy] = {
                 **score(branch, control, injection, r, costs, cap),
                 "collapse": branch.probe.get("collapse", {}),
             }
-            progress.finished(name, branch.status)
         observed = branches[kind].get("continue") or next(iter(branches[kind].values()))
         replays[kind], stats[kind] = examine(study, warm, origin, injection, poison, observed)
+        keep_offending_batches(branches[kind].values(), replays[kind]["steps"])
     return Study(
         cfg,
-        milestone,
-        origin_step,
+        study.seed,
+        origin_run,
+        fork_step,
         end,
         warm,
         control,
@@ -409,8 +459,14 @@ def run_origin(study: StudyRun, milestone: int, progress: Progress) -> Study:
         warm.alarms + control.detections,
         costs,
         identities,
-        time.process_time() - cpu0,
     )
+
+
+def keep_offending_batches(branches: Iterable[Branch], steps: Sequence[int]) -> None:
+    """Drop every batch a branch kept but those of the offending ``steps`` (the post-mortem's token
+    histogram): a seed's study travels back from its worker process, the window's batches need not."""
+    for branch in branches:
+        branch.batches = {s: b for s, b in branch.batches.items() if s in steps}
 
 
 def offending_steps(branch: Branch, injection: Injection) -> list[int]:
@@ -479,11 +535,13 @@ def symptoms(study: Study, kind: str) -> dict[str, Any]:
 
 
 def origin_metrics(study: Study) -> dict[str, Any]:
-    """One origin's entry of ``metrics/spike.json``: per injection and policy, the scores without
-    the action log, and the injection as run (``tied_to`` included: the finding checks it)."""
+    """One seed's entry of ``metrics/spike.json``: its origin run, and per injection and policy the
+    scores without the action log, and the injection as run (``tied_to`` included: the finding
+    checks it)."""
     control_losses = [r["loss"] for r in study.control.rows]
     out: dict[str, Any] = {
-        "origin_step": study.origin_step,
+        "origin_run": study.origin_run,
+        "fork_step": study.fork_step,
         "end_step": study.end_step,
         "false_positives": len(study.false_positives),
         "false_positive_steps": study.false_positives,
@@ -505,11 +563,34 @@ def origin_metrics(study: Study) -> dict[str, Any]:
     return out
 
 
+MATRIX_FIELDS = ("outcome", "final_gap", "excess_area", "type", "status", "restarts", "steps_run")
+"""What the matrix keeps of a branch's scores: what the finding and the report's table read."""
+
+
+def matrix(studies: Sequence[Study]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+    """cause -> policy -> seed -> the branch's outcome and scores (MATRIX_FIELDS)."""
+    out: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    for study in studies:
+        for kind, by_policy in study.scores.items():
+            for policy, scores in by_policy.items():
+                cell = out.setdefault(kind, {}).setdefault(policy, {})
+                cell[str(study.seed)] = {k: scores[k] for k in MATRIX_FIELDS}
+    return out
+
+
 def summary_metrics(studies: Sequence[Study]) -> dict[str, Any]:
-    """``metrics/spike.json``: every origin's entry, keyed by its milestone, and the totals."""
+    """``metrics/spike.json``: the cause x policy x seed matrix (and its causes and policies in the
+    config's order: the file's keys are sorted), every seed's entry (its origin run and details),
+    which seeds discover and which confirm, and the totals."""
+    cfg = studies[0].cfg
     out = {
-        "origins": {str(s.milestone): origin_metrics(s) for s in studies},
-        "postmortem_origin": studies[0].milestone,
+        "matrix": matrix(studies),
+        "causes": cfg.spike.kinds,
+        "policies": cfg.recovery.policies,
+        "seeds": {str(s.seed): origin_metrics(s) for s in studies},
+        "discovery_seeds": cfg.spike.seeds,
+        "confirm_seeds": cfg.spike.confirm_seeds,
+        "postmortem_seed": studies[0].seed,
         "false_positives": sum(len(s.false_positives) for s in studies),
         "cpu_seconds": sum(s.cpu_seconds for s in studies),
     }
