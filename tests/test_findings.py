@@ -214,7 +214,7 @@ SPIKE_TIES = {"data": "stream", "param": "once", "lr": "step"}
 FIXES = {("data", "skip_batch"), ("data", "rollback"), ("param", "rollback"), ("lr", "lower_lr")}
 
 
-def spike_metrics(n_seeds: int, fix_effect: float, ties: dict[str, str] = SPIKE_TIES) -> dict:
+def spike_metrics(n_seeds: int, fix_effect: float, ties: dict[str, str] = SPIKE_TIES, origin_loss: float = 4.5) -> dict:
     """metrics/spike.json with ``n_seeds`` seeds (half discovery, half confirmation) where every
     cause's continue ends ~20 % above its control, each registered fix ``fix_effect`` (relative)
     from continue seed by seed, and every other policy where continue is."""
@@ -229,6 +229,7 @@ def spike_metrics(n_seeds: int, fix_effect: float, ties: dict[str, str] = SPIKE_
             gaps = {s: 0.2 + 0.01 * s + effect * (1 + 0.1 * s) for s in range(n_seeds)}  # offsets pairing removes
             matrix.setdefault(cause, {})[policy] = {str(s): cell(g) for s, g in gaps.items()}
     entry = {cause: {"injection": {"tied_to": tied}} for cause, tied in ties.items()}
+    entry["origin_run"] = {"val_loss": origin_loss}
     half = n_seeds // 2
     return {
         "matrix": matrix,
@@ -252,6 +253,12 @@ def test_the_registered_fixes_closing_continues_gap_reproduce_the_spike_finding(
         "lr×lower_lr − continue, final gap",
     ]
     assert {c.unit for c in found.claims} == {"relative"}
+
+
+def test_the_spike_finding_is_not_tested_from_origin_runs_still_on_the_plateau():
+    found = spike_finding(spike_metrics(8, -0.15, origin_loss=UNIGRAM - 0.49))
+    assert found.verdict == NOT_TESTED and "the origin runs at their checkpoint" in found.precondition_failed
+    assert spike_finding(spike_metrics(8, -0.15, origin_loss=UNIGRAM - 0.51)).verdict == REPRODUCED
 
 
 def test_the_no_better_predictions_are_shown_with_their_estimate_but_are_not_claims():

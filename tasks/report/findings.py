@@ -738,7 +738,7 @@ def spike_outcomes(matrix: dict[str, Any], cause: str, policy: str) -> str:
     return " / ".join(f"{sum(c['outcome'] == o for c in cells)} {o.replace('_', ' ')}" for o in OUTCOMES)
 
 
-def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
+def spike(cfg: Config, spike: dict[str, Any] | None, unigram: float | None = None, **_: Any) -> Finding:
     """Per cause, the policies whose assumption fits it against continue (SPIKE_BETTER: claims) and
     those whose assumption does not (SPIKE_NO_BETTER: predictions, shown), on the final gap
     (relative, smoothed training loss), paired by seed over the seeds where both branches have one
@@ -748,7 +748,10 @@ def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
     if not spike or "matrix" not in spike:
         return decide("spike", [], "the spike stage did not run", [], "the spike stage did not run")
     matrix, epsilon = spike["matrix"], cfg.recovery.recover_epsilon
-    failed = spike_precondition(spike, epsilon)
+    origins = [entry["origin_run"]["val_loss"] for entry in spike["seeds"].values()]
+    at_origin = float(np.mean(origins)) if origins and None not in origins else None
+    failed = plateau_gate(at_origin, unigram, "the origin runs at their checkpoint (mean over seeds)")
+    failed = failed or spike_precondition(spike, epsilon)
     halves = _halves(spike.get("discovery_seeds", []), spike.get("confirm_seeds", []))
 
     def tested(cause: str, policy: str) -> dict[str, Any]:
