@@ -469,7 +469,8 @@ class Trainer:
         start = time.perf_counter()
         self.model.eval()
         self.val_loader.load_state_dict({"batches_served": 0, "seed": self.val_loader.seed})
-        model = self.module.compiled or self.model
+        # Not `compiled or model`: a compiled module has no truth value (it raises TypeError).
+        model = self.model if self.module.compiled is None else self.module.compiled
         total = torch.zeros((), device=self.device)
         for _ in range(self.cfg.train.eval_batches):
             x, y = self._next_batch(self.val_loader)
