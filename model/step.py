@@ -88,9 +88,8 @@ class TrainModule:
         loss_multiplier: float = 1.0,
     ):
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
-        # The parameters, listed once: walking the module tree twice a step cost ~1.5 % of an
-        # ablation arm's step. Loading a checkpoint or injecting a spike changes their values, never
-        # the tensors themselves.
+        # The parameters, listed once: a small model's step should not walk the module tree twice.
+        # Loading a checkpoint or injecting a spike changes their values, never the tensors themselves.
         self.params = list(model.parameters())
         self.loss_multiplier = loss_multiplier  # 2^-precision.loss_shift: the gradients are that much smaller
         self.precision, self.clip = precision, clip
