@@ -190,6 +190,15 @@ class Trainer:
         model = GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size).to(self.device)
         check_mode(cfg.precision.numerics, self.device.type)
         precision = resolve_precision(cfg.precision, self.device.type)
+        if t.compile and precision.emulated:
+            # Measured 2026-11-25 (torch 2.13, CPU): a compiled ablation arm in emulated bf16 ended at a
+            # validation loss of 5e16 (eager: 5.07), one in emulated fp16 diverged at step 160 (eager
+            # completes): the compiled graph does not keep the emulation's rounding.
+            raise ConfigError(
+                f"train.compile: true with {precision.describe()}: torch.compile does not keep the "
+                "emulated rounding; compile with fp32 or real autocast (precision.emulate: never), or "
+                "run this precision eagerly"
+            )
         replica = wrap(model, self.world)
         self.module = TrainModule(
             model,
