@@ -193,11 +193,11 @@ class Trainer:
         if t.compile and precision.emulated:
             # Measured 2026-11-25 (torch 2.13, CPU): a compiled ablation arm in emulated bf16 ended at a
             # validation loss of 5e16 (eager: 5.07), one in emulated fp16 diverged at step 160 (eager
-            # completes): the compiled graph does not keep the emulation's rounding.
+            # completes). Why is not established; the numbers are wrong either way.
             raise ConfigError(
-                f"train.compile: true with {precision.describe()}: torch.compile does not keep the "
-                "emulated rounding; compile with fp32 or real autocast (precision.emulate: never), or "
-                "run this precision eagerly"
+                f"train.compile: true with {precision.describe()}: compiled, the emulated rounding "
+                "gives wrong numbers (a bf16 arm's loss 5e16); compile with fp32 or real autocast "
+                "(precision.emulate: never), or run this precision eagerly"
             )
         replica = wrap(model, self.world)
         self.module = TrainModule(
