@@ -1,5 +1,6 @@
 """What an ablation arm costs, per core: the step's matmul-bound limit, the previous arm path and
-the new one, measured in one run on this machine's cores, for every arm shape the study's grid uses.
+the new one, measured in one run on this machine's cores, for every family of the study's grid (a
+family's arms share a shape), and what the whole grid costs on the new path.
 
   limit     the step's matrix products alone (forward and backward, recorded from one training
             step with the profiler), each timed by itself at its shape and compute dtype; the
@@ -15,15 +16,18 @@ the new one, measured in one run on this machine's cores, for every arm shape th
             trains arm after arm with ``flows.ablate.train_arm``'s body; the cluster's start-up,
             data, telemetry, detector and result files all inside the time.
 
-Every path trains the same ``--arms`` arms of each shape (the grid's first arms), one after
-another on one thread: tokens per core-second = an arm's tokens / the CPU seconds its process
+Every path trains the same ``--arms`` arms of each family (seed 0, spread over its variants,
+its base arm first), one after another on one thread: tokens per core-second = an arm's tokens / the CPU seconds its process
 spent (CPU time, not wall time: on cores shared with other jobs wall time varies by +-20 % from run
 to run, CPU time by a few per cent). The
 new path's worker start-up (cluster, imports) and first arm (kernel and allocator warm-up) are
 charged as the stage pays them: once per worker, whose share of the grid is its arms over the
 workers; the worker's later arms at their measured mean. Reports the
 new path's speedup over the previous path and its fraction of the limit, and writes them to JSON
-(``speedup_vs_previous``, ``fraction_of_matmul_limit``). Needs the project's token shards
+(``speedup_vs_previous``, ``fraction_of_matmul_limit``), with per family its CPU seconds per arm
+and the grid's budget (``budget``: each family's runs at that rate, the wall time at the
+stage's workers). ``--new-only`` skips the process-per-arm paths (a before/after comparison of
+the arm code). Needs the project's token shards
 (``dvc repro tokenize``) and only its own processes (no servers, no tracking):
 
     python benchmarks/bench_arms.py --out benchmarks/out/arms.json
@@ -53,7 +57,6 @@ from flows.ablate import plan  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from model.optim import build_adamw  # noqa: E402
 from model.precision import resolve_precision  # noqa: E402
-from tasks.ablate.grid import expand  # noqa: E402
 from tasks.config import Config, load_config  # noqa: E402
 from tasks.runtime.outputs import MANIFEST  # noqa: E402
 from tasks.runtime.workers import WORKER_ENVIRONMENT, cluster_kwargs, configured_cluster, worker_count  # noqa: E402
@@ -63,8 +66,7 @@ MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
 
 @dataclass(frozen=True)
 class Shape:
-    """What sets an arm's cost: its model and batch (the grid's arms differ in factors, not size,
-    unless a family sets its own scale)."""
+    """What sets an arm's cost: its model and batch (a family's arms differ in factors, not size)."""
 
     n_layer: int
     d_model: int
@@ -90,12 +92,26 @@ def shape_of(row: dict[str, Any]) -> Shape:
     )
 
 
-def arms_by_shape(cfg: Config, arms: int) -> dict[Shape, list[dict[str, Any]]]:
-    """The first ``arms`` arms of each shape the grid uses, base arms first."""
-    by_shape: dict[Shape, list[dict[str, Any]]] = {}
-    for row in plan(cfg, ROOT, {}, 0):
-        by_shape.setdefault(shape_of(row), []).append(row)
-    return {shape: rows[:arms] for shape, rows in by_shape.items()}
+def arms_by_family(cfg: Config, arms: int) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
+    """Up to ``arms`` arms of each family, spread over its variants (seed 0: the seeds cost the
+    same), and the runs each family trains over the whole grid. A run two families share (the
+    overflow family's clean twins are precision arms) counts for the family that comes first."""
+    picked: dict[str, list[dict[str, Any]]] = {}
+    runs: dict[str, int] = {}
+    seen: set[str] = set()
+    for row in plan(cfg, ROOT, {}, 0):  # the loss shift's probe is not run here: the fp16 arms at k = 0
+        if row["key"] in seen:
+            continue
+        seen.add(row["key"])
+        runs[row["family"]] = runs.get(row["family"], 0) + 1
+        if row["seed"] == cfg.ablation.seeds[0]:
+            picked.setdefault(row["family"], []).append(row)
+    return {family: _spread(rows, arms) for family, rows in picked.items()}, runs
+
+
+def _spread(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """``n`` of ``rows`` at even spacing, the first (the family's base arm) included."""
+    return [rows[i * len(rows) // n] for i in range(min(n, len(rows)))]
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,37 +254,42 @@ def _cpu_of(fn: Any, *args: Any) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def bench_shape(
-    shape: Shape, rows: list[dict[str, Any]], arms_per_worker: float, cfg: Config, args: argparse.Namespace
+def bench_family(
+    family: str, rows: list[dict[str, Any]], arms_per_worker: float, cfg: Config, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """The three paths on ``rows``. The new path's rate charges each arm its share of the worker's
-    start-up as the stage pays it (``arms_per_worker``: the grid's arms over the workers)."""
+    """The three paths on ``rows``, arms of one family (one shape); the new path alone with
+    ``--new-only``. The new path's rate charges each arm its share of the worker's start-up as
+    the stage pays it (``arms_per_worker``: the grid's arms over the workers)."""
+    shape = shape_of(rows[0])
     arm_cfg = load_config(ROOT / "params.yaml", cfg.profile, _sets(rows[0]["command"]))
     workdir = Path(tempfile.mkdtemp(prefix="bench-arms-"))
     try:
         limit = matmul_limit(arm_cfg, args.repeats)
-        previous = previous_path(rows, workdir, args.previous_precision)
-        previous_new_precision = previous_path(rows, workdir, None)
+        previous = {}
+        if not args.new_only:
+            previous = {
+                "previous": previous_path(rows, workdir, args.previous_precision),
+                "previous_at_new_precision": previous_path(rows, workdir, None),
+            }
         new = new_path(rows, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     per_arm = {
-        "previous": sum(previous) / len(rows),
-        "previous_at_new_precision": sum(previous_new_precision) / len(rows),
+        **{path: sum(seconds) / len(rows) for path, seconds in previous.items()},
         "new": stage_arm_seconds(new["startup_s"], new["arm_s"], arms_per_worker),
     }
     rates = {k: shape.tokens / s for k, s in per_arm.items()}
     return {
+        "family": family,
         "shape": shape.label(),
         "arms": [r["name"] for r in rows],
         "precision": {"previous": args.previous_precision, "new": arm_cfg.precision.mode},
         "limit": limit,
         "cpu_s_per_arm": per_arm,
-        "previous_path": {"arm_s": previous, "at_new_precision_arm_s": previous_new_precision},
+        "previous_path": {f"{path}_arm_s": seconds for path, seconds in previous.items()},
         "new_path": {**new, "arms_per_worker": arms_per_worker},
         "tokens_per_core_s": {"limit": limit["tokens_per_core_s"], **rates},
-        "speedup_vs_previous": rates["new"] / rates["previous"],
-        "speedup_vs_previous_at_new_precision": rates["new"] / rates["previous_at_new_precision"],
+        **{f"speedup_vs_{path}": rates["new"] / rates[path] for path in previous},
         "fraction_of_matmul_limit": rates["new"] / limit["tokens_per_core_s"],
     }
 
@@ -291,9 +312,10 @@ def _sets(command: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--profile", default=None, help="the study profile whose grid is measured (default: params.yaml's)")
-    p.add_argument("--arms", type=int, default=3, help="arms per shape and path (default: %(default)s)")
+    p.add_argument("--arms", type=int, default=3, help="arms per family and path (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=20, help="timings per matmul, best kept (default: %(default)s)")
     p.add_argument("--previous-precision", default="bf16", help="the previous default arm precision")
+    p.add_argument("--new-only", action="store_true", help="measure the new path alone (no process per arm)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "arms.json")
     args = p.parse_args(argv)
     if not (ROOT / MANIFEST).is_file():
@@ -301,20 +323,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(1)
     cfg = load_config(ROOT / "params.yaml", args.profile)
-    grid = arms_by_shape(cfg, args.arms)
-    arms_per_worker = sum(1 for _ in expand(cfg.ablation)) / worker_count(cfg.ablation.workers, 10**6)
-    shapes = [bench_shape(s, rows, arms_per_worker, cfg, args) for s, rows in grid.items()]
+    grid, runs = arms_by_family(cfg, args.arms)
+    workers = worker_count(cfg.ablation.workers, 10**6)
+    arms_per_worker = sum(runs.values()) / workers
+    families = [bench_family(f, rows, arms_per_worker, cfg, args) for f, rows in grid.items()]
     result = {
         "machine": {"cpu": _cpu_name(), "capability": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count()},
         "profile": cfg.profile,
-        "shapes": shapes,
-        "speedup_vs_previous": shapes[0]["speedup_vs_previous"],
-        "fraction_of_matmul_limit": shapes[0]["fraction_of_matmul_limit"],
+        "families": families,
+        "budget": budget(families, runs, len(cfg.ablation.seeds), workers),
+        "fraction_of_matmul_limit": families[0]["fraction_of_matmul_limit"],
+        **({} if args.new_only else {"speedup_vs_previous": families[0]["speedup_vs_previous"]}),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print_table(result)
     return 0
+
+
+def budget(families: list[dict[str, Any]], runs: dict[str, int], seeds: int, workers: int) -> dict[str, Any]:
+    """The grid's CPU seconds on the new path: each family's runs at its measured seconds per arm
+    (the measured arms' mean: arms that diverge stop early, so the grid's mean may differ), and
+    the wall time of ``workers`` workers that share the arms evenly."""
+    rows = {f["family"]: {"runs": runs[f["family"]], "cpu_s_per_arm": f["cpu_s_per_arm"]["new"]} for f in families}
+    for row in rows.values():
+        row["cpu_s"] = row["runs"] * row["cpu_s_per_arm"]
+    total = sum(row["cpu_s"] for row in rows.values())
+    return {"seeds": seeds, "workers": workers, "families": rows, "cpu_s": total, "wall_s": total / workers}
 
 
 def _cpu_name() -> str:
@@ -326,21 +361,30 @@ def _cpu_name() -> str:
 
 def print_table(result: dict[str, Any]) -> None:
     print(f"{result['machine']['cpu']} ({result['machine']['capability']}), one core per path")
-    for s in result["shapes"]:
+    for s in result["families"]:
         r = s["tokens_per_core_s"]
-        print(f"\n{s['shape']}: {len(s['arms'])} arms per path ({', '.join(s['arms'])})")
+        print(f"\n{s['family']}, {s['shape']}: {len(s['arms'])} arms per path ({', '.join(s['arms'])})")
         print(
             f"  matmul-bound limit        {r['limit']:>9,.0f} tokens/core-s  ({s['limit']['matmuls_per_step']} matmuls, "
             f"{s['limit']['matmul_s_per_step'] * 1e3:.2f} ms/step in {s['limit']['dtype']})"
         )
-        print(f"  previous ({s['precision']['previous']}, process/arm) {r['previous']:>9,.0f}")
-        print(f"  previous ({s['precision']['new']}, process/arm) {r['previous_at_new_precision']:>9,.0f}")
-        print(f"  new ({s['precision']['new']}, worker)          {r['new']:>9,.0f}")
+        if "previous" in r:
+            print(f"  previous ({s['precision']['previous']}, process/arm) {r['previous']:>9,.0f}")
+            print(f"  previous ({s['precision']['new']}, process/arm) {r['previous_at_new_precision']:>9,.0f}")
         print(
-            f"  speedup vs previous {s['speedup_vs_previous']:.2f}x "
-            f"(vs previous at the new precision {s['speedup_vs_previous_at_new_precision']:.2f}x), "
-            f"fraction of the matmul limit {s['fraction_of_matmul_limit']:.0%}"
+            f"  new ({s['precision']['new']}, worker)          {r['new']:>9,.0f}  ({s['cpu_s_per_arm']['new']:.2f} CPU-s/arm)"
         )
+        if "previous" in r:
+            print(
+                f"  speedup vs previous {s['speedup_vs_previous']:.2f}x "
+                f"(vs previous at the new precision {s['speedup_vs_previous_at_new_precision']:.2f}x)"
+            )
+        print(f"  fraction of the matmul limit {s['fraction_of_matmul_limit']:.0%}")
+    b = result["budget"]
+    print(f"\nthe grid ({b['seeds']} seeds) on the new path, {b['workers']} workers:")
+    for family, row in b["families"].items():
+        print(f"  {family:<10} {row['runs']:>4} runs x {row['cpu_s_per_arm']:6.2f} CPU-s = {row['cpu_s']:7.0f} CPU-s")
+    print(f"  total {b['cpu_s']:.0f} CPU-s, {b['wall_s'] / 60:.1f} min wall at {b['workers']} workers")
 
 
 if __name__ == "__main__":

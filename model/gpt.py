@@ -20,7 +20,7 @@ Switches (all from :class:`model.config.ModelConfig` / :class:`MupConfig`):
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -193,15 +193,13 @@ class GPT(nn.Module):
         cross-entropy and the z-loss term (coef · mean log²Z; zero when the coef is 0)."""
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device)
-        x = self.drop((self.wte(idx) + self.wpe(pos)) * self.input_mult)  # (B, T, C)
+        x = self.drop(_scaled(self.wte(idx) + self.wpe(pos), self.input_mult))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
-        logits = self.readout(self.norm_f(x)) * self.output_mult  # (B, T, V)
+        logits = _scaled(self.readout(self.norm_f(x)), self.output_mult)  # (B, T, V)
         if targets is None:
             return logits, None, None
-        flat = logits.float().view(B * T, -1)
-        ce = F.cross_entropy(flat, targets.reshape(-1))
-        z = z_loss(flat, self.cfg.z_loss)
+        ce, z = cross_entropy_and_z_loss(logits.float().view(B * T, -1), targets.reshape(-1), self.cfg.z_loss)
         return logits, ce, z
 
     def num_params(self, non_embedding: bool = True) -> int:
@@ -209,11 +207,60 @@ class GPT(nn.Module):
         return n - self.wpe.weight.numel() if non_embedding else n
 
 
-def z_loss(logits: torch.Tensor, coef: float) -> torch.Tensor:
-    """PaLM's auxiliary loss coef · mean(log²Z), Z = Σ exp(logits): keeps the softmax normaliser near 1."""
-    if coef == 0:
-        return logits.new_zeros(())
-    return coef * torch.logsumexp(logits, dim=-1).pow(2).mean()
+def cross_entropy_and_z_loss(
+    logits: torch.Tensor, targets: torch.Tensor, coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean cross-entropy of (N, V) ``logits`` against (N,) ``targets`` and PaLM's auxiliary
+    z-loss coef · mean(log²Z), Z = Σ exp(logits), which keeps the softmax normaliser near 1 (an
+    exact 0 when coef is 0)."""
+    ce, z = _CrossEntropyZLoss.apply(logits, targets, coef)
+    return ce, z
+
+
+class _CrossEntropyZLoss(torch.autograd.Function):
+    """Both losses from one log-softmax, and their gradient in one pass over the logits:
+    softmax · (g_ce + 2·coef·g_z·log Z) / N − onehot(targets) · g_ce / N. F.cross_entropy
+    zero-fills and scatters its NLL gradient before the log-softmax backward reads it, and a
+    separate logsumexp (several passes, forward and backward) read the logits again for the
+    z-loss: a z-loss ablation arm's step takes ~9 % less CPU time without them, a plain one's ~2 %."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, logits: torch.Tensor, targets: torch.Tensor, coef: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        log_p = torch.log_softmax(logits, dim=-1)  # (N, V)
+        ce = -log_p.gather(1, targets[:, None]).mean()
+        log_z = None
+        if coef == 0:
+            z = logits.new_zeros(())
+        else:
+            # log Z = x - log p(x) for any logit x; the row's largest, whose log p is the least
+            # negative, loses the fewest digits.
+            top, at = logits.max(dim=-1, keepdim=True)
+            log_z = (top - log_p.gather(1, at)).squeeze(1)  # (N,)
+            z = coef * log_z.pow(2).mean()
+        ctx.save_for_backward(log_p, targets, log_z)
+        ctx.coef = coef
+        return ce, z
+
+    @staticmethod
+    def backward(ctx: Any, g_ce: torch.Tensor, g_z: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        log_p, targets, log_z = ctx.saved_tensors
+        n = log_p.shape[0]
+        target_weight = g_ce / n
+        grad = log_p.exp()  # the softmax
+        if log_z is None:
+            grad.mul_(target_weight)
+        else:
+            grad.mul_((target_weight + g_z * (2 * ctx.coef / n) * log_z)[:, None])
+        grad.scatter_add_(1, targets[:, None], (-target_weight).expand(n, 1))
+        return grad, None, None
+
+
+def _scaled(x: torch.Tensor, mult: float) -> torch.Tensor:
+    """x · mult, skipped where mult is 1 (SP, μP at the base width): x · 1.0 is x bitwise, but
+    multiplying the (B, T, V) logits costs a pass over them forward and another backward."""
+    return x if mult == 1.0 else x * mult
 
 
 def _round_up(x: int, multiple: int) -> int:

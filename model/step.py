@@ -88,6 +88,9 @@ class TrainModule:
         loss_multiplier: float = 1.0,
     ):
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        # The parameters, listed once: a small model's step should not walk the module tree twice.
+        # Loading a checkpoint or injecting a spike changes their values, never the tensors themselves.
+        self.params = list(model.parameters())
         self.loss_multiplier = loss_multiplier  # 2^-precision.loss_shift: the gradients are that much smaller
         self.precision, self.clip = precision, clip
         self.replica = replica or model  # what the forward runs through: DDP(model) under torchrun
@@ -121,7 +124,7 @@ class TrainModule:
         if self.world.distributed:  # the global mean: equal slices per rank
             ce_sum, z_sum = self.world.mean_(torch.stack([ce_sum, z_sum])).unbind()
         self.scaler.unscale_(self.optimizer)  # no-op unless fp16 loss scaling
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grads = [p.grad for p in self.params if p.grad is not None]
         if grad_scale != 1.0:
             torch._foreach_mul_(grads, grad_scale)
         grad_norm = get_total_norm(grads) if grads else torch.zeros((), device=device)
@@ -133,7 +136,7 @@ class TrainModule:
 
     def optimizer_step(self, pending: PendingStep, watch_update: bool = False) -> StepResult:
         """Clip and update, unless the step is non-finite or vetoed (decided on the device)."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for p in self.params if p.grad is not None]
         if self.clip > 0 and params:
             clip_grads_with_norm_(params, self.clip, pending.grad_norm)
         grads_finite = torch.isfinite(pending.grad_norm)
@@ -174,7 +177,7 @@ class TrainModule:
         return self.replica.no_sync()
 
     def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self.params[0].device
 
     def apply_hyperparameters(self, cfg: TrainingConfig) -> None:
         """Put the current config's AdamW settings (β₁, β₂, ε, weight decay, μP multipliers) into

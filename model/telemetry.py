@@ -107,19 +107,27 @@ def adam_update_rms(optimizer: torch.optim.Optimizer) -> torch.Tensor:
     """RMS over every parameter element of g / √v̂ after an AdamW step, a device scalar (no sync):
     g the (clipped) gradient the step used, v̂ the bias-corrected second moment it divided by, ε
     left out. Near 1 when v̂ tracks g²; well above 1 when the second moment lags a growing gradient,
-    the state that precedes loss spikes (Wortsman et al. 2023b, arXiv 2304.13013)."""
-    total, count = None, 0
+    the state that precedes loss spikes (Wortsman et al. 2023b, arXiv 2304.13013). Computed with
+    one foreach kernel per operation and param group: an arm's trace takes it every step, and a
+    loop over the parameters dispatched ~100 small ops a step."""
+    sums: list[torch.Tensor] = []
+    count = 0
     for group in optimizer.param_groups:
-        beta2 = group["betas"][1]
-        for p in group["params"]:
-            state = optimizer.state.get(p)
-            if p.grad is None or not state or "exp_avg_sq" not in state:
-                continue
-            correction = 1 - beta2 ** state["step"]
-            ratio = p.grad.float().square() / (state["exp_avg_sq"] / correction).clamp_min(1e-30)
-            total = ratio.sum() if total is None else total + ratio.sum()
-            count += p.numel()
-    return (total / max(1, count)).sqrt() if total is not None else torch.full((), float("nan"))
+        stepped = [p for p in group["params"] if p.grad is not None and "exp_avg_sq" in optimizer.state.get(p, {})]
+        if not stepped:
+            continue
+        states = [optimizer.state[p] for p in stepped]
+        corrections = torch._foreach_pow(group["betas"][1], [s["step"] for s in states])  # β₂^t
+        torch._foreach_neg_(corrections)
+        torch._foreach_add_(corrections, 1.0)  # 1 - β₂^t
+        v_hat = torch._foreach_div([s["exp_avg_sq"] for s in states], corrections)
+        torch._foreach_clamp_min_(v_hat, 1e-30)
+        grads = [p.grad.float() for p in stepped]
+        ratios = torch._foreach_mul(grads, grads)
+        torch._foreach_div_(ratios, v_hat)
+        sums += torch._foreach_norm(ratios, 1)  # the sums: every ratio is >= 0
+        count += sum(p.numel() for p in stepped)
+    return (torch.stack(sums).sum() / count).sqrt() if sums else torch.full((), float("nan"))
 
 
 def _layers(model: GPT) -> dict[str, torch.nn.Module]:

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.testing import assert_close
 
 from model.config import ModelConfig, MupConfig, OptimConfig, ScheduleConfig
-from model.gpt import GPT, z_loss
+from model.gpt import GPT, cross_entropy_and_z_loss
 from model.optim import build_adamw, lr_at, param_groups, set_lr
 
 REPO = Path(__file__).resolve().parents[1]
@@ -227,6 +228,11 @@ def test_gpt_forward_is_embed_blocks_final_norm_readout_with_mup_multipliers(blo
 # --------------------------------------------------------------------------------------------
 
 
+def z_loss(logits: torch.Tensor, coef: float) -> torch.Tensor:
+    """The z-loss term of ``logits`` (its cross-entropy against class 0 aside)."""
+    return cross_entropy_and_z_loss(logits, torch.zeros(len(logits), dtype=torch.long), coef)[1]
+
+
 def test_z_loss_of_all_zero_logits_is_coef_times_log_vocab_squared():
     coef = 1e-2
     logits = torch.zeros(5, VOCAB, dtype=torch.float64)
@@ -245,6 +251,24 @@ def test_z_loss_is_exactly_zero_when_coef_is_zero():
     logits = torch.randn(6, VOCAB) * 10
     out = z_loss(logits, 0.0)
     assert out.shape == () and out.item() == 0.0
+
+
+@pytest.mark.parametrize("coef", [0.0, 1e-2])
+def test_cross_entropy_and_z_loss_match_their_textbook_forms_and_gradients(coef):
+    # One log-softmax and a hand-written backward (model/gpt.py): the values and gradients of
+    # F.cross_entropy and coef · mean(logsumexp²), whatever weights the two losses get upstream.
+    torch.manual_seed(0)
+    logits = (torch.randn(32, VOCAB, dtype=torch.float64) * 3).requires_grad_()
+    targets = torch.randint(0, VOCAB, (32,))
+    ce, z = cross_entropy_and_z_loss(logits, targets, coef)
+    want_ce = F.cross_entropy(logits, targets)
+    want_z = coef * torch.logsumexp(logits, dim=-1).pow(2).mean()
+    assert_close(ce, want_ce, rtol=1e-12, atol=1e-12)
+    assert_close(z, want_z, rtol=1e-12, atol=1e-12)
+    (got,) = torch.autograd.grad(2 * ce + 3 * z, logits)
+    (want,) = torch.autograd.grad(2 * want_ce + 3 * want_z, logits)
+    assert_close(got, want, rtol=1e-10, atol=1e-14)
+    assert torch.autograd.gradcheck(lambda x: sum(cross_entropy_and_z_loss(x, targets, coef)), (logits,))
 
 
 def test_gpt_forward_returns_cross_entropy_and_z_loss_of_its_logits():

@@ -302,6 +302,13 @@ def test_a_loss_shift_flushes_unscaled_fp16_gradients_to_zero_and_leaves_fp32_an
     assert zero_gradient_share("bf16", 24) == zero_gradient_share("bf16", 0)  # fp32's exponent range
 
 
+def test_the_trainer_refuses_to_compile_an_emulated_precision():
+    cfg = tiny_config(**{"train.compile": True, "precision.mode": "bf16", "precision.emulate": "always"})
+    tokens = markov_tokens(2000)
+    with pytest.raises(ConfigError, match="train.compile: true with bf16 \\(emulated"):
+        Trainer(cfg, tokens, tokens)
+
+
 @pytest.mark.parametrize(("shift", "ok"), [(-1, False), (0, True), (40, True), (41, False)])
 def test_the_loss_shift_is_checked_at_both_ends_of_its_range(shift, ok):
     if ok:
