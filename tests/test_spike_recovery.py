@@ -23,7 +23,7 @@ from tasks.spike.config import RecoveryConfig, SpikeConfig
 from tests.trainer_kit import markov_tokens, tiny_config
 
 TOKENS, VAL = markov_tokens(30_000), markov_tokens(4_000, seed=1)
-SPIKE = SpikeConfig(warm_steps=16, detect_window=16, detect_warmup=8, duration=2, magnitude=100.0)
+SPIKE = SpikeConfig(warm_steps=16, detect_window=16, detect_warmup=8, duration=2, data_batches=2, magnitude=100.0)
 RECOVERY = RecoveryConfig(
     skip_batches=3, rollback_steps=4, checkpoint_every=2, eval_steps=12, recover_steps=8, smooth_steps=3, max_retries=1
 )

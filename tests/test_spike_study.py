@@ -131,6 +131,7 @@ STUDY = {
     "spike.detect_warmup": 8,
     "spike.magnitude": 100.0,
     "spike.duration": 2,
+    "spike.data_batches": 2,
     "spike.kinds": ["data", "param", "lr"],
     "spike.sample_prompts": 2,
     "spike.sample_tokens": 4,
@@ -284,6 +285,7 @@ EDGES = [
     ("spike.warm_steps", 8, 7),  # spike.detect_warmup: the detector would be blind
     ("spike.workers", 0, -1),
     ("spike.param_block", 1, 2),  # ablation.n_layer blocks
+    ("spike.data_batches", 1, 0),  # a data injection poisons at least one batch
 ]
 
 

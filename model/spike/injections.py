@@ -44,6 +44,8 @@ class InjectionSettings(Protocol):
     @property
     def duration(self) -> int: ...
     @property
+    def data_batches(self) -> int: ...
+    @property
     def magnitude(self) -> float: ...
     @property
     def param_block(self) -> int: ...
@@ -80,7 +82,7 @@ class Injection:
             kind,
             origin_step + 1,
             origin_position,
-            cfg.duration,
+            cfg.data_batches if kind == "data" else cfg.duration,
             1.0 if kind == "data" else cfg.magnitude,
             cfg.param_block,
             tied_to,

@@ -53,12 +53,14 @@ class SpikeConfig(Section):
     confirm_seeds: list[int] = field(default_factory=lambda: [4, 5, 6, 7])
     """Confirmation seeds, none of them a discovery seed: the stage runs both sets alike and the
     report shows the estimate on each apart."""
-    run_steps: int = 600
+    run_steps: int = 1000
     """Length of each origin run's cosine schedule; the branches continue on it, so the whole
     window (``origin_step + warm_steps + recovery.eval_steps``) must fit inside it."""
-    origin_step: int = 250
-    """Step of the origin run's scheduled checkpoint every branch of that seed starts from (past
-    the unigram plateau, the LR still decaying)."""
+    origin_step: int = 600
+    """Step of the origin run's scheduled checkpoint every branch of that seed starts from: past the
+    unigram plateau (the arm-scale μP run at LR 0.01 crossed 0.5 nats below it at ~490 steps; at
+    250 the origin runs were still on it), the LR still decaying. The finding's plateau gate reads
+    the origin runs' validation loss there."""
     warm_steps: int = 128
     """Steps of clean training from the origin checkpoint before the injection: the detector's
     warm-up (at least ``detect_warmup``) and the pre-spike checkpoints a rollback goes back to (at
@@ -71,10 +73,15 @@ class SpikeConfig(Section):
     moment (x100 at the default arm scale, 8 seeds: ``lr`` left continue 3-13 % above the control
     at every seed, ``param`` 2-4 %)."""
     duration: int = 3
-    """How long an injection lasts: ``data`` replaces this many batches of the stream (a policy may
-    skip them); ``lr`` and ``grad`` multiply this many optimizer steps, tied to the steps so no
-    policy can remove them (tasks/spike/study.py: TIED_TO); ``param`` and ``adam`` strike once, at
-    the first, and a branch that goes back to a clean state does not meet them again."""
+    """How long a step-tied injection lasts: ``lr`` and ``grad`` multiply this many optimizer steps,
+    tied to the steps so no policy can remove them (tasks/spike/study.py: TIED_TO); ``param`` and
+    ``adam`` strike once, at the first, and a branch that goes back to a clean state does not meet
+    them again."""
+    data_batches: int = 50
+    """Batches of the stream a ``data`` injection replaces with poison (a policy may skip them): a
+    bad stretch of data as long as the playbook's skip window (``recovery.skip_batches``; PaLM
+    skipped 200-500 batches around a spike). Three batches at the arm scale left no gap at any
+    seed in the sizing run (tasks/report/preregistration.yaml, changes_after_results)."""
     data_reasons: list[str] = field(default_factory=lambda: list(SPIKE_CAUSING_POISON))
     """Poison-pool reasons ``data`` injection draws from (only spike-causing ones allowed)."""
     param_block: int = 0
@@ -98,6 +105,7 @@ class SpikeConfig(Section):
         for key in (
             "magnitude",
             "duration",
+            "data_batches",
             "run_steps",
             "detect_window",
             "detect_zscore",

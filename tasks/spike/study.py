@@ -409,7 +409,7 @@ def run_branches(study: StudyRun, checkpoint: Path, origin_run: dict[str, Any]) 
         cfg.spike.gpu_hour_usd,
     )
     cap = math.log(cfg.tokenizer.vocab_size)
-    poison = poison_batches(study.project, cfg, cfg.spike.duration) if "data" in cfg.spike.kinds else []
+    poison = poison_batches(study.project, cfg, cfg.spike.data_batches) if "data" in cfg.spike.kinds else []
     branches: dict[str, dict[str, Branch]] = {}
     injections: dict[str, Injection] = {}
     scores: dict[str, dict[str, dict[str, Any]]] = {}
