@@ -49,7 +49,7 @@ NAMES = {
     KILLED,
     "precision/fp32/s0",
     "overflow/fp32·none/s0",
-    "overflow/fp32·lr/s0",
+    "overflow/fp32·param/s0",
     "beta2/beta2=0.95·lr_mult=1/s0",
     CRASHES,
     "wortsman/none·lr=0.003/s0",
@@ -177,7 +177,7 @@ def test_unchanged_arms_are_not_trained_again_and_new_arms_train_alone(first_run
 
 
 def test_an_arm_reproduces_bitwise_from_its_own_command(first_run, project, tmp_path):
-    arm = by_name(first_run[1])["overflow/fp32·lr/s0"]  # a spiked arm with the range probe: every option
+    arm = by_name(first_run[1])["overflow/fp32·param/s0"]  # a spiked arm with the range probe: every option
     stored = json.loads((project / "runs" / "ablate" / "arms" / arm["key"] / "result.json").read_text())
     command = shlex.split(arm["command"])
     out = tmp_path / "again"
@@ -201,7 +201,8 @@ def test_the_report_has_a_verdict_on_every_finding_and_every_figure_it_links_exi
     assert set(findings) == {"xiong_init", "xiong", "fp16", "overflow", "beta2", "wortsman", "mu_transfer", "spike"}
     for key, f in findings.items():
         assert f["verdict"] in ("reproduced", "contradicted", "not tested", "inconclusive")
-        assert f"[{f['claim']}](#{key}) | {f['source']} | `{f['verdict'].upper()}` |" in text
+        assert f"[{f['claim']}](#{key}) | `{f['verdict'].upper()}` |" in text
+        assert f"*Source:* {f['source']}." in text
     assert report["unigram_val_loss"] > 0 and set(report["base_val_loss"]) == {
         "xiong",
         "precision",
