@@ -201,7 +201,8 @@ def assert_spike_stage(project: Path, parent, children, client) -> None:
         assert entry["false_positives"] == len(alarms)
         assert all(resolved["spike"]["origin_step"] < step <= entry["end_step"] for step in alarms)  # warm-up, control
         assert all(set(policies) <= entry[kind].keys() for kind in kinds)
-    assert {k: list(v) for k, v in metrics["matrix"].items()} == dict.fromkeys(kinds, policies)
+    assert {k: sorted(v) for k, v in metrics["matrix"].items()} == dict.fromkeys(kinds, sorted(policies))
+    assert (metrics["causes"], metrics["policies"]) == (kinds, policies), "the config's order (the file sorts keys)"
     for number, kind in enumerate(kinds, start=1):  # figures and post-mortems: the first seed's
         assert (project / f"reports/spike/{kind}.png").is_file()
         assert (project / f"reports/postmortems/spike_{number}_{kind}.md").is_file()
