@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 ORDER = 4
 """Longest n-gram: three bytes of context and the predicted byte."""
@@ -56,13 +57,13 @@ class ByteNgramModel:
             model.joint, model.context = tables["joint"], tables["context"]
         return model
 
-    def train(self, texts: Iterable[str]) -> None:
+    def train(self, texts: Iterable[str | bytes]) -> None:
         for batch in _batches(texts, TRAIN_BATCH_BYTES):
             for order, (ctx, joint) in enumerate(batch.cells()):
                 self.context[order] += np.bincount(ctx, minlength=self.context.shape[1]).astype(np.uint64)
                 self.joint[order] += np.bincount(joint, minlength=self.joint.shape[1]).astype(np.uint64)
 
-    def log_perplexity(self, texts: Iterable[str]) -> np.ndarray:
+    def log_perplexity(self, texts: Iterable[str | bytes]) -> np.ndarray:
         """Per-character log-perplexity of each text, leave-one-out (each must be in the training set)."""
         scores = [self._score(batch) for batch in _batches(texts, BATCH_BYTES)]
         return np.concatenate(scores) if scores else np.zeros(0)
@@ -112,26 +113,26 @@ class _Batch:
             yield _cell(history), _cell(history * np.uint64(257) + nxt)
 
     def own(self, cells: np.ndarray) -> np.ndarray:
-        """How often each position's cell occurs in its own document (to leave that document out)."""
-        keys = ((self.doc.astype(np.uint64) << np.uint64(TABLE_BITS)) | cells).view(np.int64)
-        order = np.argsort(keys)  # one sort, not np.unique's sort plus its inverse bookkeeping
-        ordered = keys[order]
-        starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-        runs = np.diff(np.append(starts, len(keys)))
-        own = np.empty(len(keys), np.int64)
-        own[order] = np.repeat(runs, runs)
-        return own
+        """How often each position's cell occurs in its own document (to leave that document out).
+        Counted through a hash table (pandas' ``factorize``: each distinct (document, cell) key
+        gets a dense code, then one ``bincount``), O(n): an ``argsort`` of the keys did the same
+        in O(n log n) and took 8x longer on the benchmark corpus's batches, half of the filter
+        stage's time."""
+        keys = (self.doc.astype(np.uint64) << np.uint64(TABLE_BITS)) | cells
+        codes = np.asarray(pd.factorize(keys)[0])
+        return np.take(np.bincount(codes), codes)
 
 
 def _cell(key: np.ndarray) -> np.ndarray:
     return (key * _MIX) >> _SHIFT
 
 
-def _batches(texts: Iterable[str], batch_bytes: int) -> Iterator[_Batch]:
+def _batches(texts: Iterable[str | bytes], batch_bytes: int) -> Iterator[_Batch]:
+    """Texts (str, or their UTF-8 bytes as the filter's passes read them) in batches."""
     blobs: list[bytes] = []
     size = 0
     for text in texts:
-        blob = text.encode("utf-8", "surrogatepass")
+        blob = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
         blobs.append(blob)
         size += len(blob)
         if size >= batch_bytes:

@@ -141,12 +141,19 @@ class ShardWriter:
             self.flush()
 
     def flush(self) -> None:
-        ids = [i for enc in self.tokenizer.encode_batch_fast(self.pending) for i in (*enc.ids, self.eot)]
-        block = np.array(ids, dtype=self.dtype).tobytes()
+        """Encode the pending documents (on every core) and append their ids, each document's
+        followed by end-of-text; each document's list of ids goes to numpy whole (not id by id)."""
+        if not self.pending:
+            return
+        eot = np.array([self.eot], self.dtype)
+        parts = [
+            a for enc in self.tokenizer.encode_batch_fast(self.pending) for a in (np.array(enc.ids, self.dtype), eot)
+        ]
+        block = np.concatenate(parts).tobytes()
         self.file.write(block)
         self.sha256.update(block)
         self.documents += len(self.pending)
-        self.tokens += len(ids)
+        self.tokens += len(block) // eot.itemsize
         self.pending, self.pending_chars = [], 0
 
     def close(self) -> ShardSummary:
