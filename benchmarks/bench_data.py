@@ -222,7 +222,11 @@ def outputs_digest(project: Path) -> str:
     """What must not depend on the workers: clean documents, poison pool, tokenizer and token files."""
     h = hashlib.sha256()
     files = [*shard_paths(project / CLEAN_DIR), *sorted((project / POISON_DIR).glob("*.jsonl"))]
-    files += [project / TOKENS_DIR / n for n in (TOKENIZER_FILE, "train.bin", "val.bin", "poison.bin")]
+    files += [project / TOKENS_DIR / n for n in (TOKENIZER_FILE, "poison.bin")]
+    files += [
+        *sorted((project / TOKENS_DIR / "train").glob("*.bin")),
+        *sorted((project / TOKENS_DIR / "val").glob("*.bin")),
+    ]
     for path in files:
         with open(path, "rb") as f:
             while block := f.read(1 << 24):
