@@ -385,3 +385,39 @@ def test_the_report_counts_every_byte_once_and_shows_what_each_filter_removed(fi
         assert f"| {reason} | {report[f'removed_{reason}']} |" in samples
         assert f"## {reason}: " in samples
     assert "\x00" not in samples and "space_run:" in samples
+
+
+def outputs_of(out: Path) -> dict[str, bytes]:
+    files = [*shard_paths(out / "clean"), *sorted((out / "poison").iterdir()), out / "filter.json"]
+    return {str(p.relative_to(out)): p.read_bytes() for p in files}
+
+
+def test_a_filter_killed_in_dedup_resumes_from_its_finished_shards_with_the_uninterrupted_output(
+    base_docs, tmp_path, monkeypatch
+):
+    import tasks.data.filters as filters
+
+    docs = list(planted_corpus(base_docs[:200], 4, FilterConfig()))
+    raw = tmp_path / "raw"
+    for index in range(5):
+        write_raw(raw, docs[index::5], shard_path(raw, index))
+    cfg = FilterConfig(poison_generated=3)
+    whole = run_filter(cfg, raw, tmp_path / "whole")
+    judged: list[int] = []
+    judge = Deduplicator.judge
+
+    def judge_until_killed(self: Deduplicator, key: int, signature: np.ndarray) -> str | None:
+        if len(judged) == 130:
+            raise KeyboardInterrupt("killed in dedup, in its third shard")
+        judged.append(key)
+        return judge(self, key, signature)
+
+    monkeypatch.setattr(Deduplicator, "judge", judge_until_killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_filter(cfg, raw, tmp_path / "out")
+    judged.clear()
+    monkeypatch.setattr(Deduplicator, "judge", lambda self, k, s: (judged.append(k), judge(self, k, s))[1])
+    monkeypatch.setattr(filters, "screen_shard", lambda *a, **k: pytest.fail("a screened shard was screened again"))
+    assert run_filter(cfg, raw, tmp_path / "out") == whole
+    assert outputs_of(tmp_path / "out") == outputs_of(tmp_path / "whole")
+    assert 0 < len(judged) < whole["documents_in"] - 2 * 50  # the first two shards' verdicts were replayed

@@ -13,7 +13,7 @@ import pytest
 from model.typed_config import InputError, UserError
 from tasks.data.config import DataConfig
 from tasks.data.docs import read_docs
-from tasks.data.shards import shard_path
+from tasks.data.shards import ShardedWriter, shard_path
 from tasks.data.sources import bounded_lines, read_corpus
 from tasks.runtime.files import staged
 from tasks.runtime.outputs import SOURCE_FILE
@@ -217,3 +217,32 @@ def test_a_glob_and_a_file_url_name_the_files_to_read(tmp_path):
         prepare(tmp_path, source="jsonl", path="corpus/z-*.jsonl")
     with pytest.raises(InputError, match=r"data\.path: file:///nowhere/at/all\.parquet does not exist"):
         prepare(tmp_path, source="parquet", path="file:///nowhere/at/all.parquet")
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_prepare_killed_midway_resumes_after_its_finished_shards_with_the_uninterrupted_output(tmp_path, monkeypatch):
+    data = DataConfig(max_docs=600, shard_bytes=20_000)
+    whole = read_corpus.fn(data, tmp_path, tmp_path / "whole", tmp_path / "whole-work")
+    added: list[str] = []
+    add = ShardedWriter.add
+
+    def add_until_killed(self: ShardedWriter, record: dict) -> None:
+        if len(added) == 350:
+            raise KeyboardInterrupt("killed while writing its shards")
+        added.append(record["id"])
+        add(self, record)
+
+    monkeypatch.setattr(ShardedWriter, "add", add_until_killed)
+    with pytest.raises(KeyboardInterrupt):
+        read_corpus.fn(data, tmp_path, tmp_path / "out", tmp_path / "work")
+    finished = len(list((tmp_path / "work").glob(".*.done")))
+    assert 0 < finished < whole["shards"]
+    added.clear()
+    monkeypatch.setattr(ShardedWriter, "add", lambda self, record: (added.append(record["id"]), add(self, record)))
+    resumed = read_corpus.fn(data, tmp_path, tmp_path / "out", tmp_path / "work")
+    assert resumed == whole and folder_bytes(tmp_path / "out") == folder_bytes(tmp_path / "whole")
+    assert len(added) < 600 - 250  # the finished shards' documents were not written again
+    assert not list((tmp_path / "work").iterdir())  # shards and markers moved out

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+import os
 import random
 import re
 import shutil
@@ -73,6 +74,7 @@ REMOVED_SAMPLES = "removed.md"
 SAMPLES_PER_REASON = 3
 EXCERPT_CHARS = 600
 DUPLICATE_FLAGS = "duplicates.npy"
+"""Beside a shard's survivors: dedup's verdict on each (an index into VERDICTS)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,6 +248,17 @@ class Deduplicator:
     def reason(self, text: str) -> str | None:
         return self.judge(*self.fingerprint(text))
 
+    def replay(self, keys: np.ndarray, signatures: np.ndarray, verdicts: np.ndarray) -> None:
+        """Take back documents judged before (a killed stage's finished shards): each one's
+        content hash, and the kept ones into the LSH index in the order :meth:`judge` put them,
+        so the index is as judging them again would leave it, without querying it."""
+        for key, signature, verdict in zip(keys, signatures, verdicts):
+            self.exact.add(int(key))
+            if not verdict:
+                self.indexed += 1
+                minhash = MinHash(hashvalues=signature, permutations=self.fingerprint.permutations, scheme="affine32")
+                self.lsh.insert(self.indexed, minhash, check_duplication=False)
+
     def judge(self, key: int, signature: np.ndarray) -> str | None:
         if key in self.exact:
             return "duplicate_exact"
@@ -343,27 +356,48 @@ def screen_shard(raw_shard: Path, cfg: FilterConfig, work_dir: Path) -> dict[str
 
 def mark_duplicates(cfg: FilterConfig, raw_shards: list[Path], work_dir: Path) -> tuple[Counter, dict[str, list]]:
     """Between the passes, in the stage's process: every survivor's fingerprint through one
-    Deduplicator in corpus order; each shard's duplicate flags saved beside its survivors.
-    Returns the counts and bytes per kind of duplicate, and the first few of each kind."""
+    Deduplicator in corpus order; each shard's verdicts saved beside its survivors as it is done.
+    A killed stage resumes here: the leading shards with saved verdicts are replayed into the
+    index (:meth:`Deduplicator.replay`, no queries), the rest judged. Returns the counts and
+    bytes per kind of duplicate, and the first few of each kind."""
     dedup = Deduplicator(cfg)
     counts: Counter = Counter()
     samples: dict[str, list] = {}
+    replaying = True
     for shard in raw_shards:
         work = work_dir / shard.stem
-        reasons = [dedup.judge(int(k), s) for k, s in zip(np.load(work / "keys.npy"), np.load(work / "signatures.npy"))]
-        for index, (reason, size) in enumerate(zip(reasons, np.load(work / "sizes.npy"))):
-            if reason:
-                counts[reason] += 1
-                counts[f"bytes_{reason}"] += int(size)
-                if len(samples.setdefault(reason, [])) < SAMPLES_PER_REASON:
-                    samples[reason].append(next(itertools.islice(read_docs(work / SURVIVORS_FILE), index, None)))
-        np.save(work / DUPLICATE_FLAGS, np.array([r is not None for r in reasons], bool))
+        keys, signatures = np.load(work / "keys.npy"), np.load(work / "signatures.npy")
+        replaying = replaying and (work / DUPLICATE_FLAGS).exists()
+        if replaying:
+            verdicts = np.load(work / DUPLICATE_FLAGS)
+            dedup.replay(keys, signatures, verdicts)
+        else:
+            verdicts = np.array([VERDICTS.index(dedup.judge(int(k), s)) for k, s in zip(keys, signatures)], np.int8)
+            _save_atomically(work / DUPLICATE_FLAGS, verdicts)
+        for index in map(int, np.flatnonzero(verdicts)):
+            reason = str(VERDICTS[verdicts[index]])
+            counts[reason] += 1
+            counts[f"bytes_{reason}"] += int(np.load(work / "sizes.npy")[index])
+            if len(samples.setdefault(reason, [])) < SAMPLES_PER_REASON:
+                samples[reason].append(next(itertools.islice(read_docs(work / SURVIVORS_FILE), index, None)))
     return counts, samples
+
+
+VERDICTS = (None, "duplicate_exact", "duplicate_near")
+"""Dedup's verdict on a survivor, saved as its index here (0: kept)."""
+
+
+def _save_atomically(path: Path, array: np.ndarray) -> None:
+    """Whole or absent: a shard's saved verdicts are what a resumed stage trusts."""
+    temp = path.with_name(f".{path.name}.tmp")
+    with open(temp, "wb") as f:
+        np.save(f, array)
+    os.replace(temp, path)
 
 
 def dedup_kept(work: Path) -> np.ndarray | None:
     """Which of a shard's survivors of pass 1 dedup kept (None: no dedup ran, all of them)."""
-    return ~np.load(work / DUPLICATE_FLAGS) if (work / DUPLICATE_FLAGS).exists() else None
+    return np.load(work / DUPLICATE_FLAGS) == 0 if (work / DUPLICATE_FLAGS).exists() else None
 
 
 def kept_lines(work: Path) -> Iterator[str]:

@@ -42,27 +42,63 @@ def shard_paths(directory: Path) -> list[Path]:
 
 class ShardedWriter:
     """Writes JSON-lines records into consecutive shards, starting a new one once a shard holds
-    ``shard_bytes``."""
+    ``shard_bytes``. Each closed shard gets a marker (``.<shard>.done``: how many records the
+    shards up to it hold), so a killed run can go on after its last finished shard
+    (:meth:`resume`)."""
 
     def __init__(self, directory: Path, shard_bytes: int):
         self.directory, self.shard_bytes = directory, shard_bytes
-        self.shards = self.size = 0
+        directory.mkdir(parents=True, exist_ok=True)
+        self.shards = self.size = self.records = 0
         self.file: TextIO | None = None
+
+    def resume(self) -> int:
+        """Go on after the finished shards a killed run left (a half-written one is dropped);
+        returns how many records they hold, which the caller does not add again."""
+        while self._marker(self.shards).exists():
+            self.shards += 1
+        for partial in shard_paths(self.directory)[self.shards :]:
+            partial.unlink()
+        if self.shards:
+            self.records = json.loads(self._marker(self.shards - 1).read_text())["records"]
+        return self.records
 
     def add(self, record: dict[str, Any]) -> None:
         if self.file is None or self.size >= self.shard_bytes:
             self.close()
             self.file = open(shard_path(self.directory, self.shards), "w", encoding="utf-8")  # noqa: SIM115 (closed by close())
-            self.shards += 1
             self.size = 0
         line = json.dumps(record, ensure_ascii=True) + "\n"
         self.file.write(line)
         self.size += len(line)
+        self.records += 1
 
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
             self.file = None
+            self._marker(self.shards).write_text(json.dumps({"records": self.records}))
+            self.shards += 1
+
+    def __enter__(self) -> ShardedWriter:
+        return self
+
+    def __exit__(self, error: type[BaseException] | None, *_: Any) -> None:
+        """A run that fails leaves its open shard unmarked: a resumed run writes it again."""
+        if error is None:
+            self.close()
+        elif self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def publish(self, out_dir: Path) -> None:
+        """The finished shards moved into ``out_dir`` (the stage's output), their markers dropped."""
+        for index, shard in enumerate(shard_paths(self.directory)):
+            os.replace(shard, out_dir / shard.name)
+            self._marker(index).unlink()
+
+    def _marker(self, index: int) -> Path:
+        return self.directory / f".{shard_path(self.directory, index).name}.done"
 
 
 @contextmanager

@@ -392,6 +392,21 @@ def location(cfg: DataConfig, project: Path) -> str:
     return cfg.path if "://" in cfg.path else str(project / cfg.path)
 
 
+def source_identity(cfg: DataConfig, project: Path) -> list:
+    """What the source's documents depend on besides ``data``: the Python version (the standard
+    library), or the names, sizes and modification times of a local source's files; a URL or a
+    Hugging Face dataset by its name alone. Names prepare's scratch folder (a killed run resumes
+    only on the same input)."""
+    if cfg.source == "stdlib_docs":
+        return [platform.python_version()]
+    if cfg.source == "hf" or "://" in cfg.path:
+        return [cfg.path]
+    path = project / cfg.path
+    files = [Path(p) for p in glob.glob(str(path))] if glob.has_magic(cfg.path) else [path]
+    files = sorted(f for top in files for f in ([top, *top.rglob("*")] if top.is_dir() else [top]) if f.is_file())
+    return [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+
+
 def origin(cfg: DataConfig) -> str:
     if cfg.source == "stdlib_docs":
         return f"Python {platform.python_version()} standard library docstrings and pydoc topics"
@@ -406,21 +421,24 @@ def origin(cfg: DataConfig) -> str:
 
 
 @task(name="read-corpus")
-def read_corpus(cfg: DataConfig, project: Path, out_dir: Path) -> dict[str, int]:
+def read_corpus(cfg: DataConfig, project: Path, out_dir: Path, work_dir: Path | None = None) -> dict[str, int]:
     """Write the source's documents to shards ``out_dir/<n>-docs.jsonl`` (tasks/data/shards.py) and
     their provenance to ``out_dir/source.json``; return the counts (documents, bytes, shards,
-    skipped per reason)."""
+    skipped per reason). With ``work_dir`` (the stage's scratch folder) the shards are written
+    there first and a killed run resumes after its finished shards: the source is read again
+    from the start (so the counts and skips are whole), its documents in those shards not
+    written again."""
     out_dir.mkdir(parents=True, exist_ok=True)
     skips = Skips()
     count = size = 0
-    shards = ShardedWriter(out_dir, cfg.shard_bytes)
-    try:
+    with ShardedWriter(work_dir or out_dir, cfg.shard_bytes) as shards:
+        written = shards.resume() if work_dir else 0
         for doc in documents(cfg, project, skips):
-            shards.add({"id": doc.id, "text": doc.text})
+            if count >= written:
+                shards.add({"id": doc.id, "text": doc.text})
             count += 1
             size += len(doc.text.encode("utf-8", "surrogatepass"))
-    finally:
-        shards.close()
+    shards.publish(out_dir)
     if not count:
         where = location(cfg, project) if cfg.source in ("text", "jsonl", "parquet") else origin(cfg)
         raise InputError(f"{where}: no usable document (data.source={cfg.source!r}){_skip_summary(skips)}")
