@@ -91,14 +91,25 @@ def test_one_worker_on_one_shard_and_two_workers_on_over_ten_give_byte_identical
     assert outputs(first) == outputs(second)
 
 
-def test_a_loopback_dask_cluster_gives_byte_identical_outputs(runs, tmp_path):
-    from distributed import Client, LocalCluster
+def test_a_loopback_tls_dask_cluster_named_by_executor_scheduler_gives_byte_identical_outputs(
+    runs, tmp_path, monkeypatch
+):
+    """The stages' own path to a cluster: ``shard_pool`` given the scheduler's ``tls://`` address
+    (``executor.scheduler``), connecting with the certificates of ``SPIKELAB_TLS_DIR`` as a head
+    node's stage does; the cluster's workers are separate processes."""
+    from distributed import LocalCluster
 
-    from tasks.runtime.workers import cluster_kwargs, configured_cluster
+    from tasks.runtime import tls
+    from tasks.runtime.workers import SCHEDULER_ENV, cluster_kwargs, configured_cluster
 
-    with configured_cluster(), LocalCluster(**cluster_kwargs(2)) as cluster, Client(cluster) as client:
-        assert cluster.scheduler_address.startswith("tls://")
-        dask = run_stages(tmp_path, SMALL_SHARDS, client.get_executor())
+    monkeypatch.delenv(SCHEDULER_ENV, raising=False)
+    monkeypatch.setenv(tls.TLS_DIR_ENV, str(tls.ensure_certificates(tmp_path / "tls")))
+    kwargs = {**cluster_kwargs(2), "security": tls.security(), "protocol": "tls://"}
+    with configured_cluster(), LocalCluster(**kwargs) as cluster:
+        assert cluster.scheduler_address.startswith("tls://127.0.0.1:")
+        with shard_pool(1, cluster.scheduler_address) as pool:
+            assert type(pool).__module__.startswith("distributed")
+            dask = run_stages(tmp_path, SMALL_SHARDS, pool)
     assert outputs(dask) == outputs(runs[0])
 
 
