@@ -10,8 +10,12 @@ documents whose robust z-score (median / MAD) lies above ``filter.perplexity_zsc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -30,6 +34,7 @@ by ``filter.max_chars`` (the length check runs first) or else ``data.max_doc_byt
 TRAIN_BATCH_BYTES = 1 << 20
 """Training counts in batches of about this many bytes: each batch's counts are added over the
 whole tables (8 sweeps of 2^20 cells), so larger batches sweep less often (~60 MiB of temporaries)."""
+T = TypeVar("T")
 _PAD = ORDER - 1
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: multiply, keep the top bits
 _SHIFT = np.uint64(64 - TABLE_BITS)
@@ -58,17 +63,18 @@ class ByteNgramModel:
         return model
 
     def train(self, texts: Iterable[str | bytes]) -> None:
-        for batch in _batches(texts, TRAIN_BATCH_BYTES):
-            for order, (ctx, joint) in enumerate(batch.cells()):
-                self.context[order] += np.bincount(ctx, minlength=self.context.shape[1]).astype(np.uint64)
-                self.joint[order] += np.bincount(joint, minlength=self.joint.shape[1]).astype(np.uint64)
+        """Count ``texts`` in (integer sums: the same tables whatever order the batches end in)."""
+        for context, joint in _in_threads(_counts, _batches(texts, TRAIN_BATCH_BYTES)):
+            self.context += context
+            self.joint += joint
 
     def log_perplexity(self, texts: Iterable[str | bytes]) -> np.ndarray:
         """Per-character log-perplexity of each text, leave-one-out (each must be in the training set)."""
-        scores = [self._score(batch) for batch in _batches(texts, BATCH_BYTES)]
+        scores = list(_in_threads(self._score, _batches(texts, BATCH_BYTES)))
         return np.concatenate(scores) if scores else np.zeros(0)
 
-    def _score(self, batch: _Batch) -> np.ndarray:
+    def _score(self, blobs: list[bytes]) -> np.ndarray:
+        batch = _Batch(blobs)
         prob = np.full(len(batch.doc), 1.0 / 256)
         for order, (ctx, joint) in enumerate(batch.cells()):
             # order 0 has one context (no history), seen once per position of the document
@@ -123,12 +129,38 @@ class _Batch:
         return np.take(np.bincount(codes), codes)
 
 
+def _counts(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """One batch's (context, joint) counts per order, as tables of the model's shape."""
+    batch, cells = _Batch(blobs), 1 << TABLE_BITS
+    pairs = list(batch.cells())
+    context = np.stack([np.bincount(ctx, minlength=cells) for ctx, _ in pairs]).view(np.uint64)
+    joint = np.stack([np.bincount(j, minlength=cells) for _, j in pairs]).view(np.uint64)
+    return context, joint
+
+
+def _in_threads(fn: Callable[[list[bytes]], T], batches: Iterable[list[bytes]]) -> Iterator[T]:
+    """``fn`` of each batch, in order, on one thread per core: numpy and pandas' hashing let go of
+    the GIL for arrays this long, so a shard's model uses every core even when the stage runs one
+    worker (the filter stage's passes were single-threaded beside a tokenizer that uses them all).
+    At most a batch per thread waits beside those running, so memory stays bounded."""
+    threads = len(os.sched_getaffinity(0))
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        running: deque[Future[T]] = deque()
+        for batch in batches:
+            running.append(pool.submit(fn, batch))
+            if len(running) > threads:
+                yield running.popleft().result()
+        while running:
+            yield running.popleft().result()
+
+
 def _cell(key: np.ndarray) -> np.ndarray:
     return (key * _MIX) >> _SHIFT
 
 
-def _batches(texts: Iterable[str | bytes], batch_bytes: int) -> Iterator[_Batch]:
-    """Texts (str, or their UTF-8 bytes as the filter's passes read them) in batches."""
+def _batches(texts: Iterable[str | bytes], batch_bytes: int) -> Iterator[list[bytes]]:
+    """Texts (str, or their UTF-8 bytes as the filter's passes read them) in batches of about
+    ``batch_bytes``, as UTF-8 (a :class:`_Batch` is made of each where it is used)."""
     blobs: list[bytes] = []
     size = 0
     for text in texts:
@@ -136,7 +168,7 @@ def _batches(texts: Iterable[str | bytes], batch_bytes: int) -> Iterator[_Batch]
         blobs.append(blob)
         size += len(blob)
         if size >= batch_bytes:
-            yield _Batch(blobs)
+            yield blobs
             blobs, size = [], 0
     if blobs:
-        yield _Batch(blobs)
+        yield blobs
