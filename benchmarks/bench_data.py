@@ -294,6 +294,29 @@ def exact_truth_quality(cfg: Config) -> dict:
     return measure_filters(cfg.filter, list(itertools.islice(docs, 2000)), per_kind=20)
 
 
+DEDUP_SAMPLE = 20_000
+"""Documents whose dedup index is measured (the index grows by the same amount per kept document)."""
+
+
+def dedup_index_bytes_per_doc(cfg: Config, path: Path) -> dict[str, float]:
+    """Memory of the dedup index (content hashes and datasketch's LSH, as the filter stage holds
+    it) per kept document, measured with tracemalloc over the corpus's first DEDUP_SAMPLE documents:
+    the one part of the filter stage's memory that grows with the corpus."""
+    import tracemalloc
+
+    from tasks.data.filters import Deduplicator, Fingerprinter
+
+    fingerprint = Fingerprinter(cfg.filter)
+    with open(path, encoding="utf-8") as f:
+        prints = [fingerprint(json.loads(line)["text"]) for line in itertools.islice(f, DEDUP_SAMPLE)]
+    tracemalloc.start()
+    dedup = Deduplicator(cfg.filter)
+    kept = sum(dedup.judge(key, signature) is None for key, signature in prints)
+    used = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return {"documents": len(prints), "kept": kept, "bytes_per_kept_document": used / max(kept, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=float, default=2000, help="MB of corpus (JSON lines)")
@@ -327,6 +350,7 @@ def main() -> None:
     result["peak_rss_full_over_half"] = runs["full_2_workers"]["peak_rss_mb"] / runs["half_2_workers"]["peak_rss_mb"]
     result["filters"] = filter_quality(runs["full_2_workers"], planted)
     result["filters_exact_truth"] = exact_truth_quality(cfg)
+    result["dedup_index"] = dedup_index_bytes_per_doc(cfg, full)
     for run in runs.values():
         del run["kept_lines"], run["pooled_lines"]
     q = result["filters"]
@@ -341,6 +365,10 @@ def main() -> None:
     )
     for name, r in result["filters_exact_truth"].items():
         print(f"  exact truth, {name:15s} precision {r['precision']:.3f}  recall {r['recall']:.3f}")
+    d = result["dedup_index"]
+    print(
+        f"dedup index: {d['bytes_per_kept_document']:.0f} bytes per kept document ({d['kept']} of {d['documents']} kept)"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
 

@@ -40,7 +40,7 @@ from prefect import task
 
 from model.typed_config import InputError
 from tasks.data.config import DataConfig, FilterConfig
-from tasks.data.docs import UNDECODABLE, read_docs, repair_undecodable, write_doc
+from tasks.data.docs import UNDECODABLE, read_docs, read_lines, repair_undecodable, write_doc
 from tasks.data.perplexity import ByteNgramModel, robust_zscores
 from tasks.data.shards import map_shards, shard_paths, shard_pool
 from tasks.runtime.files import read_json, write_json
@@ -124,16 +124,20 @@ def word_hashes(text: str) -> np.ndarray:
 def has_repeated_ngram(text: str, max_period: int, min_repeats: int) -> bool:
     """OLMo-core's instance filter on whitespace tokens: some span of period p ≤ ``max_period``
     tokens repeats at least ``min_repeats`` times in a row. A span of r repeats of period p is
-    exactly a run of (r - 1)·p positions where token[i] == token[i + p]."""
+    exactly a run of (r - 1)·p positions where token[i] == token[i + p]. Every period is compared
+    at once over the whole document (one column per period of a windowed view; the token list
+    padded with values no CRC-32 takes, so a comparison past the end is False); only a column
+    with enough matches in all is searched for its longest run."""
     tokens = word_hashes(text)
-    for period in range(1, max_period + 1):
-        needed = (min_repeats - 1) * period
-        if len(tokens) - period < needed:
-            break  # longer periods need even more tokens
-        same = tokens[period:] == tokens[:-period]
-        if same.sum() >= needed and _longest_true_run(same) >= needed:
-            return True
-    return False
+    periods = min(max_period, len(tokens) // min_repeats)  # period p needs p·min_repeats tokens
+    if periods < 1:
+        return False
+    padded = np.concatenate([tokens, np.arange(periods, dtype=np.uint64) + np.uint64(1 << 32)])
+    lagged = np.lib.stride_tricks.sliding_window_view(padded, periods + 1)[: len(tokens)]
+    same = lagged[:, 1:] == lagged[:, :1]  # same[i, p - 1]: token[i + p] == token[i]
+    needed = (min_repeats - 1) * np.arange(1, periods + 1)
+    candidates = np.flatnonzero(same.sum(axis=0) >= needed)
+    return any(_longest_true_run(np.ascontiguousarray(same[:, c])) >= needed[c] for c in candidates)
 
 
 def _longest_true_run(mask: np.ndarray) -> int:
@@ -328,7 +332,7 @@ def screen_shard(raw_shard: Path, cfg: FilterConfig, work_dir: Path) -> dict[str
         open(work / SURVIVORS_FILE, "w", encoding="utf-8") as survivors,
         open(work / SURVIVOR_BYTES, "wb") as texts,
     ):
-        for doc in read_docs(raw_shard):
+        for line, doc in read_lines(raw_shard):
             counts["input"] += 1
             blob = doc["text"].encode("utf-8", "surrogatepass")
             reason = screen.reason(doc["text"])
@@ -336,13 +340,17 @@ def screen_shard(raw_shard: Path, cfg: FilterConfig, work_dir: Path) -> dict[str
                 counts[reason] += 1
                 counts[f"bytes_{reason}"] += len(blob)
                 counts["pooled"] += 1
-                poison.add(doc, reason)
+                poison.add_line(line, reason)
                 continue
             counts["screened"] += 1
             sizes.append(len(blob))  # an undecodable byte's escape and U+FFFD both take 3 bytes
             repaired = repair_undecodable(doc["text"])
-            write_doc(survivors, {**doc, "text": repaired})
-            texts.write(repaired.encode("utf-8") if repaired is not doc["text"] else blob)
+            if repaired == doc["text"]:
+                survivors.write(line)
+                texts.write(blob)
+            else:
+                write_doc(survivors, {**doc, "text": repaired})
+                texts.write(repaired.encode("utf-8"))
             if fingerprint is not None:
                 key, signature = fingerprint(doc["text"])
                 keys.append(key)
