@@ -18,7 +18,10 @@ shards), the baseline: read every document and encode it with the trained tokeni
 the corpus on 2 workers and on 1, and the half corpus on 2; each reports its peak RSS (the
 stage's process, and its largest worker) and a digest of its outputs (1 and 2 workers must
 match). Precision and recall come from the 2-worker run: what each planted kind lost, and what
-the filters pooled. Timings on a shared machine are contended: compare ratios within a run.
+the filters pooled. Timings on a shared machine are contended: compare ratios within a run; each
+run also reports the CPU-seconds ratio (bare tokenizer's CPU time over the pipeline's, workers
+included), which other jobs on the machine do not move; the dedup index's bytes per kept
+document are measured with tracemalloc on the corpus's first 20,000 documents.
 """
 
 from __future__ import annotations
@@ -197,12 +200,16 @@ def child(path: Path, workers: int) -> None:
     )
     with tempfile.TemporaryDirectory(dir=OUT) as tmp:
         project = Path(tmp)
+        cpu = cpu_seconds()
         seconds = run_stages(cfg, project)
+        cpu_pipeline, cpu = cpu_seconds() - cpu, cpu_seconds()
         bare = bare_tokenizer_seconds(project)
+        cpu_bare = cpu_seconds() - cpu
         result = {
             "megabytes": read_json(project / RAW_DIR / SOURCE_FILE)["bytes"] / 1e6,
             "seconds": seconds,
             "bare_seconds": bare,
+            "cpu_seconds": {"pipeline": cpu_pipeline, "bare_tokenizer": cpu_bare},
             "peak_rss_mb": _max_rss_mb(),
             "largest_worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
             "outputs_sha256": outputs_digest(project),
@@ -234,6 +241,13 @@ def outputs_digest(project: Path) -> str:
     return h.hexdigest()
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and of its reaped children (the stages' worker processes): what
+    the work cost, whatever else the machine ran meanwhile (wall time on a shared machine is not)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _max_rss_mb() -> float:
     """Peak RSS of this process image (Linux VmHWM). Not ``getrusage``: its maxrss carries over
     the parent's RSS at fork, which would hide a child smaller than the benchmark process."""
@@ -252,6 +266,7 @@ def measure(path: Path, workers: int) -> dict:
     total = sum(run["seconds"].values())
     run["mb_per_s"] = {"pipeline": run["megabytes"] / total, "bare_tokenizer": run["megabytes"] / run["bare_seconds"]}
     run["ratio"] = run["mb_per_s"]["pipeline"] / run["mb_per_s"]["bare_tokenizer"]
+    run["cpu_ratio"] = run["cpu_seconds"]["bare_tokenizer"] / run["cpu_seconds"]["pipeline"]
     return run
 
 
@@ -336,7 +351,8 @@ def main() -> None:
             f"{name}: {run['megabytes']:.0f} MB, stages "
             + ", ".join(f"{k} {v:.0f} s" for k, v in run["seconds"].items())
             + f"; pipeline {run['mb_per_s']['pipeline']:.2f} MB/s vs bare tokenizer "
-            f"{run['mb_per_s']['bare_tokenizer']:.2f} MB/s: ratio {run['ratio']:.2f}; peak RSS "
+            f"{run['mb_per_s']['bare_tokenizer']:.2f} MB/s: ratio {run['ratio']:.2f} (CPU-seconds ratio "
+            f"{run['cpu_ratio']:.2f}); peak RSS "
             f"{run['peak_rss_mb']:.0f} MB (largest worker {run['largest_worker_rss_mb']:.0f} MB)",
             flush=True,
         )
