@@ -111,7 +111,7 @@ space, tab, newlines, vertical tab and form feed)."""
 def word_hashes(text: str) -> np.ndarray:
     """CRC-32 of each whitespace-separated word (``str.split()``'s words; deterministic across
     runs). The words are cut from the text's UTF-8 bytes at once and hashed by ``map`` in C,
-    unless the text holds whitespace only ``str`` knows: 3x faster than encoding and hashing
+    unless the text holds whitespace only ``str`` knows: 1.3x faster than encoding and hashing
     word by word in Python, the same values. Cached for the last text: the repeated-n-gram check
     and the dedup fingerprint of a document both read it (callers must not modify the array)."""
     if UNICODE_ONLY_SPACE.search(text):
@@ -222,8 +222,10 @@ def minhash_signature(hashes: np.ndarray, permutations: np.ndarray) -> np.ndarra
     gives, computed over all shingles at once in numpy: each 32-bit hash pre-mixed (MurmurHash3's
     finalizer), then ``a·h + b`` mod 2^32 per permutation, the minimum per permutation
     (tests/test_data_filters.py pins it to datasketch's). datasketch's ``update_batch`` turns
-    every hash into a Python int first; on the 100 MB benchmark corpus that made it 5x slower,
-    a fifth of screening. datasketch's LSH index still holds and queries the signatures."""
+    every hash into a Python int first: on 3,000 documents of the benchmark corpus it took 0.20
+    CPU-s against 0.105 here, and a document's whole fingerprint (shingles, no ``np.unique``,
+    this) went from 0.57 to 0.24 CPU-s. datasketch's LSH index still holds and queries the
+    signatures: its banding and lookups are the part worth a library."""
     a, b = permutations
     s1, m1, s2, m2, s3 = FMIX32
     mixed = hashes.astype(np.uint32)
