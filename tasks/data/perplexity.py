@@ -77,10 +77,8 @@ class ByteNgramModel:
         batch = _Batch(blobs)
         prob = np.full(len(batch.doc), 1.0 / 256)
         for order, (ctx, joint) in enumerate(batch.cells()):
-            # order 0 has one context (no history), seen once per position of the document
-            own_ctx = batch.own(ctx) if order else np.bincount(batch.doc)[batch.doc]
-            ctx_count = self.context[order][ctx].astype(np.float64) - own_ctx
-            joint_count = self.joint[order][joint].astype(np.float64) - batch.own(joint)
+            ctx_count = self.context[order][ctx].astype(np.float64) - batch.own_context(order, ctx)
+            joint_count = self.joint[order][joint].astype(np.float64) - batch.own_joint(order, joint)
             prob = (joint_count + PRIOR * prob) / (ctx_count + PRIOR)
         nats = -np.bincount(batch.doc, weights=np.log(prob), minlength=batch.n_docs)
         return nats / np.maximum(batch.chars, 1)
@@ -117,6 +115,25 @@ class _Batch:
             if order:
                 history = history * np.uint64(257) + self.buf[self.pos - order] + np.uint64(1)
             yield _cell(history), _cell(history * np.uint64(257) + nxt)
+
+    def own_context(self, order: int, cells: np.ndarray) -> np.ndarray:
+        """:meth:`own` of the context cells: order 0 has one context (no history), seen once per
+        position of its document; order 1's context is one byte (:meth:`own_byte`)."""
+        if order == 0:
+            return np.take(np.bincount(self.doc), self.doc)
+        return self.own_byte(self.buf[self.pos - 1]) if order == 1 else self.own(cells)
+
+    def own_joint(self, order: int, cells: np.ndarray) -> np.ndarray:
+        """:meth:`own` of the context+byte cells: order 0's is the byte itself (:meth:`own_byte`)."""
+        return self.own_byte(self.buf[self.pos]) if order == 0 else self.own(cells)
+
+    def own_byte(self, raw: np.ndarray) -> np.ndarray:
+        """:meth:`own` of the cells of one byte's keys (``raw + 1``, 256 of them), counted with a
+        ``bincount`` of (document, byte) instead of hashing every position: the same counts, as
+        the bytes whose keys share a cell are counted as one."""
+        group = np.take(_BYTE_CELL_GROUP, raw.astype(np.intp))
+        keys: np.ndarray = self.doc * (int(_BYTE_CELL_GROUP.max()) + 1) + group
+        return np.take(np.bincount(keys), keys)
 
     def own(self, cells: np.ndarray) -> np.ndarray:
         """How often each position's cell occurs in its own document (to leave that document out).
@@ -156,6 +173,11 @@ def _in_threads(fn: Callable[[list[bytes]], T], batches: Iterable[list[bytes]]) 
 
 def _cell(key: np.ndarray) -> np.ndarray:
     return (key * _MIX) >> _SHIFT
+
+
+_BYTE_CELL_GROUP = np.asarray(pd.factorize(_cell(np.arange(1, 257, dtype=np.uint64)))[0])
+"""For each byte b, which cell the one-byte key b + 1 falls in, as a dense group number (bytes
+whose keys share a cell share a group)."""
 
 
 def _batches(texts: Iterable[str | bytes], batch_bytes: int) -> Iterator[list[bytes]]:
