@@ -18,7 +18,10 @@ shards), the baseline: read every document and encode it with the trained tokeni
 the corpus on 2 workers and on 1, and the half corpus on 2; each reports its peak RSS (the
 stage's process, and its largest worker) and a digest of its outputs (1 and 2 workers must
 match). Precision and recall come from the 2-worker run: what each planted kind lost, and what
-the filters pooled. Timings on a shared machine are contended: compare ratios within a run.
+the filters pooled. Timings on a shared machine are contended: compare ratios within a run; each
+run also reports the CPU-seconds ratio (bare tokenizer's CPU time over the pipeline's, workers
+included), which other jobs on the machine do not move; the dedup index's bytes per kept
+document are measured with tracemalloc on the corpus's first 20,000 documents.
 """
 
 from __future__ import annotations
@@ -197,12 +200,16 @@ def child(path: Path, workers: int) -> None:
     )
     with tempfile.TemporaryDirectory(dir=OUT) as tmp:
         project = Path(tmp)
+        cpu = cpu_seconds()
         seconds = run_stages(cfg, project)
+        cpu_pipeline, cpu = cpu_seconds() - cpu, cpu_seconds()
         bare = bare_tokenizer_seconds(project)
+        cpu_bare = cpu_seconds() - cpu
         result = {
             "megabytes": read_json(project / RAW_DIR / SOURCE_FILE)["bytes"] / 1e6,
             "seconds": seconds,
             "bare_seconds": bare,
+            "cpu_seconds": {"pipeline": cpu_pipeline, "bare_tokenizer": cpu_bare},
             "peak_rss_mb": _max_rss_mb(),
             "largest_worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
             "outputs_sha256": outputs_digest(project),
@@ -222,12 +229,23 @@ def outputs_digest(project: Path) -> str:
     """What must not depend on the workers: clean documents, poison pool, tokenizer and token files."""
     h = hashlib.sha256()
     files = [*shard_paths(project / CLEAN_DIR), *sorted((project / POISON_DIR).glob("*.jsonl"))]
-    files += [project / TOKENS_DIR / n for n in (TOKENIZER_FILE, "train.bin", "val.bin", "poison.bin")]
+    files += [project / TOKENS_DIR / n for n in (TOKENIZER_FILE, "poison.bin")]
+    files += [
+        *sorted((project / TOKENS_DIR / "train").glob("*.bin")),
+        *sorted((project / TOKENS_DIR / "val").glob("*.bin")),
+    ]
     for path in files:
         with open(path, "rb") as f:
             while block := f.read(1 << 24):
                 h.update(block)
     return h.hexdigest()
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its reaped children (the stages' worker processes): what
+    the work cost, whatever else the machine ran meanwhile (wall time on a shared machine is not)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _max_rss_mb() -> float:
@@ -248,6 +266,7 @@ def measure(path: Path, workers: int) -> dict:
     total = sum(run["seconds"].values())
     run["mb_per_s"] = {"pipeline": run["megabytes"] / total, "bare_tokenizer": run["megabytes"] / run["bare_seconds"]}
     run["ratio"] = run["mb_per_s"]["pipeline"] / run["mb_per_s"]["bare_tokenizer"]
+    run["cpu_ratio"] = run["cpu_seconds"]["bare_tokenizer"] / run["cpu_seconds"]["pipeline"]
     return run
 
 
@@ -290,6 +309,29 @@ def exact_truth_quality(cfg: Config) -> dict:
     return measure_filters(cfg.filter, list(itertools.islice(docs, 2000)), per_kind=20)
 
 
+DEDUP_SAMPLE = 20_000
+"""Documents whose dedup index is measured (the index grows by the same amount per kept document)."""
+
+
+def dedup_index_bytes_per_doc(cfg: Config, path: Path) -> dict[str, float]:
+    """Memory of the dedup index (content hashes and datasketch's LSH, as the filter stage holds
+    it) per kept document, measured with tracemalloc over the corpus's first DEDUP_SAMPLE documents:
+    the one part of the filter stage's memory that grows with the corpus."""
+    import tracemalloc
+
+    from tasks.data.filters import Deduplicator, Fingerprinter
+
+    fingerprint = Fingerprinter(cfg.filter)
+    with open(path, encoding="utf-8") as f:
+        prints = [fingerprint(json.loads(line)["text"]) for line in itertools.islice(f, DEDUP_SAMPLE)]
+    tracemalloc.start()
+    dedup = Deduplicator(cfg.filter)
+    kept = sum(dedup.judge(key, signature) is None for key, signature in prints)
+    used = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return {"documents": len(prints), "kept": kept, "bytes_per_kept_document": used / max(kept, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=float, default=2000, help="MB of corpus (JSON lines)")
@@ -309,7 +351,8 @@ def main() -> None:
             f"{name}: {run['megabytes']:.0f} MB, stages "
             + ", ".join(f"{k} {v:.0f} s" for k, v in run["seconds"].items())
             + f"; pipeline {run['mb_per_s']['pipeline']:.2f} MB/s vs bare tokenizer "
-            f"{run['mb_per_s']['bare_tokenizer']:.2f} MB/s: ratio {run['ratio']:.2f}; peak RSS "
+            f"{run['mb_per_s']['bare_tokenizer']:.2f} MB/s: ratio {run['ratio']:.2f} (CPU-seconds ratio "
+            f"{run['cpu_ratio']:.2f}); peak RSS "
             f"{run['peak_rss_mb']:.0f} MB (largest worker {run['largest_worker_rss_mb']:.0f} MB)",
             flush=True,
         )
@@ -323,6 +366,7 @@ def main() -> None:
     result["peak_rss_full_over_half"] = runs["full_2_workers"]["peak_rss_mb"] / runs["half_2_workers"]["peak_rss_mb"]
     result["filters"] = filter_quality(runs["full_2_workers"], planted)
     result["filters_exact_truth"] = exact_truth_quality(cfg)
+    result["dedup_index"] = dedup_index_bytes_per_doc(cfg, full)
     for run in runs.values():
         del run["kept_lines"], run["pooled_lines"]
     q = result["filters"]
@@ -337,6 +381,10 @@ def main() -> None:
     )
     for name, r in result["filters_exact_truth"].items():
         print(f"  exact truth, {name:15s} precision {r['precision']:.3f}  recall {r['recall']:.3f}")
+    d = result["dedup_index"]
+    print(
+        f"dedup index: {d['bytes_per_kept_document']:.0f} bytes per kept document ({d['kept']} of {d['documents']} kept)"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
 

@@ -27,12 +27,15 @@ from tasks.runtime.tracking import record_outputs, stage_run
 @flow(name="prepare")
 def prepare_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Read the configured corpus into data/raw."""
-    from tasks.data.sources import read_corpus
+    from tasks.data.shards import scratch
+    from tasks.data.sources import read_corpus, source_identity
 
     cfg, project = project_config(profile, overrides)
     with stage_run(cfg, "prepare") as run:
+        work = scratch(project / RAW_DIR.parent, "prepare", cfg.data, source_identity(cfg.data, project))
         with staged(project / RAW_DIR) as (raw,):
-            counts = read_corpus(cfg.data, project, raw)
+            counts = read_corpus(cfg.data, project, raw, work)
+        shutil.rmtree(work)
         digest = record_outputs(run.info.run_id, project, list(STAGES["prepare"].outs), counts, [RAW_DIR / SOURCE_FILE])
         publish_summary("prepare", run, {**counts, "dataset digest": digest[:16]})
 

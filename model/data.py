@@ -20,23 +20,94 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 
-def open_tokens(path: str | Path, dtype: str) -> np.ndarray:
-    """Memory-map a token shard (read-only; pages are loaded on demand)."""
+def open_tokens(path: str | Path, dtype: str) -> Tokens:
+    """Memory-map a token file (read-only; pages are loaded on demand), or a folder of them (a
+    split of the tokenize stage: its ``<shard>.bin`` files in name order, which is corpus order)."""
+    path = Path(path)
+    if path.is_dir():
+        return concatenated([_map(p, dtype) for p in sorted(path.glob("*.bin"))])
+    return _map(path, dtype)
+
+
+def _map(path: Path, dtype: str) -> np.ndarray:
+    """A read-only memory map of a token file; an empty one (a shard with no document of a split)
+    as an empty array, which the OS cannot map."""
+    if not path.stat().st_size:
+        return np.zeros(0, np.dtype(dtype))
     return np.memmap(path, dtype=np.dtype(dtype), mode="r")
 
 
-def open_split(manifest: str | Path, split: str) -> np.ndarray:
-    """Memory-map one shard (``train``, ``val`` or ``poison``) of a tokenize manifest, with the
-    dtype it names; shard paths in the manifest are relative to it."""
+def open_split(manifest: str | Path, split: str) -> Tokens:
+    """Memory-map one split (``train``, ``val`` or ``poison``) of a tokenize manifest as one
+    sequence: its shards' token files in the order the index lists them, each with its dtype
+    (format 2), or its one file (format 1, and the poison pool). Paths are relative to the
+    manifest."""
     manifest = Path(manifest)
     info = json.loads(manifest.read_text(encoding="utf-8"))
-    return open_tokens(manifest.parent / info["splits"][split]["path"], info["dtype"])
+    entry = info["splits"][split]
+    if "path" in entry:
+        return _map(manifest.parent / entry["path"], info["dtype"])
+    return concatenated([_map(manifest.parent / s["path"], s["dtype"]) for s in entry["shards"]])
+
+
+class ShardedTokens:
+    """Token files read as one sequence, without copying them into one: the length, a slice (a
+    numpy array, gathered across the files it spans), one token, and the whole as an array. What
+    the loader's windows, the trainer and the baselines read of a split."""
+
+    def __init__(self, parts: list[np.ndarray]):
+        self.parts = parts
+        self.starts = np.cumsum([0, *(len(p) for p in parts)])
+        self.dtype = parts[0].dtype
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self),)
+
+    def __getitem__(self, key: int | slice) -> np.ndarray:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step != 1:
+                raise IndexError("a token sequence is read in contiguous slices")
+            return self._slice(start, max(stop, start))
+        index = range(len(self))[key]  # negative indices, and IndexError past the end
+        part = int(np.searchsorted(self.starts, index, side="right")) - 1
+        return np.asarray(self.parts[part][index - self.starts[part]])
+
+    def _slice(self, start: int, stop: int) -> np.ndarray:
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        pieces = []
+        for part in range(max(first, 0), len(self.parts)):
+            lo, hi = self.starts[part], self.starts[part + 1]
+            if lo >= stop:
+                break
+            pieces.append(self.parts[part][max(start - lo, 0) : min(stop, hi) - lo])
+        return np.concatenate(pieces) if pieces else np.zeros(0, self.dtype)
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        whole = self._slice(0, len(self))
+        return whole if dtype is None else whole.astype(dtype)
+
+
+Tokens = np.ndarray | ShardedTokens
+"""A split's token ids: one memory-mapped file, or several read as one sequence."""
+
+
+def concatenated(parts: list[np.ndarray]) -> Tokens:
+    """The non-empty parts: one as itself (a plain memory map), several as a :class:`ShardedTokens`."""
+    if not parts:
+        raise ValueError("no token files to read")
+    filled = [p for p in parts if len(p)] or parts[:1]
+    return filled[0] if len(filled) == 1 else ShardedTokens(filled)
 
 
 class Windows(Dataset):
     """Window i = tokens[i·(T+1) : (i+1)·(T+1)], returned as (x, y) shifted by one."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int):
+    def __init__(self, tokens: Tokens, seq_len: int):
         self.tokens, self.span = tokens, seq_len + 1
         if len(tokens) < self.span:
             raise ValueError(f"token shard has {len(tokens)} tokens, fewer than one window of {self.span}")
@@ -51,7 +122,7 @@ class Windows(Dataset):
     def targets(self) -> np.ndarray:
         """Every window's targets, (windows, T): the tokens a full pass over the shard scores (each
         window's first token and the ragged tail are never targets)."""
-        return self.tokens[: len(self) * self.span].reshape(len(self), self.span)[:, 1:]
+        return np.asarray(self.tokens[: len(self) * self.span]).reshape(len(self), self.span)[:, 1:]
 
 
 class ResumableSampler(Sampler[list[int]]):
@@ -87,7 +158,7 @@ class TokenLoader:
 
     def __init__(
         self,
-        tokens: np.ndarray,
+        tokens: Tokens,
         seq_len: int,
         batch_size: int,
         seed: int,

@@ -51,7 +51,7 @@ from model.checkpoint import (
     restore_rng,
 )
 from model.config import TrainingConfig, check_device, load_training_config
-from model.data import TokenLoader, open_tokens
+from model.data import TokenLoader, Tokens, open_tokens
 from model.distributed import World, init_world, leave_world, wrap
 from model.flops import mfu, model_flops_per_token, peak_flops
 from model.gpt import GPT
@@ -148,7 +148,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def tokens_digest(tokens: np.ndarray) -> str:
+def tokens_digest(tokens: Tokens) -> str:
     """Content hash of a token array, for the identity of runs not given one (tests, benchmarks)."""
     return hashlib.sha256(np.ascontiguousarray(tokens).view(np.uint8).data).hexdigest()
 
@@ -167,8 +167,8 @@ class Trainer:
     def __init__(
         self,
         cfg: TrainingConfig,
-        train_tokens: np.ndarray,
-        val_tokens: np.ndarray,
+        train_tokens: Tokens,
+        val_tokens: Tokens,
         callbacks: Sequence[Any] = (),
         checkpoint_dir: str | Path | None = None,
         identity: str | None = None,
@@ -587,8 +587,8 @@ def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
 
 def train(
     cfg: TrainingConfig,
-    train_tokens: np.ndarray,
-    val_tokens: np.ndarray,
+    train_tokens: Tokens,
+    val_tokens: Tokens,
     out_dir: str | Path | None = None,
     callbacks: Sequence[Any] = (),
     init_from: str | Path | None = None,
@@ -630,8 +630,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from model.stops import EXIT_CODES
 
     p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("--train-tokens", required=True, help="token shard of the training split")
-    p.add_argument("--val-tokens", required=True, help="token shard of the validation split")
+    p.add_argument("--train-tokens", required=True, help="the training split: a token file, or a folder of them")
+    p.add_argument("--val-tokens", required=True, help="the validation split: a token file, or a folder of them")
     p.add_argument("--dtype", default="uint16", help="token id dtype of the shards (default: %(default)s)")
     p.add_argument("--out", required=True, help="run directory: checkpoints/, plots/*.csv")
     add_config_arguments(p)

@@ -7,23 +7,32 @@ import base64
 import dataclasses
 import itertools
 import json
+import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from datasketch import MinHash
 
 from model.typed_config import InputError
 from tasks.data.config import FilterConfig
 from tasks.data.docs import read_docs, write_doc
 from tasks.data.filters import (
     GENERATED,
+    SIGNATURE_CHUNK,
+    UNICODE_ONLY_SPACE,
     Deduplicator,
     Screen,
     filter_corpus,
     generated_garbage,
     has_char_run,
     has_repeated_ngram,
+    longest_char_run,
+    minhash_signature,
     nonprintable_ratio,
+    perplexity_outliers,
+    word_hashes,
 )
 from tasks.data.perplexity import ByteNgramModel, robust_zscores
 from tasks.data.quality import PLANTED, measure_filters, planted_corpus
@@ -171,6 +180,41 @@ def test_char_run_edge_at_the_end_of_a_long_document(long_prose):
     screen = Screen(NO_LENGTH_CAP)
     assert screen.reason(long_prose + " =" + "=" * (NO_LENGTH_CAP.max_char_run - 1)) is None
     assert screen.reason(long_prose + " =" + "=" * NO_LENGTH_CAP.max_char_run) == "char_run"
+
+
+def test_char_run_counts_characters_not_bytes_outside_the_bmp_and_for_undecodable_escapes():
+    for char in ("\U0001f600", "\u00e9", b"\xff".decode("utf-8", "surrogateescape")):
+        assert longest_char_run(PROSE + char * 200 + PROSE) == 200
+        assert has_char_run(PROSE + char * 201, 200) and not has_char_run(char * 200 + PROSE, 200)
+    assert longest_char_run("") == 0
+
+
+def test_words_are_those_of_str_split_on_every_unicode_space_at_the_end_of_a_long_document(long_prose):
+    python_only = [c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace() and not c.encode().isspace()]
+    assert all(UNICODE_ONLY_SPACE.fullmatch(c) for c in python_only)
+    assert not any(UNICODE_ONLY_SPACE.fullmatch(c) for c in " \t\n\r\x0b\x0cab\u200b")
+    for text in (long_prose, long_prose + "".join(f"w{c}" for c in python_only)):
+        expected = [zlib.crc32(w.encode("utf-8", "surrogatepass")) for w in text.split()]
+        assert word_hashes(text).tolist() == expected
+
+
+def test_minhash_signature_is_datasketchs_affine32_update_batch():
+    permutations = MinHash(num_perm=128, seed=1).permutations
+    rng = np.random.default_rng(0)
+    for count in (1, 7, SIGNATURE_CHUNK + 1, 3 * SIGNATURE_CHUNK):  # within a chunk and across chunks
+        hashes = rng.integers(0, 2**32, count, dtype=np.uint64)
+        reference = MinHash(num_perm=128, hashfunc=int, permutations=permutations, scheme="affine32")
+        reference.update_batch(hashes)
+        assert np.array_equal(minhash_signature(hashes, permutations), reference.hashvalues)
+
+
+def test_perplexity_drops_a_zscore_above_the_threshold_and_keeps_one_at_it():
+    scores = [np.array([1.0, 1.2, 0.8, 1.1, 0.9]), np.array([1.05, 3.0])]
+    z = robust_zscores(np.concatenate(scores))[-1]
+    at = dataclasses.replace(FilterConfig(), perplexity_zscore=float(z))
+    above = dataclasses.replace(FilterConfig(), perplexity_zscore=float(np.nextafter(z, -np.inf)))
+    assert not perplexity_outliers(at, scores)[0][1].any()
+    assert perplexity_outliers(above, scores)[0][1].tolist() == [False, True]
 
 
 def test_repeated_ngram_edge_at_the_end_of_a_long_document(long_prose):
@@ -341,3 +385,39 @@ def test_the_report_counts_every_byte_once_and_shows_what_each_filter_removed(fi
         assert f"| {reason} | {report[f'removed_{reason}']} |" in samples
         assert f"## {reason}: " in samples
     assert "\x00" not in samples and "space_run:" in samples
+
+
+def outputs_of(out: Path) -> dict[str, bytes]:
+    files = [*shard_paths(out / "clean"), *sorted((out / "poison").iterdir()), out / "filter.json"]
+    return {str(p.relative_to(out)): p.read_bytes() for p in files}
+
+
+def test_a_filter_killed_in_dedup_resumes_from_its_finished_shards_with_the_uninterrupted_output(
+    base_docs, tmp_path, monkeypatch
+):
+    import tasks.data.filters as filters
+
+    docs = list(planted_corpus(base_docs[:200], 4, FilterConfig()))
+    raw = tmp_path / "raw"
+    for index in range(5):
+        write_raw(raw, docs[index::5], shard_path(raw, index))
+    cfg = FilterConfig(poison_generated=3)
+    whole = run_filter(cfg, raw, tmp_path / "whole")
+    judged: list[int] = []
+    judge = Deduplicator.judge
+
+    def judge_until_killed(self: Deduplicator, key: int, signature: np.ndarray) -> str | None:
+        if len(judged) == 130:
+            raise KeyboardInterrupt("killed in dedup, in its third shard")
+        judged.append(key)
+        return judge(self, key, signature)
+
+    monkeypatch.setattr(Deduplicator, "judge", judge_until_killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_filter(cfg, raw, tmp_path / "out")
+    judged.clear()
+    monkeypatch.setattr(Deduplicator, "judge", lambda self, k, s: (judged.append(k), judge(self, k, s))[1])
+    monkeypatch.setattr(filters, "screen_shard", lambda *a, **k: pytest.fail("a screened shard was screened again"))
+    assert run_filter(cfg, raw, tmp_path / "out") == whole
+    assert outputs_of(tmp_path / "out") == outputs_of(tmp_path / "whole")
+    assert 0 < len(judged) < whole["documents_in"] - 2 * 50  # the first two shards' verdicts were replayed

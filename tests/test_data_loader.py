@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from model.data import TokenLoader, open_tokens
+from model.data import TokenLoader, open_split, open_tokens
 
 SEQ_LEN, BATCH = 8, 4
 
@@ -62,3 +64,28 @@ def test_a_checkpoint_from_another_seed_is_refused(tokens):
     loader = TokenLoader(tokens, SEQ_LEN, BATCH, seed=3)
     with pytest.raises(ValueError, match="seed"):
         loader.load_state_dict({"batches_served": 2, "seed": 9})
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_split_in_several_token_files_streams_as_the_one_file_they_join(tmp_path, tokens, workers):
+    ids = np.asarray(tokens)
+    cuts = [0, 1, 50, 50, 120, len(ids)]  # an empty file too, and cuts inside windows
+    folder = tmp_path / "train"
+    folder.mkdir()
+    for n, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        ids[a:b].tofile(folder / f"{n:05d}-docs.bin")
+    sharded = open_tokens(folder, "uint16")
+    assert len(sharded) == len(ids) and np.array_equal(np.asarray(sharded), ids)
+    assert np.array_equal(sharded[45:130], ids[45:130]) and sharded[-1] == ids[-1] and sharded[50] == ids[50]
+    joined = stream(TokenLoader(tokens, SEQ_LEN, BATCH, seed=3), 12)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(stream(TokenLoader(sharded, SEQ_LEN, BATCH, seed=3, num_workers=workers), 12), joined)
+    )
+
+
+def test_a_manifest_of_the_one_file_layout_is_still_read(tmp_path, tokens):
+    manifest = tmp_path / "manifest.json"
+    split = {"path": "train.bin", "tokens": len(tokens), "documents": 1, "sha256": ""}
+    manifest.write_text(json.dumps({"format": 1, "dtype": "uint16", "splits": {"train": split}}))
+    assert np.array_equal(np.asarray(open_split(manifest, "train")), np.asarray(tokens))

@@ -13,7 +13,7 @@ import pytest
 from model.typed_config import InputError, UserError
 from tasks.data.config import DataConfig
 from tasks.data.docs import read_docs
-from tasks.data.shards import shard_path
+from tasks.data.shards import ShardedWriter, shard_path
 from tasks.data.sources import bounded_lines, read_corpus
 from tasks.runtime.files import staged
 from tasks.runtime.outputs import SOURCE_FILE
@@ -161,3 +161,88 @@ def test_a_jsonl_folder_reads_gzip_skips_hidden_and_counts_a_truncated_file_by_n
     assert texts[:3] == ["one", "two", "three"] and "hidden" not in texts
     assert 3 < len(texts) < 5003 and counts["skipped_unreadable_file"] == 1  # what c held before the cut
     assert "c.jsonl.gz" in caplog.text
+
+
+def jsonl_bytes(*texts: str) -> bytes:
+    return "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+
+
+def test_zstandard_jsonl_is_read_streaming_and_a_truncated_file_is_counted_by_name(tmp_path, caplog):
+    import zstandard
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    frames = [zstandard.ZstdCompressor().compress(jsonl_bytes(*texts)) for texts in (("one", "two"), ("three",))]
+    (folder / "a.jsonl.zst").write_bytes(b"".join(frames))  # two frames, as `cat a.zst b.zst` makes
+    whole = zstandard.ZstdCompressor().compress(jsonl_bytes(*(f"long {i}" for i in range(5000))))
+    (folder / "b.jsonl.zst").write_bytes(whole[: len(whole) // 2])
+    counts, docs = prepare(tmp_path, source="jsonl", path="corpus")
+    assert [d["text"] for d in docs][:3] == ["one", "two", "three"] and [d["id"] for d in docs][:2] == [
+        "a.jsonl.zst:1",
+        "a.jsonl.zst:2",
+    ]
+    assert counts["skipped_unreadable_file"] == 1 and "b.jsonl.zst" in caplog.text
+
+
+def write_parquet(path: Path, texts: list, column: str = "text") -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({column: texts, "other": list(range(len(texts)))}), path, row_group_size=1000)
+
+
+def test_parquet_rows_stream_in_batches_and_bad_rows_and_files_are_counted_by_name(tmp_path, caplog):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    texts = [f"row {i}" for i in range(2500)]
+    write_parquet(folder / "a.parquet", [*texts[:10], None, "x" * 300, *texts[10:]])
+    write_parquet(folder / "b.parquet", ["elsewhere"], column="body")
+    (folder / "c.parquet").write_bytes(b"PAR1 not really parquet PAR1")
+    counts, docs = prepare(tmp_path, source="parquet", path="corpus", max_doc_bytes=200)
+    assert [d["text"] for d in docs] == texts and docs[10]["id"] == "a.parquet:13"
+    assert counts["skipped_missing_field"] == 2 and counts["skipped_oversize"] == 1  # the null row, b's column
+    assert counts["skipped_unreadable_file"] == 1 and "c.parquet" in caplog.text
+
+
+def test_a_glob_and_a_file_url_name_the_files_to_read(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for name, text in (("x-1.jsonl", "first"), ("x-2.jsonl", "second"), ("y.jsonl", "not matched")):
+        (folder / name).write_bytes(jsonl_bytes(text))
+    _, docs = prepare(tmp_path, source="jsonl", path="corpus/x-*.jsonl")
+    assert [d["text"] for d in docs] == ["first", "second"]
+    _, docs = prepare(tmp_path / "url", source="jsonl", path=(folder / "y.jsonl").as_uri())
+    assert [d["text"] for d in docs] == ["not matched"]
+    with pytest.raises(InputError, match=r"data\.path: .*z-\*\.jsonl holds no \*\.jsonl"):
+        prepare(tmp_path, source="jsonl", path="corpus/z-*.jsonl")
+    with pytest.raises(InputError, match=r"data\.path: file:///nowhere/at/all\.parquet does not exist"):
+        prepare(tmp_path, source="parquet", path="file:///nowhere/at/all.parquet")
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_prepare_killed_midway_resumes_after_its_finished_shards_with_the_uninterrupted_output(tmp_path, monkeypatch):
+    data = DataConfig(max_docs=600, shard_bytes=20_000)
+    whole = read_corpus.fn(data, tmp_path, tmp_path / "whole", tmp_path / "whole-work")
+    added: list[str] = []
+    add = ShardedWriter.add
+
+    def add_until_killed(self: ShardedWriter, record: dict) -> None:
+        if len(added) == 350:
+            raise KeyboardInterrupt("killed while writing its shards")
+        added.append(record["id"])
+        add(self, record)
+
+    monkeypatch.setattr(ShardedWriter, "add", add_until_killed)
+    with pytest.raises(KeyboardInterrupt):
+        read_corpus.fn(data, tmp_path, tmp_path / "out", tmp_path / "work")
+    finished = len(list((tmp_path / "work").glob(".*.done")))
+    assert 0 < finished < whole["shards"]
+    added.clear()
+    monkeypatch.setattr(ShardedWriter, "add", lambda self, record: (added.append(record["id"]), add(self, record)))
+    resumed = read_corpus.fn(data, tmp_path, tmp_path / "out", tmp_path / "work")
+    assert resumed == whole and folder_bytes(tmp_path / "out") == folder_bytes(tmp_path / "whole")
+    assert len(added) < 600 - 250  # the finished shards' documents were not written again
+    assert not list((tmp_path / "work").iterdir())  # shards and markers moved out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 from concurrent.futures import Executor
 from pathlib import Path
@@ -68,10 +69,8 @@ def outputs(project: Path) -> dict[str, bytes]:
     return {
         "clean": b"".join(p.read_bytes() for p in shard_paths(d / "clean")),
         **{f"poison/{p.name}": p.read_bytes() for p in sorted((d / "poison").glob("*.jsonl"))},
-        **{
-            f"tokens/{n}": (d / "tokens" / n).read_bytes()
-            for n in (TOKENIZER_FILE, "train.bin", "val.bin", "poison.bin")
-        },
+        **{f"tokens/{n}": (d / "tokens" / n).read_bytes() for n in (TOKENIZER_FILE, "poison.bin")},
+        **{f"tokens/{s}": np.asarray(open_split(project / MANIFEST, s)).tobytes() for s in ("train", "val")},
         "report": json.dumps(report, sort_keys=True).encode(),
     }
 
@@ -92,24 +91,41 @@ def test_one_worker_on_one_shard_and_two_workers_on_over_ten_give_byte_identical
     assert outputs(first) == outputs(second)
 
 
-def test_a_loopback_dask_cluster_gives_byte_identical_outputs(runs, tmp_path):
-    from distributed import Client, LocalCluster
+def test_a_loopback_tls_dask_cluster_named_by_executor_scheduler_gives_byte_identical_outputs(
+    runs, tmp_path, monkeypatch
+):
+    """The stages' own path to a cluster: ``shard_pool`` given the scheduler's ``tls://`` address
+    (``executor.scheduler``), connecting with the certificates of ``SPIKELAB_TLS_DIR`` as a head
+    node's stage does; the cluster's workers are separate processes."""
+    from distributed import LocalCluster
 
-    from tasks.runtime.workers import cluster_kwargs, configured_cluster
+    from tasks.runtime import tls
+    from tasks.runtime.workers import SCHEDULER_ENV, cluster_kwargs, configured_cluster
 
-    with configured_cluster(), LocalCluster(**cluster_kwargs(2)) as cluster, Client(cluster) as client:
-        assert cluster.scheduler_address.startswith("tls://")
-        dask = run_stages(tmp_path, SMALL_SHARDS, client.get_executor())
+    monkeypatch.delenv(SCHEDULER_ENV, raising=False)
+    monkeypatch.setenv(tls.TLS_DIR_ENV, str(tls.ensure_certificates(tmp_path / "tls")))
+    kwargs = {**cluster_kwargs(2), "security": tls.security(), "protocol": "tls://"}
+    with configured_cluster(), LocalCluster(**kwargs) as cluster:
+        assert cluster.scheduler_address.startswith("tls://127.0.0.1:")
+        with shard_pool(1, cluster.scheduler_address) as pool:
+            assert type(pool).__module__.startswith("distributed")
+            dask = run_stages(tmp_path, SMALL_SHARDS, pool)
     assert outputs(dask) == outputs(runs[0])
 
 
-def test_the_manifest_indexes_where_each_shard_starts_in_the_one_file(runs):
+def test_each_shard_has_its_token_file_indexed_with_offset_count_dtype_and_sha256(runs):
     project = runs[1]
     train = read_json(project / MANIFEST)["splits"]["train"]
     index = train["shards"]
     assert [s["shard"] for s in index] == [p.name for p in shard_paths(project / "data" / "clean")]
     assert [s["offset"] for s in index] == list(np.cumsum([0] + [s["tokens"] for s in index[:-1]]))
     assert sum(s["tokens"] for s in index) == train["tokens"] == len(open_split(project / MANIFEST, "train"))
+    for entry in index:
+        path = project / MANIFEST.parent / entry["path"]
+        assert file_sha256(path) == entry["sha256"] and entry["dtype"] == "uint16"
+        assert path.stat().st_size == 2 * entry["tokens"]
+    joined = b"".join((project / MANIFEST.parent / s["path"]).read_bytes() for s in index)
+    assert hashlib.sha256(joined).hexdigest() == train["sha256"]  # the split's digest: its tokens end to end
 
 
 def test_train_and_val_hold_every_clean_document_once_and_share_none(runs):
@@ -141,7 +157,7 @@ def test_manifest_tells_the_trainer_paths_dtype_vocab_and_hashes(runs):
         tokens = open_split(project / MANIFEST, split)
         assert tokens.dtype == np.uint16 and len(tokens) == info["tokens"]
         assert int(tokens.max()) < manifest["vocab_size"]
-        assert file_sha256(project / MANIFEST.parent / info["path"]) == info["sha256"]
+        assert hashlib.sha256(np.asarray(tokens).tobytes()).hexdigest() == info["sha256"]
         assert int((tokens == manifest["eot_id"]).sum()) == info["documents"]
 
 

@@ -72,7 +72,9 @@ def fresh_clone(origin: Path, dest: Path, env: dict[str, str]) -> Path:
 
 def assert_pulled_clone_matches(clone: Path, origin: Path, env: dict[str, str], transcript: list[str]) -> None:
     expected = produced_outputs(origin)
-    assert "data/tokens/train.bin" in expected and "data/clean/00000-docs.jsonl" in expected, sorted(expected)
+    assert "data/tokens/train/00000-docs.bin" in expected and "data/clean/00000-docs.jsonl" in expected, sorted(
+        expected
+    )
     assert produced_outputs(clone) == expected
     status = cmd(["dvc", "status", "--with-deps", *DATA_STAGES], clone, env, transcript)
     assert "Data and pipelines are up to date." in status, status
@@ -183,7 +185,7 @@ def test_an_s3_remote_takes_credentials_from_the_environment_or_a_file_outside_g
     cmd(["dvc", "remote", "modify", "--local", "s3", "credentialpath", str(credentials)], clone, bare, transcript)
 
     cmd(["dvc", "pull", WORKER_STAGE], clone, bare, transcript)  # what a worker needs, and only that
-    assert (clone / "data/tokens/train.bin").is_file() and not (clone / "data/raw").exists()
+    assert (clone / "data/tokens/train/00000-docs.bin").is_file() and not (clone / "data/raw").exists()
     cmd(["dvc", "pull", *DATA_STAGES], clone, bare, transcript)
     assert_pulled_clone_matches(clone, project, bare, transcript)
 

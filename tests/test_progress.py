@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import re
 
+from tasks.data.config import DataConfig
+from tasks.data.shards import map_shards, shard_path, shard_pool
+from tasks.data.sources import read_corpus
 from tasks.runtime import progress as progress_module
 from tasks.runtime.progress import Progress, clock
 
@@ -43,3 +47,23 @@ def test_a_unit_with_an_irregular_plural_is_counted_in_it():
     log = Lines()
     Progress("spike", "branch", 2, log, plural="branches").finished("control", "completed")
     assert "spike: 1/2 branches done (1 completed)" in log.lines[0]
+
+
+def test_a_shard_pass_logs_each_shard_with_its_mb_and_documents_per_second_and_an_eta(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    shards = [shard_path(tmp_path, i) for i in range(3)]
+    for shard in shards:
+        shard.write_text('{"id": "a", "text": "b"}\n' * 1000)
+    with shard_pool(1, "local") as pool:
+        assert map_shards(pool, "filter-screen", lambda shard: shard.name, shards) == [s.name for s in shards]
+    lines = [r.getMessage() for r in caplog.records if "filter-screen" in r.getMessage()]
+    assert len(lines) == 3 and all(re.search(r"MB/s, [\d,]+ docs/s so far\): done", line) for line in lines)
+    assert "3/3 shards done" in lines[-1] and "ETA" in lines[0]
+
+
+def test_prepare_logs_each_shard_it_writes_with_its_rate(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    counts = read_corpus.fn(DataConfig(max_docs=300, shard_bytes=20_000), tmp_path, tmp_path / "raw")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prepare: shard")]
+    assert len(lines) == counts["shards"] > 1
+    assert re.fullmatch(r"prepare: shard 00000-docs\.jsonl written \([\d.]+ MB/s, [\d,]+ docs/s so far\)", lines[0])

@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 
 from model.config import TokenizerConfig
-from model.data import Windows
+from model.data import Windows, open_split
 from tasks.data.config import DataConfig
 from tasks.data.shards import shard_path
 from tasks.data.tokenize import tokenize_shards
 from tasks.data.unigram import unigram_baseline, unigram_cross_entropy
-from tasks.runtime.files import read_json
 from tasks.runtime.outputs import MANIFEST, SOURCE_FILE
 
 # seq_len 1: windows of 2 tokens, the second the target. Id 0 plays end-of-text; id 3 only ever
@@ -66,11 +65,7 @@ def targets(ids: list[int]) -> list[int]:
 
 def test_baseline_reads_the_manifests_train_and_val_shards_at_its_vocabulary(tmp_path):
     tokenize_tiny_corpus(tmp_path)
-    manifest = read_json(tmp_path / MANIFEST)
-    shards = {
-        split: np.fromfile(tmp_path / MANIFEST.parent / manifest["splits"][split]["path"], dtype=manifest["dtype"])
-        for split in ("train", "val")
-    }
+    shards = {split: np.asarray(open_split(tmp_path / MANIFEST, split)) for split in ("train", "val")}
     train, val = (targets(shards[split].tolist()) for split in ("train", "val"))
     counts = Counter(train)
     expected = -sum(math.log((counts[t] + 0.5) / (len(train) + VOCAB / 2)) for t in val) / len(val)

@@ -9,7 +9,7 @@ from typing import Literal
 
 from model.typed_config import ConfigError, Section, in_open_unit, non_negative, positive
 
-DataSource = Literal["stdlib_docs", "text", "jsonl", "hf"]
+DataSource = Literal["stdlib_docs", "text", "jsonl", "parquet", "hf"]
 
 
 @dataclass(frozen=True)
@@ -18,13 +18,17 @@ class DataConfig(Section):
     """Where documents come from. ``stdlib_docs``: docstrings and help topics of the running
     Python's standard library (offline everywhere, PSF licence). ``text``: ``path`` is a UTF-8
     file or a folder of ``*.txt`` files (one document per file; a single file is split on blank
-    lines). ``jsonl``: ``path`` is a JSON-lines file or a folder of ``*.jsonl`` / ``*.jsonl.gz`` files,
-    text under ``jsonl_field``. ``hf``: a Hugging
+    lines). ``jsonl``: ``path`` is a JSON-lines file, a folder of ``*.jsonl`` / ``*.jsonl.gz`` /
+    ``*.jsonl.zst`` files or a glob, text under ``jsonl_field``. ``parquet``: the same for
+    ``*.parquet`` files, text in column ``jsonl_field``. Both read URLs too (fsspec: ``file://``,
+    ``s3://`` with s3fs installed). ``hf``: a Hugging
     Face dataset (needs network and the ``hf`` extra)."""
     path: str = ""
-    """File or folder for ``text``/``jsonl``; relative paths are relative to the project."""
+    """File or folder for ``text``, also a glob or URL for ``jsonl``/``parquet``; relative paths are
+    relative to the project."""
     jsonl_field: str = "text"
-    """Field holding the document text in each JSON line (and in each Hugging Face record)."""
+    """Field holding the document text in each JSON line (each Parquet row's column, each Hugging
+    Face record's field)."""
     hf_dataset: str = ""
     """Hugging Face dataset name for ``source: hf``, e.g. ``wikitext``."""
     hf_config: str = ""
@@ -61,7 +65,7 @@ class DataConfig(Section):
         non_negative("data.workers", self.workers)
         positive("data.shard_bytes", self.shard_bytes)
         positive("data.tokenizer_sample_bytes", self.tokenizer_sample_bytes)
-        if self.source in ("text", "jsonl") and not self.path:
+        if self.source in ("text", "jsonl", "parquet") and not self.path:
             raise ConfigError(f"data.path: required when data.source={self.source!r}")
         if self.source == "hf" and not self.hf_dataset:
             raise ConfigError("data.hf_dataset: required when data.source='hf'")

@@ -22,9 +22,15 @@ def write_doc(f, record: dict[str, Any]) -> None:
 
 def read_docs(path: Path) -> Iterator[dict[str, Any]]:
     """Stream the records of a docs file, one line at a time."""
+    return (record for _, record in read_lines(path))
+
+
+def read_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each line of a docs file with its record: a stage that passes a record on unchanged
+    copies its line (what :func:`write_doc` would write again) instead of encoding it anew."""
     with open(path, encoding="utf-8") as f:
         for line in f:
-            yield json.loads(line)
+            yield line, json.loads(line)
 
 
 UNDECODABLE = re.compile("[\ud800-\udfff]")

@@ -42,27 +42,67 @@ def shard_paths(directory: Path) -> list[Path]:
 
 class ShardedWriter:
     """Writes JSON-lines records into consecutive shards, starting a new one once a shard holds
-    ``shard_bytes``."""
+    ``shard_bytes``. Each closed shard gets a marker (``.<shard>.done``: how many records the
+    shards up to it hold), so a killed run can go on after its last finished shard
+    (:meth:`resume`)."""
 
     def __init__(self, directory: Path, shard_bytes: int):
         self.directory, self.shard_bytes = directory, shard_bytes
-        self.shards = self.size = 0
+        directory.mkdir(parents=True, exist_ok=True)
+        self.shards = self.size = self.records = self.logged = 0
+        self.rate = Rate()
         self.file: TextIO | None = None
+
+    def resume(self) -> int:
+        """Go on after the finished shards a killed run left (a half-written one is dropped);
+        returns how many records they hold, which the caller does not add again."""
+        while self._marker(self.shards).exists():
+            self.shards += 1
+        for partial in shard_paths(self.directory)[self.shards :]:
+            partial.unlink()
+        if self.shards:
+            self.records = self.logged = json.loads(self._marker(self.shards - 1).read_text())["records"]
+        return self.records
 
     def add(self, record: dict[str, Any]) -> None:
         if self.file is None or self.size >= self.shard_bytes:
             self.close()
             self.file = open(shard_path(self.directory, self.shards), "w", encoding="utf-8")  # noqa: SIM115 (closed by close())
-            self.shards += 1
             self.size = 0
         line = json.dumps(record, ensure_ascii=True) + "\n"
         self.file.write(line)
         self.size += len(line)
+        self.records += 1
 
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
             self.file = None
+            self._marker(self.shards).write_text(json.dumps({"records": self.records}))
+            self.rate.add(self.size, self.records - self.logged)
+            self.logged = self.records
+            run_logger().info(f"prepare: shard {shard_path(self.directory, self.shards).name} written ({self.rate})")
+            self.shards += 1
+
+    def __enter__(self) -> ShardedWriter:
+        return self
+
+    def __exit__(self, error: type[BaseException] | None, *_: Any) -> None:
+        """A run that fails leaves its open shard unmarked: a resumed run writes it again."""
+        if error is None:
+            self.close()
+        elif self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def publish(self, out_dir: Path) -> None:
+        """The finished shards moved into ``out_dir`` (the stage's output), their markers dropped."""
+        for index, shard in enumerate(shard_paths(self.directory)):
+            os.replace(shard, out_dir / shard.name)
+            self._marker(index).unlink()
+
+    def _marker(self, index: int) -> Path:
+        return self.directory / f".{shard_path(self.directory, index).name}.done"
 
 
 @contextmanager
@@ -95,24 +135,47 @@ def map_shards(
     done: Path | None = None,
 ) -> list[Any]:
     """``fn(shard, *per_shard_i)`` for every shard on the pool (bind constant arguments with
-    ``functools.partial``), results in shard order; a progress line per finished shard (MB/s of
-    shard files, shards done/total, ETA). With ``done`` (a stage's scratch folder), each result
-    is kept there as it arrives and a shard with a kept result is not run again: a killed stage
-    resumes from its finished shards."""
+    ``functools.partial``), results in shard order; a progress line per finished shard (MB/s and
+    documents/s of shard files so far, shards done/total, elapsed, ETA). With ``done`` (a stage's
+    scratch folder), each result is kept there as it arrives and a shard with a kept result is not
+    run again: a killed stage resumes from its finished shards."""
     kept = {i: _kept(done, stage, shard) for i, shard in enumerate(shards)} if done else {}
     todo = [i for i, shard in enumerate(shards) if kept.get(i) is None]
     progress = Progress(stage, "shard", len(todo), run_logger())
-    started, done_bytes, results = time.perf_counter(), 0, {i: r for i, r in kept.items() if r is not None}
+    rate, results = Rate(), {i: r for i, r in kept.items() if r is not None}
     args = [[column[i] for i in todo] for column in per_shard]
     for i, result in zip(todo, pool.map(fn, [shards[i] for i in todo], *args)):
         if done:
             _keep(done, stage, shards[i], result)
-        done_bytes += shards[i].stat().st_size
-        rate = done_bytes / 1e6 / max(time.perf_counter() - started, 1e-9)
-        progress.finished(f"{shards[i].name} ({rate:.1f} MB/s so far)", "done")
+        rate.add(shards[i].stat().st_size, count_lines(shards[i]))
+        progress.finished(f"{shards[i].name} ({rate})", "done")
         results[i] = result
     progress.close()
     return [results[i] for i in range(len(shards))]
+
+
+class Rate:
+    """MB and documents per second since it was made: what a progress line says of throughput."""
+
+    def __init__(self) -> None:
+        self.started, self.bytes, self.documents = time.perf_counter(), 0, 0
+
+    def add(self, size: int, documents: int) -> None:
+        self.bytes += size
+        self.documents += documents
+
+    def __str__(self) -> str:
+        seconds = max(time.perf_counter() - self.started, 1e-9)
+        return f"{self.bytes / 1e6 / seconds:.1f} MB/s, {self.documents / seconds:,.0f} docs/s so far"
+
+
+def count_lines(path: Path) -> int:
+    """A shard's documents (one a line), counted in 16 MiB reads: no document is decoded."""
+    lines = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            lines += block.count(b"\n")
+    return lines
 
 
 def _kept(done: Path, stage: str, shard: Path) -> Any:

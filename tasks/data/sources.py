@@ -1,7 +1,10 @@
 """prepare: stream documents from the configured source into shards ``data/raw/<n>-docs.jsonl``.
 
 Sources: the running Python's standard-library docstrings and help topics (the offline default),
-a user's text file or folder, a JSON-lines file, or a Hugging Face dataset (the ``hf`` extra).
+a user's text file or folder, JSON-lines files (plain, gzip or zstandard), Parquet files, or a
+Hugging Face dataset (the ``hf`` extra). JSON-lines and Parquet sources are a file, a folder or a
+glob, on this machine or at any URL fsspec reads (``file://``, ``s3://`` with s3fs and the
+environment's credentials, ...).
 Everything is read in bounded pieces: a document longer than ``data.max_doc_bytes`` is skipped
 and counted as it streams past, so even a 1 GB single line never sits in memory whole. A single
 bad document or line is skipped and counted; only a source with no usable document at all is an
@@ -11,20 +14,27 @@ error, and it names the file and the key to look at.
 from __future__ import annotations
 
 import ast
+import glob
 import gzip
+import io
 import itertools
 import json
 import logging
 import platform
+import posixpath
 import pydoc_data.topics
 import sysconfig
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import IO, Any, BinaryIO, Protocol
 
+import zstandard
+from fsspec import AbstractFileSystem
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 from prefect import task
 
 from model.typed_config import InputError, UserError
@@ -35,8 +45,17 @@ from tasks.runtime.outputs import SOURCE_FILE
 
 log = logging.getLogger(__name__)
 
-JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
-"""What a ``jsonl`` folder's files are named (gzip is read streaming)."""
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+"""What a ``jsonl`` folder's files are named (gzip and zstandard are read streaming)."""
+ZSTD_PIECE = 1 << 16
+"""Compressed bytes decompressed at once (text inflates ~5x, so ~300 KiB out)."""
+PARQUET_SUFFIXES = (".parquet",)
+PARQUET_BATCH_ROWS = 256
+"""Rows read from a Parquet file at once (pyarrow record batches): with ``data.max_doc_bytes``
+it bounds the memory of reading, whatever the size of the file's row groups."""
+UNREADABLE = (OSError, EOFError, zlib.error, zstandard.ZstdError, ValueError)
+"""What a file that cannot be read to its end raises: a truncated gzip or zstandard stream, an
+I/O error, a corrupt Parquet file (pyarrow's ``ArrowInvalid`` is a ``ValueError``)."""
 READ_CHUNK = 1 << 20
 """Largest piece read at once; with ``data.max_doc_bytes`` it bounds the memory of reading."""
 STDLIB_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages"}
@@ -181,39 +200,107 @@ def _blocks(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
         yield first, b"".join(parts) if size <= limit else None
 
 
-def jsonl_documents(path: Path, key: str, limit: int, skips: Skips) -> Iterator[Doc]:
-    """A JSON-lines file, or a folder of them (``*.jsonl``, ``*.jsonl.gz``; hidden ones aside), in
-    name order. A file that cannot be read to its end (a truncated gzip, an I/O error) is counted
-    and logged by name, keeping what was read before."""
-    files = [path] if path.is_file() else jsonl_files(path)
+@dataclass(frozen=True)
+class SourceFile:
+    """One file of a JSON-lines or Parquet source, on any file system fsspec reads."""
+
+    fs: AbstractFileSystem
+    path: str
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path)
+
+    def __str__(self) -> str:
+        """A local file's path, or a remote file's URL: what a log line names."""
+        return self.path if isinstance(self.fs, LocalFileSystem) else str(self.fs.unstrip_protocol(self.path))
+
+    def open(self) -> IO[bytes] | io.BufferedIOBase:
+        """The file's bytes, decompressed as they stream by (``.gz``, ``.zst``)."""
+        raw: IO[bytes] = self.fs.open(self.path, "rb")
+        if self.path.endswith(".gz"):
+            return gzip.GzipFile(fileobj=raw, mode="rb")
+        if self.path.endswith(".zst"):
+            return io.BufferedReader(ZstdFrames(raw))
+        return raw
+
+
+class ZstdFrames(io.RawIOBase):
+    """A zstandard file's bytes as they decompress, frame after frame, fed ZSTD_PIECE bytes at a
+    time. A file that ends inside a frame raises ``ZstdError``: python-zstandard's own readers end
+    such a file quietly, which would hide a truncated download."""
+
+    def __init__(self, raw: IO[bytes]):
+        self.raw, self.pending = raw, b""
+        self.frame = zstandard.ZstdDecompressor().decompressobj()
+        self.started = False  # inside a frame: some of its bytes fed, its end not reached
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.pending:
+            piece = self.frame.unused_data if self.frame.eof else self.raw.read(ZSTD_PIECE)
+            if self.frame.eof:
+                self.frame = zstandard.ZstdDecompressor().decompressobj()
+                self.started = False
+                piece = piece or self.raw.read(ZSTD_PIECE)
+            if not piece:
+                if self.started:
+                    raise zstandard.ZstdError("the file ends inside a zstandard frame (truncated)")
+                return 0
+            self.started = True
+            self.pending = self.frame.decompress(piece)
+            self.started = not self.frame.eof
+        size = min(len(buffer), len(self.pending))
+        buffer[:size] = self.pending[:size]
+        self.pending = self.pending[size:]
+        return size
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def source_files(location: str, suffixes: tuple[str, ...]) -> list[SourceFile]:
+    """The files of a source, in name order: one file, a folder's files with one of ``suffixes``
+    (hidden ones aside), or a glob's matches; on this machine or at a URL (fsspec)."""
+    fs, root = url_to_fs(location)
+    if glob.has_magic(root):
+        paths = [p for p in fs.glob(root) if p.endswith(suffixes) and fs.isfile(p)]
+    elif fs.isdir(root):
+        paths = [p for p in fs.find(root) if p.endswith(suffixes) and not _hidden(posixpath.relpath(p, root))]
+    elif fs.isfile(root):
+        paths = [root]
+    else:
+        raise InputError(f"data.path: {location} does not exist")
+    if not paths:
+        raise InputError(f"data.path: {location} holds no {' or '.join('*' + s for s in suffixes)} files")
+    return [SourceFile(fs, p) for p in sorted(paths)]
+
+
+def _hidden(relative: str) -> bool:
+    return any(part.startswith(".") for part in relative.split("/"))
+
+
+def file_documents(files: list[SourceFile], read: Callable[[SourceFile], Iterator[Doc]], skips: Skips) -> Iterator[Doc]:
+    """Each file's documents in turn. A file that cannot be read to its end (truncated, corrupt,
+    an I/O error) is counted and logged by name, keeping what was read before."""
     for file in files:
         try:
-            yield from jsonl_file_documents(file, key, limit, skips)
-        except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+            yield from read(file)
+        except UNREADABLE as e:  # gzip.BadGzipFile is an OSError
             skips.add("unreadable_file", str(file), f"{type(e).__name__}: {e}")
             log.warning(
                 "prepare: %s is unreadable past some point, skipped the rest (%s: %s)", file, type(e).__name__, e
             )
 
 
-def jsonl_files(folder: Path) -> list[Path]:
-    files = sorted(
-        p
-        for p in folder.rglob("*")
-        if p.name.endswith(JSONL_SUFFIXES)
-        and p.is_file()
-        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    )
-    if not files:
-        raise InputError(f"data.path: folder {folder} holds no {' or '.join('*' + s for s in JSONL_SUFFIXES)} files")
-    return files
-
-
-def jsonl_file_documents(path: Path, key: str, limit: int, skips: Skips) -> Iterator[Doc]:
+def jsonl_file_documents(file: SourceFile, key: str, limit: int, skips: Skips) -> Iterator[Doc]:
     """The string under ``key`` of each JSON object line; other lines are skipped and counted."""
-    with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as f:
+    with file.open() as f:
         for number, (line, length) in enumerate(bounded_lines(f, limit), start=1):
-            where = f"{path}:{number}"
+            where = f"{file}:{number}"
             if length > limit:
                 skips.add("oversize", where, "longer than data.max_doc_bytes")
                 continue
@@ -226,9 +313,30 @@ def jsonl_file_documents(path: Path, key: str, limit: int, skips: Skips) -> Iter
                 continue
             text = record.get(key) if isinstance(record, dict) else None
             if isinstance(text, str):
-                yield Doc(f"{path.name}:{number}", text)
+                yield Doc(f"{file.name}:{number}", text)
             else:
                 skips.add("missing_field", where, f"no string field {key!r} (data.jsonl_field)")
+
+
+def parquet_file_documents(file: SourceFile, key: str, limit: int, skips: Skips) -> Iterator[Doc]:
+    """The string in column ``key`` of each row, read in record batches of PARQUET_BATCH_ROWS;
+    a row whose value is missing, not a string or over ``limit`` bytes is skipped and counted."""
+    import pyarrow.parquet as pq  # a stage that reads no Parquet does not import pyarrow
+
+    with file.open() as f:
+        parquet = pq.ParquetFile(f)
+        if key not in parquet.schema_arrow.names:
+            skips.add("missing_field", str(file), f"no column {key!r} (data.jsonl_field)")
+            return
+        rows = itertools.chain.from_iterable(
+            batch.column(0).to_pylist() for batch in parquet.iter_batches(PARQUET_BATCH_ROWS, columns=[key])
+        )
+        for number, text in enumerate(rows, start=1):
+            where = f"{file}:{number}"
+            if not isinstance(text, str):
+                skips.add("missing_field", where, f"no string in column {key!r} (data.jsonl_field)")
+            elif _fits(where, text, limit, skips):
+                yield Doc(f"{file.name}:{number}", text)
 
 
 def hf_documents(cfg: DataConfig, limit: int, skips: Skips) -> Iterator[Doc]:
@@ -256,14 +364,20 @@ def documents(cfg: DataConfig, project: Path, skips: Skips) -> Iterator[Doc]:
         docs = stdlib_documents(limit, skips)
     elif cfg.source == "hf":
         docs = hf_documents(cfg, limit, skips)
+    elif cfg.source == "text":
+        docs = text_documents(source_path(cfg, project), limit, skips)
     else:
-        path = source_path(cfg, project)
-        docs = (
-            text_documents(path, limit, skips)
-            if cfg.source == "text"
-            else jsonl_documents(path, cfg.jsonl_field, limit, skips)
-        )
+        docs = file_documents(source_files(location(cfg, project), SUFFIXES[cfg.source]), reader(cfg, skips), skips)
     return itertools.islice(docs, cfg.max_docs or None)
+
+
+SUFFIXES = {"jsonl": JSONL_SUFFIXES, "parquet": PARQUET_SUFFIXES}
+
+
+def reader(cfg: DataConfig, skips: Skips) -> Callable[[SourceFile], Iterator[Doc]]:
+    """How one file of the configured source turns into documents."""
+    read = jsonl_file_documents if cfg.source == "jsonl" else parquet_file_documents
+    return lambda file: read(file, cfg.jsonl_field, cfg.max_doc_bytes, skips)
 
 
 def source_path(cfg: DataConfig, project: Path) -> Path:
@@ -271,6 +385,26 @@ def source_path(cfg: DataConfig, project: Path) -> Path:
     if not path.exists():
         raise InputError(f"data.path: {path} does not exist")
     return path
+
+
+def location(cfg: DataConfig, project: Path) -> str:
+    """``data.path`` as fsspec reads it: a URL as it is, a local path relative to the project."""
+    return cfg.path if "://" in cfg.path else str(project / cfg.path)
+
+
+def source_identity(cfg: DataConfig, project: Path) -> list:
+    """What the source's documents depend on besides ``data``: the Python version (the standard
+    library), or the names, sizes and modification times of a local source's files; a URL or a
+    Hugging Face dataset by its name alone. Names prepare's scratch folder (a killed run resumes
+    only on the same input)."""
+    if cfg.source == "stdlib_docs":
+        return [platform.python_version()]
+    if cfg.source == "hf" or "://" in cfg.path:
+        return [cfg.path]
+    path = project / cfg.path
+    files = [Path(p) for p in glob.glob(str(path))] if glob.has_magic(cfg.path) else [path]
+    files = sorted(f for top in files for f in ([top, *top.rglob("*")] if top.is_dir() else [top]) if f.is_file())
+    return [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
 
 
 def origin(cfg: DataConfig) -> str:
@@ -287,23 +421,26 @@ def origin(cfg: DataConfig) -> str:
 
 
 @task(name="read-corpus")
-def read_corpus(cfg: DataConfig, project: Path, out_dir: Path) -> dict[str, int]:
+def read_corpus(cfg: DataConfig, project: Path, out_dir: Path, work_dir: Path | None = None) -> dict[str, int]:
     """Write the source's documents to shards ``out_dir/<n>-docs.jsonl`` (tasks/data/shards.py) and
     their provenance to ``out_dir/source.json``; return the counts (documents, bytes, shards,
-    skipped per reason)."""
+    skipped per reason). With ``work_dir`` (the stage's scratch folder) the shards are written
+    there first and a killed run resumes after its finished shards: the source is read again
+    from the start (so the counts and skips are whole), its documents in those shards not
+    written again."""
     out_dir.mkdir(parents=True, exist_ok=True)
     skips = Skips()
     count = size = 0
-    shards = ShardedWriter(out_dir, cfg.shard_bytes)
-    try:
+    with ShardedWriter(work_dir or out_dir, cfg.shard_bytes) as shards:
+        written = shards.resume() if work_dir else 0
         for doc in documents(cfg, project, skips):
-            shards.add({"id": doc.id, "text": doc.text})
+            if count >= written:
+                shards.add({"id": doc.id, "text": doc.text})
             count += 1
             size += len(doc.text.encode("utf-8", "surrogatepass"))
-    finally:
-        shards.close()
+    shards.publish(out_dir)
     if not count:
-        where = project / cfg.path if cfg.source in ("text", "jsonl") else origin(cfg)
+        where = location(cfg, project) if cfg.source in ("text", "jsonl", "parquet") else origin(cfg)
         raise InputError(f"{where}: no usable document (data.source={cfg.source!r}){_skip_summary(skips)}")
     if skips.counts:
         log.warning("prepare skipped %s%s", dict(skips.counts), _skip_summary(skips))

@@ -1,8 +1,10 @@
 """tokenize: a byte-level BPE trained on a sample of the clean training split, then memory-mapped
 token files (train, val, and the poison pool for spike injection) and the manifest the trainer
-reads. Each clean shard is sampled and encoded on the stage's workers; a split's per-shard token
-files are joined in corpus order into the one file the trainer maps, and the manifest indexes
-where each shard's tokens start.
+reads. Each clean shard is sampled and encoded on the stage's workers into its own token file per
+split (``train/<shard>.bin``, ``val/<shard>.bin``); the manifest indexes them in corpus order
+(path, offset, token count, dtype, sha256), and the trainer maps a split's files as one sequence
+(model/data.py: ``open_split``). Nothing is copied into one file: a split is as large as the
+corpus, and joining it cost a pass over every token.
 
 The split is by document and a pure function of (``data.seed``, the text): the same document
 always lands on the same side, whatever the order or the other documents, and no document is on
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import Executor
 from functools import partial
@@ -40,7 +44,8 @@ ENCODE_BATCH_BYTES = 1 << 20
 """Most characters per call: a batch's ids live as Python ints (~36 bytes a token) until written,
 so long documents (the poison pool's 100 000 spaces) must not come 512 at a time."""
 SPLITS = ("train", "val", "poison")
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
+"""2: a split is its shards' token files (``splits.<split>.shards``); 1 had one file (``path``)."""
 
 
 def is_validation(text: str, seed: int, fraction: float) -> bool:
@@ -119,6 +124,7 @@ class ShardSummary(TypedDict):
     path: str
     documents: int
     tokens: int
+    dtype: str
     sha256: str
 
 
@@ -141,12 +147,21 @@ class ShardWriter:
             self.flush()
 
     def flush(self) -> None:
-        ids = [i for enc in self.tokenizer.encode_batch_fast(self.pending) for i in (*enc.ids, self.eot)]
-        block = np.array(ids, dtype=self.dtype).tobytes()
+        """Encode the pending documents (on every core) and append their ids, each document's
+        followed by end-of-text; each document's list of ids goes to numpy whole (not id by id).
+        A text pending twice is encoded once: the poison pool's generated garbage repeats (a
+        100,000-space document takes the BPE 0.1 s)."""
+        if not self.pending:
+            return
+        distinct = list(dict.fromkeys(self.pending))
+        encoded = dict(zip(distinct, self.tokenizer.encode_batch_fast(distinct)))
+        eot = np.array([self.eot], self.dtype)
+        parts = [a for text in self.pending for a in (np.array(encoded[text].ids, self.dtype), eot)]
+        block = np.concatenate(parts).tobytes()
         self.file.write(block)
         self.sha256.update(block)
         self.documents += len(self.pending)
-        self.tokens += len(ids)
+        self.tokens += len(block) // eot.itemsize
         self.pending, self.pending_chars = [], 0
 
     def close(self) -> ShardSummary:
@@ -156,6 +171,7 @@ class ShardWriter:
             "path": self.path.name,
             "documents": self.documents,
             "tokens": self.tokens,
+            "dtype": self.dtype,
             "sha256": self.sha256.hexdigest(),
         }
 
@@ -171,27 +187,40 @@ def encode_shard(clean_shard: Path, data: DataConfig, tokenizer_path: Path, dtyp
     return {name: part.close() for name, part in parts.items()}
 
 
-def join_parts(final: Path, shards: list[Path], parts: list[dict], work_dir: Path) -> dict:
-    """One split's per-shard token files joined in corpus order into ``final`` (the one file the
-    trainer memory-maps), hashed as it is written; the index says where each shard's tokens start."""
-    sha256, index, tokens = hashlib.sha256(), [], 0
-    with open(final, "wb") as out:
-        for shard, part in zip(shards, parts):
-            with open(work_dir / part["path"], "rb") as f:
-                while block := f.read(1 << 24):
-                    sha256.update(block)
-                    out.write(block)
-            index.append(
-                {"shard": shard.name, "offset": tokens, "tokens": part["tokens"], "documents": part["documents"]}
-            )
-            tokens += part["tokens"]
+def index_parts(out_dir: Path, split: str, shards: list[Path], parts: list[ShardSummary], work_dir: Path) -> dict:
+    """One split's per-shard token files, placed in ``out_dir/<split>/`` (hard links to the
+    scratch folder's files where the file system allows, so a stage killed now still resumes from
+    them) and indexed in corpus order: each file's path, first token's offset in the split, token
+    count, dtype and sha256. The split's sha256 is that of its tokens end to end, as it was when
+    the split was one file, so the runs' identities do not change."""
+    folder = out_dir / split
+    folder.mkdir(parents=True, exist_ok=True)
+    sha256, index, offset = hashlib.sha256(), [], 0
+    for shard, part in zip(shards, parts):
+        placed = folder / f"{shard.stem}.bin"
+        _place(work_dir / part["path"], placed)
+        with open(placed, "rb") as f:
+            while block := f.read(1 << 24):
+                sha256.update(block)
+        index.append({"shard": shard.name, "path": f"{split}/{placed.name}", "offset": offset, **_entry(part)})
+        offset += part["tokens"]
     return {
-        "path": final.name,
         "documents": sum(p["documents"] for p in parts),
-        "tokens": tokens,
+        "tokens": offset,
         "sha256": sha256.hexdigest(),
         "shards": index,
     }
+
+
+def _entry(part: ShardSummary) -> dict:
+    return {"tokens": part["tokens"], "documents": part["documents"], "dtype": part["dtype"], "sha256": part["sha256"]}
+
+
+def _place(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system, or one without hard links
+        shutil.copyfile(source, target)
 
 
 def encode_poison(tokenizer: Tokenizer, dtype: str, poison_dir: Path, out_dir: Path) -> dict:
@@ -216,19 +245,16 @@ def encode_corpus(
     work_dir: Path,
     pool: Executor,
 ) -> dict[str, float]:
-    """Encode the clean shards into ``train.bin``/``val.bin`` (each shard on the pool, joined in
-    corpus order) and the poison pool into ``poison.bin``, beside the tokenizer; write the
-    manifest there; return the counts."""
+    """Encode the clean shards into ``train/``/``val/`` token files (each shard on the pool,
+    indexed in corpus order) and the poison pool into ``poison.bin``, beside the tokenizer; write
+    the manifest there; return the counts."""
     out_dir = tokenizer_path.parent
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     dtype = shard_dtype(cfg.vocab_size)
     shards = shard_paths(clean_dir)
     encode = partial(encode_shard, data=data, tokenizer_path=tokenizer_path, dtype=dtype, work_dir=work_dir)
     parts = map_shards(pool, "tokenize-encode", encode, shards, done=work_dir)
-    splits = {
-        name: join_parts(out_dir / f"{name}.bin", shards, [p[name] for p in parts], work_dir)
-        for name in ("train", "val")
-    }
+    splits = {name: index_parts(out_dir, name, shards, [p[name] for p in parts], work_dir) for name in ("train", "val")}
     splits["poison"] = encode_poison(tokenizer, dtype, poison_dir, out_dir)
     for name in ("train", "val"):
         if not splits[name]["documents"]:

@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from model.data import Windows, open_split
+from model.data import Tokens, Windows, open_split
 from tasks.runtime.files import read_json
 
 PSEUDOCOUNT = 0.5
 """Added to every id's training count (add-½, the Jeffreys prior)."""
 
 
-def unigram_cross_entropy(train: np.ndarray, val: np.ndarray, vocab_size: int, seq_len: int) -> float:
+def unigram_cross_entropy(train: Tokens, val: Tokens, vocab_size: int, seq_len: int) -> float:
     """Cross-entropy (nats/token) of the training targets' smoothed unigram distribution over
     ``vocab_size`` ids, on the validation targets (both as windows of ``seq_len + 1``)."""
     counts = np.bincount(Windows(train, seq_len).targets().ravel(), minlength=vocab_size) + PSEUDOCOUNT

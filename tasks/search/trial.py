@@ -17,13 +17,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import optuna
 from optuna.trial import TrialState
 from prefect import task
 
 from model.callbacks import Callback, TrainerView
 from model.config import Parametrization
+from model.data import Tokens as TokenIds
 from model.data import open_split
 from model.stops import Diverged
 from model.train import Trainer
@@ -54,8 +54,8 @@ class ReportToOptuna(Callback):
 
 @dataclasses.dataclass(frozen=True)
 class Tokens:
-    train: np.ndarray
-    val: np.ndarray
+    train: TokenIds
+    val: TokenIds
 
     @classmethod
     def of(cls, project: Path) -> Tokens:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from model.data import Tokens
 from tasks.pretrain.figures import PANEL, draw
 from tasks.runtime.files import staged, write_json
 from tasks.runtime.outputs import POSTMORTEMS, SPIKE_FIGURES, SPIKE_METRICS
@@ -218,7 +219,7 @@ def _outcome(policy: str, s: dict[str, Any], start: int) -> str:
     return f"No policy brought the loss back within the window; best was `{policy}` ({s['why']})."
 
 
-def token_histogram(study: Study, kind: str, train_tokens: np.ndarray, path: Path) -> Path:
+def token_histogram(study: Study, kind: str, train_tokens: Tokens, path: Path) -> Path:
     """The 20 commonest tokens of the offending batches: their share there and in training."""
     import matplotlib
 
@@ -248,7 +249,7 @@ def token_histogram(study: Study, kind: str, train_tokens: np.ndarray, path: Pat
     return path
 
 
-def write_postmortems(study: Study, train_tokens: np.ndarray, out_dir: Path, run_uris: dict[str, str]) -> list[Path]:
+def write_postmortems(study: Study, train_tokens: Tokens, out_dir: Path, run_uris: dict[str, str]) -> list[Path]:
     """One markdown file (and its token histogram) per injected spike, into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -287,7 +288,7 @@ def spike_figures(study: Study, out_dir: Path) -> list[Path]:
 def publish(
     project: Path,
     studies: Sequence[Study],
-    train_tokens: np.ndarray,
+    train_tokens: Tokens,
     run_uris: dict[str, str],
     numerics: dict[str, Any],
 ) -> dict[str, Any]:
