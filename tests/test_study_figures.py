@@ -86,7 +86,10 @@ def _study_arms() -> list[dict]:
     arms += [arm("precision", seed, precision=p) for p in ("fp32", "bf16", "fp16", "fp16_unscaled") for seed in (0, 1)]
     arms += [arm("precision", 2, precision="fp16", failed=True)]
     arms += [
-        arm("overflow", seed, precision=p, spike=s) for p in ("bf16", "fp16") for s in ("none", "param") for seed in (0, 1)
+        arm("overflow", seed, precision=p, spike=s)
+        for p in ("bf16", "fp16")
+        for s in ("none", "param")
+        for seed in (0, 1)
     ]
     arms += [arm("beta2", seed, beta2=b, lr_mult=m) for b in (0.95, 0.999) for m in (1.0, 4.0) for seed in (0, 1)]
     arms += [
