@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from model.callbacks import TrainerView
-from model.data import open_split
+from model.data import Tokens, open_split
 from model.probes import overflow_multiplier, underflow_by_shift
 from model.spike.injections import ParamSpike
 from model.train import Trainer
@@ -55,7 +55,7 @@ def loss_shift_probe(cfg: Config, project: Path) -> dict[str, Any]:
     }
 
 
-def probe_batch(val_tokens: np.ndarray, seq_len: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def probe_batch(val_tokens: Tokens, seq_len: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The fixed batch the overflow probe measures on: the first ``batch_size`` windows of validation."""
     span = seq_len + 1
     rows = np.stack([val_tokens[i * span : (i + 1) * span].astype(np.int64) for i in range(batch_size)])
