@@ -270,8 +270,9 @@ class CheckpointConfig(Section):
     keep_last: int = 2
     """Rolling checkpoints kept; milestones are never deleted."""
     milestones: list[int] = field(default_factory=lambda: [200])
-    """Steps whose checkpoints are pinned and exported (the spike study starts from one); a
-    milestone past ``train.steps`` is never reached (the study requires its own: tasks/config.py)."""
+    """Steps whose checkpoints are pinned and exported (``models/milestones``: a run's states worth
+    branching from); each must be within ``train.steps`` (tasks/config.py). The spike study's
+    origin runs pin their own (``spike.origin_step``)."""
 
     def check(self) -> None:
         non_negative("checkpoint.every_steps", self.every_steps)
