@@ -246,3 +246,23 @@ def test_a_prepare_killed_midway_resumes_after_its_finished_shards_with_the_unin
     assert resumed == whole and folder_bytes(tmp_path / "out") == folder_bytes(tmp_path / "whole")
     assert len(added) < 600 - 250  # the finished shards' documents were not written again
     assert not list((tmp_path / "work").iterdir())  # shards and markers moved out
+
+
+def test_a_stage_keeps_its_scratch_only_when_it_failed_with_work_to_resume_from(tmp_path):
+    from tasks.data.shards import resumable, scratch
+
+    done = scratch(tmp_path / "ok", "prepare", "identity")
+    with resumable(done):
+        (done / "00000-docs.jsonl").write_text("{}\n")
+    assert not done.exists(), "a stage that succeeded leaves no scratch"
+
+    killed = scratch(tmp_path / "killed", "prepare", "identity")
+    with pytest.raises(KeyboardInterrupt), resumable(killed):
+        (killed / "00000-docs.jsonl").write_text("{}\n")
+        raise KeyboardInterrupt
+    assert (killed / "00000-docs.jsonl").is_file(), "a finished shard is kept for the rerun to resume from"
+
+    bad = scratch(tmp_path / "bad" / "data", "prepare", "identity")
+    with pytest.raises(ValueError), resumable(bad):
+        raise ValueError("data.path: corpus/missing.jsonl does not exist")
+    assert not (tmp_path / "bad" / "data").exists(), "a bad input leaves no trace, not even an empty folder"

@@ -11,6 +11,7 @@ must see the project at the same path: a shared file system).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -206,6 +207,22 @@ def scratch(parent: Path, stage: str, *identity: Any) -> Path:
             shutil.rmtree(stale)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextmanager
+def resumable(work: Path) -> Iterator[Path]:
+    """The stage's work in its scratch folder ``work``: removed when the stage succeeds; kept when
+    it fails with something to resume from; removed, and the folder it was made in too where
+    that is left empty, when it fails having written nothing (a bad input must leave no trace)."""
+    try:
+        yield work
+    except BaseException:
+        if not any(p.is_file() for p in work.rglob("*")):
+            shutil.rmtree(work)
+            with contextlib.suppress(OSError):
+                work.parent.rmdir()  # only if empty: the stage made it
+        raise
+    shutil.rmtree(work)
 
 
 def listing(directory: Path) -> list[tuple[str, int, int]]:
