@@ -1,6 +1,6 @@
 """The study's paired statistics against values computed by hand: the paired t-test and its interval,
-the per-seed means, the minimum detectable difference, equivalence tests (paired and
-of a slope), divergence as a paired rate (exact McNemar), and every case where no test can run."""
+the per-seed means, the minimum detectable difference, the paired equivalence test, divergence as a
+paired rate (exact McNemar), and every case where no test can run."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ from tasks.ablate.stats import (
     mde_paired,
     paired,
     seed_means,
-    slope_test,
     tost_paired,
-    tost_slope,
 )
 
 T975_DF2 = 4.302652729911275  # t(0.975, df=2)
@@ -131,26 +129,6 @@ def test_tost_paired_without_spread_or_pairs_is_untested_and_a_margin_must_be_po
         tost_paired([1.0, 2.0], margin=0.0)
 
 
-def test_tost_slope_uses_the_slopes_standard_error_with_n_minus_2_df():
-    # x 0..3, y [0, 1, 1, 2]: Sxx 5, Sxy 3, slope 0.6; residuals -0.1, 0.3, -0.3, 0.1, SSE 0.2,
-    # se = sqrt(0.2 / 2 / 5) = sqrt(0.02). Margin 1: p_upper = P(T < -0.4 / sqrt 0.02) = 0.0528.
-    x, y = [0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 1.0, 2.0]
-    r = tost_slope(x, y, margin=1.0)
-    assert r["estimate"] == pytest.approx(0.6)
-    assert r["p"] == pytest.approx(1 - t2_sf(-0.4 / math.sqrt(0.02)))
-    assert r["p"] == pytest.approx(0.0528, abs=1e-4) and not r["equivalent"]
-    assert r["ci90"] == pytest.approx([0.6 - T95_DF2 * math.sqrt(0.02), 0.6 + T95_DF2 * math.sqrt(0.02)])
-    wider = tost_slope(x, y, margin=1.2)  # p_upper = P(T < -0.6 / sqrt 0.02) = 0.0257
-    assert wider["p"] == pytest.approx(0.0257, abs=1e-4) and wider["equivalent"]
-    assert tost_slope([0.0, 1.0], [0.0, 1.0], margin=1.0)["test"] == "untested: fewer than 3 points"
-
-
-def test_slope_test_has_no_p_for_two_points_or_a_single_x():
-    assert slope_test([0.0, 1.0], [1.0, 3.0])["p"] is None  # scipy would say p = 0 for the line through 2 points
-    single_x = slope_test([2.0, 2.0, 2.0], [1.0, 2.0, 3.0])
-    assert single_x["p"] is None and single_x["test"] == "untested: every x the same"
-
-
 def test_divergence_rates_pair_the_seeds_and_test_the_discordant_ones():
     a = {0: True, 1: True, 2: True, 3: False}
     b = {0: False, 1: False, 2: True, 3: False, 4: True}
@@ -165,13 +143,3 @@ def test_divergence_rates_pair_the_seeds_and_test_the_discordant_ones():
 def test_divergence_with_no_discordant_pair_is_untested():
     r = divergence_rates({0: True, 1: False}, {0: True, 1: False})
     assert r["p"] is None and "no discordant pairs" in r["test"] and r["risk_difference"] == 0.0
-
-
-def test_slope_test_gives_the_t_interval_of_the_slope_by_hand():
-    # x = 0..3, y = 0, 1, 1, 3: Sxx = 5, Sxy = 4.5, slope 0.9; residuals 0.1, 0.2, -0.7, 0.4, SSE 0.7,
-    # s² = 0.35 (2 df), se = sqrt(0.35 / 5) = 0.264575; t(0.975, 2) = 4.302653 -> half-width 1.138380.
-    fit = slope_test([0, 1, 2, 3], [0, 1, 1, 3])
-    assert fit["slope"] == pytest.approx(0.9)
-    assert fit["ci95"] == pytest.approx([0.9 - 1.138380, 0.9 + 1.138380], abs=1e-5)
-    t = 0.9 / math.sqrt(0.07)
-    assert fit["p"] == pytest.approx(1 - t / math.sqrt(2 + t * t))  # two-sided, Student t with 2 df in closed form

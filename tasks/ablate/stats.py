@@ -209,20 +209,6 @@ def tost_paired(diffs: Sequence[float], margin: float, alpha: float = ALPHA) -> 
     return _tost("paired TOST", len(d), float(d.mean()), float(stats.sem(d)), len(d) - 1, margin, alpha)
 
 
-def tost_slope(x: Sequence[float], y: Sequence[float], margin: float, alpha: float = ALPHA) -> dict[str, Any]:
-    """Equivalence of the least-squares slope of y on x to 0 within ±``margin`` (two one-sided t-tests
-    on the slope and its standard error, n - 2 degrees of freedom): evidence of "no trend", which
-    failing to reject slope = 0 is not."""
-    _require_positive(margin)
-    fit, reason = _fit_slope(x, y)
-    if fit is None:
-        assert reason is not None  # _fit_slope says why whenever it fits nothing
-        return _untested_tost(reason, len(x), margin)
-    if fit.stderr == 0:
-        return _untested_tost("the points lie on a line", len(x), margin, estimate=float(fit.slope))
-    return _tost("TOST of the slope", len(x), float(fit.slope), float(fit.stderr), len(x) - 2, margin, alpha)
-
-
 def _require_positive(margin: float) -> None:
     if not margin > 0:
         raise ValueError(f"an equivalence margin must be positive, got {margin}")
@@ -255,32 +241,6 @@ def _untested_tost(reason: str, n: int, margin: float, estimate: float | None = 
         "p_upper": None,
         "p": None,
         "equivalent": False,
-    }
-
-
-def _fit_slope(x: Sequence[float], y: Sequence[float]) -> tuple[Any, str | None]:
-    """scipy's least-squares fit, or None and why not: a slope with an error needs 3 points
-    (2 lie on a line, and scipy then reports p = 0) and more than one x."""
-    if len(x) < 3:
-        return None, "fewer than 3 points"
-    if np.ptp(np.asarray(x, dtype=float)) == 0:
-        return None, "every x the same"
-    return stats.linregress(x, y), None
-
-
-def slope_test(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
-    """Least-squares slope of y on x with its 95 % interval and the t-test of slope = 0 (scipy linregress);
-    p None where the slope has no error (fewer than 3 points, or every x the same)."""
-    fit, reason = _fit_slope(x, y)
-    if fit is None:
-        return {"test": f"untested: {reason}", "n": len(x), "slope": None, "ci95": None, "p": None}
-    half = stats.t.ppf(1 - ALPHA / 2, len(x) - 2) * fit.stderr
-    return {
-        "test": "linear regression, t-test of slope = 0",
-        "n": len(x),
-        "slope": float(fit.slope),
-        "ci95": [float(fit.slope - half), float(fit.slope + half)],
-        "p": float(fit.pvalue),
     }
 
 

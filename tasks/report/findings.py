@@ -768,7 +768,6 @@ def spike(cfg: Config, spike: dict[str, Any] | None, unigram: float | None = Non
         for c, p in SPIKE_BETTER
     ]
     details: dict[str, Any] = {f"{c}/{p}": comparisons[c, p] for c, p in (*SPIKE_BETTER, *SPIKE_NO_BETTER)}
-    roles = halves
     numbers = "; ".join(
         [
             *(
@@ -788,7 +787,7 @@ def spike(cfg: Config, spike: dict[str, Any] | None, unigram: float | None = Non
             ),
         ]
     )
-    seeds = ", ".join(str(s) for s in (*roles["discovery"], *roles["confirmation"]))
+    seeds = ", ".join(str(s) for half in halves.values() for s in half)
     arms = [
         f"spike stage: seeds {seeds}, causes {', '.join(matrix)}, x{cfg.spike.magnitude:g} for {cfg.spike.duration} steps"
     ]
@@ -820,17 +819,6 @@ def _mean(values: Mapping[Any, float | None]) -> str:
 def number(value: float | None, fmt: str = "{:.4f}") -> str:
     """``value`` formatted, or "-" where there is none (the report's tables use it too)."""
     return "-" if value is None else fmt.format(value)
-
-
-def _slope(fit: dict[str, Any]) -> str:
-    """A slope with its 95 % interval and p, or why it has none."""
-    if fit.get("p") is None:
-        return f"{number(fit.get('slope'), '{:+.3f}')} ({fit['test']})"
-    return f"{fit['slope']:+.3f} [{fit['ci95'][0]:+.3f}, {fit['ci95'][1]:+.3f}], p={fit['p']:.3g}"
-
-
-def _p(test: dict[str, Any]) -> str:
-    return f"{test['p']:.3g}" if test.get("p") is not None else "-"
 
 
 FINDINGS: tuple[Callable[..., Finding], ...] = (xiong_init, xiong, fp16, overflow, beta2, wortsman, mu_transfer, spike)

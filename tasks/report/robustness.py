@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import Config
+from tasks.report.arithmetic import STAGE_METRICS as REPORTED
 from tasks.report.findings import Finding, evaluate
 from tasks.runtime.files import read_json
 from tasks.runtime.outputs import ABLATE_METRICS, SEARCH_METRICS, SPIKE_METRICS
 
-STAGE_METRICS = {"search": SEARCH_METRICS, "spike": SPIKE_METRICS, "ablate": ABLATE_METRICS}
-"""The outputs whose numbers decide verdicts, by the stage that writes them."""
+STAGE_METRICS = {stage: path for stage, path in REPORTED.items() if stage != "pretrain"}
+"""The outputs whose numbers decide verdicts, by the stage that writes them (pretraining decides none)."""
 
 
 def findings_of(cfg: Config, project: Path) -> list[Finding]:
