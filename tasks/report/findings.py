@@ -701,15 +701,11 @@ replaying the steps meets a step-tied spike again, and skip_batch's restart poin
 before the flagged step) may already hold a corrupted state."""
 
 
-def spike_gaps(matrix: dict[str, Any], cause: str, policy: str, seeds: Sequence[int] | None = None) -> dict[int, float]:
-    """Per seed, the branch's final gap, where it has one (a branch that gave up has none: never
-    imputed); only ``seeds`` where given."""
+def spike_gaps(matrix: dict[str, Any], cause: str, policy: str) -> dict[tuple, float]:
+    """Per seed (as a pairing unit), the branch's final gap, where it has one (a branch that gave
+    up has none: never imputed). The halves are split later (pooled_and_halves)."""
     cells = matrix.get(cause, {}).get(policy, {})
-    return {
-        int(seed): cell["final_gap"]
-        for seed, cell in cells.items()
-        if cell["final_gap"] is not None and (seeds is None or int(seed) in seeds)
-    }
+    return {(int(seed),): cell["final_gap"] for seed, cell in cells.items() if cell["final_gap"] is not None}
 
 
 def spike_precondition(spike: dict[str, Any], epsilon: float) -> str | None:
@@ -756,10 +752,7 @@ def spike(cfg: Config, spike: dict[str, Any] | None, unigram: float | None = Non
 
     def tested(cause: str, policy: str) -> dict[str, Any]:
         """policy − continue per seed (one origin run per seed), where both branches have a gap."""
-        differences = subtract(
-            {(s,): g for s, g in spike_gaps(matrix, cause, policy).items()},
-            {(s,): g for s, g in spike_gaps(matrix, cause, "continue").items()},
-        )
+        differences = subtract(spike_gaps(matrix, cause, policy), spike_gaps(matrix, cause, "continue"))
         return pooled_and_halves(differences, halves)
 
     comparisons = {pair: tested(*pair) for pair in (*SPIKE_BETTER, *SPIKE_NO_BETTER)}
