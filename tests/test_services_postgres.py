@@ -65,11 +65,18 @@ def client_login(state: Path) -> dict[str, str]:
 
 
 def server_command_lines(records: Path) -> list[str]:
-    """The command lines of the servers `up` recorded and of all their children (gunicorn/uvicorn workers)."""
+    """The command lines of the servers `up` recorded and of all their children (gunicorn/uvicorn
+    workers). A server must be alive; a child that exits between the listing and the read (a
+    short-lived helper a server spawned: CI met one) has no command line left to leak into."""
     lines = []
     for record in records.glob("*.json"):
         server = psutil.Process(json.loads(record.read_text())["pid"])
-        lines += [" ".join(p.cmdline()) for p in (server, *server.children(recursive=True))]
+        lines.append(" ".join(server.cmdline()))
+        for child in server.children(recursive=True):
+            try:
+                lines.append(" ".join(child.cmdline()))
+            except psutil.NoSuchProcess:
+                continue
     return lines
 
 
