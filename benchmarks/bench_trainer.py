@@ -71,7 +71,6 @@ def bench_config(args: argparse.Namespace) -> Config:
             "checkpoint.every_steps": steps // 2,
             "checkpoint.every_minutes": 0.0,
             "checkpoint.milestones": [],
-            "spike.origins": [1],
         }
     )
 
