@@ -266,6 +266,35 @@ def test_perplexity_model_scores_garbage_far_above_prose_leave_one_out(base_docs
     assert np.median(z[:-2]) == pytest.approx(0, abs=0.5)
 
 
+def shared_cells(model: ByteNgramModel, texts: list[str], orders: tuple[int, ...]) -> ByteNgramModel:
+    """``model`` with every cell that ``texts``' n-grams of ``orders`` count into also holding an
+    n-gram seen a billion times: what a hashed cell shared with a frequent n-gram reads."""
+    own = ByteNgramModel()
+    own.train(texts)
+    for order in orders:
+        model.joint[order][own.joint[order] > 0] += np.uint64(10**9)
+    return model
+
+
+def test_perplexity_counts_shared_with_a_frequent_ngram_give_no_byte_a_probability_above_one(base_docs, long_prose):
+    texts = [*base_docs, long_prose]  # the long document past a batch, scored whole
+    model = ByteNgramModel()
+    model.train(texts)
+    scores = shared_cells(model, texts, (1, 2, 3)).log_perplexity(texts)
+    assert (scores > 0).all()  # each joint count cut to its context's: no byte more likely than 1
+
+
+def test_perplexity_garbage_whose_4grams_share_cells_with_frequent_ones_stays_an_outlier(base_docs, long_prose):
+    rng = np.random.default_rng(0)
+    gibberish = " ".join("".join(rng.choice(list("qxzjkvw"), 6)) for _ in range(2000))
+    texts = [*base_docs, gibberish, long_prose]
+    model = ByteNgramModel()
+    model.train(texts)
+    z = robust_zscores(shared_cells(model, [gibberish], (3,)).log_perplexity(texts))
+    threshold = FilterConfig().perplexity_zscore
+    assert z[-2] > threshold and z[-1] < threshold  # its 3-gram counts bound its 4-grams'
+
+
 def test_robust_zscores_ignore_the_outliers_themselves_and_handle_zero_spread():
     z = robust_zscores(np.array([1.0, 1.1, 0.9, 1.0, 100.0]))
     assert z[-1] > 100 and abs(z[0]) < 1

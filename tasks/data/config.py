@@ -108,7 +108,9 @@ class FilterConfig(Section):
     perplexity_zscore: float = 6.0
     """Drop documents whose per-character log-perplexity is this many robust z-scores above the
     median. The scores are right-skewed (code-heavy prose sits high), so 3 drops ~4 % of the
-    standard-library corpus; planted garbage scores above 20."""
+    standard-library corpus and 6 drops 30 of the 5,165 documents it scores. On
+    benchmarks/bench_data.py's 60 MB corpus planted gibberish and base64 score 23 to 43, and
+    Cyrillic gibberish, taught to the model by the other planted documents of its kind, 7.8 to 8.9."""
     poison_generated: int = 64
     """Generated garbage documents (binary bytes, space runs, rare-token runs) added to the poison pool."""
 
