@@ -44,7 +44,7 @@ def loss_shift_probe(cfg: Config, project: Path) -> dict[str, Any]:
     base = arm_config(cfg, Arm("precision", ("fp32",), a.seeds[0]), loss_shift=0)
     manifest = project / MANIFEST
     trainer = Trainer(base, open_split(manifest, "train"), open_split(manifest, "val"))
-    x, y = trainer.loader.next_batch()
+    x, y = (t.to(trainer.device) for t in trainer.loader.next_batch())  # the loader yields CPU batches
     shares = underflow_by_shift(trainer.model, x, y, range(MAX_PROBE_SHIFT + 1))
     chosen = next((k for k, share in shares.items() if share >= a.underflow_target), None)
     return {
