@@ -18,8 +18,9 @@ Two registered rules (tasks/report/preregistration.yaml, the spike finding's ``c
 One seed's probe (:func:`probe_seed`) trains the seed's origin run, the warm-up and the clean
 control as the stage does (tasks/spike/study.py), then one ``continue`` branch per candidate
 length; the detector replay needs no training (a ``continue`` run is the same whatever the
-detector says). ``python -m tasks.spike.sizing`` runs the probes and prints what each rule picks;
-the values go into params.yaml by hand, with what was seen, in the design's change history."""
+detector says). ``python -m tasks.spike.sizing --out FILE`` (``--profile``, ``--set KEY=VALUE``)
+runs the probes and prints what each rule picks; the values go into params.yaml by hand, with
+what was seen, in the design's change history."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import torch
 from model.detect import SpikeDetector
 from model.spike.branch import run_branch, warm_up
 from model.spike.injections import Injection
+from model.typed_config import add_config_arguments, parse_sets
 from tasks.config import Config, load_config
 from tasks.runtime.files import write_json
 from tasks.runtime.workers import clean_state
@@ -146,11 +148,11 @@ def summary(cfg: Config, probes: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--project", type=Path, default=Path.cwd())
-    parser.add_argument("--profile", default=None)
+    parser.add_argument("--project", type=Path, default=Path.cwd(), help="the project (its params.yaml and data)")
+    add_config_arguments(parser, params=False)
     parser.add_argument("--out", type=Path, required=True, help="JSON file for the probes and what the rules pick")
     args = parser.parse_args(argv)
-    cfg = load_config(args.project / "params.yaml", args.profile)
+    cfg = load_config(args.project / "params.yaml", args.profile, parse_sets(args.sets))
     probes = []
     for seed in cfg.spike.sizing_seeds:
         clean_state()  # one thread, as a stage's worker runs a seed
