@@ -69,8 +69,10 @@ class Config(TrainingConfig):
     def check_spike_window(self) -> None:
         """The spike study's rules across sections: a rollback from the injection has a clean checkpoint
         to go back to (the warm-up is at least ``recovery.rollback_steps``), the window ends inside the
-        origin run's schedule, and the injected block is one of the arm model's (the origin runs are
-        at the ablation arm scale)."""
+        origin run's schedule, a data injection (and each length the sizing rule may choose) ends at
+        least ``recovery.recover_steps`` before the window does, the skip window covers the poisoned
+        stretch, and the injected block is one of the arm model's (the origin runs are at the ablation
+        arm scale)."""
         s, r = self.spike, self.recovery
         if s.warm_steps < r.rollback_steps:
             raise ConfigError(
@@ -82,6 +84,23 @@ class Config(TrainingConfig):
             raise ConfigError(
                 f"spike.run_steps: {s.run_steps} ends before the window does (spike.origin_step + "
                 f"spike.warm_steps + recovery.eval_steps = {end})"
+            )
+        longest = r.eval_steps - r.recover_steps
+        if any(n > longest for n in s.sizing_data_batches):
+            raise ConfigError(
+                f"spike.sizing_data_batches: {s.sizing_data_batches} has a length above recovery.eval_steps - "
+                f"recovery.recover_steps = {longest}; its poison would still be served near the window's end"
+            )
+        if s.data_batches > longest:
+            raise ConfigError(
+                f"spike.data_batches: {s.data_batches} is above recovery.eval_steps - recovery.recover_steps = "
+                f"{longest}; the poison would still be served near the window's end"
+            )
+        skippers = sorted({"skip_batch", "rollback"} & set(r.policies))
+        if "data" in s.kinds and skippers and r.skip_batches < s.data_batches:
+            raise ConfigError(
+                f"recovery.skip_batches: {r.skip_batches} is below spike.data_batches={s.data_batches}; "
+                f"{' and '.join(skippers)} would skip part of the poisoned stretch and meet the rest by construction"
             )
         if not 0 <= s.param_block < self.ablation.n_layer:
             raise ConfigError(f"spike.param_block: {s.param_block} is outside 0..ablation.n_layer-1")

@@ -132,6 +132,7 @@ STUDY = {
     "spike.magnitude": 100.0,
     "spike.duration": 2,
     "spike.data_batches": 2,
+    "spike.sizing_data_batches": [2, 3, 4],  # each ends recovery.recover_steps before the window does
     "spike.kinds": ["data", "param", "lr"],
     "spike.sample_prompts": 2,
     "spike.sample_tokens": 4,
@@ -286,6 +287,16 @@ EDGES = [
     ("spike.workers", 0, -1),
     ("spike.param_block", 1, 2),  # ablation.n_layer blocks
     ("spike.data_batches", 1, 0),  # a data injection poisons at least one batch
+    ("spike.sizing_seeds", [2], [1]),  # a confirmation seed cannot size
+    ("spike.sizing_seeds", [0 + 2], [2, 2]),
+    ("spike.sizing_seeds", [0 + 2], [-1]),
+    ("spike.sizing_zscores", [0.5, 6.0], [0.0, 6.0]),  # a z-score above the mean
+    ("spike.sizing_zscores", [5.0, 6.0], [6.0, 6.0]),  # strictly ascending
+    ("spike.max_false_alarms", 0.0, -0.5),
+    ("spike.sizing_data_batches", [1], [0]),
+    ("spike.sizing_data_batches", [3, 4], [4, 3]),
+    ("spike.sizing_data_batches", [12 - 8], [12 - 8 + 1]),  # recovery.eval_steps - recovery.recover_steps
+    ("recovery.skip_batches", 2, 1),  # the skip window covers spike.data_batches
 ]
 
 
@@ -301,6 +312,21 @@ def test_the_warm_up_must_reach_back_as_far_as_a_rollback_goes():
     assert tiny_config(**at_edge).spike.warm_steps == 8
     with pytest.raises(ConfigError, match=r"^spike\.warm_steps: 8 is below recovery\.rollback_steps=9"):
         tiny_config(**{**at_edge, "recovery.rollback_steps": 9})
+
+
+def test_a_data_injection_ends_the_recovery_time_before_the_window_does():
+    at_edge = {**STUDY, "spike.data_batches": 4, "recovery.skip_batches": 4}  # eval_steps 12 - recover_steps 8
+    assert tiny_config(**at_edge).spike.data_batches == 4
+    with pytest.raises(ConfigError, match=r"^spike\.data_batches: 5 is above recovery\.eval_steps"):
+        tiny_config(**{**at_edge, "spike.data_batches": 5, "recovery.skip_batches": 5})
+
+
+def test_the_skip_window_need_not_cover_the_poison_where_no_policy_skips_or_no_data_cause_runs():
+    short = {**STUDY, "recovery.skip_batches": 1}
+    assert (
+        tiny_config(**{**short, "recovery.policies": ["continue", "skip_step", "lower_lr"]}).recovery.skip_batches == 1
+    )
+    assert tiny_config(**{**short, "spike.kinds": ["param", "lr"]}).recovery.skip_batches == 1
 
 
 def test_harmless_poison_is_refused_naming_the_key():

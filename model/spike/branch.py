@@ -137,7 +137,7 @@ def run_branch(
         if policy == "skip_batch":
             start, kept = skip_restart(branch, seg, restart, start, cfg)
         else:
-            start, kept = rollback_restart(branch, history, restart, attempt, start, cfg)
+            start, kept = rollback_restart(branch, seg, history, restart, attempt, start, cfg)
             history = [(s, p) for s, p in history if s <= kept]
         rows = {s: r for s, r in rows.items() if s <= kept}
     branch.rows = [rows[s] for s in sorted(rows)]
@@ -189,6 +189,7 @@ def skip_restart(
 
 def rollback_restart(
     branch: Branch,
+    seg: Segment,
     history: Sequence[tuple[int, Path]],
     restart: Restart,
     attempt: int,
@@ -196,19 +197,26 @@ def rollback_restart(
     cfg: RecoverySettings,
 ) -> tuple[Start, int]:
     """rollback: to the newest checkpoint ``rollback_steps`` × attempts before the flagged step,
-    skipping the window of batches that led to the spike, at a lowered LR. Returns the next
-    start and the step it goes back to."""
+    at a lowered LR, skipping the batches that led to the spike and the skip window from the
+    flagged one on (the ``skip_batches`` that skip_batch skips): PaLM §5.1 restarted ~100 steps
+    before a spike and skipped 200-500 batches, past the spike, not only up to it. Counted in
+    stream positions (the segment stopped right after the flagged step's batch), so a second
+    rollback past an earlier one's skip lands after what it skipped. Returns the next start and
+    the step it goes back to."""
     target, path = rollback_target(history, restart.detected, cfg.rollback_steps * (attempt + 1))
+    state = load_checkpoint(path)
     lr_factor = start.lr_factor * cfg.lr_factor
+    flagged = int(seg.trainer.loader.batches_served) - 1  # stream position of the flagged step's batch
+    skip = flagged + cfg.skip_batches - int(state["loader"]["batches_served"])
     branch.actions.append(
         {
             "step": restart.detected,
             "policy": branch.policy,
-            "action": f"rolled back to step {target}, skipped batches of steps "
-            f"{target + 1}-{restart.detected}, LR x{lr_factor:g}",
+            "action": f"rolled back to step {target}, skipped {skip} batches (stream positions up to "
+            f"{flagged + cfg.skip_batches - 1}: the flagged step's and {cfg.skip_batches - 1} after it), LR x{lr_factor:g}",
         }
     )
-    return Start(path, load_checkpoint(path), restart.detected - target, lr_factor), target
+    return Start(path, state, skip, lr_factor), target
 
 
 @dataclasses.dataclass
@@ -231,17 +239,18 @@ def warm_up(
 ) -> Warm:
     """Clean training from a pretrain milestone (everything loaded: the continuation is bitwise
     pretrain's) to step ``until`` with the detector on, so its window is warm at the injection.
-    Its checkpoints, the last at ``until``, are every branch's shared past: the origin and the
-    rollback targets."""
+    The milestone and the checkpoints after it, the last at ``until``, are every branch's shared
+    past: the origin and the rollback targets (the milestone is the farthest one: a rollback
+    ``spike.warm_steps`` back finds it, where the first checkpoint after it is a cadence short)."""
     detector, trace = make_detector(spike), Trace()
     trainer = make_trainer([detector, trace], checkpoint_dir)
     trainer.start_from(milestone)
+    first = trainer.step
     trainer.run(until=until)
     if not checkpoint_path(checkpoint_dir, until).exists():
         save_checkpoint(checkpoint_path(checkpoint_dir, until), trainer.snapshot())
-    return Warm(
-        [(s, p) for s, p in list_checkpoints(checkpoint_dir) if s <= until], detector.flagged_steps(), trace.read()
-    )
+    after = [(s, p) for s, p in list_checkpoints(checkpoint_dir) if first < s <= until]
+    return Warm([(first, milestone), *after], detector.flagged_steps(), trace.read())
 
 
 class ServeBatches(Callback):

@@ -26,8 +26,11 @@ DESIGN_CODE = (
     "tasks/ablate/conditions.py",
     "tasks/search/fit.py",
     "tasks/spike/study.py",
+    "tasks/spike/sizing.py",
 )
-"""The files whose content decides a verdict, relative to the checkout (the design hash's input)."""
+"""The files whose content decides a verdict, relative to the checkout (the design hash's input);
+tasks/spike/sizing.py holds the rules that size the spike finding's conditions, as
+tasks/ablate/conditions.py does the ablation families'."""
 
 
 @cache

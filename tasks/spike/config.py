@@ -64,7 +64,8 @@ class SpikeConfig(Section):
     warm_steps: int = 128
     """Steps of clean training from the origin checkpoint before the injection: the detector's
     warm-up (at least ``detect_warmup``) and the pre-spike checkpoints a rollback goes back to (at
-    least ``recovery.rollback_steps``, so a rollback target exists)."""
+    least ``recovery.rollback_steps``, so a rollback target exists). With ``origin_step`` and
+    ``recovery.eval_steps``, inside ``run_steps``."""
     workers: int = 0
     """Seeds run at once, each in its own worker process on one thread (0: the cores available);
     the results do not depend on it."""
@@ -77,11 +78,15 @@ class SpikeConfig(Section):
     tied to the steps so no policy can remove them (tasks/spike/study.py: TIED_TO); ``param`` and
     ``adam`` strike once, at the first, and a branch that goes back to a clean state does not meet
     them again."""
-    data_batches: int = 50
+    data_batches: int = 10
     """Batches of the stream a ``data`` injection replaces with poison (a policy may skip them): a
-    bad stretch of data as long as the playbook's skip window (``recovery.skip_batches``; PaLM
-    skipped 200-500 batches around a spike). Three batches at the arm scale left no gap at any
-    seed in the sizing run (tasks/report/preregistration.yaml, changes_after_results)."""
+    bad stretch of data no longer than the playbook's skip window (``recovery.skip_batches``;
+    PaLM skipped 200-500 batches around a spike), ending at least ``recovery.recover_steps``
+    before the window does. Chosen by the data rule from ``sizing_data_batches`` on the sizing
+    seeds (tasks/spike/sizing.py; the declared default fits the declared recovery window, the
+    default profile sets the rule's choice). Three and then fifty batches at the arm scale left
+    continue within 3 % of the control at most seeds (tasks/report/preregistration.yaml,
+    changes_after_results)."""
     data_reasons: list[str] = field(default_factory=lambda: list(SPIKE_CAUSING_POISON))
     """Poison-pool reasons ``data`` injection draws from (only spike-causing ones allowed)."""
     param_block: int = 0
@@ -91,9 +96,33 @@ class SpikeConfig(Section):
     detect_warmup: int = 64
     """Values in the window before the z-score and ratio rules may fire (OLMo-core: 64)."""
     detect_zscore: float = 6.0
-    """A value this many standard deviations above the trailing mean is a spike (one-sided)."""
+    """A value this many standard deviations above the trailing mean is a spike (one-sided).
+    Chosen by the detector rule from ``sizing_zscores`` on the sizing seeds' clean runs
+    (tasks/spike/sizing.py): OLMo-core's 6σ flagged 1-3 steps of every clean control at the arm
+    scale (pre-clip grad norms 2-3x their mean after warmup), on which skip_batch and rollback
+    gave up."""
     detect_ratio: float = 10.0
     """A pre-clip grad norm this many times its trailing mean is a spike (seed 000)."""
+    sizing_seeds: list[int] = field(default_factory=lambda: [100, 101, 102, 103])
+    """Seeds of the sizing probes (tasks/spike/sizing.py), none of them a discovery or confirmation
+    seed: the detector's z-score and the data injection's length are chosen on these seeds' clean
+    controls and ``continue`` branches, never on the study's seeds or on a policy's outcome."""
+    sizing_zscores: list[float] = field(
+        default_factory=lambda: [6.0, 7.0, 8.0, 9.0, 10.0, 12.0, 14.0, 16.0, 20.0, 24.0]
+    )
+    """Candidates of ``detect_zscore``, ascending (the detector rule takes the smallest that meets
+    ``max_false_alarms``); from OLMo-core's 6σ up to four times it."""
+    max_false_alarms: float = 0.0
+    """Alarms per clean control (the mean over the sizing seeds' warm-up and clean window) the
+    chosen ``detect_zscore`` may raise: every alarm after a skip_batch or rollback restart spends
+    one of ``recovery.max_retries`` and the next gives the branch up, so false alarms, not the
+    spike, would decide its outcome; a clean stretch must raise none."""
+    sizing_data_batches: list[int] = field(default_factory=lambda: [10, 15, 20])
+    """Candidates of ``data_batches``, ascending (the data rule takes the smallest whose
+    ``continue`` gap exceeds ``recovery.recover_epsilon`` at every sizing seed); at most
+    ``recovery.eval_steps - recovery.recover_steps``, so the poison ends at least the recovery
+    time before the window does and a gap at its end is one the spike left, not poison still
+    being served."""
     gpu_hour_usd: float = 1.10
     """Price of one GPU-hour, for an incident's cost (seed 004's post-mortem template)."""
     sample_prompts: int = 4
@@ -117,6 +146,7 @@ class SpikeConfig(Section):
         non_negative("spike.sample_prompts", self.sample_prompts)
         non_negative("spike.workers", self.workers)
         self.check_seeds()
+        self.check_sizing()
         positive("spike.origin_step", self.origin_step)
         if not 2 <= self.detect_warmup <= self.detect_window:
             raise ConfigError(
@@ -148,6 +178,25 @@ class SpikeConfig(Section):
         if shared:
             raise ConfigError(f"spike.confirm_seeds: {shared} are discovery seeds (spike.seeds); confirm on others")
 
+    def check_sizing(self) -> None:
+        """Sizing seeds apart from the study's; each candidate list ascending and in range."""
+        if len(set(self.sizing_seeds)) != len(self.sizing_seeds):
+            raise ConfigError(f"spike.sizing_seeds: {self.sizing_seeds} names a seed twice")
+        for seed in self.sizing_seeds:
+            non_negative("spike.sizing_seeds", seed)
+        shared = sorted(set(self.sizing_seeds) & set(self.all_seeds))
+        if shared:
+            raise ConfigError(
+                f"spike.sizing_seeds: {shared} are study seeds (spike.seeds, spike.confirm_seeds); size on others"
+            )
+        non_negative("spike.max_false_alarms", self.max_false_alarms)
+        for key in ("sizing_zscores", "sizing_data_batches"):
+            values = getattr(self, key)
+            for value in values:
+                positive(f"spike.{key}", value)
+            if values != sorted(set(values)):
+                raise ConfigError(f"spike.{key}: {values} is not strictly ascending")
+
     @property
     def all_seeds(self) -> list[int]:
         """Every origin run of the stage: the discovery seeds, then the confirmation seeds."""
@@ -162,10 +211,14 @@ class RecoveryConfig(Section):
     """Policies compared after a detected spike (seed 004 playbook A-E, plus OLMo-core's skip-step);
     each is a branch with the same injection, fired by the detector alone."""
     skip_batches: int = 10
-    """``skip_batch``: batches skipped from the detected step on (PaLM: 5-20)."""
+    """``skip_batch``: batches skipped from the detected step on (PaLM: 5-20); ``rollback`` skips
+    the same window past the detected step as well as the batches it goes back over (PaLM §5.1:
+    restart ~100 steps early, skip 200-500 batches). At least ``spike.data_batches`` where a data
+    cause meets either policy (tasks/config.py), so the window covers the poisoned stretch."""
     rollback_steps: int = 50
     """``rollback``: restart from the newest checkpoint at least this many steps before the
-    detected step (the n-th retry: n+1 times as far)."""
+    detected step (the n-th retry: n+1 times as far), skipping the batches from there to the end
+    of the skip window (``skip_batches`` from the detected step on)."""
     lr_factor: float = 0.5
     """``rollback`` (per attempt, compounding) and ``lower_lr``: LR multiplier from then on."""
     max_retries: int = 2
