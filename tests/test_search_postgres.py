@@ -136,6 +136,8 @@ def test_a_worker_killed_mid_trial_goes_stale_and_the_other_worker_trains_its_po
         os.killpg(victim["a"].pid, signal.SIGKILL)  # mid-trial: its heartbeat stops
         victim["a"].wait()
     (killed,) = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    # On a loaded machine the poll above can wake after a finished a trial and claimed the next.
+    done_by_a = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
     out = finish(start_workers(cfg, project, specs, postgres, tmp_path / "ready-b", ["b"], together=1))
 
@@ -147,7 +149,7 @@ def test_a_worker_killed_mid_trial_goes_stale_and_the_other_worker_trains_its_po
     assert trials_by_point(storage, specs[0]) == {
         p: Counter(COMPLETE=1, **({"FAIL": 1} if p == grid_point(killed) else {})) for p in specs[0].points
     }
-    assert len(out["b"]) == 6  # the survivor trained the whole grid, the killed point included
+    assert len(out["b"]) == 6 - done_by_a  # the survivor trained the rest of the grid, the killed point included
     assert prepare_study(storage, specs[0]) == 0  # finished: nothing queued again
 
 
