@@ -127,22 +127,35 @@ def study(tmp_path_factory):
 
 
 def branch(
-    study, kind, policy, log=None, keep=None, steps=(), recovery=RECOVERY, until=ORIGIN + 12, tied_to="stream", extra=()
+    study,
+    kind,
+    policy,
+    log=None,
+    keep=None,
+    steps=(),
+    recovery=RECOVERY,
+    until=ORIGIN + 12,
+    tied_to="stream",
+    extra=(),
+    spike=SPIKE,
+    poisoned=None,
 ):
+    """One branch from the shared warm-up; ``poisoned``: the poison batches it holds (default
+    ``spike.duration``)."""
     watch = [Positions(log if log is not None else [], keep if keep is not None else {}, steps), *extra]
     make = lambda cbs, d: Trainer(CFG, TOKENS, VAL, [*cbs, *watch], d)  # noqa: E731
     injection = None
     if kind is not None:
-        injection = dataclasses.replace(Injection.from_config(kind, SPIKE, ORIGIN, ORIGIN), tied_to=tied_to)
+        injection = dataclasses.replace(Injection.from_config(kind, spike, ORIGIN, ORIGIN), tied_to=tied_to)
     return run_branch(
         make,
         study["origin"],
         until,
         policy,
         recovery,
-        SPIKE,
+        spike,
         injection,
-        poison(SPIKE.duration),
+        poison(spike.duration if poisoned is None else poisoned),
         study["timeline"],
         Path(tempfile.mkdtemp(prefix=f"{kind}-{policy}-", dir=study["root"])),
     )
@@ -196,19 +209,7 @@ def test_rollback_restores_an_earlier_checkpoint_skips_the_window_and_gives_up_a
     log = []
     # An LR spike that lasts: every restart meets it again, so the branch must give up.
     lasting = SpikeConfig(**{**SPIKE.__dict__, "duration": 40, "magnitude": 300.0})
-    make = lambda cbs, d: Trainer(CFG, TOKENS, VAL, [*cbs, Positions(log, {})], d)  # noqa: E731
-    result = run_branch(
-        make,
-        study["origin"],
-        ORIGIN + 12,
-        "rollback",
-        RECOVERY,
-        lasting,
-        Injection.from_config("lr", lasting, ORIGIN, ORIGIN),
-        (),
-        study["timeline"],
-        study["root"] / "rollback-cap",
-    )
+    result = branch(study, "lr", "rollback", log=log, spike=lasting, poisoned=0)
     rollbacks = [a for a in result.actions if a["action"].startswith("rolled back")]
     assert len(rollbacks) == RECOVERY.max_retries + 1
     assert result.status == "stopped" and "gave up" in result.stop_reason
@@ -227,19 +228,7 @@ def test_rollback_skips_a_poisoned_stretch_as_long_as_the_skip_window_and_never_
     # batch would meet the rest of it and give up at the retry cap.
     stretch = SpikeConfig(**{**SPIKE.__dict__, "data_batches": RECOVERY.skip_batches})
     log: list = []
-    make = lambda cbs, d: Trainer(CFG, TOKENS, VAL, [*cbs, Positions(log, {})], d)  # noqa: E731
-    result = run_branch(
-        make,
-        study["origin"],
-        ORIGIN + 12,
-        "rollback",
-        RECOVERY,
-        stretch,
-        Injection.from_config("data", stretch, ORIGIN, ORIGIN),
-        poison(stretch.data_batches),
-        study["timeline"],
-        study["root"] / "rollback-stretch",
-    )
+    result = branch(study, "data", "rollback", log=log, spike=stretch, poisoned=stretch.data_batches)
     assert result.actions[0]["step"] == ORIGIN + 1  # the first poisoned batch is flagged
     first = result.actions[0]["action"]
     assert first.startswith("rolled back") and f"stream positions up to {ORIGIN + stretch.data_batches - 1}:" in first
