@@ -19,14 +19,20 @@ in a fresh process, since MKL, oneDNN and ATen read their settings when torch lo
   portable, ATen default      a control: ATen without vector kernels (no target CPU runs this);
                               shows whether the ATen pin is a lever at all
 
-Only this machine's CPU is reachable: a pinned result that stays bitwise the same when this CPU
-is made to look like a lesser one is evidence (not proof) of portability; one that changes is
-proof that the pin does not hold. The cost is tokens per CPU-second of the arm (its command's
+On one machine, a pinned result that stays bitwise the same when this CPU is made to look like a
+lesser one is evidence (not proof) of portability; one that changes is proof that the pin does
+not hold. Across machines, ``--write-arms`` saves the arms' commands and ``--arms`` trains them
+where the study's orchestration is not installed (only torch, numpy and pyyaml: a GPU box's host
+CPU); ``--against`` compares the weights' digests, arm by arm and variant by variant, with
+another machine's ``--out``. The torch build must be the same on both: it is part of the path. The cost is tokens per CPU-second of the arm (its command's
 work after the imports; one thread, so contention from other jobs on shared cores barely moves
 it, while the trainer's wall-time tokens/s, also shown, varied 2-4x between repeats); variants run
 interleaved, repeat after repeat, and the ratio to native is of medians.
 
     python benchmarks/bench_numerics.py --steps 200 --repeats 3 --out benchmarks/out/numerics.json
+    python benchmarks/bench_numerics.py --write-arms arms.json     # then, on each machine:
+    python benchmarks/bench_numerics.py --arms arms.json --repeats 1 --only portable --out here.json
+    python benchmarks/bench_numerics.py --arms arms.json --repeats 1 --only portable --against here.json
 """
 
 from __future__ import annotations
@@ -42,11 +48,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flows.ablate import plan  # noqa: E402
 from model.numerics import MODE_ENV, MODES  # noqa: E402
+from model.provenance import cpu_record  # noqa: E402
 from tasks.config import load_config  # noqa: E402
 from tasks.runtime.outputs import MANIFEST  # noqa: E402
 
@@ -83,11 +91,14 @@ def study_arms(profile: str | None, steps: int) -> dict[str, list[str]]:
     """The profile's first fp32 arm as the study trains it, and its first bf16 arm at
     ``precision.emulate: auto`` (what pretrain, search and spike run: real autocast where the CPU
     has bf16), each cut to ``steps`` steps, as arm-command arguments."""
+    from flows.ablate import plan  # here: prefect is not installed where --arms trains saved arms
+
     cfg = load_config(ROOT / "params.yaml", profile)
     first = {}
     for row in plan(cfg, ROOT, {}, 0):
         first.setdefault(row["config"].precision.mode, row)
-    shorter = [f"--set=train.steps={steps}", f"--set=train.eval_every={steps}"]
+    # on the CPU even where a GPU is (a GPU box's host CPU is another CPU to compare)
+    shorter = [f"--set=train.steps={steps}", f"--set=train.eval_every={steps}", "--set=train.device=cpu"]
     return {
         f"{first['fp32']['name']} (fp32)": [*first["fp32"]["command"][1:], *shorter],
         f"{first['bf16']['name']} (bf16, emulate: auto)": [
@@ -197,6 +208,22 @@ def print_table(arm: str, rows: list[dict[str, Any]]) -> None:
         )
 
 
+def compare_machines(result: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Print, per arm and variant run on both machines, whether the final weights are bitwise
+    equal; true when every shared pair is."""
+    print(f"\nagainst {other['cpu']['name']!r} (here: {result['cpu']['name']!r})")
+    equal = True
+    for arm, rows in result["arms"].items():
+        theirs = {row["variant"]: row for row in other["arms"].get(arm, [])}
+        for row in rows:
+            if row["variant"] in theirs:
+                same = row["weights_sha256"] == theirs[row["variant"]]["weights_sha256"]
+                equal &= same
+                verdict = "bitwise equal" if same else f"differ (val loss {theirs[row['variant']]['val_loss']!r} there)"
+                print(f"  {arm} · {row['variant']}: {verdict}")
+    return equal
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--profile", default=None, help="the study profile whose arms are trained (default: params.yaml's)")
@@ -208,20 +235,34 @@ def main(argv: list[str] | None = None) -> int:
         "--only", action="append", default=[], help="a variant to run beside native (repeatable; default: all)"
     )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "numerics.json")
+    p.add_argument("--write-arms", type=Path, help="write the profile's arm commands here and stop")
+    p.add_argument("--arms", type=Path, help="train the arm commands saved by --write-arms (no orchestration needed)")
+    p.add_argument("--against", type=Path, help="another machine's --out: compare the weights, exit 1 if any differ")
     args = p.parse_args(argv)
     variants = [v for v in VARIANTS if not args.only or v.name in ("native", *args.only)]
     if not (ROOT / MANIFEST).is_file():
         print(f"bench_numerics: {MANIFEST} is missing: run `dvc repro tokenize` first", file=sys.stderr)
         return 2
-    arms = study_arms(args.profile, args.steps)
+    if args.write_arms:
+        args.write_arms.write_text(json.dumps(study_arms(args.profile, args.steps), indent=1) + "\n")
+        return 0
+    arms = json.loads(args.arms.read_text()) if args.arms else study_arms(args.profile, args.steps)
     with tempfile.TemporaryDirectory(prefix="bench_numerics-") as workdir:
         runs = measure(arms, variants, args.repeats, Path(workdir))
     result = {arm: summarise(by_variant) for arm, by_variant in runs.items()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"variants": [v.__dict__ for v in variants], "arms": result}, indent=1) + "\n")
+    record = {
+        "cpu": cpu_record(),
+        "torch": torch.__version__,
+        "variants": [v.__dict__ for v in variants],
+        "arms": result,
+    }
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
     print("group: variants with the same letter have bitwise-equal final weights ('!': repeats differed)")
     for arm, rows in result.items():
         print_table(arm, rows)
+    if args.against:
+        return 0 if compare_machines(record, json.loads(args.against.read_text())) else 1
     return 0
 
 

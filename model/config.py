@@ -182,12 +182,12 @@ class PrecisionConfig(Section):
     of real autocast (see model/precision.py). ``auto``: emulate where the device has no fast
     low-precision path (CPU); ``always`` / ``never`` force it. (Not on/off: YAML 1.1 reads those
     as booleans.)"""
-    numerics: Numerics = "portable"
-    """Which code paths the CPU libraries take (model/numerics.py). ``portable``: one path on every
-    x86-64 CPU with AVX2 (MKL strict at AVX2, oneDNN and ATen capped at AVX2, ``emulate: auto``
-    emulating on the CPU), meant to give the same bits on AMD and Intel machines (shown on one
-    CPU: benchmarks/bench_numerics.py); ``native``: each library's fastest path for the CPU, bits
-    that differ between CPU kinds. Applied before torch loads: a process that runs the other mode
+    numerics: Numerics = "native"
+    """Which code paths the CPU libraries take (model/numerics.py). ``native``: each library's
+    fastest path for the CPU, bits that differ between CPU kinds; ``portable``: one path on every
+    x86-64 CPU with AVX2 (MKL's COMPATIBLE branch, oneDNN and ATen capped at AVX2, ``emulate:
+    auto`` emulating on the CPU), the same bits on an AMD EPYC and an Intel Xeon at about 1.6x the
+    CPU time (benchmarks/bench_numerics.py). Applied before torch loads: a process that runs the other mode
     refuses to train (start it with ``SPIKELAB_NUMERICS=<mode>``)."""
     loss_scaling: bool = True
     """fp16 only: dynamic loss scaling; off reproduces unscaled fp16 for the ablation."""

@@ -94,7 +94,7 @@ def test_a_process_takes_the_mode_named_in_its_environment_before_torch_loads(mo
 
 def test_a_launcher_replaces_the_process_mode_with_the_configs_and_keeps_a_setting_given_by_hand():
     code = "import model.numerics as n; n.apply_numerics('native'); " + RECORD
-    record = fresh_process(code, ATEN_CPU_CAPABILITY="default")  # started in the default mode, portable
+    record = fresh_process(code, **{MODE_ENV: "portable", "ATEN_CPU_CAPABILITY": "default"})
     assert record["env"] == {"MKL_CBWR": "AUTO,STRICT", "ATEN_CPU_CAPABILITY": "default"}
     assert record["aten_capability"] == "DEFAULT"
 
