@@ -5,13 +5,16 @@ project's own (issue 28: the same decisions on any CPU).
 
     python benchmarks/check_arithmetic.py                       # the default study, after make repro
     python benchmarks/check_arithmetic.py --profile smoke --stages ablate --rerun-first
+    python benchmarks/check_arithmetic.py --arms-from arms.jsonl.gz   # the arms another machine trained
 
 The project's outputs are the first arithmetic (or, with ``--rerun-first``, a copy rerun on the
 project's own numeric path). The second runs in a copy of the code and params under ``--work``
 with the project's data (data/tokens, the poison pool) and params, each stage of ``--stages`` run by
 ``spikelab run <stage> --set precision.numerics=<other>``; a stage not rerun lends the copy the
 project's own output, so its numbers are the same on both sides. The copy uses the project's
-servers (its ``SPIKELAB_STATE``) when they are up. Writes ``--out`` (JSON) and prints one line per
+servers (its ``SPIKELAB_STATE``) when they are up. With ``--arms-from``, the second arithmetic is
+another machine's CPU: the ablate stage runs in the copy on the arm results that machine trained
+(benchmarks/arms_elsewhere.py), every arm stored, so its findings are decided on those numbers. Writes ``--out`` (JSON) and prints one line per
 finding; exits 1 when a verdict differs, 2 on a bad argument or a missing input.
 """
 
@@ -28,10 +31,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.arms_elsewhere import stored_results  # noqa: E402
 from model.typed_config import parse_sets  # noqa: E402
 from tasks.config import load_config  # noqa: E402
 from tasks.report.robustness import STAGE_METRICS, compare, findings_of  # noqa: E402
-from tasks.runtime.outputs import MANIFEST  # noqa: E402
+from tasks.runtime.outputs import ABLATE_ARMS, MANIFEST  # noqa: E402
 
 PARAMS = ["profiles", "params", "params.yaml"]
 """What a copy needs besides the data: the params and profiles (the code is this checkout's)."""
@@ -52,6 +56,16 @@ def copy_project(project: Path, dest: Path) -> Path:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
     return dest
+
+
+def lend_arms(results: Path, copy: Path) -> int:
+    """Each result in ``results`` (benchmarks/arms_elsewhere.py) as the copy's stored result of
+    its arm; how many."""
+    lent = stored_results(results)
+    for result in lent:
+        (copy / ABLATE_ARMS / result["key"]).mkdir(parents=True, exist_ok=True)
+        (copy / ABLATE_ARMS / result["key"] / "result.json").write_text(json.dumps(result))
+    return len(lent)
 
 
 def run_stages(copy: Path, project: Path, stages: list[str], profile: str, sets: list[str]) -> None:
@@ -75,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", nargs="+", default=["ablate", "spike"], choices=list(STAGE_METRICS))
     p.add_argument("--numerics", choices=list(OTHER), help="the second arithmetic (default: the other one)")
     p.add_argument("--set", dest="sets", action="append", default=[], help="KEY=VALUE for both sides")
+    p.add_argument(
+        "--arms-from",
+        type=Path,
+        help="another machine's arm results (benchmarks/arms_elsewhere.py train): the ablate stage decides on them",
+    )
     p.add_argument("--rerun-first", action="store_true", help="rerun the first side too, in a copy")
     p.add_argument("--work", type=Path, default=ROOT / "benchmarks/out/arithmetic")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/arithmetic.json")
@@ -90,11 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.rerun_first:
         first = copy_project(project, args.work / first_numerics)
         run_stages(first, project, args.stages, args.profile, args.sets)
-    second = copy_project(project, args.work / second_numerics)
-    run_stages(second, project, args.stages, args.profile, [*args.sets, f"precision.numerics={second_numerics}"])
-    second_cfg = cfg.replace(**{"precision.numerics": second_numerics})
+    if args.arms_from:  # the second arithmetic is another machine's: its arms, this stage's code
+        second_numerics, stages = f"arms from {args.arms_from.name}", ["ablate"]
+        second = copy_project(project, args.work / "elsewhere")
+        lent = lend_arms(args.arms_from, second)
+        print(f"[check_arithmetic] {lent} arms' results lent from {args.arms_from}", flush=True)
+        run_stages(second, project, stages, args.profile, args.sets)
+        second_cfg = cfg
+    else:
+        stages = args.stages
+        second = copy_project(project, args.work / second_numerics)
+        run_stages(second, project, stages, args.profile, [*args.sets, f"precision.numerics={second_numerics}"])
+        second_cfg = cfg.replace(**{"precision.numerics": second_numerics})
     result = compare(findings_of(cfg, first), findings_of(second_cfg, second))
-    result |= {"numerics": [first_numerics, second_numerics], "stages": args.stages, "profile": args.profile}
+    result |= {"numerics": [first_numerics, second_numerics], "stages": stages, "profile": args.profile}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     for key, row in result["findings"].items():

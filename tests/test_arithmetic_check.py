@@ -1,6 +1,8 @@
 """The arithmetic-robustness check (benchmarks/check_arithmetic.py) at smoke scale, as a user runs
-it: the ablate stage on a tiny project under the portable and the native numeric path, against the
-test servers, and every finding's verdict compared; its JSON names both paths and each verdict."""
+it: the ablate stage on a tiny project under the native and the portable numeric path, against the
+test servers, and every finding's verdict compared; its JSON names both paths and each verdict. And
+the cross-machine path: arms trained apart (benchmarks/arms_elsewhere.py), lent to a copy whose
+ablate stage decides on them without training one."""
 
 from __future__ import annotations
 
@@ -20,23 +22,34 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_the_verdicts_are_recomputed_under_the_other_arithmetic_and_compared(live_services, tmp_path):
-    project = tiny_project(tmp_path / "project")
+def study_project(path: Path) -> Path:
+    """A tiny project with the repository's params and profiles."""
+    project = tiny_project(path)
     manifest = project / "data" / "tokens" / "manifest.json"
     manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "eot_id": 0}))
     shutil.copy(REPO / "params.yaml", project / "params.yaml")
     shutil.copytree(REPO / "profiles", project / "profiles")
+    return project
+
+
+def with_this_python(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this interpreter's folder first on PATH (the scripts call ``spikelab``)."""
+    return {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"}
+
+
+def test_the_verdicts_are_recomputed_under_the_other_arithmetic_and_compared(live_services, tmp_path):
+    project = study_project(tmp_path / "project")
     # The smoke profile's whole grid (every family, a discovery and a confirmation seed), so each
     # finding's verdict is computed; two workers a side.
     sets = ["--set=ablation.workers=2", "--set=tracking.experiment=arithmetic-test"]
     out = tmp_path / "arithmetic.json"
-    env = {**live_services, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{live_services['PATH']}"}
+    env = with_this_python(live_services)
     command = [sys.executable, str(REPO / "benchmarks/check_arithmetic.py"), "--project", str(project)]
     command += ["--profile", "smoke", "--stages", "ablate", "--rerun-first", "--work", str(tmp_path / "work")]
     done = subprocess.run([*command, "--out", str(out), *sets], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode in (0, 1), done.stdout + done.stderr
     result = json.loads(out.read_text())
-    assert result["numerics"] == ["portable", "native"] and result["stages"] == ["ablate"]
+    assert result["numerics"] == ["native", "portable"] and result["stages"] == ["ablate"]
     assert set(result["findings"]) >= {"xiong", "beta2", "wortsman", "fp16", "overflow"}
     assert result["agree"] == all(row["agree"] for row in result["findings"].values())
     assert (done.returncode == 0) == result["agree"]
@@ -49,3 +62,26 @@ def test_the_verdicts_are_recomputed_under_the_other_arithmetic_and_compared(liv
         for side in ("portable", "native")
     )
     assert first != second, "the two sides ran on different library settings"
+
+
+def test_arms_trained_elsewhere_decide_the_copys_findings_and_none_is_trained_again(live_services, tmp_path):
+    project = study_project(tmp_path / "project")
+    env = with_this_python(live_services)
+    elsewhere = [sys.executable, str(REPO / "benchmarks/arms_elsewhere.py")]
+    plan, results = tmp_path / "plan.json", tmp_path / "arms.jsonl.gz"
+    run = {"env": env, "capture_output": True, "text": True, "timeout": 900}
+    done = subprocess.run(
+        [*elsewhere, "plan", "--project", str(project), "--profile", "smoke", "--out", str(plan)], **run
+    )
+    assert done.returncode == 0, done.stderr
+    arms = json.loads(plan.read_text())
+    train = [*elsewhere, "train", str(plan), "--project", str(project), "--out", str(results), "--workers", "2"]
+    done = subprocess.run(train, **run)
+    assert done.returncode == 0, done.stdout + done.stderr
+    command = [sys.executable, str(REPO / "benchmarks/check_arithmetic.py"), "--project", str(project)]
+    command += ["--profile", "smoke", "--arms-from", str(results), "--work", str(tmp_path / "work")]
+    done = subprocess.run([*command, "--out", str(tmp_path / "out.json"), "--set=ablation.workers=2"], **run)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert f"{len(arms)} arms' results lent" in done.stdout
+    metrics = json.loads((tmp_path / "work" / "elsewhere" / "metrics" / "ablate.json").read_text())
+    assert all(arm["cached"] for arm in metrics["arms"]), "an arm lent from elsewhere was trained again"

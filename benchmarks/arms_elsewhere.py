@@ -1,0 +1,131 @@
+"""The ablate stage's arms trained on another machine's CPU, for the cross-machine check of issue 28
+(the study rerun on a CPU of the other vendor): ``plan`` writes the arms the stage would train
+(their run identities and commands, with the loss shift its probe picks here); ``train`` trains
+them where only torch, numpy and pyyaml are installed (a GPU box's host CPU, one thread per arm,
+``--workers`` at once) and appends each result to one gzipped JSON-lines file as it finishes, so
+a run cut short keeps what it trained. ``python benchmarks/check_arithmetic.py --arms-from FILE``
+then lends the results
+to a copy of the project, whose ablate stage finds every arm stored and decides the findings from
+the other machine's numbers.
+
+    python benchmarks/arms_elsewhere.py plan --out benchmarks/out/arms-plan.json      # here
+    python benchmarks/arms_elsewhere.py train benchmarks/out/arms-plan.json --out arms.jsonl.gz --workers 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def plan_arms(project: Path, profile: str | None) -> list[dict[str, Any]]:
+    """The stage's runs (one per run identity), its command's arguments after the module."""
+    from flows.ablate import ARM_MODULE, plan, runs_to_train  # here: prefect is not on a bare box
+    from tasks.ablate.conditions import loss_shift_probe
+    from tasks.config import load_config
+
+    cfg = load_config(project / "params.yaml", profile)
+    shift = loss_shift_probe(cfg, project)["k"] or 0
+    rows = plan(cfg, project, {}, shift)
+    for row in rows:
+        row["cached"] = False  # the other machine trains every run, stored here or not
+    todo = sorted(runs_to_train(rows), key=lambda row: -rough_cost(row["config"]))  # long arms first
+    return [
+        {"key": row["key"], "name": row["name"], "arguments": row["command"][1 + len(ARM_MODULE) :]} for row in todo
+    ]
+
+
+def rough_cost(cfg: Any) -> float:
+    """An arm's matmul work, up to a constant: steps x tokens x layers x width squared."""
+    m, t = cfg.model, cfg.train
+    return float(t.steps * t.batch_size * t.grad_accum * m.seq_len * m.n_layer * m.d_model**2)
+
+
+def train_one(arm: dict[str, Any], project: Path) -> tuple[str, bytes | None]:
+    """One arm in a fresh process (the libraries read the numerics settings when torch loads), on
+    ``project``'s params and data: its status and its result.json, or why there is none."""
+    with tempfile.TemporaryDirectory(prefix="arm-") as scratch:
+        arguments = list(arm["arguments"])
+        arguments[arguments.index("--out") + 1] = scratch
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        command = [sys.executable, "-m", "tasks.ablate.arm", *arguments]
+        done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
+        result = Path(scratch) / "result.json"
+        if not result.is_file():
+            return f"no result (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}", None
+        stored = json.loads(result.read_text())
+        if stored["key"] != arm["key"]:  # another code, data or config than the plan's: not the same run
+            return f"no result: run identity {stored['key']} is not the plan's {arm['key']}", None
+        return str(stored["summary"]["status"]), result.read_bytes()
+
+
+def stored_results(path: Path) -> list[dict[str, Any]]:
+    """The results in ``path`` (one gzip member per arm), up to a member a cut-short run left
+    unfinished."""
+    results = []
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            results.extend(json.loads(line) for line in f)
+    except (OSError, EOFError, ValueError):  # the last member cut short: the ones before it stand
+        pass
+    return results
+
+
+def train(arms: list[dict[str, Any]], project: Path, out: Path, workers: int) -> int:
+    """Train the arms not in ``out`` yet, appending each result to it as one gzip member (one file:
+    a machine that returns a few files returns it whole, and a run cut short keeps its arms)."""
+    done = {result["key"] for result in stored_results(out)} if out.is_file() else set()
+    todo = [arm for arm in arms if arm["key"] not in done]
+    started, failed = time.perf_counter(), 0
+    print(f"{len(arms)} arms, {len(done)} stored, {len(todo)} to train, {workers} at a time", flush=True)
+    with ThreadPoolExecutor(workers) as pool, open(out, "ab") as sink:
+        futures = {pool.submit(train_one, arm, project): arm for arm in todo}
+        for n, future in enumerate(as_completed(futures), 1):
+            status, result = future.result()
+            if result is None:
+                failed += 1
+            else:
+                sink.write(gzip.compress(json.dumps(json.loads(result)).encode() + b"\n"))
+                sink.flush()
+            print(
+                f"[{n}/{len(todo)} {time.perf_counter() - started:.0f}s] {futures[future]['name']}: {status}",
+                flush=True,
+            )
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    planned = sub.add_parser("plan", help="write the ablate stage's arms (here, where the orchestration is)")
+    planned.add_argument("--project", type=Path, default=ROOT)
+    planned.add_argument("--profile", default=None)
+    planned.add_argument("--out", type=Path, required=True)
+    trained = sub.add_parser("train", help="train a plan's arms (on any machine with torch, numpy, pyyaml)")
+    trained.add_argument("plan", type=Path)
+    trained.add_argument("--out", type=Path, required=True, help="a .jsonl.gz file: one result per line (appended)")
+    trained.add_argument("--project", type=Path, default=ROOT, help="whose params and data the arms read")
+    trained.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args(argv)
+    if args.command == "plan":
+        arms = plan_arms(args.project.resolve(), args.profile)
+        args.out.write_text(json.dumps(arms, indent=1) + "\n")
+        print(f"{len(arms)} arms -> {args.out}")
+        return 0
+    return train(json.loads(args.plan.read_text()), args.project.resolve(), args.out.resolve(), args.workers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
