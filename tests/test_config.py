@@ -155,6 +155,12 @@ def test_non_positive_learning_rate_is_rejected(tmp_path, lr):
     assert msg.startswith("optim.lr:") and "> 0" in msg
 
 
+def test_a_poison_pool_budget_of_zero_is_allowed_and_one_below_is_rejected(tmp_path):
+    assert load_config(write_params(tmp_path, "filter:\n  poison_max_bytes: 0\n")).filter.poison_max_bytes == 0
+    msg = config_error(write_params(tmp_path, "filter:\n  poison_max_bytes: -1\n"))
+    assert msg.startswith("filter.poison_max_bytes:"), msg
+
+
 @pytest.mark.parametrize("beta2", ["0", "1", "1.5", "-0.5"])
 def test_beta2_outside_the_open_unit_interval_is_rejected(tmp_path, beta2):
     msg = config_error(write_params(tmp_path, f"optim:\n  beta2: {beta2}\n"))

@@ -344,6 +344,44 @@ def test_filter_report_counts_every_document_once(filtered):
     assert report["removed_char_run"] >= 3 and report["removed_duplicate_exact"] >= 3
 
 
+def short_docs(count: int, shard: int) -> list[dict[str, str]]:
+    """``count`` documents the length filter drops (too short), each its own JSON line."""
+    return [{"id": f"{shard}:{i}", "text": f"tiny {shard} {i:03d}"} for i in range(count)]
+
+
+def pooled_ids(out: Path, reason: str) -> list[str]:
+    return [d["id"] for d in read_docs(out / "poison" / f"{reason}.jsonl")]
+
+
+@pytest.mark.parametrize("spare, kept", [(0, 5), (-1, 4)])
+def test_poison_pool_keeps_the_first_removed_documents_that_fit_its_budget_and_counts_them_all(
+    base_docs, tmp_path, spare, kept
+):
+    raw = tmp_path / "raw"
+    docs = short_docs(8, 0)
+    line = len(json.dumps(docs[0], ensure_ascii=False).encode()) + 1  # every line the same length
+    write_raw(raw, [*docs, *({"id": f"base:{i}", "text": t} for i, t in enumerate(base_docs[:20]))])
+    cfg = FilterConfig(poison_generated=0, perplexity=False, poison_max_bytes=5 * line + spare)
+    metrics = run_filter(cfg, raw, tmp_path)
+    assert pooled_ids(tmp_path, "too_short") == [f"0:{i}" for i in range(kept)]  # exactly 5 fit; a byte less, 4
+    assert metrics["removed_too_short"] == 8 and metrics["poison_documents"] == kept
+
+
+def test_a_budgeted_poison_pool_is_the_same_whatever_the_sharding(base_docs, tmp_path):
+    cfg = FilterConfig(poison_generated=0, perplexity=False, poison_max_bytes=700)
+    one, many = tmp_path / "one", tmp_path / "many"
+    docs = [short_docs(12, shard) for shard in range(3)]
+    write_raw(one / "raw", [d for part in docs for d in part] + [{"id": "base", "text": base_docs[0]}])
+    for shard, part in enumerate(docs):
+        write_raw(
+            many / "raw", [*part, {"id": f"base{shard}", "text": base_docs[shard]}], shard_path(many / "raw", shard)
+        )
+    run_filter(cfg, one / "raw", one)
+    run_filter(cfg, many / "raw", many, workers=2)
+    assert pooled_ids(one, "too_short") == pooled_ids(many, "too_short")
+    assert pooled_ids(one, "too_short")[-1].startswith("1:")  # the budget ends inside the second shard
+
+
 def test_generated_garbage_is_deterministic_and_cycles_through_the_kinds():
     first, again = list(generated_garbage(6)), list(generated_garbage(6))
     assert first == again

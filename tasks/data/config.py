@@ -113,6 +113,11 @@ class FilterConfig(Section):
     Cyrillic gibberish, taught to the model by the other planted documents of its kind, 7.8 to 8.9."""
     poison_generated: int = 64
     """Generated garbage documents (binary bytes, space runs, rare-token runs) added to the poison pool."""
+    poison_max_bytes: int = 16 * 2**20
+    """Per filter, the poison pool keeps the removed documents (as JSON lines) that fit in this many
+    bytes, the first in corpus order; the report counts every removal. The spike study draws a few
+    hundred batches of it: at 2 GB the uncapped pool held 318 MB (too-long documents, mostly),
+    and encoding it took the tokenize stage about two minutes."""
 
     def check(self) -> None:
         if not 0 <= self.max_nonprintable_ratio <= 1:
@@ -131,3 +136,4 @@ class FilterConfig(Section):
             positive(f"filter.{key}", getattr(self, key))
         in_open_unit("filter.dedup_threshold", self.dedup_threshold)
         non_negative("filter.poison_generated", self.poison_generated)
+        non_negative("filter.poison_max_bytes", self.poison_max_bytes)

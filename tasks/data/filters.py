@@ -168,21 +168,40 @@ class Screen:
         return None
 
 
-class PoisonPool:
-    """The poison pool: one JSON-lines file per reason in ``directory``, so the injection stage
-    can draw one kind of garbage at a time."""
+class PrefixBudget:
+    """``filter.poison_max_bytes`` per reason: the leading documents that fit, and none after the
+    first that does not. A prefix, so the shards' prefixes joined in corpus order and cut again
+    give the corpus's own, whatever the sharding."""
 
-    def __init__(self, directory: Path):
-        self.directory = directory
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.used, self.full = max_bytes, Counter[str](), set[str]()
+
+    def take(self, reason: str, size: int) -> bool:
+        if reason in self.full or self.used[reason] + size > self.max_bytes:
+            self.full.add(reason)
+            return False
+        self.used[reason] += size
+        return True
+
+
+class PoisonPool:
+    """A shard's poison pool: one JSON-lines file per reason in ``directory``, so the injection
+    stage can draw one kind of garbage at a time, each within ``max_bytes`` (:class:`PrefixBudget`)."""
+
+    def __init__(self, directory: Path, max_bytes: int):
+        self.directory, self.budget = directory, PrefixBudget(max_bytes)
         self.files: dict[str, TextIO] = {}
         directory.mkdir(parents=True, exist_ok=True)
 
     def add(self, doc: dict[str, str], reason: str) -> None:
+        """A generated document: the budget is for what the filters removed."""
         write_doc(self._file(reason), doc)
 
     def add_line(self, line: str, reason: str) -> None:
-        """A document already written as a JSON line (by :func:`write_doc`), copied as it is."""
-        self._file(reason).write(line)
+        """A document already written as a JSON line (by :func:`write_doc`), copied as it is, if
+        it fits."""
+        if self.budget.take(reason, len(line.encode("utf-8", "surrogatepass"))):
+            self._file(reason).write(line)
 
     def _file(self, reason: str) -> TextIO:
         if reason not in self.files:
@@ -330,7 +349,7 @@ def screen_shard(raw_shard: Path, cfg: FilterConfig, work_dir: Path) -> dict[str
     shutil.rmtree(work, ignore_errors=True)  # what a killed run left half-written
     work.mkdir(parents=True)
     with (
-        PoisonPool(work / "poison") as poison,
+        PoisonPool(work / "poison", cfg.poison_max_bytes) as poison,
         open(work / SURVIVORS_FILE, "w", encoding="utf-8") as survivors,
         open(work / SURVIVOR_BYTES, "wb") as texts,
     ):
@@ -341,7 +360,6 @@ def screen_shard(raw_shard: Path, cfg: FilterConfig, work_dir: Path) -> dict[str
             if reason is not None:
                 counts[reason] += 1
                 counts[f"bytes_{reason}"] += len(blob)
-                counts["pooled"] += 1
                 poison.add_line(line, reason)
                 continue
             counts["screened"] += 1
@@ -442,7 +460,9 @@ def score_shard(raw_shard: Path, work_dir: Path, model_path: Path) -> np.ndarray
     return model.log_perplexity(kept_texts(work_dir / raw_shard.stem))
 
 
-def write_shard(raw_shard: Path, outliers: np.ndarray | None, work_dir: Path, clean_dir: Path) -> dict[str, int]:
+def write_shard(
+    raw_shard: Path, outliers: np.ndarray | None, cfg: FilterConfig, work_dir: Path, clean_dir: Path
+) -> dict[str, int]:
     """Pass 2's end for one shard: kept survivors to the clean shard of the same name, perplexity
     outliers to the shard's poison pool."""
     work = work_dir / raw_shard.stem
@@ -450,7 +470,10 @@ def write_shard(raw_shard: Path, outliers: np.ndarray | None, work_dir: Path, cl
     (work / "poison" / "perplexity.jsonl").unlink(missing_ok=True)  # the pool appends
     kept = dedup_kept(work)
     sizes = np.load(work / "sizes.npy")[kept] if kept is not None else np.load(work / "sizes.npy")
-    with PoisonPool(work / "poison") as poison, open(clean_dir / raw_shard.name, "w", encoding="utf-8") as clean:
+    with (
+        PoisonPool(work / "poison", cfg.poison_max_bytes) as poison,
+        open(clean_dir / raw_shard.name, "w", encoding="utf-8") as clean,
+    ):
         for i, line in enumerate(kept_lines(work)):
             if outliers is not None and outliers[i]:
                 counts["perplexity"] += 1
@@ -475,20 +498,26 @@ def perplexity_outliers(cfg: FilterConfig, scores: list[np.ndarray]) -> tuple[li
     }
 
 
-def pool_removed(raw_shards: list[Path], work_dir: Path, poison_dir: Path, generated: int) -> None:
-    """The poison pool: each reason's file is its shards' files joined in corpus order, then the
-    generated garbage."""
+def pool_removed(raw_shards: list[Path], work_dir: Path, poison_dir: Path, cfg: FilterConfig) -> int:
+    """The poison pool: each reason's file is its shards' files joined in corpus order, as they
+    are (bytes), cut again at ``filter.poison_max_bytes``, then the generated garbage; how many
+    removed documents it holds."""
     poison_dir.mkdir(parents=True, exist_ok=True)
+    budget, pooled = PrefixBudget(cfg.poison_max_bytes), 0
     names = sorted({p.name for shard in raw_shards for p in (work_dir / shard.stem / "poison").glob("*.jsonl")})
     for name in names:
-        with open(poison_dir / name, "wb") as pooled:
+        with open(poison_dir / name, "wb") as joined:
             for part in (work_dir / shard.stem / "poison" / name for shard in raw_shards):
                 if part.exists():
                     with open(part, "rb") as f:
-                        shutil.copyfileobj(f, pooled)
-    with PoisonPool(poison_dir) as poison:
-        for kind, doc in generated_garbage(generated):
+                        for line in f:
+                            if budget.take(name, len(line)):
+                                joined.write(line)
+                                pooled += 1
+    with PoisonPool(poison_dir, cfg.poison_max_bytes) as poison:
+        for kind, doc in generated_garbage(cfg.poison_generated):
             poison.add(doc, kind)
+    return pooled
 
 
 def filter_corpus(
@@ -522,18 +551,18 @@ def filter_corpus(
         found, stats = perplexity_outliers(cfg, scores)
         outliers = list(found)
     clean_dir.mkdir(parents=True, exist_ok=True)
-    write = partial(write_shard, work_dir=work_dir, clean_dir=clean_dir)
+    write = partial(write_shard, cfg=cfg, work_dir=work_dir, clean_dir=clean_dir)
     for shard_counts in map_shards(pool, "filter-write", write, shards, outliers):
         counts.update(shard_counts)
     if not counts["kept"]:
         raise _all_removed(raw_dir, counts)
-    pool_removed(shards, work_dir, poison_dir, cfg.poison_generated)
+    pooled = pool_removed(shards, work_dir, poison_dir, cfg)
     write_removed_samples(poison_dir, counts, duplicates)
     shutil.copy(raw_dir / SOURCE_FILE, clean_dir / SOURCE_FILE)
     metrics: dict[str, float] = {
         "documents_in": counts["input"],
         "documents_kept": counts["kept"],
-        "poison_documents": counts["pooled"] + counts["perplexity"] + cfg.poison_generated,
+        "poison_documents": pooled + cfg.poison_generated,
         **{f"removed_{r}": counts[r] for r in REASONS},
         **{f"removed_bytes_{r}": counts[f"bytes_{r}"] for r in REASONS},
     }
@@ -543,6 +572,7 @@ def filter_corpus(
             **metrics,
             "order": list(REASONS),
             "poison_generated": cfg.poison_generated,
+            "poison_max_bytes": cfg.poison_max_bytes,
             "perplexity": stats,
             "source": read_json(raw_dir / SOURCE_FILE),
         },
