@@ -74,7 +74,7 @@ def train_one(arm: dict[str, Any], project: Path) -> tuple[str, bytes | None]:
 def stored_results(path: Path) -> list[dict[str, Any]]:
     """The results in ``path`` (one gzip member per arm), up to a member a cut-short run left
     unfinished."""
-    results = []
+    results: list[dict[str, Any]] = []
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             results.extend(json.loads(line) for line in f)

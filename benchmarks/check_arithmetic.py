@@ -24,15 +24,18 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.arms_elsewhere import stored_results  # noqa: E402
 from model.typed_config import parse_sets  # noqa: E402
+from tasks.ablate.grid import read_result  # noqa: E402
 from tasks.config import load_config  # noqa: E402
 from tasks.report.robustness import STAGE_METRICS, compare, findings_of  # noqa: E402
 from tasks.runtime.outputs import ABLATE_ARMS, MANIFEST  # noqa: E402
@@ -58,14 +61,30 @@ def copy_project(project: Path, dest: Path) -> Path:
     return dest
 
 
-def lend_arms(results: Path, copy: Path) -> int:
+def lend_arms(results: Path, copy: Path, project: Path, rest_from_project: bool) -> dict[str, Any]:
     """Each result in ``results`` (benchmarks/arms_elsewhere.py) as the copy's stored result of
-    its arm; how many."""
+    its arm (with ``rest_from_project``, the project's own results for the arms it lacks: a run
+    elsewhere cut short); how each compares with the project's result of the same arm."""
+    if rest_from_project:
+        for path in (project / ABLATE_ARMS).glob("*/result.json"):
+            (copy / path.parent.relative_to(project)).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, copy / path.relative_to(project))
     lent = stored_results(results)
+    deltas, equal = [], 0
     for result in lent:
         (copy / ABLATE_ARMS / result["key"]).mkdir(parents=True, exist_ok=True)
         (copy / ABLATE_ARMS / result["key"] / "result.json").write_text(json.dumps(result))
-    return len(lent)
+        own = read_result(project / ABLATE_ARMS / result["key"])
+        if own is not None:
+            equal += own["weights_sha256"] == result["weights_sha256"]
+            deltas.append(abs(own["summary"]["val_loss"] - result["summary"]["val_loss"]))
+    return {
+        "lent": len(lent),
+        "cpu": lent[0]["provenance"]["cpu"] if lent else None,
+        "compared_with_the_projects": len(deltas),
+        "bitwise_equal": equal,
+        "val_loss_abs_difference": {"median": statistics.median(deltas), "max": max(deltas)} if deltas else None,
+    }
 
 
 def run_stages(copy: Path, project: Path, stages: list[str], profile: str, sets: list[str]) -> None:
@@ -94,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="another machine's arm results (benchmarks/arms_elsewhere.py train): the ablate stage decides on them",
     )
+    p.add_argument(
+        "--rest-from-project",
+        action="store_true",
+        help="with --arms-from: the arms the file lacks are the project's own (not trained in the copy)",
+    )
     p.add_argument("--rerun-first", action="store_true", help="rerun the first side too, in a copy")
     p.add_argument("--work", type=Path, default=ROOT / "benchmarks/out/arithmetic")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/arithmetic.json")
@@ -112,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.arms_from:  # the second arithmetic is another machine's: its arms, this stage's code
         second_numerics, stages = f"arms from {args.arms_from.name}", ["ablate"]
         second = copy_project(project, args.work / "elsewhere")
-        lent = lend_arms(args.arms_from, second)
-        print(f"[check_arithmetic] {lent} arms' results lent from {args.arms_from}", flush=True)
+        lent = lend_arms(args.arms_from, second, project, args.rest_from_project)
+        print(f"[check_arithmetic] {lent['lent']} arms' results lent from {args.arms_from}: {lent}", flush=True)
         run_stages(second, project, stages, args.profile, args.sets)
         second_cfg = cfg
     else:
@@ -123,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         second_cfg = cfg.replace(**{"precision.numerics": second_numerics})
     result = compare(findings_of(cfg, first), findings_of(second_cfg, second))
     result |= {"numerics": [first_numerics, second_numerics], "stages": stages, "profile": args.profile}
+    if args.arms_from:
+        result["lent_arms"] = lent
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     for key, row in result["findings"].items():
