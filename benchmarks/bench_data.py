@@ -334,20 +334,35 @@ def dedup_index_bytes_per_doc(cfg: Config, path: Path) -> dict[str, float]:
     return {"documents": len(prints), "kept": kept, "bytes_per_kept_document": used / max(kept, 1)}
 
 
+def scaling_and_memory(runs: dict[str, dict]) -> dict[str, float | bool]:
+    """1 against 2 workers (speed, identical outputs) and peak RSS on the corpus against its half."""
+    one, two, half = runs["full_1_worker"], runs["full_2_workers"], runs["half_2_workers"]
+    return {
+        "scaling_1_to_2_workers": sum(one["seconds"].values()) / sum(two["seconds"].values()),
+        "identical_1_vs_2_workers": one["outputs_sha256"] == two["outputs_sha256"],
+        "peak_rss_full_over_half": two["peak_rss_mb"] / half["peak_rss_mb"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=float, default=2000, help="MB of corpus (JSON lines)")
     parser.add_argument("--out", type=Path, default=OUT / "data.json")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=2, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--quick", action="store_true", help="the 2-worker run and its planted precision/recall only (a before/after)"
+    )
     args = parser.parse_args()
     if args.child:
         return child(args.child, args.workers)
     cfg = load_config(ROOT / "params.yaml", "default")
     full, planted = corpus(cfg, args.size)
-    half, _ = corpus(cfg, args.size / 2)
+    plan = [("full_2_workers", full, 2)]
+    if not args.quick:
+        plan += [("full_1_worker", full, 1), ("half_2_workers", corpus(cfg, args.size / 2)[0], 2)]
     result = {"size_mb": args.size, "runs": {}}
-    for name, path, workers in (("full_2_workers", full, 2), ("full_1_worker", full, 1), ("half_2_workers", half, 2)):
+    for name, path, workers in plan:
         result["runs"][name] = run = measure(path, workers)
         print(
             f"{name}: {run['megabytes']:.0f} MB, stages "
@@ -359,34 +374,32 @@ def main() -> None:
             flush=True,
         )
     runs = result["runs"]
-    result["scaling_1_to_2_workers"] = sum(runs["full_1_worker"]["seconds"].values()) / sum(
-        runs["full_2_workers"]["seconds"].values()
-    )
-    result["identical_1_vs_2_workers"] = (
-        runs["full_1_worker"]["outputs_sha256"] == runs["full_2_workers"]["outputs_sha256"]
-    )
-    result["peak_rss_full_over_half"] = runs["full_2_workers"]["peak_rss_mb"] / runs["half_2_workers"]["peak_rss_mb"]
     result["filters"] = filter_quality(runs["full_2_workers"], planted)
-    result["filters_exact_truth"] = exact_truth_quality(cfg)
-    result["dedup_index"] = dedup_index_bytes_per_doc(cfg, full)
     for run in runs.values():
         del run["kept_lines"]
+    if not args.quick:
+        result |= scaling_and_memory(runs) | {
+            "filters_exact_truth": exact_truth_quality(cfg),
+            "dedup_index": dedup_index_bytes_per_doc(cfg, full),
+        }
+        print(
+            f"1 -> 2 workers: {result['scaling_1_to_2_workers']:.2f}x faster, outputs identical: "
+            f"{result['identical_1_vs_2_workers']}; peak RSS full / half: {result['peak_rss_full_over_half']:.2f}"
+        )
     q = result["filters"]
-    print(
-        f"1 -> 2 workers: {result['scaling_1_to_2_workers']:.2f}x faster, outputs identical: "
-        f"{result['identical_1_vs_2_workers']}; peak RSS full / half: {result['peak_rss_full_over_half']:.2f}"
-    )
     print(
         f"filters on {q['planted']} planted: precision {q['precision']:.3f}, recall {q['recall']:.3f}, "
         f"dedup recall {q['dedup_recall']:.3f}; per kind "
         + ", ".join(f"{k} {v:.2f}" for k, v in q["recall_per_kind"].items())
     )
-    for name, r in result["filters_exact_truth"].items():
+    for name, r in result.get("filters_exact_truth", {}).items():
         print(f"  exact truth, {name:15s} precision {r['precision']:.3f}  recall {r['recall']:.3f}")
-    d = result["dedup_index"]
-    print(
-        f"dedup index: {d['bytes_per_kept_document']:.0f} bytes per kept document ({d['kept']} of {d['documents']} kept)"
-    )
+    if "dedup_index" in result:
+        d = result["dedup_index"]
+        print(
+            f"dedup index: {d['bytes_per_kept_document']:.0f} bytes per kept document "
+            f"({d['kept']} of {d['documents']} kept)"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
 
