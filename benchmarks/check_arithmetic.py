@@ -70,19 +70,22 @@ def lend_arms(results: Path, copy: Path, project: Path, rest_from_project: bool)
             (copy / path.parent.relative_to(project)).mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, copy / path.relative_to(project))
     lent = stored_results(results)
-    deltas, equal = [], 0
+    deltas, equal, status_differs = [], 0, 0
     for result in lent:
         (copy / ABLATE_ARMS / result["key"]).mkdir(parents=True, exist_ok=True)
         (copy / ABLATE_ARMS / result["key"] / "result.json").write_text(json.dumps(result))
         own = read_result(project / ABLATE_ARMS / result["key"])
         if own is not None:
             equal += own["weights_sha256"] == result["weights_sha256"]
-            deltas.append(abs(own["summary"]["val_loss"] - result["summary"]["val_loss"]))
+            status_differs += own["summary"]["status"] != result["summary"]["status"]
+            if own["summary"]["val_loss"] is not None and result["summary"]["val_loss"] is not None:  # both finite
+                deltas.append(abs(own["summary"]["val_loss"] - result["summary"]["val_loss"]))
     return {
         "lent": len(lent),
         "cpu": lent[0]["provenance"]["cpu"] if lent else None,
         "compared_with_the_projects": len(deltas),
         "bitwise_equal": equal,
+        "status_differs": status_differs,
         "val_loss_abs_difference": {"median": statistics.median(deltas), "max": max(deltas)} if deltas else None,
     }
 
