@@ -21,6 +21,7 @@ from tasks.data.docs import read_docs, write_doc
 from tasks.data.filters import (
     GENERATED,
     SIGNATURE_CHUNK,
+    SURVIVORS_FILE,
     UNICODE_ONLY_SPACE,
     Deduplicator,
     Screen,
@@ -32,6 +33,8 @@ from tasks.data.filters import (
     minhash_signature,
     nonprintable_ratio,
     perplexity_outliers,
+    perplexity_sample,
+    screen_shard,
     word_hashes,
 )
 from tasks.data.perplexity import ByteNgramModel, robust_zscores
@@ -126,6 +129,24 @@ def test_dedup_drops_exact_and_near_copies_and_keeps_the_first_and_distinct_docu
     assert [dedup.reason(d) for d in base_docs[1:50]].count(None) >= 45  # distinct docstrings stay
 
 
+def test_an_lsh_candidate_is_a_near_duplicate_only_at_a_signature_jaccard_estimate_of_the_threshold():
+    cfg = FilterConfig()  # 0.8 of 128 permutations: 102.4, so 103 equal minima are the fewest that count
+    rng = np.random.default_rng(0)
+    original = rng.integers(0, 2**32, cfg.dedup_num_perm, dtype=np.uint32)
+
+    def sharing(equal: int) -> np.ndarray:
+        """A signature whose first ``equal`` minima are the original's (its first bands too)."""
+        other = original.copy()
+        other[equal:] ^= np.uint32(1)
+        return other
+
+    dedup = Deduplicator(cfg)
+    assert dedup.judge(1, original) is None
+    assert dedup.judge(2, sharing(102)) is None  # 7 bands in common: a candidate, estimate 0.797
+    assert dedup.judge(3, sharing(103)) == "duplicate_near"  # estimate 0.805
+    assert dedup.judge(4, sharing(13)) is None  # one band: LSH proposes it, the estimate (0.10) refuses
+
+
 def test_disabled_filters_keep_what_they_would_drop():
     off = FilterConfig(invalid_utf8=False, nonprintable=False, length=False, char_run=False, repeated_ngram=False)
     garbage = "\x00" * 10 + b"\xff".decode("utf-8", "surrogateescape") + " " * 1000 + " la" * 50
@@ -213,8 +234,53 @@ def test_perplexity_drops_a_zscore_above_the_threshold_and_keeps_one_at_it():
     z = robust_zscores(np.concatenate(scores))[-1]
     at = dataclasses.replace(FilterConfig(), perplexity_zscore=float(z))
     above = dataclasses.replace(FilterConfig(), perplexity_zscore=float(np.nextafter(z, -np.inf)))
-    assert not perplexity_outliers(at, scores)[0][1].any()
-    assert perplexity_outliers(above, scores)[0][1].tolist() == [False, True]
+    counted = [np.ones(len(s), bool) for s in scores]
+    assert not perplexity_outliers(at, scores, counted)[0][1].any()
+    assert perplexity_outliers(above, scores, counted)[0][1].tolist() == [False, True]
+
+
+def test_a_document_the_model_did_not_count_scores_as_it_would_left_out_of_a_model_that_did(base_docs, long_prose):
+    texts = [*base_docs, long_prose]  # the long one past a batch
+    everything, without_last = ByteNgramModel(), ByteNgramModel()
+    everything.train(texts)
+    without_last.train(texts[:-1])
+    left_out = everything.log_perplexity(texts)
+    counted = np.ones(len(texts), bool)
+    counted[-1] = False
+    assert np.allclose(without_last.log_perplexity(texts, counted), np.r_[without_last.log_perplexity(texts[:-1]), left_out[-1]])
+    assert without_last.log_perplexity(texts, counted)[-1] == pytest.approx(left_out[-1], rel=1e-12)
+
+
+def test_the_perplexity_sample_is_the_same_whatever_the_sharding_and_near_its_byte_budget(base_docs, tmp_path):
+    docs = [{"id": str(i), "text": t} for i, t in enumerate(base_docs)]
+    total = sum(len(d["text"].encode()) for d in docs)
+    cfg = dataclasses.replace(FilterConfig(), dedup=False, perplexity_sample_bytes=total // 4)
+    chosen = {}
+    for per_shard in (len(docs), 7):
+        raw, work = tmp_path / f"raw{per_shard}", tmp_path / f"work{per_shard}"
+        chunks = [docs[i : i + per_shard] for i in range(0, len(docs), per_shard)]
+        for index, chunk in enumerate(chunks):
+            write_raw(raw, chunk, shard_path(raw, index))
+        shards = shard_paths(raw)
+        for shard in shards:
+            screen_shard(shard, cfg, work)
+        sample = np.concatenate(perplexity_sample(cfg, shards, work))
+        survivors = [d["id"] for shard in shards for d in read_docs(work / shard.stem / SURVIVORS_FILE)]
+        chosen[per_shard] = [i for i, s in zip(survivors, sample) if s]
+    assert chosen[len(docs)] == chosen[7]
+    sampled = sum(len(base_docs[int(i)].encode()) for i in chosen[7])
+    assert 0.15 * total < sampled < 0.35 * total  # a quarter, give or take the draw
+
+
+def test_a_perplexity_sample_of_the_survivors_bytes_counts_every_one_and_of_one_byte_none(base_docs, tmp_path):
+    raw, work = tmp_path / "raw", tmp_path / "work"
+    write_raw(raw, [{"id": str(i), "text": t} for i, t in enumerate(base_docs)], shard_path(raw, 0))
+    survivors = sum(len(t.encode()) for t in base_docs if Screen(FilterConfig()).reason(t) is None)
+    cfg = dataclasses.replace(FilterConfig(), dedup=False, perplexity_sample_bytes=survivors)
+    screen_shard(shard_path(raw, 0), cfg, work)
+    assert perplexity_sample(cfg, [shard_path(raw, 0)], work)[0].all()
+    one_byte = dataclasses.replace(cfg, perplexity_sample_bytes=1)  # a draw at 1/survivors each: none
+    assert not perplexity_sample(one_byte, [shard_path(raw, 0)], work)[0].any()
 
 
 def test_repeated_ngram_edge_at_the_end_of_a_long_document(long_prose):

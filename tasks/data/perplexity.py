@@ -1,15 +1,16 @@
 """How surprising is a document to a small model of the corpus it came from?
 
 A byte 4-gram language model with Dirichlet-prior interpolation down to the uniform byte
-distribution, trained on the corpus itself (the screened survivors). Its counts live in hashed
-tables of fixed size, so memory does not grow with the corpus. Each document is scored
-leave-one-out: its own counts are subtracted before it is scored, so a long garbage document
-cannot vouch for itself. The score is the log-perplexity per character (nats); outliers are
+distribution, trained on the corpus itself (a bounded sample of the screened survivors, the
+whole corpus when it is smaller). Its counts live in hashed tables of fixed size, so memory does
+not grow with the corpus. A document the model counted is scored leave-one-out: its own counts
+are subtracted before it is scored, so a long garbage document cannot vouch for itself. The score is the log-perplexity per character (nats); outliers are
 documents whose robust z-score (median / MAD) lies above ``filter.perplexity_zscore``.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -70,12 +71,18 @@ class ByteNgramModel:
             self.context += context
             self.joint += joint
 
-    def log_perplexity(self, texts: Iterable[str | bytes]) -> np.ndarray:
-        """Per-character log-perplexity of each text, leave-one-out (each must be in the training set)."""
-        scores = list(_in_threads(self._score, _batches(texts, BATCH_BYTES)))
+    def log_perplexity(self, texts: Iterable[str | bytes], counted: np.ndarray | None = None) -> np.ndarray:
+        """Per-character log-perplexity of each text; leave-one-out for the texts the model
+        counted (``counted[i]``; default: every text, each must then be in the training set)."""
+        flags = iter(counted) if counted is not None else itertools.repeat(True)
+        batches = (
+            (blobs, np.fromiter(itertools.islice(flags, len(blobs)), bool, len(blobs)))
+            for blobs in _batches(texts, BATCH_BYTES)
+        )
+        scores = list(_in_threads(lambda batch: self._score(*batch), batches))
         return np.concatenate(scores) if scores else np.zeros(0)
 
-    def _score(self, blobs: list[bytes]) -> np.ndarray:
+    def _score(self, blobs: list[bytes], counted: np.ndarray) -> np.ndarray:
         """Each document's nats per character. A hashed cell holds the counts of every n-gram
         that falls in it, so a count read from the tables is at least the n-gram's own, never
         less; the true counts (other documents' occurrences, at one position) can only fall as
@@ -88,7 +95,7 @@ class ByteNgramModel:
         well as that one (a probability above 1 before, as the joint count could exceed its
         context's): benchmarks/bench_data.py's 60 MB corpus fills 53 % of the 4-gram cells,
         and a script the corpus barely holds scored as prose."""
-        batch = _Batch(blobs)
+        batch = _Batch(blobs, counted)
         prob = np.full(len(batch.doc), 1.0 / 256)
         ctx_bound: np.ndarray | float = np.inf
         joint_bound: np.ndarray | float = np.inf
@@ -112,9 +119,10 @@ def robust_zscores(values: np.ndarray) -> np.ndarray:
 
 
 class _Batch:
-    """Documents as one byte array, each behind ORDER-1 zero bytes that stand for its start."""
+    """Documents as one byte array, each behind ORDER-1 zero bytes that stand for its start;
+    ``counted``: which of them the model counted (their own counts are left out when scoring)."""
 
-    def __init__(self, blobs: list[bytes]):
+    def __init__(self, blobs: list[bytes], counted: np.ndarray | None = None):
         self.n_docs = len(blobs)
         lengths = np.array([len(b) for b in blobs], np.int64)
         buf = np.frombuffer(b"".join(b"\0" * _PAD + b for b in blobs), np.uint8).astype(np.uint64)
@@ -125,6 +133,10 @@ class _Batch:
         self.buf = buf
         is_char_start = (buf[self.pos] & np.uint64(0xC0)) != np.uint64(0x80)  # not a UTF-8 continuation byte
         self.chars = np.bincount(self.doc, weights=is_char_start, minlength=self.n_docs)
+        partial = counted is not None and not counted.all()
+        self.counted_at = np.flatnonzero(counted[self.doc]) if partial else None
+        """Positions of the counted documents (None: every position's): only their own counts
+        are looked up, the costliest part of scoring (half of it, a hash table per order)."""
 
     def cells(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(context cell, context+byte cell) of every position, for orders 0..ORDER-1."""
@@ -139,7 +151,7 @@ class _Batch:
         """:meth:`own` of the context cells: order 0 has one context (no history), seen once per
         position of its document; order 1's context is one byte (:meth:`own_byte`)."""
         if order == 0:
-            return np.take(np.bincount(self.doc), self.doc)
+            return self._counted_only(np.take(np.bincount(self.doc), self.doc))
         return self.own_byte(self.buf[self.pos - 1]) if order == 1 else self.own(cells)
 
     def own_joint(self, order: int, cells: np.ndarray) -> np.ndarray:
@@ -152,7 +164,7 @@ class _Batch:
         the bytes whose keys share a cell are counted as one."""
         group = np.take(_BYTE_CELL_GROUP, raw.astype(np.intp))
         keys: np.ndarray = self.doc * (int(_BYTE_CELL_GROUP.max()) + 1) + group
-        return np.take(np.bincount(keys), keys)
+        return self._counted_only(np.take(np.bincount(keys), keys))
 
     def own(self, cells: np.ndarray) -> np.ndarray:
         """How often each position's cell occurs in its own document (to leave that document out).
@@ -161,8 +173,22 @@ class _Batch:
         in O(n log n) and took 8x longer on the benchmark corpus's batches, half of the filter
         stage's time."""
         keys = (self.doc.astype(np.uint64) << np.uint64(TABLE_BITS)) | cells
-        codes = np.asarray(pd.factorize(keys)[0])
-        return np.take(np.bincount(codes), codes)
+        if self.counted_at is None:
+            codes = np.asarray(pd.factorize(keys)[0])
+            return np.take(np.bincount(codes), codes)
+        own = np.zeros(len(keys), np.int64)
+        if len(self.counted_at):
+            codes = np.asarray(pd.factorize(keys[self.counted_at])[0])
+            own[self.counted_at] = np.take(np.bincount(codes), codes)
+        return own
+
+    def _counted_only(self, own: np.ndarray) -> np.ndarray:
+        """``own`` with the positions of documents the model did not count set to 0."""
+        if self.counted_at is None:
+            return own
+        kept = np.zeros(len(own), own.dtype)
+        kept[self.counted_at] = own[self.counted_at]
+        return kept
 
 
 def _counts(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
