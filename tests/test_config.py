@@ -162,7 +162,10 @@ def test_a_poison_pool_budget_of_zero_is_allowed_and_one_below_is_rejected(tmp_p
 
 
 def test_a_perplexity_sample_of_one_byte_is_allowed_and_zero_is_rejected(tmp_path):
-    assert load_config(write_params(tmp_path, "filter:\n  perplexity_sample_bytes: 1\n")).filter.perplexity_sample_bytes == 1
+    assert (
+        load_config(write_params(tmp_path, "filter:\n  perplexity_sample_bytes: 1\n")).filter.perplexity_sample_bytes
+        == 1
+    )
     msg = config_error(write_params(tmp_path, "filter:\n  perplexity_sample_bytes: 0\n"))
     assert msg.startswith("filter.perplexity_sample_bytes:"), msg
 

@@ -301,7 +301,7 @@ class Deduplicator:
 
     def _similar(self, signature: np.ndarray, other: np.ndarray) -> bool:
         """MinHash's Jaccard estimate, the share of equal permutation minima, at the threshold or above."""
-        return np.count_nonzero(signature == other) >= self.threshold * len(signature)
+        return bool(np.count_nonzero(signature == other) >= self.threshold * len(signature))
 
     def _minhash(self, signature: np.ndarray) -> MinHash:
         return MinHash(hashvalues=signature, permutations=self.fingerprint.permutations, scheme="affine32")
@@ -477,7 +477,7 @@ def perplexity_sample(cfg: FilterConfig, raw_shards: list[Path], work_dir: Path)
 
 def _kept_sizes(work: Path) -> np.ndarray:
     kept, sizes = dedup_kept(work), np.load(work / "sizes.npy")
-    return sizes if kept is None else sizes[kept]
+    return np.asarray(sizes if kept is None else sizes[kept])
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:

@@ -38,6 +38,7 @@ TRAIN_BATCH_BYTES = 1 << 20
 """Training counts in batches of about this many bytes: each batch's counts are added over the
 whole tables (8 sweeps of 2^20 cells), so larger batches sweep less often (~60 MiB of temporaries)."""
 T = TypeVar("T")
+B = TypeVar("B")
 _PAD = ORDER - 1
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: multiply, keep the top bits
 _SHIFT = np.uint64(64 - TABLE_BITS)
@@ -79,7 +80,7 @@ class ByteNgramModel:
             (blobs, np.fromiter(itertools.islice(flags, len(blobs)), bool, len(blobs)))
             for blobs in _batches(texts, BATCH_BYTES)
         )
-        scores = list(_in_threads(lambda batch: self._score(*batch), batches))
+        scores = list(_in_threads(lambda batch: self._score(batch[0], batch[1]), batches))
         return np.concatenate(scores) if scores else np.zeros(0)
 
     def _score(self, blobs: list[bytes], counted: np.ndarray) -> np.ndarray:
@@ -133,8 +134,7 @@ class _Batch:
         self.buf = buf
         is_char_start = (buf[self.pos] & np.uint64(0xC0)) != np.uint64(0x80)  # not a UTF-8 continuation byte
         self.chars = np.bincount(self.doc, weights=is_char_start, minlength=self.n_docs)
-        partial = counted is not None and not counted.all()
-        self.counted_at = np.flatnonzero(counted[self.doc]) if partial else None
+        self.counted_at = np.flatnonzero(counted[self.doc]) if counted is not None and not counted.all() else None
         """Positions of the counted documents (None: every position's): only their own counts
         are looked up, the costliest part of scoring (half of it, a hash table per order)."""
 
@@ -200,7 +200,7 @@ def _counts(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return context, joint
 
 
-def _in_threads(fn: Callable[[list[bytes]], T], batches: Iterable[list[bytes]]) -> Iterator[T]:
+def _in_threads(fn: Callable[[B], T], batches: Iterable[B]) -> Iterator[T]:
     """``fn`` of each batch, in order, on one thread per core: numpy and pandas' hashing let go of
     the GIL for arrays this long, so a shard's model uses every core even when the stage runs one
     worker (the filter stage's passes were single-threaded beside a tokenizer that uses them all).
