@@ -309,18 +309,16 @@ def filter_quality(run: dict, planted: dict[int, str], path: Path, cfg: Config) 
     }
 
 
-def natural_garbage_removed(path: Path, not_removed_base: set[int], cfg: Config) -> dict[str, int]:
+def natural_garbage_removed(path: Path, kept_or_planted: set[int], cfg: Config) -> dict[str, int]:
     """Base documents of the corpus at ``path`` that the pipeline removed (not kept, not planted,
-    not skipped by prepare for their size) and that break a rule, counted by the first rule."""
+    not a line prepare skipped as longer than ``data.max_doc_bytes``) and that break a rule,
+    counted by the first rule."""
     found: Counter = Counter()
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for line, raw in enumerate(f, start=1):
-            if line in not_removed_base:
+            if line in kept_or_planted or len(raw) > cfg.data.max_doc_bytes:  # prepare's rule: the line's bytes
                 continue
-            text = json.loads(raw)["text"]
-            if len(text.encode("utf-8", "surrogateescape")) > cfg.data.max_doc_bytes:
-                continue
-            if broken := rule_breaks(text, cfg.filter):
+            if broken := rule_breaks(json.loads(raw)["text"], cfg.filter):
                 found[broken[0]] += 1
     return dict(found)
 

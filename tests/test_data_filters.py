@@ -234,9 +234,8 @@ def test_perplexity_drops_a_zscore_above_the_threshold_and_keeps_one_at_it():
     z = robust_zscores(np.concatenate(scores))[-1]
     at = dataclasses.replace(FilterConfig(), perplexity_zscore=float(z))
     above = dataclasses.replace(FilterConfig(), perplexity_zscore=float(np.nextafter(z, -np.inf)))
-    counted = [np.ones(len(s), bool) for s in scores]
-    assert not perplexity_outliers(at, scores, counted)[0][1].any()
-    assert perplexity_outliers(above, scores, counted)[0][1].tolist() == [False, True]
+    assert not perplexity_outliers(at, scores)[0][1].any()
+    assert perplexity_outliers(above, scores)[0][1].tolist() == [False, True]
 
 
 def test_a_document_the_model_did_not_count_scores_as_it_would_left_out_of_a_model_that_did(base_docs, long_prose):

@@ -116,7 +116,7 @@ class FilterConfig(Section):
     random (all of them in a smaller corpus, as the default's); every survivor is scored,
     leave-one-out where the model counted it. The counting pass stops growing with the corpus,
     and the documents outside the sample skip the leave-one-out lookups, half of scoring's cost:
-    on benchmarks/bench_data.py's 2 GB corpus the filter stage went from 263 to 193 s. A smaller
+    on benchmarks/bench_data.py's 2 GB corpus the filter stage went from 263 to 168 s. A smaller
     model knows a corpus's minority genres less well: on that corpus's first 200 MB, a 7 MB
     sample made 217 real documents outliers (code, keys, PostScript), the whole 150 MB 59."""
     poison_generated: int = 64

@@ -529,11 +529,9 @@ def write_shard(
     return dict(counts)
 
 
-def perplexity_outliers(
-    cfg: FilterConfig, scores: list[np.ndarray], counted: list[np.ndarray]
-) -> tuple[list[np.ndarray], dict[str, float]]:
+def perplexity_outliers(cfg: FilterConfig, scores: list[np.ndarray]) -> tuple[list[np.ndarray], dict[str, float]]:
     """Each shard's perplexity outliers, judged against the whole corpus's scores, with the
-    statistics behind the cut and the model's sample."""
+    statistics behind the cut."""
     every = np.concatenate(scores)
     zscores = robust_zscores(every)
     outliers = np.split(zscores > cfg.perplexity_zscore, np.cumsum([len(s) for s in scores])[:-1])
@@ -541,8 +539,6 @@ def perplexity_outliers(
         "median_nats_per_char": float(np.median(every)),
         "max_zscore": float(zscores.max()),
         "zscore_threshold": cfg.perplexity_zscore,
-        "model_documents": int(sum(c.sum() for c in counted)),
-        "scored_documents": len(every),
     }
 
 
@@ -596,7 +592,8 @@ def filter_corpus(
         model_path = model.save(work_dir / "ngram.npz")
         score = partial(score_shard, work_dir=work_dir, model_path=model_path)
         scores = map_shards(pool, "filter-score", score, shards, counted, done=work_dir)
-        found, stats = perplexity_outliers(cfg, scores, counted)
+        found, stats = perplexity_outliers(cfg, scores)
+        stats |= {"model_documents": int(sum(c.sum() for c in counted)), "scored_documents": sum(map(len, scores))}
         outliers = list(found)
     clean_dir.mkdir(parents=True, exist_ok=True)
     write = partial(write_shard, cfg=cfg, work_dir=work_dir, clean_dir=clean_dir)

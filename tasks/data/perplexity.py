@@ -4,8 +4,9 @@ A byte 4-gram language model with Dirichlet-prior interpolation down to the unif
 distribution, trained on the corpus itself (a bounded sample of the screened survivors, the
 whole corpus when it is smaller). Its counts live in hashed tables of fixed size, so memory does
 not grow with the corpus. A document the model counted is scored leave-one-out: its own counts
-are subtracted before it is scored, so a long garbage document cannot vouch for itself. The score is the log-perplexity per character (nats); outliers are
-documents whose robust z-score (median / MAD) lies above ``filter.perplexity_zscore``.
+are subtracted before it is scored, so a long garbage document cannot vouch for itself. The
+score is the log-perplexity per character (nats); outliers are documents whose robust z-score
+(median / MAD) lies above ``filter.perplexity_zscore``.
 """
 
 from __future__ import annotations
