@@ -130,6 +130,14 @@ def test_the_arm_code_digest_covers_existing_files_of_this_checkout():
         ("ablation.underflow_target", 1.0, "ablation.underflow_target"),
         ("ablation.underflow_target", 0.999, None),
         ("ablation.underflow_target", 0.0, "ablation.underflow_target"),
+        ("ablation.sizing_seeds", [7, 100], "ablation.sizing_seeds: [7] are study seeds"),  # a confirmation seed
+        ("ablation.sizing_seeds", [8, 100], None),  # the first seed past the study's
+        ("ablation.sizing_seeds", [100, 100], "names a seed twice"),
+        ("ablation.sizing_seeds", [-1], "ablation.sizing_seeds"),
+        ("ablation.sizing_xiong_steps", [1, 2], None),  # the shortest candidates there are
+        ("ablation.sizing_xiong_steps", [0, 2], "ablation.sizing_xiong_steps"),
+        ("ablation.sizing_xiong_steps", [800, 800], "not strictly ascending"),
+        ("ablation.sizing_xiong_steps", [800, 400], "not strictly ascending"),
     ],
 )
 def test_a_bad_study_is_refused_naming_the_key(key, value, message):

@@ -75,6 +75,13 @@ class AblationConfig(Section):
     xiong_steps: int = 400
     """Steps of the xiong arms (SP Pre-LN at depth 6, LR 3e-3, crossed 0.5 nats below the unigram
     baseline at ~155 steps in the sizing run)."""
+    sizing_seeds: list[int] = field(default_factory=lambda: [100, 101, 102, 103])
+    """Seeds of the xiong sizing probe (tasks/ablate/sizing.py), none of them a discovery or
+    confirmation seed: ``xiong_steps`` is chosen on these seeds' gated variants, never on the
+    study's seeds or on the claim's variant."""
+    sizing_xiong_steps: list[int] = field(default_factory=lambda: [400, 800, 1200, 1600])
+    """Candidates of ``xiong_steps``, ascending (the rule takes the smallest at which every gated
+    variant leaves the plateau at every sizing seed); from version 2's 400 to four times it."""
     probe_depths: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 12])
     """Depths of the gradient-at-initialisation probe (Theorem 1's direct check), Pre-LN vs Post-LN."""
 
@@ -168,6 +175,18 @@ class AblationConfig(Section):
         in_open_unit("ablation.underflow_target", self.underflow_target)
         if overlap := sorted(set(self.seeds) & set(self.confirm_seeds)):
             raise ConfigError(f"ablation.confirm_seeds: {overlap} also discovery seeds (ablation.seeds)")
+        if len(set(self.sizing_seeds)) != len(self.sizing_seeds):
+            raise ConfigError(f"ablation.sizing_seeds: {self.sizing_seeds} names a seed twice")
+        for seed in self.sizing_seeds:
+            non_negative("ablation.sizing_seeds", seed)
+        if shared := sorted(set(self.sizing_seeds) & set(self.all_seeds)):
+            raise ConfigError(
+                f"ablation.sizing_seeds: {shared} are study seeds (ablation.seeds, ablation.confirm_seeds); size on others"
+            )
+        for steps in self.sizing_xiong_steps:
+            positive("ablation.sizing_xiong_steps", steps)
+        if self.sizing_xiong_steps != sorted(set(self.sizing_xiong_steps)):
+            raise ConfigError(f"ablation.sizing_xiong_steps: {self.sizing_xiong_steps} is not strictly ascending")
         if not set(self.overflow_precisions) <= set(self.precisions):
             raise ConfigError(
                 f"ablation.overflow_precisions: {self.overflow_precisions} must be among ablation.precisions="

@@ -27,10 +27,11 @@ DESIGN_CODE = (
     "tasks/search/fit.py",
     "tasks/spike/study.py",
     "tasks/spike/sizing.py",
+    "tasks/ablate/sizing.py",
 )
 """The files whose content decides a verdict, relative to the checkout (the design hash's input);
-tasks/spike/sizing.py holds the rules that size the spike finding's conditions, as
-tasks/ablate/conditions.py does the ablation families'."""
+tasks/spike/sizing.py and tasks/ablate/sizing.py hold the rules that size the spike and xiong
+findings' conditions, as tasks/ablate/conditions.py does the other ablation families'."""
 
 
 @cache

@@ -278,14 +278,20 @@ def variants_of(cfg: Config, family: str, **fixed: Any) -> list[dict[str, Any]]:
     return [dict(zip(factors, values)) for values in itertools.product(*factors.values())]
 
 
+def predicted_to_fail(key: str, factors: Mapping[str, Any]) -> bool:
+    """Whether the finding registers this variant as predicted to fail (``may_fail``), which exempts
+    it from the plateau gate."""
+    may_fail = design()["findings"][key].get("may_fail") or []
+    return any(all(factors.get(k) == v for k, v in exempt.items()) for exempt in may_fail)
+
+
 def variants_gate(
     key: str, arms: Arms, family: str, compared: Sequence[dict[str, Any]], unigram: float | None
 ) -> str | None:
     """The plateau gate on every variant a claim compares (mean capped loss over all its seeds),
     except those the finding registers as predicted to fail (``may_fail``): the first that fails, or None."""
-    may_fail = design()["findings"][key].get("may_fail") or []
     for factors in compared:
-        if any(all(factors.get(k) == v for k, v in exempt.items()) for exempt in may_fail):
+        if predicted_to_fail(key, factors):
             continue
         what = f"the compared variant {_variant(family, factors)}"
         if failed := plateau_gate(arms.mean(family, "capped_loss", **factors), unigram, what):
