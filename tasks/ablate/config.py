@@ -68,13 +68,14 @@ class AblationConfig(Section):
     """Block placements compared (``model.block``)."""
     xiong_warmups: list[float] = field(default_factory=lambda: [0.1, 0.0])
     """Warmup as a fraction of ``xiong_steps`` (0: none); Xiong et al. compare none against warmup."""
-    xiong_lrs: list[float] = field(default_factory=lambda: [3e-3, 1e-3])
-    """The small LR grid (Adam, SP): Xiong et al. ran 5e-4 ... 1e-3 on 6- and 12-layer models."""
+    xiong_lrs: list[float] = field(default_factory=lambda: [1e-3, 5e-4])
+    """The LR grid (Adam, SP): the paper's, whose Post-LN models trained at 5e-4 and 1e-3 with warmup
+    (version 2's 3e-3 lay above it, and there Post-LN with warmup stayed on the plateau)."""
     xiong_depth: int = 6
     """Blocks of the xiong arms: the Post-LN gap in gradient scale grows with depth (Theorem 1)."""
     xiong_steps: int = 400
-    """Steps of the xiong arms (SP Pre-LN at depth 6, LR 3e-3, crossed 0.5 nats below the unigram
-    baseline at ~155 steps in the sizing run)."""
+    """Steps of the xiong arms: the smallest of ``sizing_xiong_steps`` at which every arm the plateau
+    gate reads leaves the plateau at every sizing seed (tasks/ablate/sizing.py)."""
     sizing_seeds: list[int] = field(default_factory=lambda: [100, 101, 102, 103])
     """Seeds of the xiong sizing probe (tasks/ablate/sizing.py), none of them a discovery or
     confirmation seed: ``xiong_steps`` is chosen on these seeds' gated variants, never on the
