@@ -73,7 +73,7 @@ class AblationConfig(Section):
     (version 2's 3e-3 lay above it, and there Post-LN with warmup stayed on the plateau)."""
     xiong_depth: int = 6
     """Blocks of the xiong arms: the Post-LN gap in gradient scale grows with depth (Theorem 1)."""
-    xiong_steps: int = 400
+    xiong_steps: int = 1200
     """Steps of the xiong arms: the smallest of ``sizing_xiong_steps`` at which every arm the plateau
     gate reads leaves the plateau at every sizing seed (tasks/ablate/sizing.py)."""
     sizing_seeds: list[int] = field(default_factory=lambda: [100, 101, 102, 103])
