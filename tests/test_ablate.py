@@ -38,7 +38,7 @@ def test_the_default_study_is_each_familys_grid_once_per_seed():
         assert sum(arm.family == family for arm in arms) == n * len(a.all_seeds)
     names = [arm.name for arm in arms]
     assert len(set(names)) == len(names)
-    assert "xiong/post_ln·warmup=0·lr=0.003/s3" in names and "wortsman/qk_norm·lr=0.3/s0" in names
+    assert "xiong/post_ln·warmup=0·lr=0.0005/s3" in names and "wortsman/qk_norm·lr=0.3/s0" in names
     assert "overflow/fp16·param/s1" in names and "beta2/beta2=0.999·lr_mult=4/s2" in names
 
 
