@@ -382,8 +382,9 @@ def xiong(cfg: Config, ablate: dict[str, Any], unigram: float | None, **_: Any) 
     numbers = (
         f"final val loss (capped at ln V), per seed the mean over LRs {', '.join(f'{lr:g}' for lr in a.xiong_lrs)}: "
         f"{_claims_numbers(tested)}; Pre-LN no warmup − warmup {_cmp(pre)}; Post-LN diverged without vs with "
-        f"warmup, per (seed, LR) {_rate(diverged)}; depth {a.xiong_depth}, the paper's model (Xavier init, "
-        "LayerNorm, GELU)"
+        f"warmup, per (seed, LR) {_rate(diverged)}; depth {a.xiong_depth}, {a.xiong_steps:,} steps (warmup "
+        f"{warm:.0%} of them; ablation.xiong_steps, sized by tasks/ablate/sizing.py), the paper's model (Xavier "
+        "init, LayerNorm, GELU)"
     )
     return decide(
         "xiong",
