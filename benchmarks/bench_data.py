@@ -7,7 +7,9 @@ The corpus (built once, kept under benchmarks/out/): text that ships on this mac
 standard library's docstrings and help topics and Debian's /usr/share/doc (plain or gzip, cut
 into documents at blank lines), repeated with every fifth word swapped in each further copy
 until ``--size`` MB of JSON lines, with one planted garbage document (tasks/data/quality.py,
-the kinds in turn) after every PLANT_EVERY real ones. Its first half is the half corpus.
+the kinds in turn) after every PLANT_EVERY real ones. Its first half is the half corpus. Each
+base text is labelled prose or not by its origin (``prose_file``: Debian's documentation holds
+code, markup and data too), which the filters' precision is judged by.
 Precision and recall are also measured against exact truth on a clean base (tasks/data/quality.py).
 
 Each run is a fresh process (``--child``) that runs prepare -> filter -> tokenize as the tasks'
@@ -109,55 +111,81 @@ PLANT_EVERY = 100
 """One planted garbage document (the kinds in turn) after every this many real ones."""
 
 
-def base_texts(cfg: Config) -> Iterator[str]:
-    """Prose that ships on this machine, each text once: the standard library's docstrings and help
-    topics, then Debian's documentation files (/usr/share/doc, plain or gzip) in chunks."""
+def base_texts(cfg: Config) -> Iterator[tuple[str, bool]]:
+    """Text that ships on this machine, each text once, with whether it is prose by its origin
+    (:func:`prose_file`): the standard library's docstrings and help topics (prose), then Debian's
+    documentation files (/usr/share/doc, plain or gzip) in chunks."""
     from tasks.data.sources import Skips, stdlib_documents
 
     seen: set[bytes] = set()
     texts = itertools.chain(
-        (d.text for d in stdlib_documents(cfg.data.max_doc_bytes, Skips())),
+        ((d.text, True) for d in stdlib_documents(cfg.data.max_doc_bytes, Skips())),
         debian_chunks(sorted(DEBIAN_DOCS.rglob("*"))),
     )
-    for text in texts:
+    for text, prose in texts:
         key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
         if len(text) >= 200 and key not in seen:
             seen.add(key)
-            yield text
+            yield text, prose
 
 
-def debian_chunks(paths: list[Path]) -> Iterator[str]:
+def debian_chunks(paths: list[Path]) -> Iterator[tuple[str, bool]]:
     for path in paths:
         try:
             raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
             text = raw.decode("utf-8")
         except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile):
             continue  # a folder, a link to nowhere, a binary file
-        chunk: list[str] = []
+        prose, chunk = prose_file(path, text), []
         for block in text.split("\n\n"):
             chunk.append(block)
             if sum(map(len, chunk)) >= CHUNK_CHARS:
-                yield "\n\n".join(chunk)
+                yield "\n\n".join(chunk), prose
                 chunk = []
         if chunk:
-            yield "\n\n".join(chunk)
+            yield "\n\n".join(chunk), prose
 
 
-def write_corpus(cfg: Config, path: Path, megabytes: float) -> dict[int, str]:
+PROSE_SUFFIXES = {"", ".txt", ".md", ".rst", ".debian"}
+"""Formats people write prose in: plain text (no suffix, .txt, Debian's README.Debian and
+changelog.Debian), Markdown, reStructuredText. Not markup (.html, .xml), code (.c, .pl, .py,
+.sh), data (.json, .log) or page descriptions (.ps, .pdf)."""
+
+
+def prose_file(path: Path, text: str) -> bool:
+    """Whether a Debian documentation file is prose by its origin: its name, its folder and its
+    first two bytes, never its text's statistics, so the label that the benchmark's precision is
+    judged by is independent of the filters. Not prose: a format outside PROSE_SUFFIXES, an
+    example (``examples/`` folders hold sample code and configuration), a script or a build file
+    (``#!`` first, or a Makefile)."""
+    name = path.name.removesuffix(".gz")
+    return (
+        Path(name).suffix.lower() in PROSE_SUFFIXES
+        and not any(part.startswith("example") for part in path.parts)
+        and name != "Makefile"
+        and not text.startswith("#!")
+    )
+
+
+def write_corpus(cfg: Config, path: Path, megabytes: float) -> tuple[dict[int, str], list[int]]:
     """A JSON-lines corpus of ``megabytes`` MB: the base texts again and again, copy k > 0 with
     every fifth word swapped for another of the same text (so dedup keeps it, shingle Jaccard
     ~0.2, while vocabulary and letter statistics stay those of the base), and after every
     PLANT_EVERY of them one planted garbage document (tasks/data/quality.py, the kinds in turn;
-    a copy copies a recent text). Returns the planted lines: line number (from 1) -> kind."""
+    a copy copies a recent text). Returns the planted lines (line number from 1 -> kind) and the
+    unlabelled ones: copies of base texts that are not prose by their origin."""
     base = list(base_texts(cfg))
     rng, limit, size, line = random.Random(0), megabytes * 1e6, 0, 0
     planted: dict[int, str] = {}
+    unlabelled: list[int] = []
     recent: deque[str] = deque(maxlen=1000)
     with open(path, "w", encoding="utf-8") as f:
         for k in itertools.count():
-            for i, original in enumerate(base):
+            for i, (original, prose) in enumerate(base):
                 text = original if k == 0 else _perturbed(original, random.Random(f"{k}:{i}"))
                 size, line = size + _write(f, text), line + 1
+                if not prose:
+                    unlabelled.append(line)
                 recent.append(text)
                 if i % PLANT_EVERY == PLANT_EVERY - 1:
                     kind = KINDS[len(planted) % len(KINDS)]
@@ -167,7 +195,7 @@ def write_corpus(cfg: Config, path: Path, megabytes: float) -> dict[int, str]:
                     )
                     planted[line] = kind
                 if size >= limit:
-                    return planted
+                    return planted, unlabelled
     raise AssertionError("unreachable")
 
 
@@ -184,15 +212,18 @@ def _write(f, text: str) -> int:
     return len(line)
 
 
-def corpus(cfg: Config, megabytes: float) -> tuple[Path, dict[int, str]]:
-    """The corpus of ``megabytes`` MB and its planted lines, built once under benchmarks/out/."""
+def corpus(cfg: Config, megabytes: float) -> tuple[Path, dict[int, str], set[int]]:
+    """The corpus of ``megabytes`` MB, its planted lines and its unlabelled ones, built once
+    under benchmarks/out/ (a rebuild writes the same bytes: every choice is seeded)."""
     path = OUT / f"corpus-{megabytes:g}MB.jsonl"
-    planted_path = path.with_suffix(".planted.json")
-    if not planted_path.exists():
+    planted_path, unlabelled_path = path.with_suffix(".planted.json"), path.with_suffix(".unlabelled.json")
+    if not (planted_path.exists() and unlabelled_path.exists()):
         OUT.mkdir(parents=True, exist_ok=True)
-        planted = write_corpus(cfg, path, megabytes)
+        planted, unlabelled = write_corpus(cfg, path, megabytes)
         planted_path.write_text(json.dumps(planted))
-    return path, {int(k): v for k, v in json.loads(planted_path.read_text()).items()}
+        unlabelled_path.write_text(json.dumps(unlabelled))
+    planted = {int(k): v for k, v in json.loads(planted_path.read_text()).items()}
+    return path, planted, set(json.loads(unlabelled_path.read_text()))
 
 
 def child(path: Path, workers: int) -> None:
@@ -216,6 +247,7 @@ def child(path: Path, workers: int) -> None:
             "largest_worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
             "outputs_sha256": outputs_digest(project),
             "kept_lines": sorted(_lines(d for p in shard_paths(project / CLEAN_DIR) for d in read_docs(p))),
+            "perplexity_removed_lines": perplexity_removed_lines(project),
             "report": read_json(project / FILTER_REPORT),
         }
     print(json.dumps(result))
@@ -224,6 +256,20 @@ def child(path: Path, workers: int) -> None:
 def _lines(docs: Iterator[dict[str, str]]) -> Iterator[int]:
     """Line numbers of a jsonl source's documents (prepare names them ``<file>:<line>``)."""
     return (int(d["id"].rsplit(":", 1)[1]) for d in docs if not d["id"].startswith("generated:"))
+
+
+def perplexity_removed_lines(project: Path) -> list[int]:
+    """Lines the perplexity filter removed, from its file in the poison pool, which must hold them
+    all (``filter.poison_max_bytes`` keeps only the first; the benchmark's corpora fit)."""
+    pool = project / POISON_DIR / "perplexity.jsonl"
+    lines = sorted(_lines(read_docs(pool))) if pool.exists() else []
+    removed = read_json(project / FILTER_REPORT)["removed_perplexity"]
+    if len(lines) != removed:
+        raise SystemExit(
+            f"{pool}: holds {len(lines)} of the perplexity filter's {removed} removals; "
+            "raise filter.poison_max_bytes to judge them"
+        )
+    return lines
 
 
 def outputs_digest(project: Path) -> str:
@@ -271,26 +317,35 @@ def measure(path: Path, workers: int) -> dict:
     return run
 
 
-def filter_quality(run: dict, planted: dict[int, str], path: Path, cfg: Config) -> dict:
+def filter_quality(run: dict, planted: dict[int, str], unlabelled: set[int], path: Path, cfg: Config) -> dict:
     """Precision and recall on the planted garbage, from what the clean corpus kept and the
     report's counts (the poison pool holds only ``filter.poison_max_bytes`` of each filter's
     removals). Garbage filters: recall over the planted kinds meant for them; precision over
-    every document they removed (all removals less dedup's), twice: ``precision_planted_only``
-    takes every removed base document for a false positive, ``precision`` counts as garbage the
-    base documents that break a rule by :func:`rule_breaks` (Debian's documentation holds
-    PostScript, binary logs and tables that no one planted; a perplexity removal of the base
-    stays a false positive, there is no rule to judge it by). Dedup: recall over the planted
-    copies (it also removes near copies the base itself holds, e.g. Debian's licence texts:
-    counted, not judged; its precision is judged on the exact-truth base). A planted garbage
-    document is unique and a planted copy is prose, so each is removed by the filters meant for
-    it or kept."""
+    the documents they removed (all removals less dedup's), three ways:
+
+    - ``precision``: over the documents whose truth is known. Garbage: the planted documents and
+      the base documents that break a rule by :func:`rule_breaks`. Good: the other base documents
+      that are prose by their origin (:func:`prose_file`). A base document of another origin
+      (code, markup, data) that breaks no rule has no label: its removal by the perplexity filter
+      is counted apart (``perplexity_removed_real_documents``), neither right nor wrong.
+    - ``precision_rule_labelled``: as ``precision`` with every removal judged, an unlabelled
+      document a false positive.
+    - ``precision_planted_only``: every removed base document a false positive.
+
+    Dedup: recall over the planted copies (it also removes near copies the base itself holds,
+    e.g. Debian's licence texts: counted, not judged; its precision is judged on the exact-truth
+    base). A planted garbage document is unique and a planted copy is prose, so each is removed
+    by the filters meant for it or kept."""
     kept, report = set(run["kept_lines"]), run["report"]
     garbage_lines = {line for line, kind in planted.items() if kind not in COPIES}
     copies = {line for line, kind in planted.items() if kind in COPIES}
     removed_garbage, removed_copies = garbage_lines - kept, copies - kept
     by_dedup = report["removed_duplicate_exact"] + report["removed_duplicate_near"]
     by_garbage_filters = report["documents_in"] - report["documents_kept"] - by_dedup
-    natural = natural_garbage_removed(path, kept | set(planted), cfg)
+    breakers = base_rule_breakers(path, kept | set(planted), cfg)
+    perplexity_base = set(run["perplexity_removed_lines"]) - set(planted) - set(breakers)
+    perplexity_unlabelled = perplexity_base & unlabelled
+    judged_garbage = len(removed_garbage) + len(breakers)
     per_kind = {
         kind: sum(1 for line, k in planted.items() if k == kind and line not in kept)
         / max(sum(1 for k in planted.values() if k == kind), 1)
@@ -298,29 +353,35 @@ def filter_quality(run: dict, planted: dict[int, str], path: Path, cfg: Config) 
     }
     return {
         "planted": len(planted),
-        "precision": (len(removed_garbage) + sum(natural.values())) / max(by_garbage_filters, 1),
+        "precision": judged_garbage / max(by_garbage_filters - len(perplexity_unlabelled), 1),
+        "precision_rule_labelled": judged_garbage / max(by_garbage_filters, 1),
         "precision_planted_only": len(removed_garbage) / max(by_garbage_filters, 1),
         "recall": len(removed_garbage) / max(len(garbage_lines), 1),
         "dedup_recall": len(removed_copies) / max(len(copies), 1),
         "recall_per_kind": per_kind,
         "removed_real_documents": by_garbage_filters - len(removed_garbage),
-        "removed_real_documents_breaking_a_rule": natural,
+        "removed_real_documents_breaking_a_rule": dict(Counter(breakers.values())),
+        "perplexity_removed_real_documents": {
+            "prose": len(perplexity_base) - len(perplexity_unlabelled),
+            "unlabelled": len(perplexity_unlabelled),
+        },
+        "unlabelled_share_of_corpus": len(unlabelled) / max(report["documents_in"], 1),
         "dedup_removed_real_documents": by_dedup - len(removed_copies),
     }
 
 
-def natural_garbage_removed(path: Path, kept_or_planted: set[int], cfg: Config) -> dict[str, int]:
+def base_rule_breakers(path: Path, kept_or_planted: set[int], cfg: Config) -> dict[int, str]:
     """Base documents of the corpus at ``path`` that the pipeline removed (not kept, not planted,
-    not a line prepare skipped as longer than ``data.max_doc_bytes``) and that break a rule,
-    counted by the first rule."""
-    found: Counter = Counter()
+    not a line prepare skipped as longer than ``data.max_doc_bytes``) and that break a rule: line
+    -> the first rule."""
+    found: dict[int, str] = {}
     with open(path, "rb") as f:
         for line, raw in enumerate(f, start=1):
             if line in kept_or_planted or len(raw) > cfg.data.max_doc_bytes:  # prepare's rule: the line's bytes
                 continue
             if broken := rule_breaks(json.loads(raw)["text"], cfg.filter):
-                found[broken[0]] += 1
-    return dict(found)
+                found[line] = broken[0]
+    return found
 
 
 def rule_breaks(text: str, f: FilterConfig) -> list[str]:
@@ -410,7 +471,7 @@ def main() -> None:
     if args.child:
         return child(args.child, args.workers)
     cfg = load_config(ROOT / "params.yaml", "default")
-    full, planted = corpus(cfg, args.size)
+    full, planted, unlabelled = corpus(cfg, args.size)
     plan = [("full_2_workers", full, 2)]
     if not args.quick:
         plan += [("full_1_worker", full, 1), ("half_2_workers", corpus(cfg, args.size / 2)[0], 2)]
@@ -427,9 +488,9 @@ def main() -> None:
             flush=True,
         )
     runs = result["runs"]
-    result["filters"] = filter_quality(runs["full_2_workers"], planted, full, cfg)
+    result["filters"] = filter_quality(runs["full_2_workers"], planted, unlabelled, full, cfg)
     for run in runs.values():
-        del run["kept_lines"]
+        del run["kept_lines"], run["perplexity_removed_lines"]
     if not args.quick:
         result |= scaling_and_memory(runs) | {
             "filters_exact_truth": exact_truth_quality(cfg),
@@ -442,8 +503,10 @@ def main() -> None:
     q = result["filters"]
     print(
         f"filters on {q['planted']} planted: precision {q['precision']:.3f} (base documents breaking a rule "
-        f"counted as garbage: {q['removed_real_documents_breaking_a_rule']}; "
-        f"{q['precision_planted_only']:.3f} if none is), recall {q['recall']:.3f}, "
+        f"counted as garbage: {q['removed_real_documents_breaking_a_rule']}; perplexity removals of the base "
+        f"{q['perplexity_removed_real_documents']}, the unlabelled not judged; "
+        f"{q['precision_rule_labelled']:.3f} with those wrong; {q['precision_planted_only']:.3f} with every "
+        f"removed base document wrong), recall {q['recall']:.3f}, "
         f"dedup recall {q['dedup_recall']:.3f}; per kind "
         + ", ".join(f"{k} {v:.2f}" for k, v in q["recall_per_kind"].items())
     )
