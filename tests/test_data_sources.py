@@ -3,7 +3,9 @@ outputs that are never half-written."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
@@ -217,6 +219,45 @@ def test_a_glob_and_a_file_url_name_the_files_to_read(tmp_path):
         prepare(tmp_path, source="jsonl", path="corpus/z-*.jsonl")
     with pytest.raises(InputError, match=r"data\.path: file:///nowhere/at/all\.parquet does not exist"):
         prepare(tmp_path, source="parquet", path="file:///nowhere/at/all.parquet")
+
+
+def dvc_project(path: Path) -> Path:
+    """A git + DVC project at ``path`` (what `make setup` leaves a user with)."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=path, check=True)
+    return path
+
+
+def dvc(project: Path, *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "dvc", *args], cwd=project, check=True, capture_output=True)
+
+
+def test_a_dvc_remote_path_is_read_with_the_remote_configured_in_the_local_config_only(tmp_path):
+    project, store = dvc_project(tmp_path / "project"), tmp_path / "store"
+    (store / "shards").mkdir(parents=True)
+    for name, text in (("a.jsonl", "first"), ("b.jsonl.gz", "second"), ("c.txt", "not a source file")):
+        data = jsonl_bytes(text)
+        (store / "shards" / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    dvc(project, "remote", "add", "--local", "lab", str(store))  # .dvc/config.local, where credentials go
+    _, docs = prepare(project, source="jsonl", path="remote://lab/shards")
+    assert [d["text"] for d in docs] == ["first", "second"]
+    _, docs = prepare(project, source="jsonl", path="remote://lab/shards/b*")
+    assert [d["text"] for d in docs] == ["second"]
+    with pytest.raises(InputError, match=r"data\.path: remote://nowhere/shards: no DVC remote 'nowhere'"):
+        prepare(project, source="jsonl", path="remote://nowhere/shards")
+
+
+def test_a_dvc_remotes_credentials_reach_the_file_system_that_reads_the_source(tmp_path):
+    from tasks.data.sources import filesystem
+
+    project = dvc_project(tmp_path / "project")
+    dvc(project, "remote", "add", "bucket", "s3://lab-corpora/pretraining")
+    dvc(project, "remote", "modify", "--local", "bucket", "access_key_id", "AKIDEXAMPLE")
+    dvc(project, "remote", "modify", "--local", "bucket", "secret_access_key", "not-a-real-secret")
+    fs, path = filesystem("remote://bucket/shard-*.jsonl.zst", project)  # builds the client; no request is made
+    assert (type(fs).__name__, path) == ("S3FileSystem", "lab-corpora/pretraining/shard-*.jsonl.zst")
+    assert (fs.key, fs.secret) == ("AKIDEXAMPLE", "not-a-real-secret")
 
 
 def folder_bytes(folder: Path) -> dict[str, bytes]:

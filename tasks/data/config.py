@@ -21,11 +21,12 @@ class DataConfig(Section):
     lines). ``jsonl``: ``path`` is a JSON-lines file, a folder of ``*.jsonl`` / ``*.jsonl.gz`` /
     ``*.jsonl.zst`` files or a glob, text under ``jsonl_field``. ``parquet``: the same for
     ``*.parquet`` files, text in column ``jsonl_field``. Both read URLs too (fsspec: ``file://``,
-    ``s3://`` with s3fs installed). ``hf``: a Hugging
+    ``s3://`` with s3fs installed) and a DVC remote's storage (``remote://<name>/<path>``, with the
+    remote's credentials). ``hf``: a Hugging
     Face dataset (needs network and the ``hf`` extra)."""
     path: str = ""
-    """File or folder for ``text``, also a glob or URL for ``jsonl``/``parquet``; relative paths are
-    relative to the project."""
+    """File or folder for ``text``, also a glob, URL or ``remote://<dvc remote>/<path>`` for
+    ``jsonl``/``parquet``; relative paths are relative to the project."""
     jsonl_field: str = "text"
     """Field holding the document text in each JSON line (each Parquet row's column, each Hugging
     Face record's field)."""

@@ -4,7 +4,8 @@ Sources: the running Python's standard-library docstrings and help topics (the o
 a user's text file or folder, JSON-lines files (plain, gzip or zstandard), Parquet files, or a
 Hugging Face dataset (the ``hf`` extra). JSON-lines and Parquet sources are a file, a folder or a
 glob, on this machine or at any URL fsspec reads (``file://``, ``s3://`` with s3fs and the
-environment's credentials, ...).
+environment's credentials, ...), or on a DVC remote's storage: ``remote://<name>/<path>`` opens
+<path> under the remote with the remote's own settings and credentials, as ``dvc push`` would.
 Everything is read in bounded pieces: a document longer than ``data.max_doc_bytes`` is skipped
 and counted as it streams past, so even a 1 GB single line never sits in memory whole. A single
 bad document or line is skipped and counted; only a source with no usable document at all is an
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Protocol
 
+import fsspec
 import zstandard
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
@@ -262,10 +264,15 @@ class ZstdFrames(io.RawIOBase):
         super().close()
 
 
-def source_files(location: str, suffixes: tuple[str, ...]) -> list[SourceFile]:
+DVC_REMOTE = "remote://"
+"""DVC's own prefix for a path on a remote's storage (as in an external dependency's URL)."""
+
+
+def source_files(location: str, suffixes: tuple[str, ...], project: Path) -> list[SourceFile]:
     """The files of a source, in name order: one file, a folder's files with one of ``suffixes``
-    (hidden ones aside), or a glob's matches; on this machine or at a URL (fsspec)."""
-    fs, root = url_to_fs(location)
+    (hidden ones aside), or a glob's matches; on this machine, at a URL (fsspec) or on a DVC
+    remote of ``project``."""
+    fs, root = filesystem(location, project)
     if glob.has_magic(root):
         paths = [p for p in fs.glob(root) if p.endswith(suffixes) and fs.isfile(p)]
     elif fs.isdir(root):
@@ -277,6 +284,30 @@ def source_files(location: str, suffixes: tuple[str, ...]) -> list[SourceFile]:
     if not paths:
         raise InputError(f"data.path: {location} holds no {' or '.join('*' + s for s in suffixes)} files")
     return [SourceFile(fs, p) for p in sorted(paths)]
+
+
+def filesystem(location: str, project: Path) -> tuple[AbstractFileSystem, str]:
+    """fsspec's file system and path for ``location``. ``remote://<name>/<path>`` is <path> under
+    the DVC remote <name> of ``project``, opened by fsspec with the arguments DVC derives from the
+    remote's settings (.dvc/config, and .dvc/config.local where its credentials belong), so the
+    source needs no credentials of its own and none ever sits in params.yaml. fsspec's own class,
+    not DVC's wrapper of it: DVC's local one cannot glob."""
+    if not location.startswith(DVC_REMOTE):
+        fs, path = url_to_fs(location)
+        return fs, path
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    name, _, path = location.removeprefix(DVC_REMOTE).partition("/")
+    try:
+        with Repo(str(project)) as repo:
+            remote = repo.cloud.get_remote(name)
+    except DvcException as e:
+        raise InputError(
+            f"data.path: {location}: no DVC remote {name!r} in {project} ({e}; see `dvc remote list`)"
+        ) from e
+    fs = fsspec.filesystem(remote.fs.protocol, **remote.fs.fs_args)
+    return fs, remote.fs.join(remote.path, path) if path else remote.path
 
 
 def _hidden(relative: str) -> bool:
@@ -367,7 +398,9 @@ def documents(cfg: DataConfig, project: Path, skips: Skips) -> Iterator[Doc]:
     elif cfg.source == "text":
         docs = text_documents(source_path(cfg, project), limit, skips)
     else:
-        docs = file_documents(source_files(location(cfg, project), SUFFIXES[cfg.source]), reader(cfg, skips), skips)
+        docs = file_documents(
+            source_files(location(cfg, project), SUFFIXES[cfg.source], project), reader(cfg, skips), skips
+        )
     return itertools.islice(docs, cfg.max_docs or None)
 
 
