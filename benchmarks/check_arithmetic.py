@@ -6,6 +6,7 @@ project's own (issue 28: the same decisions on any CPU).
     python benchmarks/check_arithmetic.py                       # the default study, after make repro
     python benchmarks/check_arithmetic.py --profile smoke --stages ablate --rerun-first
     python benchmarks/check_arithmetic.py --arms-from arms.jsonl.gz   # the arms another machine trained
+    python benchmarks/check_arithmetic.py --stages ablate --seeds-from 10  # on seeds the study never saw
 
 The project's outputs are the first arithmetic (or, with ``--rerun-first``, a copy rerun on the
 project's own numeric path). The second runs in a copy of the code and params under ``--work``
@@ -14,8 +15,12 @@ with the project's data (data/tokens, the poison pool) and params, each stage of
 project's own output, so its numbers are the same on both sides. The copy uses the project's
 servers (its ``SPIKELAB_STATE``) when they are up. With ``--arms-from``, the second arithmetic is
 another machine's CPU: the ablate stage runs in the copy on the arm results that machine trained
-(benchmarks/arms_elsewhere.py), every arm stored, so its findings are decided on those numbers. Writes ``--out`` (JSON) and prints one line per
-finding; exits 1 when a verdict differs, 2 on a bad argument or a missing input.
+(benchmarks/arms_elsewhere.py), every arm stored, so its findings are decided on those numbers.
+With ``--seeds-from N``, the second side is the same stages on seeds the study never saw (issue 28's
+held-out check): each rerun stage's discovery and confirmation seeds renumbered from N, as many of
+each, on the project's numeric path unless ``--numerics`` names the other. Writes ``--out``
+(JSON) and prints one line per finding; exits 1 when a verdict differs, 2 on a bad argument or a
+missing input.
 """
 
 from __future__ import annotations
@@ -34,9 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.arms_elsewhere import stored_results  # noqa: E402
-from model.typed_config import parse_sets  # noqa: E402
+from model.typed_config import ConfigError, parse_sets  # noqa: E402
 from tasks.ablate.grid import read_result  # noqa: E402
-from tasks.config import load_config  # noqa: E402
+from tasks.config import Config, load_config  # noqa: E402
 from tasks.report.robustness import STAGE_METRICS, compare, findings_of  # noqa: E402
 from tasks.runtime.outputs import ABLATE_ARMS, MANIFEST  # noqa: E402
 
@@ -45,6 +50,27 @@ PARAMS = ["profiles", "params", "params.yaml"]
 DATA = ["data/tokens", "data/poison", "search/lr.yaml"]
 """The inputs the verdict-deciding stages read (a missing optional one is skipped)."""
 OTHER = {"portable": "native", "native": "portable"}
+SEED_SECTIONS = {"ablate": "ablation", "spike": "spike", "search": "search"}
+"""Each rerunnable stage's config section, whose ``seeds`` and ``confirm_seeds`` it trains."""
+
+
+def unseen_seed_sets(cfg: Config, stages: list[str], start: int) -> list[str]:
+    """``--set`` pairs that move each stage's discovery and confirmation seeds to ``start``,
+    ``start + 1``, ... (as many of each as the study has). A renumbered seed that the study
+    already uses is refused: the check would not be on unseen seeds."""
+    sets = []
+    for stage in stages:
+        name = SEED_SECTIONS[stage]
+        section = getattr(cfg, name)
+        study = [*section.seeds, *section.confirm_seeds]
+        unseen = list(range(start, start + len(study)))
+        if shared := sorted(set(unseen) & set(study)):
+            raise ConfigError(
+                f"--seeds-from {start}: {shared} are {name}.seeds or {name}.confirm_seeds already; start past {max(study)}"
+            )
+        split = len(section.seeds)
+        sets += [f"{name}.seeds={unseen[:split]}", f"{name}.confirm_seeds={unseen[split:]}"]
+    return sets
 
 
 def copy_project(project: Path, dest: Path) -> Path:
@@ -121,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --arms-from: the arms the file lacks are the project's own (not trained in the copy)",
     )
+    p.add_argument(
+        "--seeds-from",
+        type=int,
+        help="the second side on unseen seeds: each stage's seeds renumbered from this one (project's numerics)",
+    )
     p.add_argument("--rerun-first", action="store_true", help="rerun the first side too, in a copy")
     p.add_argument("--work", type=Path, default=ROOT / "benchmarks/out/arithmetic")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/arithmetic.json")
@@ -129,15 +160,27 @@ def main(argv: list[str] | None = None) -> int:
     if not (project / MANIFEST).is_file():
         print(f"check_arithmetic: {project / MANIFEST}: missing; run the data stages first", file=sys.stderr)
         return 2
-    cfg = load_config(project / "params.yaml", args.profile, parse_sets(args.sets))
-    first_numerics = cfg.precision.numerics
-    second_numerics = args.numerics or OTHER[first_numerics]
+    try:
+        cfg = load_config(project / "params.yaml", args.profile, parse_sets(args.sets))
+        first_numerics = cfg.precision.numerics
+        second_numerics = args.numerics or (first_numerics if args.seeds_from is not None else OTHER[first_numerics])
+        second_sets = [*args.sets, f"precision.numerics={second_numerics}"]
+        if args.seeds_from is not None:
+            second_sets += unseen_seed_sets(cfg, args.stages, args.seeds_from)
+        second_cfg = load_config(project / "params.yaml", args.profile, parse_sets(second_sets))
+    except ConfigError as e:
+        print(f"check_arithmetic: {e}", file=sys.stderr)
+        return 2
+    first_label, second_label = first_numerics, second_numerics
+    if args.seeds_from is not None:
+        first_label, second_label = "study seeds", f"seeds from {args.seeds_from} ({second_numerics})"
     first = project
     if args.rerun_first:
         first = copy_project(project, args.work / first_numerics)
         run_stages(first, project, args.stages, args.profile, args.sets)
     if args.arms_from:  # the second arithmetic is another machine's: its arms, this stage's code
-        second_numerics, stages = f"arms from {args.arms_from.name}", ["ablate"]
+        second_label = second_numerics = f"arms from {args.arms_from.name}"
+        stages = ["ablate"]
         second = copy_project(project, args.work / "elsewhere")
         lent = lend_arms(args.arms_from, second, project, args.rest_from_project)
         print(f"[check_arithmetic] {lent['lent']} arms' results lent from {args.arms_from}: {lent}", flush=True)
@@ -145,18 +188,22 @@ def main(argv: list[str] | None = None) -> int:
         second_cfg = cfg
     else:
         stages = args.stages
-        second = copy_project(project, args.work / second_numerics)
-        run_stages(second, project, stages, args.profile, [*args.sets, f"precision.numerics={second_numerics}"])
-        second_cfg = cfg.replace(**{"precision.numerics": second_numerics})
+        work = f"seeds-from-{args.seeds_from}" if args.seeds_from is not None else second_numerics
+        second = copy_project(project, args.work / work)
+        run_stages(second, project, stages, args.profile, second_sets)
     result = compare(findings_of(cfg, first), findings_of(second_cfg, second))
     result |= {"numerics": [first_numerics, second_numerics], "stages": stages, "profile": args.profile}
+    result["seeds"] = {
+        side: {SEED_SECTIONS[s]: getattr(c, SEED_SECTIONS[s]).all_seeds for s in stages}
+        for side, c in (("first", cfg), ("second", second_cfg))
+    }
     if args.arms_from:
         result["lent_arms"] = lent
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     for key, row in result["findings"].items():
         mark = "agree" if row["agree"] else "DIFFER"
-        print(f"{key:12s} {first_numerics}: {row['first']:13s} {second_numerics}: {row['second']:13s} {mark}")
+        print(f"{key:12s} {first_label}: {row['first']:13s} {second_label}: {row['second']:13s} {mark}")
     print(f"verdicts {'all agree' if result['agree'] else 'DIFFER'} ({args.out})")
     return 0 if result["agree"] else 1
 

@@ -85,3 +85,25 @@ def test_arms_trained_elsewhere_decide_the_copys_findings_and_none_is_trained_ag
     assert f"{len(arms)} arms' results lent" in done.stdout
     metrics = json.loads((tmp_path / "work" / "elsewhere" / "metrics" / "ablate.json").read_text())
     assert all(arm["cached"] for arm in metrics["arms"]), "an arm lent from elsewhere was trained again"
+
+
+def test_the_verdicts_are_recomputed_on_unseen_seeds_and_compared(live_services, tmp_path):
+    project = study_project(tmp_path / "project")
+    sets = ["--set=ablation.workers=2", "--set=tracking.experiment=seeds-test"]
+    out, work = tmp_path / "seeds.json", tmp_path / "work"
+    command = [sys.executable, str(REPO / "benchmarks/check_arithmetic.py"), "--project", str(project)]
+    command += ["--profile", "smoke", "--stages", "ablate", "--rerun-first", "--seeds-from", "2", "--work", str(work)]
+    done = subprocess.run(
+        [*command, "--out", str(out), *sets],
+        env=with_this_python(live_services),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["seeds"] == {"first": {"ablation": [0, 1]}, "second": {"ablation": [2, 3]}}
+    assert result["numerics"] == ["native", "native"]
+    assert (done.returncode == 0) == result["agree"]
+    trained = json.loads((work / "seeds-from-2" / "metrics" / "ablate.json").read_text())["arms"]
+    assert {a["seed"] for a in trained} == {2, 3}, "the second side trained only the unseen seeds"
