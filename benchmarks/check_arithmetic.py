@@ -62,7 +62,7 @@ def unseen_seed_sets(cfg: Config, stages: list[str], start: int) -> list[str]:
     for stage in stages:
         name = SEED_SECTIONS[stage]
         section = getattr(cfg, name)
-        study = [*section.seeds, *section.confirm_seeds]
+        study = section.all_seeds
         unseen = list(range(start, start + len(study)))
         if shared := sorted(set(unseen) & set(study)):
             raise ConfigError(
