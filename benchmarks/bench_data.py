@@ -42,6 +42,7 @@ import time
 import unicodedata
 from collections import Counter, deque
 from collections.abc import Iterator
+from concurrent.futures import Executor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,21 +75,26 @@ COPIES = {"exact_copy", "near_copy"}
 
 def run_stages(cfg: Config, project: Path) -> dict[str, float]:
     """The three stages' work as plain functions on ``data.workers``; seconds per stage."""
-    seconds = {}
-    started = time.perf_counter()
-    read_corpus.fn(cfg.data, project, project / RAW_DIR)
-    seconds["prepare"] = time.perf_counter() - started
-    (project / FILTER_REPORT).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=project) as work, shard_pool(cfg.data.workers, "local") as pool:
-        started = time.perf_counter()
-        outs = (project / CLEAN_DIR, project / POISON_DIR, project / FILTER_REPORT)
-        filter_corpus(cfg.filter, project / RAW_DIR, Path(work) / "filter", *outs, pool)
-        seconds["filter"] = time.perf_counter() - started
+        seconds = prepare_and_filter(cfg, project, Path(work), pool)
         started = time.perf_counter()
         clean, tokens = project / CLEAN_DIR, project / TOKENS_DIR
         tokenizer = train_tokenizer(cfg.tokenizer, cfg.data, clean, tokens, Path(work) / "tokenize", pool)
         encode_corpus(cfg.tokenizer, cfg.data, tokenizer, clean, project / POISON_DIR, Path(work) / "tokenize", pool)
         seconds["tokenize"] = time.perf_counter() - started
+    return seconds
+
+
+def prepare_and_filter(cfg: Config, project: Path, work: Path, pool: Executor) -> dict[str, float]:
+    """The prepare and filter stages' work into ``project``; seconds per stage."""
+    started = time.perf_counter()
+    read_corpus.fn(cfg.data, project, project / RAW_DIR)
+    seconds = {"prepare": time.perf_counter() - started}
+    (project / FILTER_REPORT).parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    outs = (project / CLEAN_DIR, project / POISON_DIR, project / FILTER_REPORT)
+    filter_corpus(cfg.filter, project / RAW_DIR, work / "filter", *outs, pool)
+    seconds["filter"] = time.perf_counter() - started
     return seconds
 
 
@@ -246,11 +252,18 @@ def child(path: Path, workers: int) -> None:
             "peak_rss_mb": _max_rss_mb(),
             "largest_worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
             "outputs_sha256": outputs_digest(project),
-            "kept_lines": sorted(_lines(d for p in shard_paths(project / CLEAN_DIR) for d in read_docs(p))),
-            "perplexity_removed_lines": perplexity_removed_lines(project),
-            "report": read_json(project / FILTER_REPORT),
-        }
+        } | filter_outcome(project)
     print(json.dumps(result))
+
+
+def filter_outcome(project: Path) -> dict:
+    """What the filter stage did in ``project``: the source lines it kept, those the perplexity
+    filter removed, its report (what :func:`filter_quality` judges)."""
+    return {
+        "kept_lines": sorted(_lines(d for p in shard_paths(project / CLEAN_DIR) for d in read_docs(p))),
+        "perplexity_removed_lines": perplexity_removed_lines(project),
+        "report": read_json(project / FILTER_REPORT),
+    }
 
 
 def _lines(docs: Iterator[dict[str, str]]) -> Iterator[int]:
@@ -342,9 +355,8 @@ def filter_quality(run: dict, planted: dict[int, str], unlabelled: set[int], pat
     removed_garbage, removed_copies = garbage_lines - kept, copies - kept
     by_dedup = report["removed_duplicate_exact"] + report["removed_duplicate_near"]
     by_garbage_filters = report["documents_in"] - report["documents_kept"] - by_dedup
-    breakers = base_rule_breakers(path, kept | set(planted), cfg)
-    perplexity_base = set(run["perplexity_removed_lines"]) - set(planted) - set(breakers)
-    perplexity_unlabelled = perplexity_base & unlabelled
+    breakers, perplexity_prose, perplexity_unlabelled = base_removals(run, planted, unlabelled, path, cfg)
+    perplexity_base = perplexity_prose | perplexity_unlabelled
     judged_garbage = len(removed_garbage) + len(breakers)
     per_kind = {
         kind: sum(1 for line, k in planted.items() if k == kind and line not in kept)
@@ -367,7 +379,19 @@ def filter_quality(run: dict, planted: dict[int, str], unlabelled: set[int], pat
         },
         "unlabelled_share_of_corpus": len(unlabelled) / max(report["documents_in"], 1),
         "dedup_removed_real_documents": by_dedup - len(removed_copies),
+        "judged": {"garbage": judged_garbage, "removals": by_garbage_filters - len(perplexity_unlabelled)},
     }
+
+
+def base_removals(
+    run: dict, planted: dict[int, str], unlabelled: set[int], path: Path, cfg: Config
+) -> tuple[dict[int, str], set[int], set[int]]:
+    """The base documents the filters removed, judged by origin: those breaking a rule (line ->
+    rule), and of the perplexity filter's removals that break none, the prose-origin ones (the
+    false positives) and the unlabelled ones."""
+    breakers = base_rule_breakers(path, set(run["kept_lines"]) | set(planted), cfg)
+    perplexity_base = set(run["perplexity_removed_lines"]) - set(planted) - set(breakers)
+    return breakers, perplexity_base - unlabelled, perplexity_base & unlabelled
 
 
 def base_rule_breakers(path: Path, kept_or_planted: set[int], cfg: Config) -> dict[int, str]:
