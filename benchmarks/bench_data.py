@@ -205,6 +205,15 @@ def write_corpus(cfg: Config, path: Path, megabytes: float) -> tuple[dict[int, s
     raise AssertionError("unreachable")
 
 
+def base_index(line: int, n_base: int) -> int | None:
+    """Which base text the corpus's ``line`` (from 1) is a copy of, as :func:`write_corpus` lays
+    them out (each pass: the ``n_base`` texts, a planted document after every PLANT_EVERY);
+    None for a planted line."""
+    offset = (line - 1) % (n_base + n_base // PLANT_EVERY)
+    group, place = divmod(offset, PLANT_EVERY + 1)
+    return None if place == PLANT_EVERY else offset - group
+
+
 def _perturbed(text: str, rng: random.Random) -> str:
     words = text.split(" ")
     for i in range(rng.randrange(5), len(words), 5):
@@ -356,8 +365,10 @@ def filter_quality(run: dict, planted: dict[int, str], unlabelled: set[int], pat
     by_dedup = report["removed_duplicate_exact"] + report["removed_duplicate_near"]
     by_garbage_filters = report["documents_in"] - report["documents_kept"] - by_dedup
     breakers, perplexity_prose, perplexity_unlabelled = base_removals(run, planted, unlabelled, path, cfg)
-    perplexity_base = perplexity_prose | perplexity_unlabelled
-    judged_garbage = len(removed_garbage) + len(breakers)
+    judged = {
+        "garbage": len(removed_garbage) + len(breakers),
+        "removals": by_garbage_filters - len(perplexity_unlabelled),
+    }
     per_kind = {
         kind: sum(1 for line, k in planted.items() if k == kind and line not in kept)
         / max(sum(1 for k in planted.values() if k == kind), 1)
@@ -365,8 +376,8 @@ def filter_quality(run: dict, planted: dict[int, str], unlabelled: set[int], pat
     }
     return {
         "planted": len(planted),
-        "precision": judged_garbage / max(by_garbage_filters - len(perplexity_unlabelled), 1),
-        "precision_rule_labelled": judged_garbage / max(by_garbage_filters, 1),
+        "precision": judged["garbage"] / max(judged["removals"], 1),
+        "precision_rule_labelled": judged["garbage"] / max(by_garbage_filters, 1),
         "precision_planted_only": len(removed_garbage) / max(by_garbage_filters, 1),
         "recall": len(removed_garbage) / max(len(garbage_lines), 1),
         "dedup_recall": len(removed_copies) / max(len(copies), 1),
@@ -374,12 +385,12 @@ def filter_quality(run: dict, planted: dict[int, str], unlabelled: set[int], pat
         "removed_real_documents": by_garbage_filters - len(removed_garbage),
         "removed_real_documents_breaking_a_rule": dict(Counter(breakers.values())),
         "perplexity_removed_real_documents": {
-            "prose": len(perplexity_base) - len(perplexity_unlabelled),
+            "prose": len(perplexity_prose),
             "unlabelled": len(perplexity_unlabelled),
         },
         "unlabelled_share_of_corpus": len(unlabelled) / max(report["documents_in"], 1),
         "dedup_removed_real_documents": by_dedup - len(removed_copies),
-        "judged": {"garbage": judged_garbage, "removals": by_garbage_filters - len(perplexity_unlabelled)},
+        "judged": judged,
     }
 
 

@@ -68,6 +68,18 @@ def test_precision_leaves_out_only_unlabelled_perplexity_removals_that_break_no_
     assert q["perplexity_removed_real_documents"] == {"prose": 1, "unlabelled": 1}
     assert q["removed_real_documents_breaking_a_rule"] == {"too_short": 1}
     assert q["precision"] == pytest.approx(2 / 3)  # 5 and 7 right, 2 wrong, 3 not judged
+    assert q["judged"] == {"garbage": 2, "removals": 3}
     assert q["precision_rule_labelled"] == pytest.approx(2 / 4)
     assert q["precision_planted_only"] == pytest.approx(1 / 4)
     assert q["recall"] == 1.0
+
+
+def test_base_index_follows_the_corpus_layout_copy_after_copy_with_a_planted_line_after_every_hundred():
+    n_base = 250  # a pass: 250 texts and 2 planted lines, 252 lines
+    assert bench_data.base_index(1, n_base) == 0
+    assert bench_data.base_index(100, n_base) == 99
+    assert bench_data.base_index(101, n_base) is None  # planted after the 100th text
+    assert bench_data.base_index(102, n_base) == 100
+    assert bench_data.base_index(202, n_base) is None
+    assert bench_data.base_index(252, n_base) == 249  # the pass's last text: no planted line after 250
+    assert bench_data.base_index(253, n_base) == 0  # the next copy starts over
