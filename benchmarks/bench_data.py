@@ -339,11 +339,14 @@ def measure(path: Path, workers: int) -> dict:
     return run
 
 
-def filter_quality(run: dict, planted: dict[int, str], unlabelled: set[int], path: Path, cfg: Config) -> dict:
+def filter_quality(
+    run: dict, planted: dict[int, str], unlabelled: set[int], removals: tuple[dict[int, str], set[int], set[int]]
+) -> dict:
     """Precision and recall on the planted garbage, from what the clean corpus kept and the
     report's counts (the poison pool holds only ``filter.poison_max_bytes`` of each filter's
-    removals). Garbage filters: recall over the planted kinds meant for them; precision over
-    the documents they removed (all removals less dedup's), three ways:
+    removals; ``removals``: :func:`base_removals` of the run). Garbage filters: recall over the
+    planted kinds meant for them; precision over the documents they removed (all removals less
+    dedup's), three ways:
 
     - ``precision``: over the documents whose truth is known. Garbage: the planted documents and
       the base documents that break a rule by :func:`rule_breaks`. Good: the other base documents
@@ -364,7 +367,7 @@ def filter_quality(run: dict, planted: dict[int, str], unlabelled: set[int], pat
     removed_garbage, removed_copies = garbage_lines - kept, copies - kept
     by_dedup = report["removed_duplicate_exact"] + report["removed_duplicate_near"]
     by_garbage_filters = report["documents_in"] - report["documents_kept"] - by_dedup
-    breakers, perplexity_prose, perplexity_unlabelled = base_removals(run, planted, unlabelled, path, cfg)
+    breakers, perplexity_prose, perplexity_unlabelled = removals
     judged = {
         "garbage": len(removed_garbage) + len(breakers),
         "removals": by_garbage_filters - len(perplexity_unlabelled),
@@ -523,7 +526,8 @@ def main() -> None:
             flush=True,
         )
     runs = result["runs"]
-    result["filters"] = filter_quality(runs["full_2_workers"], planted, unlabelled, full, cfg)
+    two = runs["full_2_workers"]
+    result["filters"] = filter_quality(two, planted, unlabelled, base_removals(two, planted, unlabelled, full, cfg))
     for run in runs.values():
         del run["kept_lines"], run["perplexity_removed_lines"]
     if not args.quick:

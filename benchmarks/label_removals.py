@@ -163,12 +163,13 @@ def score(size: float, project: Path, out_dir: Path) -> dict:
     key = json.loads((out_dir / "key.json").read_text())
     labels = read_labels(out_dir, key["items"])
     outcome = bench_data.filter_outcome(project)
-    _, removed, _ = bench_data.base_removals(outcome, planted, unlabelled, path, cfg)
+    removals = bench_data.base_removals(outcome, planted, unlabelled, path, cfg)
+    removed = removals[1]
     if key["made_from"]["size"] != size or key["made_from"]["removed_sha256"] != _digest(removed):
         raise SystemExit(
             f"{out_dir / 'key.json'}: drawn from another corpus or filter run than {project} at --size {size}"
         )
-    judged = bench_data.filter_quality(outcome, planted, unlabelled, path, cfg)["judged"]
+    judged = bench_data.filter_quality(outcome, planted, unlabelled, removals)["judged"]
     return precision_from_labels(key["items"], labels, judged)
 
 
@@ -188,7 +189,7 @@ def precision_from_labels(items: dict[str, dict], labels: dict[str, str], judged
         )
     low = {arm: counts[arm]["LOW"] for arm in arms}
     by_items = _discrimination(low, {arm: sum(counts[arm].values()) for arm in arms})
-    majority = {arm: [labels.count("LOW") * 2 > len(labels) for labels in copies[arm].values()] for arm in arms}
+    majority = {arm: [text.count("LOW") * 2 > len(text) for text in copies[arm].values()] for arm in arms}
     by_text = _discrimination({arm: sum(majority[arm]) for arm in arms}, {arm: len(majority[arm]) for arm in arms})
     low_copies_by_text = sum(
         len(ls) for ls, low_text in zip(copies["removed"].values(), majority["removed"]) if low_text

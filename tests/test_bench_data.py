@@ -64,7 +64,9 @@ def test_precision_leaves_out_only_unlabelled_perplexity_removals_that_break_no_
             "removed_duplicate_near": 0,
         },
     }
-    q = bench_data.filter_quality(run, planted, unlabelled, path, cfg)
+    q = bench_data.filter_quality(
+        run, planted, unlabelled, bench_data.base_removals(run, planted, unlabelled, path, cfg)
+    )
     assert q["perplexity_removed_real_documents"] == {"prose": 1, "unlabelled": 1}
     assert q["removed_real_documents_breaking_a_rule"] == {"too_short": 1}
     assert q["precision"] == pytest.approx(2 / 3)  # 5 and 7 right, 2 wrong, 3 not judged
