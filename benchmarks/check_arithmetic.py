@@ -73,10 +73,19 @@ def unseen_seed_sets(cfg: Config, stages: list[str], start: int) -> list[str]:
     return sets
 
 
-def copy_project(project: Path, dest: Path) -> Path:
-    """The project's params and data in ``dest`` (replaced if it exists)."""
+def copy_project(project: Path, dest: Path, resume: bool = False) -> Path:
+    """The project's params and data in ``dest`` (replaced if it exists). With ``resume``, the arms
+    a cut-short check stored there are kept: an arm's key covers its config, code and data, so
+    the ablate stage reuses only a result of the very run it would train."""
+    kept = dest.parent / f".{dest.name}.arms"
+    shutil.rmtree(kept, ignore_errors=True)
+    if resume and (dest / ABLATE_ARMS).is_dir():
+        (dest / ABLATE_ARMS).rename(kept)
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
+    if kept.is_dir():
+        (dest / ABLATE_ARMS).parent.mkdir(parents=True)
+        kept.rename(dest / ABLATE_ARMS)
     for name in PARAMS + DATA:
         src = project / name
         if src.is_dir():
@@ -153,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the second side on unseen seeds: each stage's seeds renumbered from this one (project's numerics)",
     )
     p.add_argument("--rerun-first", action="store_true", help="rerun the first side too, in a copy")
+    p.add_argument(
+        "--resume", action="store_true", help="keep the arms a cut-short check trained under --work (same keys only)"
+    )
     p.add_argument("--work", type=Path, default=ROOT / "benchmarks/out/arithmetic")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/arithmetic.json")
     args = p.parse_args(argv)
@@ -176,12 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         first_label, second_label = "study seeds", f"seeds from {args.seeds_from} ({second_numerics})"
     first = project
     if args.rerun_first:
-        first = copy_project(project, args.work / first_numerics)
+        first = copy_project(project, args.work / first_numerics, args.resume)
         run_stages(first, project, args.stages, args.profile, args.sets)
     if args.arms_from:  # the second arithmetic is another machine's: its arms, this stage's code
         second_label = second_numerics = f"arms from {args.arms_from.name}"
         stages = ["ablate"]
-        second = copy_project(project, args.work / "elsewhere")
+        second = copy_project(project, args.work / "elsewhere", args.resume)
         lent = lend_arms(args.arms_from, second, project, args.rest_from_project)
         print(f"[check_arithmetic] {lent['lent']} arms' results lent from {args.arms_from}: {lent}", flush=True)
         run_stages(second, project, stages, args.profile, args.sets)
@@ -189,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         stages = args.stages
         work = f"seeds-from-{args.seeds_from}" if args.seeds_from is not None else second_numerics
-        second = copy_project(project, args.work / work)
+        second = copy_project(project, args.work / work, args.resume)
         run_stages(second, project, stages, args.profile, second_sets)
     result = compare(findings_of(cfg, first), findings_of(second_cfg, second))
     result |= {"numerics": [first_numerics, second_numerics], "stages": stages, "profile": args.profile}
