@@ -161,6 +161,7 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     assert transferred == findings["transfer"]["lr"] == float(pretrain.data.params["optim.lr"]) == trained_lr(project)
     assert_spike_stage(project, runs["spike"], [r for r in found if "spikelab.branch" in r.data.tags], client)
     assert_ablate_and_report(project, runs, found)
+    assert_recomputed_from_mlflow(project, live_services, client, tmp_path / "recompute.json")
 
     assert ran(repro(project, live_services)) == set()
     assert "up to date" in run(["dvc", "status"], project, live_services).stdout
@@ -184,6 +185,25 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
 def trained_lr(project: Path) -> float:
     """The peak LR of the pretrain run whose checkpoints are in the project (its identity)."""
     return json.loads((project / "runs/pretrain/checkpoints/run.json").read_text())["config"]["optim.lr"]
+
+
+def assert_recomputed_from_mlflow(project: Path, env: dict[str, str], client, out: Path) -> None:
+    """benchmarks/recompute_mlflow.py finds every number of the study in the MLflow runs; one
+    arm's logged validation loss moved, it names that arm and the findings that change."""
+    command = [sys.executable, str(REPO / "benchmarks/recompute_mlflow.py"), "--project", str(project)]
+    command += ["--profile", "smoke", "--out", str(out)]
+    done = run(command, project, env)
+    assert done.returncode == 0 and "every number equal" in done.stdout, done.stdout + done.stderr
+    assert set(json.loads(out.read_text())["stages"]) == {"ablate", "search", "spike"}
+    ablate = json.loads((project / "metrics/ablate.json").read_text())
+    arm = next(a for a in ablate["arms"] if a["family"] == "xiong" and a["metrics"].get("val_loss") is not None)
+    client.log_metric(
+        arm["mlflow"].split("/runs/")[1].split("?")[0], "summary/val_loss", arm["metrics"]["val_loss"] + 1
+    )
+    done = run(command, project, env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"arm {arm['name']}/val_loss: {arm['metrics']['val_loss']!r} vs" in done.stdout, done.stdout
+    assert "xiong        " in done.stdout and "DIFFERS" in done.stdout, done.stdout
 
 
 def assert_spike_stage(project: Path, parent, children, client) -> None:
