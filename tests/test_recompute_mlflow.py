@@ -5,6 +5,7 @@ off its run, and when two numbers count as different."""
 from __future__ import annotations
 
 import math
+import shutil
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,7 +13,7 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.recompute_mlflow import arm_figures, differences, run_id  # noqa: E402
+from benchmarks.recompute_mlflow import arm_figures, differences, main, run_id  # noqa: E402
 
 
 def a_run(status: str, metrics: dict[str, float], precision: str = "fp32") -> SimpleNamespace:
@@ -64,3 +65,12 @@ def test_a_missing_key_or_a_shorter_list_is_a_difference():
     assert differences({"a": 1.0}, {}) == ["/a: 1.0 vs None"]
     assert differences([1, 2], [1]) == [": 2 items vs 1"]
     assert differences({"a": None}, {}) == []  # not logged: None on both sides
+
+
+def test_a_project_without_the_studys_outputs_exits_2_naming_the_file(tmp_path, monkeypatch, capsys):
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    shutil.copytree(REPO / "profiles", tmp_path / "profiles")
+    monkeypatch.chdir(tmp_path)  # main moves into the project; put the working directory back after
+    assert main(["--project", str(tmp_path), "--out", str(tmp_path / "out.json")]) == 2
+    assert f"{tmp_path / 'metrics/ablate.json'}: missing" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
