@@ -32,7 +32,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap  # noqa: E402
 
 from model.gpt import GPT  # noqa: E402
-from tasks.config import load_config  # noqa: E402
+from tasks.config import Config, load_config  # noqa: E402
 
 
 def attention_as_matmuls(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):  # noqa: ANN001, ANN201
@@ -44,9 +44,8 @@ def attention_as_matmuls(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False
     return scores.softmax(-1) @ v
 
 
-def arm_models(seeds: int, vocab: int) -> list[GPT]:
-    """The default grid's arm shape (params.yaml: ablation), one model per seed."""
-    cfg = load_config(ROOT / "params.yaml", "default")
+def arm_models(cfg: Config, seeds: int, vocab: int) -> list[GPT]:
+    """The grid's arm shape (``cfg.ablation``), one model per seed."""
     a = cfg.ablation
     shape = dataclasses.replace(cfg.model, d_model=a.d_model, n_layer=a.n_layer, n_head=a.n_head, seq_len=a.seq_len)
     mup = dataclasses.replace(cfg.mup, parametrization="sp")
@@ -109,8 +108,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/seed_batch.json")
     args = p.parse_args()
     torch.set_num_threads(1)
-    models = arm_models(args.seeds, args.vocab)
-    cfg = load_config(ROOT / "params.yaml", "default").ablation
+    study = load_config(ROOT / "params.yaml", "default")
+    models, cfg = arm_models(study, args.seeds, args.vocab), study.ablation
     x, y = (torch.randint(0, args.vocab, (args.seeds, cfg.batch_size, cfg.seq_len)) for _ in range(2))
     sdpa = F.scaled_dot_product_attention
     seconds = {"one after another": cpu_seconds_per_step(one_after_another(models, x, y), args.steps)}

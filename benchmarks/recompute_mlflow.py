@@ -4,13 +4,16 @@ rather than against the stages' own JSON.
 
 - ablate: each arm's child run (metrics/ablate.json links it) gives the arm's figures: its
   ``summary/*`` metrics, its status from how the run ended (FAILED with a divergence step:
-  diverged), its precision path from its ``spikelab.numerics.precision`` tag. Each figure is
-  compared with metrics/ablate.json; then every finding the ablate stage decides is recomputed by
-  the report's own code from the MLflow figures alone and compared, field by field, with
-  metrics/report.json (verdict, estimates, p, intervals, MDEs, halves).
-- spike: the spike stage's run with this project's DVC inputs (its ``spikelab.dvc_inputs`` tag),
-  each branch's child run's ``summary/*`` scores compared with the branch's entry in
-  metrics/spike.json, and every branch the JSON lists found.
+  diverged), its precision path from its ``spikelab.numerics.precision`` tag; the stage's other
+  numbers (conditions, depth probe, unigram loss) come from the stage run's artifact.
+- search and spike: the stage run with this project's DVC inputs (its ``spikelab.dvc_inputs``
+  tag) gives the stage's metrics (its artifact); each spike branch's scores are checked against
+  the branch's own child run (the control's final loss recomputed from its logged curve). The
+  μ-transfer's optima are read from the artifact, not refitted from the trials' runs.
+
+Each number is compared with the project's metrics/*.json; then every finding is recomputed by the
+report's own code from the MLflow numbers alone and compared, field by field, with
+metrics/report.json (verdict, estimates, p, intervals, MDEs, halves).
 
     python benchmarks/recompute_mlflow.py [--profile default] [--out benchmarks/out/recompute.json]
 
@@ -75,6 +78,11 @@ def arm_figures(run: Any, keys: list[str]) -> dict[str, Any]:
     }
 
 
+def is_number(v: Any) -> bool:
+    """An int or a float, not a bool (a JSON true is no figure)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def differences(a: Any, b: Any, path: str = "") -> list[str]:
     """Where two JSON-like values differ; numbers compare exactly (MLflow stores doubles), NaN
     equal to NaN, an int equal to the same float."""
@@ -84,8 +92,7 @@ def differences(a: Any, b: Any, path: str = "") -> list[str]:
         if len(a) != len(b):
             return [f"{path}: {len(a)} items vs {len(b)}"]
         return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")]
-    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
-    if numbers and (a == b or (math.isnan(a) and math.isnan(b))):
+    if is_number(a) and is_number(b) and (a == b or (math.isnan(a) and math.isnan(b))):
         return []
     return [] if a == b and type(a) is type(b) else [f"{path}: {a!r} vs {b!r}"]
 
@@ -120,7 +127,7 @@ def ablate_from_mlflow(project: Path, client: Any) -> tuple[dict[str, Any], list
     return {**stored, "arms": arms}, rows
 
 
-def stage_from_mlflow(cfg: Config, project: Path, client: Any, stage: str, path: Path) -> tuple[dict[str, Any], str]:
+def stage_from_mlflow(cfg: Config, client: Any, stage: str, path: Path) -> tuple[dict[str, Any], str]:
     """A stage's metrics JSON from the newest finished run of ``stage`` with this project's DVC
     inputs (its ``spikelab.dvc_inputs`` tag: the same deps and params), and that run's id."""
     from tasks.runtime.tracking import dvc_inputs_digest
@@ -171,7 +178,7 @@ def branch_differences(cfg: Config, spike: dict[str, Any], stage_run: str, clien
             logged = summary_of(runs[name])
             if "final_loss" in scores and "final_loss" not in logged:
                 logged["final_loss"] = curve_tail_mean(client, runs[name], cfg.recovery.smooth_steps)
-            numeric = {k: v for k, v in scores.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            numeric = {k: v for k, v in scores.items() if is_number(v)}
             rows += [f"branch {name}{d}" for d in differences(numeric, {k: logged.get(k) for k in numeric})]
     return found, rows
 
@@ -185,7 +192,7 @@ def recompute(cfg: Config, project: Path, client: Any) -> dict[str, Any]:
     for stage, path in (("search", SEARCH_METRICS), ("spike", SPIKE_METRICS)):
         if not (project / path).is_file():
             continue
-        held[stage], run = stage_from_mlflow(cfg, project, client, stage, path)
+        held[stage], run = stage_from_mlflow(cfg, client, stage, path)
         stages[stage] = {"stage_run": run, "differences": differences(read_json(project / path), held[stage])}
     if held["spike"] is not None:
         found, rows = branch_differences(cfg, held["spike"], stages["spike"]["stage_run"], client)
