@@ -13,7 +13,9 @@ project's own numeric path). The second runs in a copy of the code and params un
 with the project's data (data/tokens, the poison pool) and params, each stage of ``--stages`` run by
 ``spikelab run <stage> --set precision.numerics=<other>``; a stage not rerun lends the copy the
 project's own output, so its numbers are the same on both sides. The copy uses the project's
-servers (its ``SPIKELAB_STATE``) when they are up. With ``--arms-from``, the second arithmetic is
+servers (its ``SPIKELAB_STATE``) when they are up, and logs to its own MLflow experiment
+(``tracking.experiment`` + ``-check``), so the study's experiment holds only the study's runs.
+With ``--arms-from``, the second arithmetic is
 another machine's CPU: the ablate stage runs in the copy on the arm results that machine trained
 (benchmarks/arms_elsewhere.py), every arm stored, so its findings are decided on those numbers.
 With ``--seeds-from N``, the second side is the same stages on seeds the study never saw (issue 28's
@@ -125,16 +127,22 @@ def lend_arms(results: Path, copy: Path, project: Path, rest_from_project: bool)
     }
 
 
-def run_stages(copy: Path, project: Path, stages: list[str], profile: str, sets: list[str]) -> None:
-    """Each of ``stages`` in ``copy`` by the CLI, on the project's servers; the other stages'
-    outputs lent from ``project``."""
+def check_experiment(cfg: Config) -> str:
+    """The MLflow experiment a check's stages log to: the study's own lists only the study's runs."""
+    return f"{cfg.tracking.experiment}-check"
+
+
+def run_stages(copy: Path, project: Path, stages: list[str], profile: str, sets: list[str], experiment: str) -> None:
+    """Each of ``stages`` in ``copy`` by the CLI, on the project's servers, logging to the MLflow
+    ``experiment``; the other stages' outputs lent from ``project``."""
     for stage, path in STAGE_METRICS.items():
         if stage not in stages and (project / path).is_file():
             (copy / path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(project / path, copy / path)
     env = {**os.environ, "SPIKELAB_STATE": os.environ.get("SPIKELAB_STATE") or str(project / ".spikelab")}
     for stage in stages:
-        command = ["spikelab", "run", stage, "--profile", profile, *(f"--set={s}" for s in sets)]
+        sets_here = [*sets, f"tracking.experiment={experiment}"]  # the last --set of a key wins
+        command = ["spikelab", "run", stage, "--profile", profile, *(f"--set={s}" for s in sets_here)]
         print(f"[check_arithmetic] {copy.name}: {' '.join(command)}", flush=True)
         subprocess.run(command, cwd=copy, env=env, check=True)
 
@@ -189,20 +197,20 @@ def main(argv: list[str] | None = None) -> int:
     first = project
     if args.rerun_first:
         first = copy_project(project, args.work / first_numerics, args.resume)
-        run_stages(first, project, args.stages, args.profile, args.sets)
+        run_stages(first, project, args.stages, args.profile, args.sets, check_experiment(cfg))
     if args.arms_from:  # the second arithmetic is another machine's: its arms, this stage's code
         second_label = second_numerics = f"arms from {args.arms_from.name}"
         stages = ["ablate"]
         second = copy_project(project, args.work / "elsewhere", args.resume)
         lent = lend_arms(args.arms_from, second, project, args.rest_from_project)
         print(f"[check_arithmetic] {lent['lent']} arms' results lent from {args.arms_from}: {lent}", flush=True)
-        run_stages(second, project, stages, args.profile, args.sets)
+        run_stages(second, project, stages, args.profile, args.sets, check_experiment(cfg))
         second_cfg = cfg
     else:
         stages = args.stages
         work = f"seeds-from-{args.seeds_from}" if args.seeds_from is not None else second_numerics
         second = copy_project(project, args.work / work, args.resume)
-        run_stages(second, project, stages, args.profile, second_sets)
+        run_stages(second, project, stages, args.profile, second_sets, check_experiment(cfg))
     result = compare(findings_of(cfg, first), findings_of(second_cfg, second))
     result |= {"numerics": [first_numerics, second_numerics], "stages": stages, "profile": args.profile}
     result["seeds"] = {

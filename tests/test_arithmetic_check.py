@@ -62,6 +62,27 @@ def test_the_verdicts_are_recomputed_under_the_other_arithmetic_and_compared(liv
         for side in ("portable", "native")
     )
     assert first != second, "the two sides ran on different library settings"
+    assert_logged_apart(live_services, study="arithmetic-test", runs=2)
+
+
+def assert_logged_apart(env: dict[str, str], study: str, runs: int) -> None:
+    """The check's stage runs are in ``<study>-check`` (``runs`` ablate stage runs), none in the
+    study's own experiment."""
+    import mlflow
+
+    client = mlflow.MlflowClient(env["MLFLOW_TRACKING_URI"])
+    check = client.get_experiment_by_name(f"{study}-check")
+    assert check is not None, f"no MLflow experiment {study}-check"
+    stage_runs = [
+        r
+        for r in client.search_runs([check.experiment_id], "attributes.run_name LIKE 'ablate %'")
+        if "mlflow.parentRunId" not in r.data.tags  # an arm's run is a child named "ablate <arm>"
+    ]
+    assert len(stage_runs) == runs, [r.info.run_name for r in stage_runs]
+    own = client.get_experiment_by_name(study)
+    assert own is None or not client.search_runs([own.experiment_id]), (
+        f"a check's run in the study's experiment {study}"
+    )
 
 
 def test_arms_trained_elsewhere_decide_the_copys_findings_and_none_is_trained_again(live_services, tmp_path):
