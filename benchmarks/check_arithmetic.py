@@ -15,9 +15,9 @@ with the project's data (data/tokens, the poison pool) and params, each stage of
 project's own output, so its numbers are the same on both sides. The copy uses the project's
 servers (its ``SPIKELAB_STATE``) when they are up, and logs to its own MLflow experiment
 (``tracking.experiment`` + ``-check``), so the study's experiment holds only the study's runs.
-With ``--arms-from``, the second arithmetic is
-another machine's CPU: the ablate stage runs in the copy on the arm results that machine trained
-(benchmarks/arms_elsewhere.py), every arm stored, so its findings are decided on those numbers.
+With ``--arms-from``, the second arithmetic is another machine's CPU: the ablate stage runs in the
+copy on the arm results that machine trained (benchmarks/arms_elsewhere.py), every arm stored, so
+its findings are decided on those numbers.
 With ``--seeds-from N``, the second side is the same stages on seeds the study never saw (issue 28's
 held-out check): each rerun stage's discovery and confirmation seeds renumbered from N, as many of
 each, on the project's numeric path unless ``--numerics`` names the other. Writes ``--out``
@@ -194,23 +194,24 @@ def main(argv: list[str] | None = None) -> int:
     first_label, second_label = first_numerics, second_numerics
     if args.seeds_from is not None:
         first_label, second_label = "study seeds", f"seeds from {args.seeds_from} ({second_numerics})"
+    experiment = check_experiment(cfg)
     first = project
     if args.rerun_first:
         first = copy_project(project, args.work / first_numerics, args.resume)
-        run_stages(first, project, args.stages, args.profile, args.sets, check_experiment(cfg))
+        run_stages(first, project, args.stages, args.profile, args.sets, experiment)
     if args.arms_from:  # the second arithmetic is another machine's: its arms, this stage's code
         second_label = second_numerics = f"arms from {args.arms_from.name}"
         stages = ["ablate"]
         second = copy_project(project, args.work / "elsewhere", args.resume)
         lent = lend_arms(args.arms_from, second, project, args.rest_from_project)
         print(f"[check_arithmetic] {lent['lent']} arms' results lent from {args.arms_from}: {lent}", flush=True)
-        run_stages(second, project, stages, args.profile, args.sets, check_experiment(cfg))
+        run_stages(second, project, stages, args.profile, args.sets, experiment)
         second_cfg = cfg
     else:
         stages = args.stages
         work = f"seeds-from-{args.seeds_from}" if args.seeds_from is not None else second_numerics
         second = copy_project(project, args.work / work, args.resume)
-        run_stages(second, project, stages, args.profile, second_sets, check_experiment(cfg))
+        run_stages(second, project, stages, args.profile, second_sets, experiment)
     result = compare(findings_of(cfg, first), findings_of(second_cfg, second))
     result |= {"numerics": [first_numerics, second_numerics], "stages": stages, "profile": args.profile}
     result["seeds"] = {
