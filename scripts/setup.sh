@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
+# -qq: errors only (a machine's pip config may add index folders it lacks, a warning per package)
+pip() { .venv/bin/python -m pip --disable-pip-version-check -qq "$@"; }
 if [ "${TORCH_SPEC:-torch==2.13.0}" != skip ]; then pip install "${TORCH_SPEC:-torch==2.13.0}"; fi
 pip install -c constraints.txt -e ".[dev,cluster]"
 # Debian packages the tests drive: Chromium and its driver (the browser tests), PostgreSQL (the
