@@ -7,6 +7,7 @@ project's own (issue 28: the same decisions on any CPU).
     python benchmarks/check_arithmetic.py --profile smoke --stages ablate --rerun-first
     python benchmarks/check_arithmetic.py --arms-from arms.jsonl.gz   # the arms another machine trained
     python benchmarks/check_arithmetic.py --stages ablate --seeds-from 10  # on seeds the study never saw
+    python benchmarks/check_arithmetic.py --against ../clone-on-intel    # a whole study run elsewhere
 
 The project's outputs are the first arithmetic (or, with ``--rerun-first``, a copy rerun on the
 project's own numeric path). The second runs in a copy of the code and params under ``--work``
@@ -20,7 +21,11 @@ copy on the arm results that machine trained (benchmarks/arms_elsewhere.py), eve
 its findings are decided on those numbers.
 With ``--seeds-from N``, the second side is the same stages on seeds the study never saw (issue 28's
 held-out check): each rerun stage's discovery and confirmation seeds renumbered from N, as many of
-each, on the project's numeric path unless ``--numerics`` names the other. Writes ``--out``
+each, on the project's numeric path unless ``--numerics`` names the other.
+With ``--against DIR``, nothing is rerun: the second side is another checkout's finished study
+(``make repro`` on another machine, its ``metrics/`` are all it needs), each side's findings decided
+under its own params, and the CPU that computed each side's arms is printed.
+Writes ``--out``
 (JSON) and prints one line per finding; exits 1 when a verdict differs, 2 on a bad argument or a
 missing input.
 """
@@ -45,7 +50,8 @@ from model.typed_config import ConfigError, parse_sets  # noqa: E402
 from tasks.ablate.grid import read_result  # noqa: E402
 from tasks.config import Config, load_config  # noqa: E402
 from tasks.report.robustness import STAGE_METRICS, compare, findings_of  # noqa: E402
-from tasks.runtime.outputs import ABLATE_ARMS, MANIFEST  # noqa: E402
+from tasks.runtime.files import read_json  # noqa: E402
+from tasks.runtime.outputs import ABLATE_ARMS, ABLATE_METRICS, MANIFEST  # noqa: E402
 
 PARAMS = ["profiles", "params", "params.yaml"]
 """What a copy needs besides the data: the params and profiles (the code is this checkout's)."""
@@ -169,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="the second side on unseen seeds: each stage's seeds renumbered from this one (project's numerics)",
     )
+    p.add_argument(
+        "--against", type=Path, help="another checkout's finished study (its metrics/): compare, rerun nothing"
+    )
     p.add_argument("--rerun-first", action="store_true", help="rerun the first side too, in a copy")
     p.add_argument(
         "--resume", action="store_true", help="keep the arms a cut-short check trained under --work (same keys only)"
@@ -177,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/arithmetic.json")
     args = p.parse_args(argv)
     project = args.project.resolve()
+    if args.against is not None:
+        return against(project, args.against.resolve(), args.profile, args.out)
     if not (project / MANIFEST).is_file():
         print(f"check_arithmetic: {project / MANIFEST}: missing; run the data stages first", file=sys.stderr)
         return 2
@@ -220,12 +231,38 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.arms_from:
         result["lent_arms"] = lent
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    return publish(result, args.out, first_label, second_label)
+
+
+def against(project: Path, other: Path, profile: str, out: Path) -> int:
+    """``--against``: the project's verdicts beside those of ``other``'s finished study, each
+    decided under its own params; exit 2 naming the file one side lacks."""
+    try:
+        sides = [(load_config(p / "params.yaml", profile), p) for p in (project, other)]
+        result = compare(*(findings_of(cfg, p) for cfg, p in sides))
+        cpus = [arms_cpu(p) for _, p in sides]
+    except (ConfigError, OSError) as e:
+        print(f"check_arithmetic: {e}", file=sys.stderr)
+        return 2
+    result |= {"against": str(other), "profile": profile, "cpu": cpus}
+    print(f"here: {project} (arms on {cpus[0]}); there: {other} (arms on {cpus[1]})")
+    return publish(result, out, "here", "there")
+
+
+def arms_cpu(project: Path) -> str:
+    """The CPU that trained a study's ablation arms, as its ablate metrics record it."""
+    cpu = read_json(project / ABLATE_METRICS).get("provenance", {}).get("cpu") or {}
+    return f"{cpu.get('name', 'unrecorded CPU')} {cpu.get('family', '?')}/{cpu.get('model', '?')}"
+
+
+def publish(result: dict[str, Any], out: Path, first_label: str, second_label: str) -> int:
+    """Write ``result`` to ``out``, print one line per finding; 0 when every verdict agrees, else 1."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
     for key, row in result["findings"].items():
         mark = "agree" if row["agree"] else "DIFFER"
         print(f"{key:12s} {first_label}: {row['first']:13s} {second_label}: {row['second']:13s} {mark}")
-    print(f"verdicts {'all agree' if result['agree'] else 'DIFFER'} ({args.out})")
+    print(f"verdicts {'all agree' if result['agree'] else 'DIFFER'} ({out})")
     return 0 if result["agree"] else 1
 
 
