@@ -25,9 +25,8 @@ each, on the project's numeric path unless ``--numerics`` names the other.
 With ``--against DIR``, nothing is rerun: the second side is another checkout's finished study
 (``make repro`` on another machine, its ``metrics/`` are all it needs), each side's findings decided
 under its own params, and the CPU that computed each side's arms is printed.
-Writes ``--out``
-(JSON) and prints one line per finding; exits 1 when a verdict differs, 2 on a bad argument or a
-missing input.
+Writes ``--out`` (JSON) and prints one line per finding; exits 1 when a verdict differs, 2 on a bad
+argument or a missing input.
 """
 
 from __future__ import annotations

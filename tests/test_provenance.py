@@ -24,23 +24,16 @@ REPO = Path(__file__).resolve().parents[1]
 RECORD = provenance()
 
 
-def changed(path: str, value) -> dict:
+def changed(path: str, *candidates) -> dict:
+    """The record with ``path`` set to the first of ``candidates`` this machine's record does not
+    hold there: a change on any CPU the suite runs on (an Intel one holds ``GenuineIntel``)."""
     record = copy.deepcopy(RECORD)
     *parents, leaf = path.split(".")
     target = record
     for key in parents:
         target = target[key]
-    target[leaf] = value
+    target[leaf] = next(v for v in candidates if v != target[leaf])
     return record
-
-
-def changed_here(path: str, candidates: tuple) -> dict:
-    """The record with ``path`` set to the first of ``candidates`` this machine's record does not
-    hold there: a change on any CPU the suite runs on (an Intel one holds ``GenuineIntel``)."""
-    here = RECORD
-    for key in path.split("."):
-        here = here[key]
-    return changed(path, next(v for v in candidates if v != here))
 
 
 def in_fresh_process(env: dict[str, str]) -> dict:
@@ -75,15 +68,19 @@ def _inherited() -> dict[str, str]:
     ],
 )
 def test_a_field_that_changes_bits_changes_the_numeric_path(field, candidates):
-    assert numeric_path(changed_here(field, candidates)) != RECORD["numeric_path"]
+    assert numeric_path(changed(field, *candidates)) != RECORD["numeric_path"]
 
 
 @pytest.mark.parametrize(
-    "field, value",
-    [("cpu.name", "Some Other Marketing Name"), ("threads.intra_op", 7), ("precision", "fp32")],
+    "field, candidates",
+    [
+        ("cpu.name", ("Some Other Marketing Name", "Yet Another Name")),
+        ("threads.intra_op", (7, 8)),
+        ("precision", ("fp32", "bf16")),
+    ],
 )
-def test_the_cpu_name_thread_counts_and_the_runs_own_precision_leave_the_numeric_path_alone(field, value):
-    assert numeric_path(changed(field, value)) == RECORD["numeric_path"]
+def test_the_cpu_name_thread_counts_and_the_runs_own_precision_leave_the_numeric_path_alone(field, candidates):
+    assert numeric_path(changed(field, *candidates)) == RECORD["numeric_path"]
 
 
 def test_the_record_says_which_precision_path_emulate_auto_took_here():
@@ -115,7 +112,7 @@ def test_an_identity_record_lists_each_numeric_path_that_trained_the_run_once(tm
     record_arithmetic(marker, RECORD)
     record_arithmetic(marker, RECORD)  # a resume on the same machine
     assert [p["numeric_path"] for p in read_json(marker)["provenance"]] == [RECORD["numeric_path"]]
-    other = {**changed("aten_capability", "AVX2"), "numeric_path": "000000000000"}
+    other = {**changed("aten_capability", "AVX2", "AVX512"), "numeric_path": "000000000000"}
     record_arithmetic(marker, other)  # a resume on another kind of machine
     assert [p["numeric_path"] for p in read_json(marker)["provenance"]] == [RECORD["numeric_path"], "000000000000"]
     assert read_json(marker)["digest"] == "0123456789abcdef"
@@ -134,7 +131,7 @@ def outputs(stage_record: dict | None, arm_records: list[dict | None]) -> dict:
     return {"pretrain": {"provenance": stage_record} if stage_record else {}, "ablate": ablate}
 
 
-OTHER = {**changed_here("cpu.vendor", ("GenuineIntel", "AuthenticAMD")), "numeric_path": "1234567890ab"}
+OTHER = {**changed("cpu.vendor", "GenuineIntel", "AuthenticAMD"), "numeric_path": "1234567890ab"}
 
 
 def test_a_report_on_the_committed_outputs_own_numeric_path_has_no_warning():
