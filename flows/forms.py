@@ -5,23 +5,30 @@ section lives) and described by the docstring written under each field there. Ch
 to ``KEEP`` (params.yaml's value), other fields to empty.
 
 A run started from the UI or the API runs as the owner of the served project, whoever asked for it,
-so what it may set is bounded (:func:`check_from_outside`): numbers, flags and choices; a path only
-inside the project; no text key that reaches the file system or the network (storages, scheduler
-addresses, data sets, experiment names)."""
+so what it may set is bounded (:func:`check_from_outside`): numbers, flags and choices, but none that
+loads compiled code from a cache (``train.compile``); a path only inside the project, never a URL
+(what the reader would open is checked, symlinks followed); no text key that reaches the file system
+or the network (storages, scheduler addresses, data sets, experiment names)."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import glob
 import inspect
+import os
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from fsspec import AbstractFileSystem
+from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from model.typed_config import PROFILES_DIR, ConfigError, annotation, flatten
 from tasks.config import Config
+from tasks.data.config import DataConfig
 from tasks.runtime.paths import project_dir, state_dir
 
 FORM_KEYS = {
@@ -122,11 +129,13 @@ def dotted(overrides: BaseModel | None, free_form: dict[str, Any] | None = None)
 
 
 def check_from_outside(sets: dict[str, Any], project: Path) -> None:
-    """Refuse what a run started from the UI or the API may not set, naming the key: a key whose
-    type holds text (a storage, an address, a data set: it reaches the file system or the network
-    as the owner), unless it is a path of :data:`PROJECT_PATHS` that stays inside ``project``
-    (:func:`inside`); a profile that is not one of the overlays. Numbers, flags and choices pass;
-    their values are checked with the config, which also refuses an unknown key by name."""
+    """Refuse what a run started from the UI or the API may not set, naming the key: a key of
+    :data:`LOADS_CACHED_CODE`; a key whose type holds text (a storage, an address, a data set: it
+    reaches the file system or the network as the owner), unless it is a path of
+    :data:`PROJECT_PATHS` whose every file the reader would open lies inside ``project``
+    (:func:`why_not_inside`); a profile that is not one of the overlays. Numbers, flags and
+    choices pass; their values are checked with the config, which also refuses an unknown key by
+    name."""
     for key, value in flatten(sets).items():
         hint = annotation(Config, key)  # None for an unknown key
         if dataclasses.is_dataclass(hint):  # a section as text, which the config reads as YAML
@@ -135,19 +144,84 @@ def check_from_outside(sets: dict[str, Any], project: Path) -> None:
             if value in profile_names():
                 continue
             raise ConfigError(f"profile: {value!r} is not one of {', '.join(profile_names())}")
+        if key in LOADS_CACHED_CODE:
+            raise refused(key, "it makes the project's owner load compiled code from a cache", FROM_A_SHELL)
         if not carries_text(hint):
             continue
-        if key in PROJECT_PATHS and inside(project, str(value)):
+        if key not in PROJECT_PATHS:
+            raise refused(
+                key,
+                "a text key: storages, addresses and data sets reach the file system or the network as the "
+                "project's owner",
+                FROM_A_SHELL,
+            )
+        why = why_not_inside(project, str(value))
+        if why:
+            raise refused(key, why, INSIDE_THE_PROJECT)
+
+
+LOADS_CACHED_CODE = ("train.compile",)
+"""Flags and choices a run from outside may not set either: they make the owner load compiled or
+pickled code from a cache (``torch.compile``: Inductor's compiled kernels and pickled graphs, by
+default under /tmp/torchinductor_<user>). Set in params.yaml or a profile, they are the owner's."""
+FROM_A_SHELL = "set in params.yaml from a shell"
+INSIDE_THE_PROJECT = "a path inside the project folder, outside its hidden folders"
+URL_MARKS = ("://", "::")
+"""What fsspec reads as a URL (``file://``, ``http://``, DVC's ``remote://``) or as a chain of file
+systems (``simplecache::http://...``): the reader opens such a value wherever it points."""
+
+
+def refused(key: str, why: str, only: str) -> ConfigError:
+    return ConfigError(f"{key}: refused from a run started in the Prefect UI or API ({why}); only {only}")
+
+
+def why_not_inside(project: Path, value: str) -> str | None:
+    """Why the data reader, given ``value`` as ``data.path``, could open a file outside ``project``
+    or in its hidden folders; None when it could not. What is checked is what the reader would
+    open, not the string: the file system and path fsspec gives it, a glob's folder and matches,
+    and every symlink under a folder it walks, each resolved (:func:`inside`)."""
+    if any(mark in value for mark in URL_MARKS):
+        return f"{value!r} is a URL or a chain of file systems, which the reader opens wherever it points"
+    fs, path = reader_target(project, value)
+    if not isinstance(fs, LocalFileSystem):
+        return f"{value!r} is read through fsspec's {fs.protocol!r} file system, not from the project folder"
+    try:
+        escape = next((p for p in opened_paths(fs, path) if not inside(project, p)), None)
+    except (OSError, ValueError, RuntimeError) as e:  # a null byte, a symlink loop, a folder it may not list
+        return f"{value!r} cannot be followed: {e}"
+    if escape is None:
+        return None
+    return f"{value!r} reaches {escape}, outside what it may read (symlinks followed)"
+
+
+def reader_target(project: Path, value: str) -> tuple[AbstractFileSystem, str]:
+    """The file system and path the data reader opens for ``data.path: value``, from the reader's
+    own functions (imported here: they bring Prefect, which the stage flows' forms do not need)."""
+    from tasks.data.sources import filesystem, location
+
+    return filesystem(location(DataConfig(source="jsonl", path=value), project), project)
+
+
+def opened_paths(fs: LocalFileSystem, path: str) -> Iterator[str]:
+    """What the reader may open for ``path``: the path itself (a glob's pattern resolves as far as
+    it exists, to the folder it searches: one outside is refused even while nothing in it matches),
+    then a glob's matches, or every symlink under a folder (the reader walks a folder as fsspec's
+    ``find`` does, into symlinked folders)."""
+    yield path
+    yield from fs.glob(path) if glob.has_magic(path) else symlinks_under(path)
+
+
+def symlinks_under(folder: str) -> Iterator[str]:
+    """Every symlink under ``folder`` (nothing for a file), symlinked folders walked too; each real
+    folder once, so a link back up ends there instead of looping."""
+    walked: set[Path] = set()
+    for parent, folders, files in os.walk(folder, followlinks=True):
+        real = Path(parent).resolve()
+        if real in walked:
+            folders.clear()
             continue
-        where = (
-            "a path inside the project folder, outside its hidden folders"
-            if key in PROJECT_PATHS
-            else "set in params.yaml from a shell"
-        )
-        raise ConfigError(
-            f"{key}: refused from a run started in the Prefect UI or API (a text key: storages, addresses and "
-            f"data sets reach the file system or the network as the project's owner); only {where}"
-        )
+        walked.add(real)
+        yield from (os.path.join(parent, n) for n in (*folders, *files) if os.path.islink(os.path.join(parent, n)))
 
 
 def carries_text(hint: Any) -> bool:

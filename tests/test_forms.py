@@ -9,9 +9,20 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from flows.forms import KEEP, Overrides, ProfileChoice, check_from_outside, dotted, field_docs
+from flows.forms import (
+    FORM_KEYS,
+    KEEP,
+    LOADS_CACHED_CODE,
+    Overrides,
+    ProfileChoice,
+    carries_text,
+    check_from_outside,
+    dotted,
+    field_docs,
+)
 from model.config import ModelConfig, OptimConfig
-from model.typed_config import ConfigError
+from model.typed_config import ConfigError, annotation
+from tasks.config import Config
 
 
 def test_the_profile_is_a_choice_among_the_overlays_present_or_params_yaml_s_own():
@@ -131,3 +142,109 @@ def test_numbers_flags_choices_and_a_path_inside_the_project_pass(tmp_path):
         },
         tmp_path,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# data.path from outside: what the reader would open (fsspec), not the string, stays inside
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A project holding ``corpus/train.jsonl``, beside a root-only ``secret.jsonl`` and an
+    ``outside/`` folder of JSON lines: what a run from outside must not read as the owner."""
+    monkeypatch.setenv("SPIKELAB_STATE", str(tmp_path / "state"))
+    (tmp_path / "project" / "corpus").mkdir(parents=True)
+    (tmp_path / "project" / "corpus" / "train.jsonl").write_text('{"text": "ours"}\n')
+    (tmp_path / "secret.jsonl").write_text('{"text": "the owner\'s secret"}\n')
+    (tmp_path / "secret.jsonl").chmod(0o600)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "theirs.jsonl").write_text('{"text": "theirs"}\n')
+    return tmp_path / "project"
+
+
+def refused_path(reason: str) -> str:
+    return rf"^data\.path: refused from a run started in the Prefect UI or API \(.*{reason}.*\); only a path inside"
+
+
+def test_a_file_url_to_a_root_only_file_is_refused(project):
+    """``file:///...`` once passed: joined onto the project it looked inside, and fsspec read it."""
+    with pytest.raises(ConfigError, match=refused_path("a URL or a chain of file systems")):
+        check_from_outside({"data.path": f"file://{project.parent / 'secret.jsonl'}"}, project)
+
+
+def test_a_file_url_glob_outside_the_project_is_refused(project):
+    with pytest.raises(ConfigError, match=refused_path("a URL or a chain of file systems")):
+        check_from_outside({"data.path": f"file://{project.parent / 'outside'}/*.jsonl"}, project)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:1/x.jsonl", "simplecache::http://127.0.0.1:1/x.jsonl", "memory://x", "remote://storage/x.jsonl"],
+)
+def test_a_url_or_a_chain_of_file_systems_is_refused_before_anything_is_fetched(project, url):
+    with pytest.raises(ConfigError, match=refused_path("a URL or a chain of file systems")):
+        check_from_outside({"data.path": url}, project)
+
+
+@pytest.mark.parametrize("path", ["corpus", "corpus/*.jsonl"])
+def test_a_folder_or_glob_inside_the_project_holding_a_symlink_out_is_refused(project, path):
+    """The path itself is inside, as a string and resolved; the reader then walks the folder or
+    takes the glob's matches, and follows ``corpus/leak.jsonl`` to the root-only file."""
+    (project / "corpus" / "leak.jsonl").symlink_to(project.parent / "secret.jsonl")
+    with pytest.raises(ConfigError, match=refused_path("reaches .*corpus/leak.jsonl, outside what it may read")):
+        check_from_outside({"data.path": path}, project)
+
+
+def test_a_symlink_out_under_a_symlinked_folder_that_stays_inside_is_refused(project):
+    (project / "elsewhere").mkdir()
+    (project / "elsewhere" / "leak.jsonl").symlink_to(project.parent / "secret.jsonl")
+    (project / "corpus" / "more").symlink_to(project / "elsewhere")
+    with pytest.raises(ConfigError, match=refused_path("reaches .*corpus/more/leak.jsonl")):
+        check_from_outside({"data.path": "corpus"}, project)
+
+
+def test_a_value_fsspec_reads_through_another_file_system_without_a_url_is_refused(tmp_path, monkeypatch):
+    """From a project named relatively, ``data:...`` is what the reader hands fsspec as it is:
+    the check asks fsspec which file system it would get, not whether the string has ``://``."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPIKELAB_STATE", str(tmp_path / "state"))
+    with pytest.raises(ConfigError, match=refused_path("read through fsspec's .*data.* file system")):
+        check_from_outside({"data.path": "data:,x"}, Path("."))
+
+
+def test_a_path_with_a_null_byte_is_refused_by_name_not_with_a_traceback(project):
+    with pytest.raises(ConfigError, match=refused_path("cannot be followed: embedded null byte")):
+        check_from_outside({"data.path": "corpus/\0train.jsonl"}, project)
+
+
+@pytest.mark.parametrize("path", ["corpus/train.jsonl", "corpus", "corpus/*.jsonl"])
+def test_a_plain_relative_path_inside_the_project_passes(project, path):
+    check_from_outside({"data.path": path}, project)
+
+
+def test_a_plain_absolute_path_inside_the_project_passes(project):
+    check_from_outside({"data.path": str(project / "corpus" / "train.jsonl")}, project)
+
+
+def test_symlinks_that_stay_inside_the_project_pass_and_a_link_back_up_is_walked_once(project):
+    (project / "corpus" / "alias.jsonl").symlink_to(project / "corpus" / "train.jsonl")
+    (project / "corpus" / "again").symlink_to(project / "corpus")
+    check_from_outside({"data.path": "corpus"}, project)
+
+
+# --------------------------------------------------------------------------------------------
+# Keys that make the owner load compiled code from a cache
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sets", [{"train.compile": True}, dotted(None, {"train": {"compile": True}})])
+def test_torch_compile_from_outside_is_refused(tmp_path, sets):
+    with pytest.raises(ConfigError, match=r"^train\.compile: refused .*load compiled code from a cache"):
+        check_from_outside(sets, tmp_path)
+
+
+def test_the_form_offers_no_key_a_run_from_outside_is_refused():
+    offered = [f"{section}.{key}" for section, keys in FORM_KEYS.items() for key in keys]
+    assert not set(offered) & set(LOADS_CACHED_CODE)
+    assert not [key for key in offered if carries_text(annotation(Config, key))]
