@@ -440,13 +440,13 @@ def test_units_that_need_a_gpu_run_only_on_gpu_workers(live_services, tmp_path):
 
 def test_a_head_on_another_interface_serves_workers_that_join_it_and_warns_it_is_exposed(live_services, tmp_path):
     """127.0.0.2 stands for a head node's private address (all of 127/8 is loopback on Linux): the
-    scheduler listens there alone, ``up`` says the servers' traffic is unencrypted, and workers
+    scheduler listens there alone, ``up`` says the servers are reached from other machines, and workers
     started from another checkout's state (another node) join it with a copy of the head's
     certificates, and only with it."""
     import shutil
 
     with Cluster(live_services, tmp_path / "head", "--host", "127.0.0.2", "--workers", "1") as head:
-        assert "127.0.0.2, not loopback; they ask for the login, but" in head.said
+        assert "127.0.0.2, not loopback: other machines reach them" in head.said
         node = Cluster(live_services, tmp_path / "node")
         node.state.mkdir()
         refused = node.run("join", head.address, "--workers", "1")  # no certificates on this node yet
@@ -468,4 +468,4 @@ def test_only_servers_beyond_loopback_are_warned_about():
     from tasks.runtime import paths
 
     assert paths.exposed_warning("127.0.0.1") is None
-    assert "unencrypted HTTP" in paths.exposed_warning("10.0.0.5")
+    assert "serve HTTPS" in paths.exposed_warning("10.0.0.5")

@@ -127,6 +127,23 @@ def basic_auth(auth: str) -> dict[str, str]:
     return {"Authorization": f"Basic {base64.b64encode(auth.encode()).decode()}"}
 
 
+def basic_login(header: str) -> tuple[str, str] | None:
+    """The user name and password an ``Authorization`` header carries as basic authentication, or
+    None when it carries none well-formed (another scheme, not base64, not UTF-8, no colon). A
+    server answers None like a wrong login, 401: a parser that raises on such a header answers
+    anyone who sends one 500, with a traceback in the server's log."""
+    import base64
+
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:  # binascii.Error, UnicodeDecodeError and a non-ASCII token are all ValueErrors
+        user, colon, password = base64.b64decode(token.strip(), validate=True).decode().partition(":")
+    except ValueError:
+        return None
+    return (user, password) if colon else None
+
+
 def where() -> str:
     """Where the login is, in words, with no secret in them (``spikelab services info``)."""
     return f"user {USERNAME}; password in {credentials_file()} (mode 600; `python -m json.tool` shows it)"

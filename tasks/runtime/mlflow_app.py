@@ -11,6 +11,9 @@ pyproject.toml's ``mlflow.app`` entry points): MLflow's own basic-auth app, with
   install skills, and spikelab has no use for them.
 - **The admin's password is the login's at every start** (:func:`admin_takes_the_login`): MLflow
   sets it only when it creates the admin, so a login made again would leave the old one in force.
+- **A malformed login gets 401, not 500** (:func:`refuse_malformed_login`): MLflow's check of the
+  routes its Flask app serves raised on an ``Authorization`` header of another scheme
+  (``Bearer x``) or with non-ASCII bytes, answering 500 with a traceback in the server's log.
 
 The roots come from :data:`ROOTS_ENV` (set by tasks/runtime/services.py). Imported only by the
 server process: nothing else needs MLflow's server modules.
@@ -26,6 +29,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import PERMISSION_DENIED
 from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
 
+from tasks.runtime.credentials import basic_login
 from tasks.runtime.paths import MLFLOW_ARTIFACT_ROOTS_ENV as ROOTS_ENV
 
 
@@ -100,9 +104,23 @@ def admin_takes_the_login() -> None:
         store.update_user(user, password=password)
 
 
+def refuse_malformed_login() -> Any:
+    """Flask's before-request hook, run ahead of MLflow's login check: MLflow's 401 for an
+    ``Authorization`` header that carries no well-formed basic login (credentials.basic_login) on a
+    route that asks for the login; None (go on) otherwise. MLflow's own check raised on such a
+    header (its FastAPI routes check the header themselves, and answer 401)."""
+    from flask import request
+    from mlflow.server.auth import is_unprotected_route, make_basic_auth_response
+
+    header = request.headers.get("Authorization")
+    if header is None or basic_login(header) is not None or is_unprotected_route(request.path):
+        return None
+    return make_basic_auth_response()
+
+
 def create_app() -> Any:
-    """MLflow's basic-auth app with local artifacts confined, the assistant's routes off and the
-    admin's password the login's."""
+    """MLflow's basic-auth app with local artifacts confined, the assistant's routes off, the
+    admin's password the login's and a malformed login refused before MLflow reads it."""
     from mlflow.server import app as flask_app
     from mlflow.server.auth import create_app as with_basic_auth
     from mlflow.store.artifact.artifact_repository_registry import _artifact_repository_registry
@@ -110,6 +128,7 @@ def create_app() -> Any:
     for scheme in ("", "file"):  # plain paths and file:// URIs
         _artifact_repository_registry.register(scheme, ConfinedArtifactRepository)
     app = with_basic_auth(flask_app)
+    flask_app.before_request_funcs.setdefault(None, []).insert(0, refuse_malformed_login)  # before MLflow's check
     admin_takes_the_login()
     if hasattr(app, "add_middleware"):  # FastAPI under uvicorn (MLflow's default); its Flask app has no assistant
         app.add_middleware(WithoutAssistant)
