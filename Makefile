@@ -1,6 +1,7 @@
 # Two commands for a fresh machine: `make repro` (set up, start the servers, run the study) and
 # `make test` (set up, run the test suite). `make lint`: ruff and mypy, as CI runs it. The rest are conveniences.
-SHELL := /bin/bash
+# Every recipe runs with the CLI's umask and every engine's scratch under .spikelab/ (scripts/private-shell).
+SHELL := $(CURDIR)/scripts/private-shell
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
 .PHONY: setup repro test lint services services-down

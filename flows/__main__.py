@@ -319,8 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     keep_others_from_writing()
     from model.stops import RunEnded
     from model.typed_config import UserError, parse_sets
+    from tasks.runtime.paths import UnsafeFolder
+    from tasks.runtime.private_env import use_private_env
 
     try:
+        use_private_env()  # before anything this command starts: scratch private, no telemetry
         if args.command == "run":
             run_stage(args.stage, args.profile, parse_sets(args.sets))
         elif args.command == "status":
@@ -343,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                 services_up()
             else:
                 services.down()
-    except UserError as e:
+    except (UserError, UnsafeFolder) as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return USER_ERROR_EXIT
     except RunEnded as e:

@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+source scripts/private-env.sh  # the CLI's umask; pip's temporary files under .spikelab/, not /tmp
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 # -qq: errors only (a machine's pip config may add index folders it lacks, a warning per package)
 pip() { .venv/bin/python -m pip --disable-pip-version-check -qq "$@"; }
@@ -21,6 +22,8 @@ apt_install() {  # $1: a command the package provides; the rest: the packages
   fi
   echo "setup: ${*:2} not installed; the tests that need $1 will be skipped" >&2
 }
+# DVC typed in a shell (dvc exp run, dvc pull) keeps its site cache there too, not in /var/tmp/dvc
+.venv/bin/dvc config --local core.site_cache_dir "$DVC_SITE_CACHE_DIR"
 apt_install chromedriver chromium chromium-driver
 apt_install initdb postgresql
 .venv/bin/python -c "import torch, prefect, mlflow, optuna, dvc, yaml; print('spikelab ready: torch', torch.__version__, '| prefect', prefect.__version__, '| mlflow', mlflow.__version__, '| optuna', optuna.__version__)"

@@ -1,10 +1,20 @@
 """Shared fixtures. ``live_services`` runs a real Prefect server and a real MLflow server on
-loopback ports of their own, with all state in a temporary directory, once per test session."""
+loopback ports of their own, with all state in a temporary directory, once per test session.
+
+The session's temporary folders (pytest's ``tmp_path`` and every engine's scratch: TMPDIR, DVC's
+site cache, Dask's, torch's) live in one folder made for it alone: ``mkdtemp`` in the machine's
+temporary folder (``SPIKELAB_TEST_TMPDIR``, default /tmp: an unpredictable name, that only its
+owner can list or write), not in the checkout, where a test's project would find the checkout's
+``params.yaml`` above it. When the session ends, any new entry this user made in a shared folder
+(/tmp, /var/tmp, /dev/shm) fails the run, naming it: a new engine's scratch that is not private yet."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +22,59 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from tests.other_user import SESSION_ENV  # noqa: E402  (found through ROOT)
+
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def owned_entries(folders: tuple[str, ...] = SHARED_FOLDERS) -> set[str]:
+    """The entries this user owns right inside ``folders``."""
+    found = set()
+    for folder in map(Path, folders):
+        for entry in folder.iterdir() if folder.is_dir() else []:
+            try:
+                if entry.lstat().st_uid == os.getuid():
+                    found.add(str(entry))
+            except FileNotFoundError:  # removed while listed
+                continue
+    return found
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from tasks.runtime.private_env import use_private_env
+
+    config.stash[SHARED_BEFORE] = owned_entries()
+    session_root = Path(tempfile.mkdtemp(prefix="spikelab-tests-", dir=os.environ.get("SPIKELAB_TEST_TMPDIR", "/tmp")))
+    session_root.chmod(0o711)  # the other user's copy of the packages is reached by its name (tests/other_user.py)
+    os.environ[SESSION_ENV] = str(session_root)
+    use_private_env(session_root / "scratch")
+    if config.option.basetemp is None:
+        config.option.basetemp = str(session_root / "pytest")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail a session that left a new entry of this user's in a shared folder, naming it; else
+    remove the session's folder (kept after a failure, for its tests' files)."""
+    session_root = os.environ[SESSION_ENV]
+    new = owned_entries() - session.config.stash[SHARED_BEFORE] - {session_root}
+    if new:
+        lines = [
+            f"{path} (mode {stat.S_IMODE(os.lstat(path).st_mode):04o})" for path in sorted(new) if os.path.lexists(path)
+        ]
+        print(
+            "\nthe session left these in shared folders (make them private: tasks/runtime/private_env.py):",
+            *lines,
+            sep="\n  ",
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if session.exitstatus == pytest.ExitCode.OK:
+        shutil.rmtree(session_root, ignore_errors=True)
+    else:
+        print(f"\nthe session's temporary files: {session_root}")
+
+
+SHARED_BEFORE = pytest.StashKey[set]()
 
 TEST_PORTS = {
     "SPIKELAB_PREFECT_PORT": os.environ.get("SPIKELAB_TEST_PREFECT_PORT", "4299"),

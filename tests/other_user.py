@@ -22,6 +22,9 @@ from pathlib import Path
 import pytest
 
 OTHER = "nobody"
+SESSION_ENV = "SPIKELAB_TEST_SESSION"
+"""The test session's own folder (tests/conftest.py): only its owner lists or writes it, anyone
+may pass through it to a folder whose name they are given."""
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
 
 
@@ -70,7 +73,7 @@ def readable_packages(*roots: str) -> Path:
 
     from packaging.requirements import Requirement
 
-    folder = Path(tempfile.mkdtemp(prefix="spikelab-other-user-"))
+    folder = Path(tempfile.mkdtemp(prefix="other-user-", dir=os.environ[SESSION_ENV]))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     folder.chmod(0o755)
     site = Path(sysconfig.get_paths()["purelib"])

@@ -16,6 +16,7 @@ import pytest
 
 from model.typed_config import ConfigError, UserError, no_password
 from tasks.runtime.config import check_scheduler
+from tasks.runtime.paths import UnsafeFolder
 from tests.other_user import (
     DASK_HTTP_ROUTES,
     DASK_PROBES,
@@ -106,7 +107,7 @@ def test_a_state_directory_another_user_made_is_refused_and_left_as_it_was(state
     state.mkdir(mode=0o777)
     state.chmod(0o777)
     os.chown(state, pwd.getpwnam(OTHER).pw_uid, -1)
-    with pytest.raises(UserError, match=f"state directory {state}: owned by another user"):
+    with pytest.raises(UnsafeFolder, match=f"state directory {state}: owned by another user"):
         paths.state_dir()
     assert mode(state) == 0o777 and not any(state.iterdir())
 

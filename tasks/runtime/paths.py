@@ -7,36 +7,47 @@ Two roots:
            home, service logs. It is ``<repo>/.spikelab`` of the ORIGINAL repository (an experiment
            copy resolves back to it), or ``$SPIKELAB_STATE``.
 
-Ports and URLs of this checkout's servers on 127.0.0.1. Which server a stage uses (its own, or
-the local stores) is decided in tasks/runtime/services.py. A leaf: imports nothing of the project.
+Ports and URLs of this checkout's servers (on 127.0.0.1 unless ``SPIKELAB_HOST`` says otherwise).
+Which server a stage uses (its own, or the local stores) is decided in tasks/runtime/services.py.
+A leaf: imports nothing of the project.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-
-from model.typed_config import UserError
 
 HOST = os.environ.get("SPIKELAB_HOST", "127.0.0.1")
 """The interface the servers (``spikelab services``, ``spikelab cluster``) bind and their URLs name:
 loopback unless ``SPIKELAB_HOST`` names one that other nodes reach (a head node's private
 address). Every server asks for the login (tasks/runtime/credentials.py) and Dask talks mutual
-TLS (tasks/runtime/tls.py) on either, but their traffic is plain HTTP: a private network only."""
+TLS (tasks/runtime/tls.py) on either; beyond loopback Prefect, MLflow and the dashboard serve
+HTTPS too (:func:`serves_https`)."""
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def exposed_warning(host: str = HOST) -> str | None:
-    """What to tell a user whose servers listen on ``host`` beyond loopback, or None."""
-    if host in LOOPBACK:
+def serves_https(host: str | None = None) -> bool:
+    """The servers on ``host`` (default :data:`HOST`) serve HTTPS, with a certificate their clients
+    verify (tasks/runtime/tls.py): beyond loopback the login crosses a network in every request's
+    basic-auth header. Loopback traffic never leaves the machine, so there it stays plain HTTP."""
+    return (host or HOST) not in LOOPBACK
+
+
+def exposed_warning(host: str | None = None) -> str | None:
+    """What to tell a user whose servers listen on ``host`` (default :data:`HOST`) beyond loopback, or None."""
+    host = host or HOST
+    if not serves_https(host):
         return None
     return (
-        f"spikelab: servers listen on {host}, not loopback; they ask for the login, but Prefect's, "
-        "MLflow's and the dashboard's traffic (the login included) is unencrypted HTTP: a private network only"
+        f"spikelab: servers listen on {host}, not loopback: other machines reach them. They ask for the login; "
+        "Prefect, MLflow and the dashboard serve HTTPS and Dask talks mutual TLS, with certificates a worker node "
+        "verifies against its copy of the head's .spikelab/tls (docs/scaling.md)"
     )
 
 
+STATE_ENV = "SPIKELAB_STATE"
 EXPS_MARKER = (".dvc", "tmp", "exps")
 
 # What the pipeline flow tells the stages it runs under DVC (flows/pipeline.py):
@@ -72,21 +83,59 @@ def repo_root(project: Path | None = None) -> Path:
     return project
 
 
+class UnsafeFolder(PermissionError):
+    """A folder spikelab would write into that another local user owns or can write: the message
+    names it and what to do. The CLI prints it without a traceback and exits with code 2."""
+
+
 def state_dir() -> Path:
     """Created 0700, and made so when another mode let other users in: it holds the login, the
-    cluster's keys and every store. One another user owns (made before us, say under /tmp) is
-    refused, root's own runs included: its owner could read the stores and swap the records, the
-    keys and the servers' settings that this process then trusts."""
-    path = Path(os.environ.get("SPIKELAB_STATE") or repo_root() / ".spikelab").resolve()
+    cluster's keys, every store and every engine's scratch (tasks/runtime/private_env.py). One another
+    user owns (made before us, say under /tmp), or inside a folder another user may rename things
+    in, is refused, root's own runs included: its owner could read the stores and swap the records,
+    the keys, the servers' settings and the scratch that this process then trusts."""
+    path = Path(os.environ.get(STATE_ENV) or repo_root() / ".spikelab").resolve()
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
-    if info.st_uid != os.getuid():
-        raise UserError(
-            f"state directory {path}: owned by another user (uid {info.st_uid}); choose another SPIKELAB_STATE"
-        )
-    if info.st_mode & 0o077:
+    refuse_unless_owned(path, "state directory", "choose another SPIKELAB_STATE")
+    for parent in path.parents:
+        refuse_if_others_may_rename_in(parent, path)
+    if path.stat().st_mode & 0o077:
         path.chmod(0o700)
     return path
+
+
+def private_folder(path: Path, what: str) -> Path:
+    """``path`` made (0700) or adopted as a folder its owner alone can write: one another user owns,
+    or that others may write, is refused (whatever they left in it may be planted)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = refuse_unless_owned(path, what, f"remove it (or choose another {STATE_ENV})")
+    if mode & 0o022:
+        raise UnsafeFolder(
+            f"{what} {path}: other users may write it (mode {mode:04o}); remove it (or choose another {STATE_ENV})"
+        )
+    return path
+
+
+def refuse_unless_owned(path: Path, what: str, remedy: str) -> int:
+    """``path``'s mode, when it is a folder (not a link to one) this user owns; else UnsafeFolder."""
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeFolder(f"{what} {path}: not a folder (a link?); {remedy}")
+    if info.st_uid != os.getuid():
+        raise UnsafeFolder(f"{what} {path}: owned by another user (uid {info.st_uid}); {remedy}")
+    return stat.S_IMODE(info.st_mode)
+
+
+def refuse_if_others_may_rename_in(parent: Path, path: Path) -> None:
+    """A folder above the state directory that another user could swap it out of: owned by a user
+    other than this one or root, or writable by others without the sticky bit (which /tmp has)."""
+    info = parent.stat()
+    open_to_others = info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX
+    if info.st_uid not in (0, os.getuid()) or open_to_others:
+        raise UnsafeFolder(
+            f"state directory {path}: {parent} above it is another user's or writable by others "
+            f"(uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}), who could swap it; choose another {STATE_ENV}"
+        )
 
 
 @dataclass(frozen=True)
@@ -163,8 +212,13 @@ def dashboard_port() -> int:
     return int(os.environ.get("SPIKELAB_DASHBOARD_PORT", "8080"))
 
 
+def server_url(port: int) -> str:
+    """This checkout's server on ``port``: ``https://`` beyond loopback (:func:`serves_https`)."""
+    return f"{'https' if serves_https() else 'http'}://{HOST}:{port}"
+
+
 def prefect_url() -> str:
-    return f"http://{HOST}:{prefect_port()}/api"
+    return f"{server_url(prefect_port())}/api"
 
 
 def prefect_ui_url() -> str:
@@ -172,12 +226,12 @@ def prefect_ui_url() -> str:
 
 
 def mlflow_url() -> str:
-    return f"http://{HOST}:{mlflow_port()}"
+    return server_url(mlflow_port())
 
 
 def dashboard_url() -> str:
     """optuna-dashboard on the LR search's studies."""
-    return f"http://{HOST}:{dashboard_port()}"
+    return server_url(dashboard_port())
 
 
 MLFLOW_TRAINING_VIEW = "workflowType=machine_learning"

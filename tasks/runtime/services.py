@@ -1,11 +1,13 @@
 """Start, stop and inspect the local Prefect and MLflow servers and optuna-dashboard (bound to
-127.0.0.1), prove which checkout a running server belongs to, and point a stage at them
-(:func:`configure_environment`: before ``prefect`` is imported, which reads its settings then).
+127.0.0.1; beyond loopback to ``SPIKELAB_HOST``, over HTTPS with a certificate every client
+verifies: :func:`verified_status`, :func:`trust_servers_ca`, tasks/runtime/tls.py), prove which
+checkout a running server belongs to, and point a stage at them (:func:`configure_environment`:
+before ``prefect`` is imported, which reads its settings then).
 
 Every server asks for the login of tasks/runtime/credentials.py: Prefect through its own auth
 string (``PREFECT_SERVER_API_AUTH_STRING``), MLflow through its basic-auth app
 (tasks/runtime/mlflow_app.py: artifacts confined, no assistant), optuna-dashboard behind a
-basic-auth middleware (tasks/runtime/dashboard.py). The login reaches each server and every stage
+basic-auth check (tasks/runtime/dashboard.py). The login reaches each server and every stage
 through the environment; a server that refuses it stops the stage with an error naming the server
 and the credentials file (:func:`check_login`), never a retry without it.
 
@@ -29,9 +31,12 @@ processes the same way (tasks/runtime/cluster.py).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import shlex
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -42,9 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model.typed_config import ConfigError, UserError, no_password
-from tasks.runtime import credentials, paths
+from tasks.runtime import credentials, guard, paths, tls
 
-STATE_ENV = "SPIKELAB_STATE"
+STATE_ENV = paths.STATE_ENV
 MLFLOW_DB_ENV = "SPIKELAB_MLFLOW_DB"
 """``postgresql://user@host:port/db``: the MLflow server's backend store (else ``<state>/mlflow.db``)."""
 PREFECT_DB_ENV = "SPIKELAB_PREFECT_DB"
@@ -67,18 +72,69 @@ class Service:
     """The address of its UI."""
 
 
+class UntrustedServer(UserError):
+    """An HTTPS server whose certificate does not verify: it is never sent the login."""
+
+
 def http_status(url: str, timeout: float = 0.5, auth: str | None = None) -> int | None:
     """The HTTP status ``url`` answers with (``auth``: ``user:password`` for basic auth), or None
-    when nothing answers."""
-    request = urllib.request.Request(url, headers=credentials.basic_auth(auth) if auth is not None else {})
+    when nothing answers, or nothing this process trusts (:func:`verified_status`)."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        return verified_status(url, timeout, auth)
+    except UntrustedServer:
+        return None
+
+
+def verified_status(url: str, timeout: float = 0.5, auth: str | None = None, cafile: str | None = None) -> int | None:
+    """:func:`http_status`, but an HTTPS server whose certificate does not verify against ``cafile``
+    (default :func:`trusted_ca`'s) is an UntrustedServer: the handshake fails before a byte of the
+    request, the login included, is sent."""
+    request = urllib.request.Request(url, headers=credentials.basic_auth(auth) if auth is not None else {})
+    context = None
+    if url.startswith("https://"):
+        cafile = cafile or trusted_ca()
+        try:
+            context = ssl.create_default_context(cafile=cafile)
+        except OSError as e:  # a CA file named in the environment that is not there, or not PEM (ssl.SSLError)
+            raise UserError(f"{url}: cannot read {cafile} to verify the server with ({e})") from None
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             status: int = response.status
             return status
     except urllib.error.HTTPError as e:
         return e.code
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, ssl.SSLCertVerificationError):
+            raise UntrustedServer(
+                f"{url}: the server's certificate does not verify against {cafile or 'the system CAs'} "
+                f"({e.reason.verify_message}), so it was not sent the login. A worker node verifies the head's servers "
+                f"with its copy of the head's .spikelab/tls ({tls.TLS_DIR_ENV}), made again when the head's address changed"
+            ) from None
+        return None
     except OSError:
         return None
+
+
+CLIENT_CA_ENVS = {"prefect": "PREFECT_API_SSL_CERT_FILE", "mlflow": "MLFLOW_TRACKING_SERVER_CERT_PATH"}
+"""Each engine's own setting for the CA file its client verifies an HTTPS server with."""
+
+
+def trusted_ca(name: str = "") -> str | None:
+    """The CA file a client of the server ``name`` verifies it with: the engine's own setting where
+    the user made one (:data:`CLIENT_CA_ENVS`), else the servers' CA where this node has it
+    (tls.servers_ca), else None: the system's CAs."""
+    if own := os.environ.get(CLIENT_CA_ENVS.get(name, ""), ""):
+        return own
+    ca = tls.servers_ca()
+    return str(ca) if ca is not None else None
+
+
+def trust_servers_ca(servers: dict[str, str]) -> None:
+    """Point the engine's client of each HTTPS server in ``servers`` (name: URL) at the CA file to
+    verify it with (:func:`trusted_ca`), in this process and what it starts (Dask workers)."""
+    for name, url in servers.items():
+        if url.startswith("https://") and (ca := trusted_ca(name)) is not None:
+            os.environ[CLIENT_CA_ENVS[name]] = ca
 
 
 def answers(url: str, timeout: float = 0.5, auth: str | None = None) -> bool:
@@ -164,6 +220,11 @@ def mlflow_auth(login: credentials.Credentials) -> dict[str, str]:
     }
 
 
+MLFLOW_WITHOUT_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+"""The MLflow server without its job runner (GenAI jobs spikelab never submits): a huey consumer
+process whose queue lived in a folder of /dev/shm, left behind at every start."""
+
+
 def services(search_storage: str = "", login: credentials.Credentials | None = None) -> list[Service]:
     """The servers; ``search_storage`` is the search's ``search.storage``, which the dashboard reads.
     ``login``: the credentials the servers are started with (only ``up`` needs them)."""
@@ -173,10 +234,10 @@ def services(search_storage: str = "", login: credentials.Credentials | None = N
     return [
         Service(
             "prefect",
-            [str(bin_dir / "prefect"), "server", "start", "--host", paths.HOST, "--port", str(paths.prefect_port())],
+            prefect_command(bin_dir),
             {
                 "PREFECT_HOME": str(s.prefect_home),
-                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT__SERVER_FINAL": "1",  # what `prefect server start` tells its app; uvicorn's factory reads it here
                 # the UI's own calls go to this server's port, not to the default 4200
                 "PREFECT_SERVER_API_HOST": paths.HOST,
                 "PREFECT_SERVER_API_PORT": str(paths.prefect_port()),
@@ -200,8 +261,9 @@ def services(search_storage: str = "", login: credentials.Credentials | None = N
                 "--app-name",
                 "spikelab",
                 *mlflow_stores(),
+                *(["--uvicorn-opts", shlex.join(https_options("--ssl-"))] if paths.serves_https() else []),
             ],
-            mlflow_auth(login) if login else {},
+            {**(mlflow_auth(login) if login else {}), **mlflow_address(), **MLFLOW_WITHOUT_JOBS},
             paths.mlflow_port(),
             mlflow_up,
             f"{paths.mlflow_url()}/#/?{paths.MLFLOW_TRAINING_VIEW}",
@@ -218,6 +280,7 @@ def services(search_storage: str = "", login: credentials.Credentials | None = N
                 str(paths.dashboard_port()),
                 "--artifact-dir",
                 str(s.optuna_artifacts),
+                *(https_options("--") if paths.serves_https() else []),
                 dashboard_storage(search_storage),
             ],
             {},
@@ -226,6 +289,39 @@ def services(search_storage: str = "", login: credentials.Credentials | None = N
             paths.dashboard_url(),
         ),
     ]
+
+
+def prefect_command(bin_dir: Path) -> list[str]:
+    """``prefect server start``, which serves plain HTTP only; for HTTPS, what it runs itself
+    (Prefect's ``server start --background`` and its temporary server run this command): uvicorn on
+    Prefect's app factory, told it is the process's last app (``PREFECT__SERVER_FINAL``), at the
+    log level ``server start`` gives it (Prefect's server default); uvicorn's other defaults are
+    Prefect's (keep-alive 5 s, websocket pings every 20 s)."""
+    address = ["--host", paths.HOST, "--port", str(paths.prefect_port())]
+    if not paths.serves_https():
+        return [str(bin_dir / "prefect"), "server", "start", *address]
+    app = ["-m", "uvicorn", "--factory", "prefect.server.api.server:create_app"]
+    return [sys.executable, *app, *address, "--log-level", "warning", *https_options("--ssl-")]
+
+
+def https_options(prefix: str) -> list[str]:
+    """A server's options that serve HTTPS with the servers' certificate (tls.server_certificate):
+    ``--ssl-certfile``/``--ssl-keyfile`` for uvicorn (prefix ``--ssl-``), ``--certfile``/``--keyfile``
+    for the dashboard's gunicorn. Paths only: the key is in a file only its owner reads."""
+    cert, key = tls.server_certificate()
+    return [f"{prefix}certfile", str(cert), f"{prefix}keyfile", str(key)]
+
+
+def mlflow_address() -> dict[str, str]:
+    """Beyond loopback, MLflow's guards told the server's address: its host check (against DNS
+    rebinding) takes only loopback names and private ranges by default, and its cross-origin check
+    refuses its own UI's requests that change anything from any origin but loopback's."""
+    if not paths.serves_https():
+        return {}
+    return {
+        "MLFLOW_SERVER_ALLOWED_HOSTS": f"{paths.HOST}:{paths.mlflow_port()}",
+        "MLFLOW_SERVER_CORS_ALLOWED_ORIGINS": paths.mlflow_url(),
+    }
 
 
 def service(name: str) -> Service:
@@ -359,6 +455,12 @@ def up(timeout: float = 180.0, search_storage: str = "") -> None:
         print(warning, file=sys.stderr)
     for folder in (paths.state().services, paths.state().mlflow_artifacts, paths.state().optuna_artifacts):
         folder.mkdir(parents=True, exist_ok=True)
+    if paths.serves_https() and tls.ensure_server_certificate(paths.HOST):
+        print(
+            f"spikelab: made the servers' certificate for {paths.HOST}; worker nodes verify it with "
+            f"{tls.tls_dir() / tls.SERVERS_CA}: copy it to each (docs/scaling.md)",
+            file=sys.stderr,
+        )
     mine = []
     try:
         for svc in started:
@@ -417,9 +519,11 @@ def base_url(name: str) -> str:
 def check_login(name: str, auth: str, base: str | None = None) -> None:
     """The server ``name`` (at ``base``, default this checkout's) asks for a login and takes ``auth``
     (``user:password``); else a UserError naming the server and where the login lives: never a
-    retry without it, and never a server that answers anyone (one an older spikelab started)."""
+    retry without it, never a server that answers anyone (one an older spikelab started), and never
+    an HTTPS server whose certificate does not verify (UntrustedServer: it gets no request at all)."""
     base = (base or base_url(name)).rstrip("/")
-    anyone = http_status(base + LOGIN_PROBES[name], timeout=30.0)
+    cafile = trusted_ca(name)
+    anyone = verified_status(base + LOGIN_PROBES[name], timeout=30.0, cafile=cafile)
     if anyone is None:
         return  # nothing answers: whoever needs the server says so (a stage falls back, a cluster refuses)
     if anyone not in (401, 403):
@@ -427,7 +531,7 @@ def check_login(name: str, auth: str, base: str | None = None) -> None:
             f"{name} server at {base}: answers without a login, so any local user can use it (started by an "
             "older spikelab?); `spikelab services down` and `spikelab services up` start it with one"
         )
-    status = http_status(base + LOGIN_PROBES[name], timeout=30.0, auth=auth)
+    status = verified_status(base + LOGIN_PROBES[name], timeout=30.0, auth=auth, cafile=cafile)
     if status in (401, 403):
         raise UserError(
             f"{name} server at {base}: refused the login (HTTP {status}) from "
@@ -445,6 +549,16 @@ def info() -> list[str]:
         "  Prefect UI: enter `spikelab:<password>` when it asks; MLflow and optuna-dashboard: the browser's "
         "login prompt, user spikelab",
         f"  worker nodes: copy the file and point {credentials.CREDENTIALS_ENV} at the copy (docs/services.md)",
+        *(https_info() if paths.serves_https() else []),
+    ]
+
+
+def https_info() -> list[str]:
+    """How a browser and a worker node trust the servers' HTTPS (``spikelab services info``)."""
+    ca = tls.tls_dir() / tls.SERVERS_CA
+    return [
+        f"HTTPS: the servers' certificate comes from the CA in {ca}; a browser trusts it once you import that file",
+        f"  worker nodes: copy {ca.parent} and point {tls.TLS_DIR_ENV} at the copy (docs/scaling.md)",
     ]
 
 
@@ -499,8 +613,6 @@ def configure_environment() -> dict[str, str]:
     """
     s = paths.state()
     os.environ.setdefault("PREFECT_HOME", str(s.prefect_home))
-    for key in ("DO_NOT_TRACK", "MLFLOW_DISABLE_TELEMETRY"):  # no usage telemetry from study runs
-        os.environ.setdefault(key, "true")
     # MLflow prints two "View run/experiment at" lines per run it ends: one per arm and trial.
     # The stages' progress lines and Prefect artifacts link the runs instead.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
@@ -517,15 +629,23 @@ def configure_environment() -> dict[str, str]:
     }
 
 
+CLIENT_URL_ENVS = {"prefect": "PREFECT_API_URL", "mlflow": "MLFLOW_TRACKING_URI"}
+"""The variable that points this process's client of each server at it."""
+
+
 def log_in_to_servers() -> None:
     """Give this process (and what it starts) the login for the servers it uses, and check that
     each asks for it and takes it; the local stores need none, nor a Prefect Cloud workspace (its
-    ``PREFECT_API_KEY`` is its login)."""
+    ``PREFECT_API_KEY`` is its login). A server ``up`` started for this checkout is guarded for
+    the rest of this process (tasks/runtime/guard.py): once it no longer holds its port, a connect
+    there is refused rather than sent the login. A server at another URL (one the user named,
+    Prefect Cloud) is not this checkout's to guard."""
     prefect = "" if os.environ.get("PREFECT_API_KEY") else os.environ.get("PREFECT_API_URL", "")
     servers = {"prefect": prefect, "mlflow": os.environ["MLFLOW_TRACKING_URI"]}
     servers = {name: url for name, url in servers.items() if url.startswith(("http://", "https://"))}
     if not servers:
         return
+    trust_servers_ca(servers)
     for key, value in credentials.client_env().items():
         os.environ.setdefault(key, value)
     auth = {
@@ -533,7 +653,22 @@ def log_in_to_servers() -> None:
         "mlflow": f"{os.environ[credentials.MLFLOW_USER_ENV]}:{os.environ[credentials.MLFLOW_PASSWORD_ENV]}",
     }
     for name, url in servers.items():
+        if url == base_url(name) and (own := started_process(name)) is not None:
+            port = service(name).port
+            guard.withhold_login(name, CLIENT_URL_ENVS[name], own.pid, functools.partial(listens_on, own, port))
+            os.environ[WORKER_PRELOAD_ENV] = json.dumps([__name__])  # its Dask workers guard theirs (dask_setup)
         check_login(name, auth[name], url)
+
+
+WORKER_PRELOAD_ENV = "DASK_DISTRIBUTED__WORKER__PRELOAD"
+"""Dask's ``distributed.worker.preload``: the modules a worker runs ``dask_setup`` of as it starts."""
+
+
+def dask_setup(worker: object) -> None:
+    """A worker of a process guarded by :func:`log_in_to_servers` (a stage's local cluster, the
+    workers ``spikelab cluster up`` starts) is a fresh interpreter that inherits the login but not
+    the guard: it logs in and guards its own connects (an arm logs to MLflow from there)."""
+    log_in_to_servers()
 
 
 def _use_server(name: str) -> bool:
