@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.other_user import SESSION_ENV
 from tests.test_services import free_port
 
 HOST = "127.0.0.1"
@@ -92,7 +93,7 @@ def postgres_server() -> Iterator[Postgres]:
     """Start a server in a fresh temporary directory; skip (saying why) when PostgreSQL is missing."""
     if reason := missing():
         pytest.skip(reason)
-    root = Path(tempfile.mkdtemp(prefix="spikelab-pg-"))
+    root = Path(tempfile.mkdtemp(prefix="postgres-", dir=os.environ[SESSION_ENV]))  # nobody passes through to it
     if os.geteuid() == 0:
         nobody = pwd.getpwnam("nobody")
         os.chown(root, nobody.pw_uid, nobody.pw_gid)
