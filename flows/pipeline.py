@@ -249,8 +249,8 @@ def pipeline_flow(
         overrides: The keys of an ablation arm, typed and documented; empty fields keep params.yaml.
         extra_overrides: Any other dotted key that is a number, a flag or a choice, e.g.
             {"filter.min_chars": 100}; `data.path` inside the project, outside its hidden
-            folders. Text keys that reach the file system or the network (storages, scheduler
-            addresses) are refused.
+            folders, never a URL. Text keys that reach the file system or the network (storages,
+            scheduler addresses) are refused, and so is `train.compile`.
     """
     project = project_dir()
     sets = {**({} if profile == KEEP else {"profile": profile}), **dotted(overrides, extra_overrides)}
