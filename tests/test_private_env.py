@@ -92,11 +92,11 @@ def test_a_scratch_folder_another_user_made_first_is_refused_naming_it_and_left_
         pytest.skip(reason)
     scratch = tmp_path / "scratch"
     scratch.mkdir(mode=0o700)
-    (scratch / "dask").mkdir(mode=0o700)
-    os.chown(scratch / "dask", pwd.getpwnam(OTHER).pw_uid, -1)
-    with pytest.raises(UnsafeFolder, match=f"scratch folder {scratch / 'dask'}: owned by another user"):
+    (scratch / "tmp").mkdir(mode=0o700)
+    os.chown(scratch / "tmp", pwd.getpwnam(OTHER).pw_uid, -1)
+    with pytest.raises(UnsafeFolder, match=f"scratch folder {scratch / 'tmp'}: owned by another user"):
         private_env(scratch)
-    assert (scratch / "dask").stat().st_uid == pwd.getpwnam(OTHER).pw_uid and not any((scratch / "dask").iterdir())
+    assert (scratch / "tmp").stat().st_uid == pwd.getpwnam(OTHER).pw_uid and not any((scratch / "tmp").iterdir())
 
 
 @pytest.mark.parametrize(("folder_mode", "refused"), [(0o755, False), (0o775, True), (0o757, True), (0o1777, True)])
@@ -345,7 +345,7 @@ def test_a_dask_scratch_and_an_inductor_cache_planted_first_are_never_adopted(tm
         seen, scratch = owners_cluster("private"), state / "scratch"
         assert Path(seen["local_directory"]).is_relative_to(scratch / "tmp")
         assert Path(seen["inductor"]) == scratch / "torchinductor" and any((scratch / "torchinductor").iterdir())
-        assert str(planted) not in " ".join(seen["sys_path"]) and not marker.exists()
+        assert not any(Path(entry).is_relative_to(planted) for entry in seen["sys_path"]) and not marker.exists()
         assert sorted(p.name for p in planted.iterdir()) == ["spikelab_planted.py"] and not any(inductor.iterdir())
 
         seen = owners_cluster("default")  # the control: both planted folders adopted
