@@ -6,7 +6,8 @@ site cache, Dask's, torch's) live in one folder made for it alone: ``mkdtemp`` i
 temporary folder (``SPIKELAB_TEST_TMPDIR``, default /tmp: an unpredictable name, that only its
 owner can list or write), not in the checkout, where a test's project would find the checkout's
 ``params.yaml`` above it. When the session ends, any new entry this user made in a shared folder
-(/tmp, /var/tmp, /dev/shm) fails the run, naming it: a new engine's scratch that is not private yet."""
+(/tmp, /var/tmp, /dev/shm; POSIX semaphores aside) fails the run, naming it: a new engine's scratch
+that is not private yet."""
 
 from __future__ import annotations
 
@@ -26,15 +27,18 @@ sys.path.insert(0, str(ROOT))
 from tests.other_user import SESSION_ENV  # noqa: E402  (found through ROOT)
 
 SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
+SEMAPHORES = "/dev/shm/sem."
+"""glibc's POSIX semaphores (multiprocessing, loky): random names made with ``O_EXCL``, nothing
+moves them, and a worker killed by a test may leave its own behind (scripts/trace_shared_paths.py)."""
 
 
 def owned_entries(folders: tuple[str, ...] = SHARED_FOLDERS) -> set[str]:
-    """The entries this user owns right inside ``folders``."""
+    """The entries this user owns right inside ``folders``, semaphores aside."""
     found = set()
     for folder in map(Path, folders):
         for entry in folder.iterdir() if folder.is_dir() else []:
             try:
-                if entry.lstat().st_uid == os.getuid():
+                if entry.lstat().st_uid == os.getuid() and not str(entry).startswith(SEMAPHORES):
                     found.add(str(entry))
             except FileNotFoundError:  # removed while listed
                 continue
