@@ -133,6 +133,7 @@ def test_a_state_directory_in_a_folder_others_may_rename_things_in_is_refused(
     if refused:
         with pytest.raises(UnsafeFolder, match=f"{parent} above it is another user's or writable by others"):
             paths.state_dir()
+        assert not any(parent.iterdir())  # nothing made in it
     else:
         assert paths.state_dir() == parent / "state"
 

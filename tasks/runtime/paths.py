@@ -95,10 +95,10 @@ def state_dir() -> Path:
     in, is refused, root's own runs included: its owner could read the stores and swap the records,
     the keys, the servers' settings and the scratch that this process then trusts."""
     path = Path(os.environ.get(STATE_ENV) or repo_root() / ".spikelab").resolve()
+    for parent in (p for p in path.parents if p.exists()):  # before making anything in them
+        refuse_if_others_may_rename_in(parent, path)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     refuse_unless_owned(path, "state directory", "choose another SPIKELAB_STATE")
-    for parent in path.parents:
-        refuse_if_others_may_rename_in(parent, path)
     if path.stat().st_mode & 0o077:
         path.chmod(0o700)
     return path
