@@ -1,0 +1,120 @@
+"""The gpu study's commands (docs/gpu-study.md): ``plan`` every arm of the gpu profile's ablation
+(the ablate stage's own plan, flows/ablate.py), ``slice`` the next arms that fit a GPU window,
+``accept`` a window's results file, ``status``. The window itself runs on the GPU box:
+tasks/gpu_study/window.py.
+
+    python -m flows.gpu_study plan | slice --window-s S --workers N | accept FILE | status
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from model.typed_config import UserError
+from tasks.ablate.conditions import loss_shift_probe
+from tasks.ablate.grid import FAMILIES
+from tasks.config import load_config
+from tasks.gpu_study import plan as planning
+from tasks.gpu_study.state import accept, accumulated, duplicates
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m flows.gpu_study", description=__doc__.split("\n\n")[0])
+    p.add_argument("--project", type=Path, default=Path.cwd())
+    sub = p.add_subparsers(dest="command", required=True)
+    planned = sub.add_parser("plan", help="write gpu_study/plan.json: every arm of the gpu profile's study")
+    planned.add_argument("--profile", default=planning.PROFILE)
+    sliced = sub.add_parser("slice", help="write the next slice that fits one GPU window")
+    sliced.add_argument("--window-s", type=float, required=True)
+    sliced.add_argument("--workers", type=int, required=True)
+    sliced.add_argument("--family", action="append", default=[], help="only this family's arms (repeatable)")
+    taken = sub.add_parser("accept", help="check a results file against the plan and add it to the study")
+    taken.add_argument("file", type=Path)
+    sub.add_parser("status", help="arms in, windows run, the next slice's size")
+    args = p.parse_args(argv)
+    project = args.project.resolve()
+    try:
+        return COMMANDS[args.command](args, project)
+    except UserError as e:
+        print(f"spikelab: error: {e}", file=sys.stderr)
+        return 2
+
+
+def study_plan(project: Path, profile: str = planning.PROFILE) -> dict[str, Any]:
+    """Every run of ``profile``'s ablation study, seed-major, and the plan's id (a digest of the
+    runs' identities: the same study planned again, anywhere, has the same id)."""
+    from flows.ablate import ARM_MODULE, plan, runs_to_train  # prefect and mlflow load for `plan` alone
+
+    cfg = load_config(project / "params.yaml", profile)
+    # The precision family's loss shift from a one-step fp32 probe at init: made here, on the CPU
+    # (the GPU box trains; the integer k it picks is in the plan, and in every arm's identity).
+    probe_cfg = load_config(project / "params.yaml", profile, {"train.device": "cpu", "train.compile": False})
+    shift = loss_shift_probe(probe_cfg, project)
+    rows = plan(cfg, project, {}, shift["k"] or 0)
+    for row in rows:
+        row["cached"] = False  # every arm trains on the GPU box, whatever is stored here
+    seeds = cfg.ablation.all_seeds
+    families = list(FAMILIES)
+    runs = sorted(runs_to_train(rows), key=lambda row: (seeds.index(row["seed"]), families.index(row["family"])))
+    arms = [
+        {
+            "key": row["key"],
+            "name": row["name"],
+            "family": row["family"],
+            "variant": row["variant"],
+            "seed": row["seed"],
+            "arguments": row["command"][1 + len(ARM_MODULE) :],
+        }
+        for row in runs
+    ]
+    digest = hashlib.sha256("\n".join(arm["key"] for arm in arms).encode()).hexdigest()[:16]
+    return {"plan": digest, "profile": profile, "loss_shift": shift, "seeds": seeds, "arms": arms}
+
+
+def make_plan(args, project: Path) -> int:
+    plan = study_plan(project, args.profile)
+    path = project / planning.PLAN
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plan, indent=1) + "\n")
+    print(f"plan {plan['plan']}: {len(plan['arms'])} arms -> {planning.PLAN}")
+    return 0
+
+
+def make_slice(args, project: Path) -> int:
+    plan = planning.read_plan(project)
+    state = accumulated(plan, project)
+    number = len(state["windows"]) + 1
+    done = set(state["arms"])
+    slice_ = planning.next_slice(plan, done, state["measures"], args.window_s, args.workers, number, args.family)
+    path = project / planning.SLICES / f"{number:02d}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(slice_, indent=1) + "\n")
+    kind = "calibration slice" if slice_["calibration"] else f"estimated {slice_['estimate_s']:.0f} s"
+    print(f"slice {number}: {len(slice_['arms'])} arms, {kind} -> {path.relative_to(project)}")
+    return 0
+
+
+def accept_file(args, project: Path) -> int:
+    target = accept(args.file, planning.read_plan(project), project)
+    print(f"accepted -> {target.relative_to(project)}")
+    return 0
+
+
+def show_status(args, project: Path) -> int:
+    plan = planning.read_plan(project)
+    state = accumulated(plan, project)
+    print(f"plan {plan['plan']}: {len(state['arms'])}/{len(plan['arms'])} arms in, {len(state['windows'])} windows")
+    for copy in duplicates(state):
+        print(f"  brought back twice: {copy['name']} (bitwise equal: {copy['bitwise_equal']})")
+    return 0
+
+
+COMMANDS = {"plan": make_plan, "slice": make_slice, "accept": accept_file, "status": show_status}
+
+if __name__ == "__main__":
+    sys.exit(main())

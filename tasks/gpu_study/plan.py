@@ -1,0 +1,103 @@
+"""The gpu study's plan and its slices, made here (where the orchestration is installed).
+
+The plan (flows/gpu_study.py: study_plan) is every run the ablate stage would train under the
+``gpu`` profile (flows/ablate.py: plan), each with its run identity and the command that trains it, ordered seed by seed: the first
+discovery seed of every variant of every family, then the next seed, so that whatever has
+accumulated compares variants on the same seeds. Its id is a digest of those runs: a results file
+names the plan it trained, and a file from another plan is refused.
+
+A slice is the next arms not yet in, as many as fit one GPU window: each arm's GPU time estimated
+from the arms of its family already measured (wall seconds at the packing they ran with, times
+``MARGIN``), arms packed ``workers`` at once. Before any arm of a family is measured, a slice is a
+calibration slice: the window measures as it goes and starts no arm its own measurements say
+cannot finish (tasks/gpu_study/window.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from model.typed_config import UserError
+
+PROFILE = "gpu"
+"""The study the windows train: the gpu profile's ablation (profiles/gpu.yaml: ablation)."""
+MARGIN = 1.3
+"""An estimate's margin over the slowest measured arm of its family at the same packing."""
+STUDY = Path("gpu_study")
+PLAN = STUDY / "plan.json"
+SLICES = STUDY / "slices"
+RESULTS = STUDY / "results"
+
+
+def arm_steps(arm: dict[str, Any]) -> int:
+    """The steps an arm trains (its ``--set=train.steps=N``)."""
+    return int(next(a.split("=", 2)[2] for a in arm["arguments"] if a.startswith("--set=train.steps=")))
+
+
+def estimates(measures: list[dict[str, Any]], workers: int) -> dict[str, float]:
+    """Per family, the GPU seconds an arm is given when ``workers`` share the GPU: the slowest
+    measured arm of the family (a cut arm's wall time scaled from the step it reached to its last),
+    scaled linearly from the packing it ran at to ``workers``, times ``MARGIN``."""
+    by_family: dict[str, float] = {}
+    for m in measures:
+        whole = m["wall_s"] * m["steps_total"] / max(1, m["steps_done"])
+        scaled = whole * workers / max(1, m["sharing"])
+        by_family[m["family"]] = max(by_family.get(m["family"], 0.0), scaled)
+    return {family: seconds * MARGIN for family, seconds in by_family.items()}
+
+
+def next_slice(
+    plan: dict[str, Any],
+    done: set[str],
+    measures: list[dict[str, Any]],
+    window_s: float,
+    workers: int,
+    number: int,
+    families: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The next arms in plan order (of ``families`` only, when given) that fit ``window_s`` packed
+    ``workers`` at once. Arms of a family not measured yet make it a calibration slice (the window
+    decides which of them start). Raises :class:`UserError` when not even one arm fits."""
+    todo = [arm for arm in plan["arms"] if arm["key"] not in done and (not families or arm["family"] in families)]
+    if not todo:
+        raise UserError(f"gpu study: every arm of plan {plan['plan']} is in; nothing to slice")
+    seconds = estimates(measures, workers)
+    chosen, lanes = [], [0.0] * workers  # each lane: the GPU time its arms take one after another
+    for arm in todo:
+        estimate = seconds.get(arm["family"])
+        if estimate is None:
+            chosen.append(arm | {"estimate_s": None})
+            continue
+        lane = min(range(workers), key=lanes.__getitem__)
+        if lanes[lane] + estimate > window_s:
+            continue
+        lanes[lane] += estimate
+        chosen.append(arm | {"estimate_s": round(estimate, 1)})
+    if not chosen:
+        slowest = min(seconds.get(arm["family"], math.inf) for arm in todo)
+        raise UserError(
+            f"gpu study: no arm fits a {window_s:.0f} s window (the quickest left needs {slowest:.0f} s at "
+            f"{workers} at once); give the window more time or fewer workers"
+        )
+    calibration = any(arm["estimate_s"] is None for arm in chosen)
+    return {
+        "plan": plan["plan"],
+        "slice": number,
+        "calibration": calibration,
+        "window_s": window_s,
+        "workers": workers,
+        "estimate_s": None if calibration else round(max(lanes), 1),
+        "arms": chosen,
+    }
+
+
+def read_plan(project: Path) -> dict[str, Any]:
+    path = project / PLAN
+    if not path.is_file():
+        raise UserError(f"gpu study: {PLAN} is missing; make it with `python -m flows.gpu_study plan`")
+    plan: dict[str, Any] = json.loads(path.read_text())
+    return plan

@@ -1,0 +1,143 @@
+"""The gpu study's windows (tasks/gpu_study/): a slice planned here, trained "elsewhere" by a CPU
+process exactly as a GPU window trains it, brought back and accumulated; a file from another plan
+refused; an arm brought back twice compared, not replaced; a slice that cannot fit refused."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from model.typed_config import UserError
+from tasks.gpu_study.plan import MARGIN, next_slice
+from tasks.gpu_study.state import accept, accumulated, duplicates, read_results
+from tests.test_arithmetic_check import study_project
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def study(project: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "flows.gpu_study", "--project", str(project), *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def window(project: Path, slice_file: Path, out: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "tasks.gpu_study.window", str(slice_file), "--out", str(out)]
+    command += ["--workers", "2", "--window-s", "300", "--project", str(project)]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def write_results(path: Path, records: list[dict]) -> Path:
+    with open(path, "wb") as sink:
+        for record in records:
+            sink.write(gzip.compress(json.dumps(record).encode() + b"\n"))
+    return path
+
+
+def a_plan(families: dict[str, int]) -> dict:
+    """A plan of ``n`` arms per family, each training 1000 steps."""
+    arms = [
+        {"key": f"{family}{i}", "name": f"{family}/{i}", "family": family, "arguments": ["--set=train.steps=1000"]}
+        for family, n in families.items()
+        for i in range(n)
+    ]
+    return {"plan": "p1", "arms": arms}
+
+
+@pytest.mark.e2e
+def test_a_slice_trained_elsewhere_comes_back_whole_and_accumulates(tmp_path):
+    project = study_project(tmp_path / "project")
+    assert study(project, "plan", "--profile", "smoke").returncode == 0
+    made = study(project, "slice", "--window-s", "300", "--workers", "2", "--family", "wortsman")
+    assert made.returncode == 0, made.stderr
+    assert "calibration slice" in made.stdout  # nothing of the family measured yet
+    slice_file = project / "gpu_study" / "slices" / "01.json"
+    planned = json.loads(slice_file.read_text())["arms"]
+    out = tmp_path / "elsewhere" / "01.jsonl.gz"
+    out.parent.mkdir()
+    trained = window(project, slice_file, out)
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    header, records, footer = read_results(out)
+    assert header["machine"]["torch"] and header["machine"]["host"]["cpus"]
+    assert footer and footer["finished"] == len(planned)
+    assert {r["key"] for r in records} == {arm["key"] for arm in planned}
+    assert all(r["result"]["provenance"]["numeric_path"] for r in records)
+
+    accepted = study(project, "accept", str(out))
+    assert accepted.returncode == 0, accepted.stderr
+    status = study(project, "status")
+    assert f"{len(planned)}/" in status.stdout
+    again = study(project, "slice", "--window-s", "300", "--workers", "2", "--family", "wortsman")
+    assert "every arm" in again.stderr and again.returncode == 2  # the family is in: nothing left of it
+
+
+def test_a_results_file_from_another_plan_is_refused_and_nothing_is_added(tmp_path):
+    plan = a_plan({"wortsman": 2})
+    path = write_results(tmp_path / "01.jsonl.gz", [{"header": {"plan": "another", "slice": 1, "workers": 2}}])
+    with pytest.raises(UserError, match="trained plan 'another', not this plan 'p1'"):
+        accept(path, plan, tmp_path)
+    assert not (tmp_path / "gpu_study").exists()
+
+
+def test_an_arm_not_in_the_plan_is_refused(tmp_path):
+    plan = a_plan({"wortsman": 2})
+    records = [{"header": {"plan": "p1", "slice": 1, "workers": 2}}, {"arm": {"key": "stray", "status": "completed"}}]
+    with pytest.raises(UserError, match="arms not in plan p1"):
+        accept(write_results(tmp_path / "01.jsonl.gz", records), plan, tmp_path)
+
+
+def finished_arm(key: str, gpu: str, loss: float, digest: str) -> dict:
+    result = {"summary": {"status": "completed", "steps": 1000, "final_loss": loss}, "weights_sha256": digest}
+    result["provenance"] = {"gpu": {"name": gpu}}
+    return {"key": key, "name": key, "wall_s": 100.0, "sharing": 2, "status": "completed", "result": result}
+
+
+def test_an_arm_back_from_two_gpus_is_kept_twice_and_compared_not_replaced(tmp_path):
+    plan = a_plan({"wortsman": 1})
+    for n, (gpu, loss, digest) in enumerate((("NVIDIA H200", 3.1, "aa"), ("NVIDIA H100", 3.2, "bb")), 1):
+        records = [
+            {"header": {"plan": "p1", "slice": 1, "workers": 2}},
+            {"arm": finished_arm("wortsman0", gpu, loss, digest)},
+        ]
+        accept(write_results(tmp_path / f"{n}.jsonl.gz", records), plan, tmp_path)
+    state = accumulated(plan, tmp_path)
+    kept = state["arms"]["wortsman0"]["records"]
+    assert [r["gpu"] for r in kept] == ["NVIDIA H200", "NVIDIA H100"]  # the first to arrive is judged
+    (compared,) = duplicates(state)
+    assert not compared["bitwise_equal"]
+    assert [c["final_loss"] for c in compared["copies"]] == [3.1, 3.2]
+    assert sorted(p.name for p in (tmp_path / "gpu_study" / "results").iterdir()) == ["01-2.jsonl.gz", "01.jsonl.gz"]
+
+
+def measure(family: str, wall_s: float, done: int, sharing: int = 2) -> dict:
+    return {"family": family, "wall_s": wall_s, "sharing": sharing, "steps_done": done, "steps_total": 1000}
+
+
+def test_a_slice_that_cannot_fit_the_window_is_refused():
+    plan = a_plan({"wortsman": 3})
+    too_long = [measure("wortsman", wall_s=100.0, done=100)]  # 1000 s an arm, x MARGIN
+    with pytest.raises(UserError, match="no arm fits a 1299 s window .the quickest left needs 1300 s at 2 at once"):
+        next_slice(plan, set(), too_long, window_s=1000 * MARGIN - 1, workers=2, number=1)
+
+
+def test_an_arm_whose_estimate_is_exactly_the_window_fits():
+    plan = a_plan({"wortsman": 3})
+    slice_ = next_slice(plan, set(), [measure("wortsman", 100.0, 100)], window_s=1000 * MARGIN, workers=2, number=1)
+    assert len(slice_["arms"]) == 2 and not slice_["calibration"]  # one per lane: the third would not fit
+
+
+def test_a_cut_arms_reached_step_scales_to_its_whole_run_and_to_the_packing():
+    plan = a_plan({"wortsman": 1})
+    # 250 s for 500 of 1000 steps at 2 at once: 500 s whole, 1000 s at 4 at once
+    slice_ = next_slice(plan, set(), [measure("wortsman", 250.0, 500)], window_s=2000, workers=4, number=1)
+    assert slice_["arms"][0]["estimate_s"] == pytest.approx(1000 * MARGIN)
+
+
+def test_an_unmeasured_family_makes_a_calibration_slice():
+    plan = a_plan({"wortsman": 1, "xiong": 2})
+    slice_ = next_slice(plan, set(), [measure("wortsman", 10.0, 1000)], window_s=100, workers=2, number=3)
+    assert slice_["calibration"] and [a["estimate_s"] for a in slice_["arms"]] == [13.0, None, None]
