@@ -7,9 +7,12 @@ so ``spikelab --help`` and ``spikelab ui`` answer at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,9 +27,63 @@ NEXT_STEP = {
     "stopped": "stopped before train.steps; no model was published",
 }
 """What a user does next after a run that did not complete (the one-line message's tail)."""
+RESUME = (
+    "the stage's outputs are as they were and what it finished is kept (trials, arms, checkpoints): "
+    "run it again to resume (make repro, dvc repro, or the same command)"
+)
+"""What a user does next after a stage was interrupted (SIGTERM, SIGINT)."""
+INTERRUPTED_EXIT = 75
+"""A stage stopped by SIGTERM or SIGINT exits as a preempted run does: EX_TEMPFAIL, run it again."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT while ``spikelab run`` ran a stage, raised in the main thread by the
+    handler :func:`interrupts_raise` installs. Inside the flow Prefect raises its own
+    TerminationSignal for SIGTERM first (its flow run and the MLflow runs end as interrupted) and
+    then hands the signal on to that handler."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interrupts_raise() -> Iterator[None]:
+    """SIGTERM and SIGINT raise :class:`Interrupted` in the main thread (Python's default for
+    SIGTERM ends the process at once, with no chance to put anything back)."""
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise Interrupted(signum)
+
+    previous = {}
+    with contextlib.suppress(ValueError):  # signals are the main thread's only
+        for s in (signal.SIGTERM, signal.SIGINT):
+            previous[s] = signal.signal(s, interrupt)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT ignored while outputs are put back: a second Ctrl-C must not leave
+    them half moved."""
+    previous = {}
+    with contextlib.suppress(ValueError):
+        for s in (signal.SIGTERM, signal.SIGINT):
+            previous[s] = signal.signal(s, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
 
 EXAMPLES = """\
 examples:
+  make demo                               start here: every stage at tiny sizes in a copy (~5 min on 2 cores)
   spikelab services up                    start this checkout's servers (Prefect, MLflow, optuna-dashboard)
   spikelab services info                  where each UI is and where its login is (never the password itself)
   spikelab ui                             print the address of every UI that is up
@@ -38,20 +95,26 @@ examples:
   spikelab cluster up --workers 4         a Dask scheduler and 4 workers; then SPIKELAB_SCHEDULER=<address>
 
 exit codes: 0 done, 2 bad config or input (the message names the key or file), 3 diverged,
-4 stopped by a callback, 75 preempted (checkpoint saved: run again to resume), 1 anything else.
+4 stopped by a callback, 75 preempted or interrupted (SIGTERM, Ctrl-C: run again to resume),
+1 anything else. `spikelab COMMAND --help`: what a command does, its options and examples.
 """
 
 
 def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
+    """Run ``stage``'s flow. Its versioned outputs (metrics, the LR, figures, the report) are set
+    aside first and put back unless it completes (tasks/runtime/outputs.py: KeptOutputs), so an
+    interrupt or an error leaves what git has; SIGTERM and SIGINT end it as interrupted (its
+    Prefect flow run Cancelled, its MLflow runs KILLED) and raise :class:`Interrupted`."""
     from flows.stages import STAGES
     from model.numerics import apply_numerics
     from model.stops import RunEnded
     from tasks.config import project_config
     from tasks.runtime import paths, services
+    from tasks.runtime.outputs import KeptOutputs
     from tasks.runtime.startup import imports_without_gc
 
     started = time.perf_counter()
-    cfg, _ = project_config(profile, sets)  # fail fast, before any import cost
+    cfg, project = project_config(profile, sets)  # fail fast, before any import cost
     apply_numerics(cfg.precision.numerics)  # before torch loads, here and in the workers this starts
     where = services.configure_environment()  # before prefect is imported
     if STAGES[stage].fans_out:
@@ -63,15 +126,28 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
     parent = os.environ.get(paths.PARENT_TASK_RUN_ENV)
     crashed: list[Any] = []  # the flow run Prefect marked Crashed: a typed stop is a SystemExit
     flow = flow.with_options(on_crashed=[lambda _flow, flow_run, _state: crashed.append(flow_run.id)])
+    kept = KeptOutputs(project, stage, STAGES[stage].versioned)
     try:
+        kept.set_aside()
         if parent:
             run_under_task(flow, params, name, parent)
         else:
             flow.with_options(flow_run_name=name)(**params)
-    except RunEnded as stop:
+    except BaseException as e:
+        with signals_held():
+            # a diverged or stopped run published its metrics whole, saying so: they stay
+            kept.put_back(keep_written=isinstance(e, RunEnded) and e.status in ("diverged", "stopped"))
+        if isinstance(e, RunEnded):
+            if crashed:
+                mark_stopped(crashed[-1], stop_state(e))
+            raise
+        interrupt = interruption(e)
+        if interrupt is None:
+            raise
         if crashed:
-            mark_stopped(crashed[-1], stop)
-        raise
+            mark_stopped(crashed[-1], interrupted_state(interrupt))
+        raise interrupt from None
+    kept.discard()
     print(
         f"[spikelab] {stage} done in {time.perf_counter() - started:.1f} s "
         f"(prefect: {where['prefect']}, mlflow: {where['mlflow']})",
@@ -90,15 +166,39 @@ def refuse_dask_without_prefect(cfg) -> None:
         reporting_to(f"Dask scheduler {address}")
 
 
-def mark_stopped(flow_run_id: Any, stop: RunEnded) -> None:
-    """A typed stop in the Prefect UI as what it was, not "Crashed": preempted or stopped runs
-    are Cancelled, a divergence Failed, with the line the command prints (what to do next)."""
-    from prefect import get_client
+def interruption(exc: BaseException) -> Interrupted | None:
+    """The signal behind ``exc`` as an :class:`Interrupted`: Prefect's TerminationSignal (SIGTERM
+    inside a flow), Python's KeyboardInterrupt (SIGINT), or one already raised; else None."""
+    from prefect.exceptions import TerminationSignal
+
+    if isinstance(exc, Interrupted):
+        return exc
+    if isinstance(exc, TerminationSignal):
+        return Interrupted(exc.signal)
+    if isinstance(exc, KeyboardInterrupt):
+        return Interrupted(signal.SIGINT)
+    return None
+
+
+def stop_state(stop: RunEnded) -> State[None]:
+    """A typed stop as a Prefect state: preempted or stopped runs Cancelled, a divergence Failed,
+    with the line the command prints (what to do next)."""
     from prefect.states import Cancelled, Failed
 
-    state: State[None] = (Failed if stop.status == "diverged" else Cancelled)(
-        message=f"{stop} ({NEXT_STEP[stop.status]})"
-    )
+    return (Failed if stop.status == "diverged" else Cancelled)(message=f"{stop} ({NEXT_STEP[stop.status]})")
+
+
+def interrupted_state(interrupt: Interrupted) -> State[None]:
+    from prefect.states import Cancelled
+
+    return Cancelled(message=f"stopped by {interrupt} ({RESUME})")
+
+
+def mark_stopped(flow_run_id: Any, state: State[None]) -> None:
+    """A stop in the Prefect UI as what it was (``state``: :func:`stop_state`, :func:`interrupted_state`),
+    not "Crashed"."""
+    from prefect import get_client
+
     try:
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(flow_run_id, state, force=True)
@@ -156,10 +256,41 @@ def show_ui() -> None:
     found = False
     for name, report in services.status().items():
         if report.startswith("up"):
-            print(f"{name:8} {services.service(name).url}")
+            url = services.service(name).url
+            print(f"{name:8} {mlflow_experiment_page(url) if name == 'mlflow' else url}")
             found = True
     if not found:
         print("no UI is up for this checkout; start them with: spikelab services up")
+
+
+def mlflow_experiment_page(home: str) -> str:
+    """MLflow's page of the study's experiment (its runs, in the model-training view): of the
+    experiments this project's profiles name (``tracking.experiment``), the one updated last;
+    ``home`` before the first stage made one, or when the server does not answer."""
+    import json
+    import ssl
+    import urllib.request
+
+    from model.typed_config import PROFILES_DIR
+    from tasks.config import project_config
+    from tasks.runtime import credentials, paths, services
+
+    cfg, project = project_config()
+    profiles = [p.stem for p in (project / PROFILES_DIR).glob("*.yaml")]
+    names = {cfg.tracking.experiment, *(project_config(p)[0].tracking.experiment for p in profiles)}
+    base = paths.mlflow_url()
+    try:
+        request = urllib.request.Request(
+            f"{base}/api/2.0/mlflow/experiments/search?max_results=1000&order_by=last_update_time+DESC",
+            headers=credentials.basic_auth(credentials.load().auth_string),
+        )
+        context = ssl.create_default_context(cafile=services.trusted_ca("mlflow")) if base.startswith("https") else None
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            experiments = json.load(response).get("experiments", [])
+    except (OSError, ValueError):  # no login file (a UserError), no answer, a refused login, no CA file: home
+        return home
+    ids = [e["experiment_id"] for e in experiments if e.get("name") in names]
+    return f"{base}/#/experiments/{ids[0]}?{paths.MLFLOW_TRAINING_VIEW}" if ids else home
 
 
 def show_status() -> None:
@@ -229,6 +360,98 @@ def newest_runs(limit: int = 5) -> list[str]:
     ] or ["(none)"]
 
 
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "run": (
+        "run one pipeline stage as a Prefect flow (what dvc.yaml calls)",
+        "Run one stage of the study as a Prefect flow, tracked in MLflow: what each stage of dvc.yaml\n"
+        "calls. Run this way nothing is cached or versioned; `dvc repro <stage>` runs it and what it\n"
+        "needs, cached, and `dvc exp run -S key=value` records a variant as a DVC experiment.\n"
+        "The stage's versioned outputs (metrics, the LR, figures, the report) are set aside while it\n"
+        "runs and put back if it fails or is stopped: SIGTERM or Ctrl-C ends it with exit code 75, its\n"
+        "MLflow runs KILLED; run it again to resume.",
+        "  spikelab run prepare --profile smoke      the first stage at the smoke profile's sizes\n"
+        "  spikelab run pretrain --set optim.lr=0.02 --set train.steps=100\n"
+        "  dvc repro pretrain                        the same stage, cached, after what it needs",
+    ),
+    "status": (
+        "stages up to date or not, servers and whose they are, newest MLflow runs",
+        "Say where this checkout stands, starting nothing: each DVC stage up to date or changed (and\n"
+        "what changed), each server up for this checkout, down, or another checkout's on its port, and\n"
+        "the newest MLflow runs with their status. Takes no options.",
+        "  spikelab status",
+    ),
+    "ui": (
+        "print the address of every UI that is up for this checkout",
+        "Print the address of each UI that is up for this checkout: the Prefect UI, the MLflow UI and\n"
+        "optuna-dashboard. Never the login: `spikelab services info` says where it is. Takes no options.",
+        "  spikelab ui\n  spikelab services up && spikelab ui       start the servers first if none is up",
+    ),
+    "serve": (
+        "serve the pipeline and each stage as Prefect deployments (forms in the UI)",
+        "Publish the pipeline and each stage as Prefect deployments and serve them in the foreground\n"
+        "(Ctrl-C stops): from the Prefect UI a run of the study or of one stage starts with a\n"
+        "parameter form (profile, arm keys, overrides), cached through DVC like `dvc repro`.\n"
+        "Start the servers first. Takes no options.",
+        "  spikelab services up\n  spikelab serve                            in the Prefect UI: spikelab-pipeline, Run",
+    ),
+    "services": (
+        "this checkout's Prefect and MLflow servers and optuna-dashboard on 127.0.0.1 (info: where the login is)",
+        "Start, stop or inspect this checkout's servers: Prefect (default port 4200), MLflow (5000) and\n"
+        "optuna-dashboard on the search's studies (8080), on 127.0.0.1 unless SPIKELAB_HOST names\n"
+        "another interface. Every stage started while they are up tracks to them and shows in their\n"
+        "UIs; without them each stage starts a temporary Prefect server and MLflow writes to a local\n"
+        "store. They ask for a login made at the first `up` into <state>/credentials.json (mode 0600);\n"
+        "nothing prints the password. Other ports: SPIKELAB_PREFECT_PORT, SPIKELAB_MLFLOW_PORT,\n"
+        "SPIKELAB_DASHBOARD_PORT.\n"
+        "\n"
+        "actions:\n"
+        "  up      start whichever server is not running for this checkout; wait until each answers\n"
+        "  down    stop the servers this checkout started (never another checkout's)\n"
+        "  status  each server: up for this checkout, down, or another checkout's on its port\n"
+        "  info    each UI's address and where the login is (the file, never the password)",
+        "  spikelab services up\n"
+        "  spikelab services info                    the addresses and the login file\n"
+        "  SPIKELAB_MLFLOW_PORT=5100 spikelab services up   another port, when 5000 is taken",
+    ),
+    "check": (
+        "verify a finished study: other arithmetic, unseen seeds, MLflow, another machine, labels",
+        "Run one of the scripts in checks/ that verify a finished study (they benchmark nothing):\n"
+        "everything after NAME is the script's own command line (`spikelab check NAME --help`).\n"
+        "\n"
+        "checks:\n"
+        "{checks}",
+        "  spikelab check arithmetic --stages ablate              the verdicts on the other numeric path\n"
+        "  spikelab check arithmetic --stages ablate --seeds-from 8   ... on seeds the study never saw\n"
+        "  spikelab check mlflow                                   every number recomputed from MLflow",
+    ),
+}
+"""Each command's one-line help, its description and its examples (``spikelab <command> --help``)."""
+
+CLUSTER_EXAMPLES = """\
+  spikelab cluster up --workers 4          a scheduler and 4 workers here; prints the address
+  SPIKELAB_SCHEDULER=tls://127.0.0.1:8786 dvc repro ablate
+  spikelab cluster join tls://10.0.0.5:8786 --tls ~/head-tls --gpus 2   on a worker node
+  spikelab cluster down"""
+
+
+def command_parser(sub, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand whose ``--help`` says what it does, its options and an example."""
+    short, description, examples = COMMANDS[name]
+    if name == "check":
+        from flows.checks import listing
+
+        description = description.format(checks=listing())
+    command: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=short,
+        description=description,
+        epilog=f"examples:\n{examples}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kwargs,
+    )
+    return command
+
+
 def parser() -> argparse.ArgumentParser:
     from flows.stages import STAGES
     from model.typed_config import add_config_arguments
@@ -240,22 +463,19 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser(
-        "run",
-        help="run one pipeline stage as a Prefect flow (what dvc.yaml calls)",
-        description="Run one stage directly. For a cached, versioned run use dvc repro or dvc exp run -S key=value.",
-    )
-    run.add_argument("stage", choices=list(STAGES))
+    run = command_parser(sub, "run")
+    run.add_argument("stage", choices=list(STAGES), help="the stage to run: %(choices)s (dvc.yaml's order)")
     add_config_arguments(run, params=False)
-    sub.add_parser("status", help="stages up to date or not, servers and whose they are, newest MLflow runs")
-    sub.add_parser("ui", help="print the address of every UI that is up for this checkout")
-    sub.add_parser("serve", help="serve the pipeline and each stage as Prefect deployments (forms in the UI)")
-    svc = sub.add_parser(
-        "services",
-        help="this checkout's Prefect and MLflow servers and optuna-dashboard on 127.0.0.1 (info: where the login is)",
-    )
-    svc.add_argument("action", choices=["up", "down", "status", "info"])
+    for name in ("status", "ui", "serve"):
+        command_parser(sub, name)
+    svc = command_parser(sub, "services")
+    svc.add_argument("action", choices=["up", "down", "status", "info"], help="what to do (see actions above)")
     add_cluster_parser(sub)
+    from flows.checks import CHECKS
+
+    check = command_parser(sub, "check")
+    check.add_argument("name", choices=list(CHECKS), help="the check to run (see checks above)")
+    check.add_argument("arguments", nargs=argparse.REMAINDER, help="the check's own options")
     return p
 
 
@@ -263,16 +483,45 @@ def add_cluster_parser(sub) -> None:
     cluster = sub.add_parser(
         "cluster",
         help="a Dask scheduler and workers for the ablate and search stages' units (docs/scaling.md)",
-        description="Start, stop or show this checkout's Dask processes. The stages use a cluster when "
-        "executor.scheduler (params.yaml) or SPIKELAB_SCHEDULER names its address.",
+        description="Start, stop or show this checkout's Dask processes: a scheduler and single-threaded\n"
+        "workers that train the ablate and search stages' units (arms, trials), talking mutual TLS.\n"
+        "The stages use a cluster when executor.scheduler (params.yaml) or SPIKELAB_SCHEDULER names its\n"
+        "address; by default each fan-out starts a local one of its own.\n"
+        "`spikelab cluster ACTION --help` shows an action's options.",
+        epilog=f"examples:\n{CLUSTER_EXAMPLES}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
-    up = actions.add_parser("up", help="a scheduler and its workers on this machine; prints the address")
+
+    def action(name: str, short: str, description: str, example: str) -> argparse.ArgumentParser:
+        one: argparse.ArgumentParser = actions.add_parser(
+            name,
+            help=short,
+            description=description,
+            epilog=f"example:\n  {example}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        return one
+
+    up = action(
+        "up",
+        "a scheduler and its workers on this machine; prints the address",
+        "Start a Dask scheduler and its workers on this machine, recorded as this checkout's, and print\n"
+        "the address the stages and other nodes use. Start the servers first (spikelab services up):\n"
+        "the workers report their task runs to this checkout's Prefect server.",
+        "spikelab cluster up --workers 4",
+    )
     up.add_argument("--port", type=int, default=8786, help="the scheduler's port (default: %(default)s)")
     up.add_argument(
         "--host", default="127.0.0.1", help="the interface it listens on; another node's workers need one they reach"
     )
-    join = actions.add_parser("join", help="workers on this machine for a scheduler elsewhere (a head node's)")
+    join = action(
+        "join",
+        "workers on this machine for a scheduler elsewhere (a head node's)",
+        "Start workers on this machine for a scheduler that runs elsewhere (a head node's `cluster up`),\n"
+        "with a copy of the head node's TLS folder and credentials file (docs/scaling.md).",
+        "spikelab cluster join tls://10.0.0.5:8786 --tls ~/head-tls --gpus 2",
+    )
     join.add_argument("address", help="the scheduler's address, tls://host:port")
     join.add_argument(
         "--host", default=None, help="the interface the workers listen on (default: the scheduler's route)"
@@ -283,11 +532,21 @@ def add_cluster_parser(sub) -> None:
         metavar="DIR",
         help="a copy of the head node's <state>/tls (ca.pem, cert.pem, key.pem; default: $SPIKELAB_TLS_DIR or <state>/tls)",
     )
-    for action in (up, join):
-        action.add_argument("--workers", type=int, default=0, help="CPU workers, one thread each (0: one per core)")
-        action.add_argument("--gpus", type=int, default=0, help="instead: one worker per GPU, with the resource GPU=1")
-    actions.add_parser("down", help="stop the scheduler and workers this checkout started")
-    actions.add_parser("status", help="what runs for this checkout, and the address to use")
+    for one in (up, join):
+        one.add_argument("--workers", type=int, default=0, help="CPU workers, one thread each (0: one per core)")
+        one.add_argument("--gpus", type=int, default=0, help="instead: one worker per GPU, with the resource GPU=1")
+    action(
+        "down",
+        "stop the scheduler and workers this checkout started",
+        "Stop the Dask scheduler and workers this checkout started (never another checkout's).\nTakes no options.",
+        "spikelab cluster down",
+    )
+    action(
+        "status",
+        "what runs for this checkout, and the address to use",
+        "Say which Dask processes run for this checkout and the address the stages use.\nTakes no options.",
+        "spikelab cluster status",
+    )
 
 
 def run_cluster(args: argparse.Namespace) -> None:
@@ -325,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         use_private_env()  # before anything this command starts: scratch private, no telemetry
         if args.command == "run":
-            run_stage(args.stage, args.profile, parse_sets(args.sets))
+            with interrupts_raise():
+                run_stage(args.stage, args.profile, parse_sets(args.sets))
         elif args.command == "status":
             show_status()
         elif args.command == "ui":
@@ -334,6 +594,10 @@ def main(argv: list[str] | None = None) -> int:
             serve()
         elif args.command == "cluster":
             run_cluster(args)
+        elif args.command == "check":
+            from flows.checks import run_check
+
+            return run_check(args.name, args.arguments)
         else:
             from tasks.runtime import services
 
@@ -352,6 +616,12 @@ def main(argv: list[str] | None = None) -> int:
     except RunEnded as e:
         print(f"spikelab: {e} ({NEXT_STEP[e.status]})", file=sys.stderr)
         return e.code
+    except Interrupted as e:
+        print(f"spikelab: {args.stage} stopped by {e}; {RESUME}", file=sys.stderr)
+        return INTERRUPTED_EXIT
+    except KeyboardInterrupt:
+        print(f"spikelab: {args.command} interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -31,9 +31,11 @@ from model.provenance import config_provenance
 from model.typed_config import ConfigError
 from tasks.ablate.arm import run_command
 from tasks.ablate.conditions import loss_shift_probe
+from tasks.ablate.declared import DeclaredFamily, read_studies
 from tasks.ablate.depth import depth_probe
 from tasks.ablate.figures import family_figures
 from tasks.ablate.grid import (
+    FAMILIES,
     Arm,
     arm_config,
     arm_key,
@@ -60,10 +62,16 @@ ARM_MODULE = ["-m", "tasks.ablate.arm"]
 
 
 def arm_command(
-    arm: Arm, cfg: Config, project: Path, directory: Path, stage_overrides: dict[str, Any], loss_shift: int
+    arm: Arm,
+    cfg: Config,
+    project: Path,
+    directory: Path,
+    stage_overrides: dict[str, Any],
+    loss_shift: int,
+    declared: DeclaredFamily | None = None,
 ) -> list[str]:
     """The command that trains ``arm`` by itself: the stage's own overrides, then the arm's."""
-    sets = {**stage_overrides, **overrides(arm, cfg.ablation, loss_shift)}
+    sets = {**stage_overrides, **overrides(arm, cfg.ablation, loss_shift, declared)}
     probe = range_probe_every(arm, cfg.ablation)
     return [
         sys.executable,
@@ -140,9 +148,11 @@ def plan(cfg: Config, project: Path, stage_overrides: dict[str, Any], loss_shift
     """Every arm with its key, directory, command, and its result where one is stored. Arms of two
     families that are the same run (same key) share one directory and train once."""
     data, code = data_hashes(project / MANIFEST), code_digest()
+    declared = {d.name: d for d in read_studies(project, cfg, FAMILIES)}
     rows = []
-    for arm in expand(cfg.ablation):
-        arm_cfg = arm_config(cfg, arm, loss_shift)
+    for arm in expand(cfg.ablation, list(declared.values())):
+        family = declared.get(arm.family)
+        arm_cfg = arm_config(cfg, arm, loss_shift, family)
         key = arm_key(arm_cfg, data, code, arm.spike, range_probe_every(arm, cfg.ablation))
         directory = project / ABLATE_ARMS / key
         stored = read_result(directory)
@@ -155,7 +165,7 @@ def plan(cfg: Config, project: Path, stage_overrides: dict[str, Any], loss_shift
                 "factors": arm.factors,
                 "key": key,
                 "directory": directory,
-                "command": arm_command(arm, cfg, project, directory, stage_overrides, loss_shift),
+                "command": arm_command(arm, cfg, project, directory, stage_overrides, loss_shift, family),
                 "config": arm_cfg,
                 "cached": stored is not None and stored.get("key") == key,
                 "result": stored if stored is not None and stored.get("key") == key else None,
@@ -326,5 +336,6 @@ def write_outputs(
         project / ABLATE_FIGURES,
         plateau_margin=registered["plateau_margin"],
         underflow_threshold=registered["findings"]["fp16"]["threshold"],
+        declared=read_studies(project, cfg, FAMILIES),
     )
     return metrics

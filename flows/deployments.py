@@ -1,5 +1,6 @@
-"""Serve the study as Prefect deployments: ``spikelab-pipeline`` for every stage and one
-``spikelab-<stage>`` per stage. All of them run through DVC (the pipeline flow with a target),
+"""Serve the study as Prefect deployments: ``spikelab-pipeline`` for every stage, one
+``spikelab-<stage>`` per stage, and one ``spikelab-study-<family>`` per family studies.yaml
+declares (its factor values as the form). All of them run through DVC (the pipeline flow with a target),
 so a run from the UI is cached, versioned and never leaves the workspace half-changed; each has
 the pipeline's typed form (profile as a choice, the ablation keys typed and documented)."""
 
@@ -7,8 +8,11 @@ from __future__ import annotations
 
 from prefect import serve
 
-from flows.pipeline import pipeline_flow
+from flows.pipeline import pipeline_flow, study_flow
 from flows.stages import STAGES
+from tasks.ablate.declared import read_studies
+from tasks.ablate.grid import FAMILIES
+from tasks.config import project_config
 
 THROUGH_DVC = (
     "Runs through DVC (`dvc repro --single-item`, one task per stage, logs live): cached and "
@@ -35,7 +39,22 @@ def deployments() -> list:
         )
         for stage in STAGES
     ]
+    found += [
+        study_flow.to_deployment(
+            name=f"spikelab-study-{family.name}",
+            parameters={"family": family.name, "factors": family.factors},
+            tags=["spikelab", "study", family.name],
+            description=f"{family.question} (studies.yaml: {family.name}). Its factor values are the form's. {THROUGH_DVC}",
+        )
+        for family in declared_families()
+    ]
     return found
+
+
+def declared_families() -> list:
+    """The families studies.yaml declares (one deployment each)."""
+    cfg, project = project_config(None, {})
+    return read_studies(project, cfg, FAMILIES)
 
 
 def serve_all() -> None:

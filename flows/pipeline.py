@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -33,6 +33,9 @@ from prefect.context import FlowRunContext, TaskRunContext
 
 from flows.forms import KEEP, Overrides, ProfileChoice, check_from_outside, dotted
 from flows.stages import STAGES
+from model.typed_config import ConfigError
+from tasks.ablate.declared import STUDIES, read_studies
+from tasks.ablate.grid import FAMILIES
 from tasks.config import project_config
 from tasks.runtime.artifacts import publish_pipeline_summary
 from tasks.runtime.outputs import PRETRAIN_CHECKPOINTS
@@ -133,7 +136,8 @@ def snapshot_paths(project: Path) -> list[Path]:
         for e in spec.get(kind, [])
         if isinstance(e, dict) and next(iter(e.values())).get("cache") is False
     ]
-    return [project / p for p in ("params.yaml", "dvc.lock", *uncached) if p != str(PRETRAIN_CHECKPOINTS)]
+    kept = ("params.yaml", STUDIES.as_posix(), "dvc.lock", *uncached)
+    return [project / p for p in kept if p != str(PRETRAIN_CHECKPOINTS)]
 
 
 @contextmanager
@@ -227,9 +231,9 @@ def save_experiment(project: Path, name: str) -> None:
         logger.info("saved as DVC experiment %s (dvc exp show)", name)
 
 
-def experiment_name(sets: dict[str, Any]) -> str | None:
+def experiment_name(with_values: bool) -> str | None:
     """A DVC experiment name for a run with form values: the Prefect flow run's name."""
-    return f"ui-{this_flow_run().name}" if sets else None
+    return f"ui-{this_flow_run().name}" if with_values else None
 
 
 @flow(name="pipeline", log_prints=True)
@@ -257,17 +261,81 @@ def pipeline_flow(
     check_from_outside(sets, project)  # whoever triggered it, this runs as the project's owner
     chosen = sets.get("profile")  # the form's, or extra_overrides' (checked above): the one written
     cfg, _ = project_config(chosen, {k: v for k, v in sets.items() if k != "profile"})  # bad values fail here
-    experiment = experiment_name(sets)
+    reproduce(project, cfg, target, (lambda: write_params(project, sets)) if sets else None)
+
+
+def reproduce(project: Path, cfg: Any, target: str, write: Callable[[], None] | None) -> None:
+    """``write`` the form's values (none: None), then each stage ``target`` needs through DVC; saved
+    as a DVC experiment when something was written; the workspace put back on any failure."""
+    experiment = experiment_name(bool(write))
     if experiment:
         os.environ[DVC_EXP_ENV] = experiment  # lineage of this run and its stages (a process of its own)
     stages = stage_order(dvc_stages(project), target)
     with stage_run(cfg, "pipeline") as run:
         with restored_on_failure(project):
             env = stage_env(run.info.run_id)
-            if sets:
-                write_params(project, sets)
+            if write:
+                write()
             for stage in stages:
                 repro_stage.with_options(name=f"dvc-repro-{stage}")(stage, env)
         if experiment:
             save_experiment(project, experiment)
         publish_pipeline_summary(run, stages, experiment)
+
+
+@flow(name="study", log_prints=True)
+def study_flow(family: str, factors: dict[str, list[Any]] | None = None) -> None:
+    """Train and judge one family declared in studies.yaml, through DVC (the ablate and report
+    stages, after any stage they need), its factor values from the form: written to studies.yaml
+    as `dvc exp run -S` would; a failed run leaves studies.yaml and every output as they were.
+
+    Args:
+        family: The family's name in studies.yaml.
+        factors: Each factor's values, e.g. {"optim.lr": [0.001, 0.003]}; a factor left out keeps
+            its declared values. The same rules as the pipeline's overrides apply to each value.
+    """
+    project = project_dir()
+    cfg, _ = project_config(None, {})
+    declared = {d.name: d for d in read_studies(project, cfg, FAMILIES)}
+    if family not in declared:
+        raise ConfigError(
+            f"family: {family!r} is not declared in {STUDIES} (declared: {', '.join(declared) or 'none'})"
+        )
+    values = factors or {}
+    for key, listed in values.items():
+        if key not in declared[family].factors:
+            raise ConfigError(f"factors.{key}: not a factor of {family} ({', '.join(declared[family].factors)})")
+        if not isinstance(listed, list) or not listed:
+            raise ConfigError(f"factors.{key}: a non-empty list of values, got {listed!r}")
+        for value in listed:
+            check_from_outside({key: value}, project)
+
+    def write() -> None:
+        write_factors(project, family, values)
+        read_studies(project, cfg, FAMILIES)  # the edited declaration is checked whole before any stage
+
+    reproduce(project, cfg, "report", write if values else None)
+
+
+def write_factors(project: Path, family: str, values: dict[str, list[Any]]) -> None:
+    """Set a declared family's factor values in studies.yaml, keeping its comments and layout."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedSeq
+
+    rt = YAML()
+    rt.width = 4096  # long questions and justifications stay on their line
+    path = project / STUDIES
+    doc = rt.load(path.read_text())
+    factors = doc["families"][family]["factors"]
+    for key, listed in values.items():
+        node, leaf = factors, key
+        if key not in factors:  # written nested, as {optim: {lr: [...]}}
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node[part]
+        seq = CommentedSeq(listed)
+        if getattr(node.get(leaf), "fa", None) is not None and node[leaf].fa.flow_style():
+            seq.fa.set_flow_style()  # written as it was: [a, b]
+        node[leaf] = seq
+    with open(path, "w") as f:
+        rt.dump(doc, f)

@@ -13,12 +13,23 @@ from prefect import flow
 from flows.forms import Profile
 from model.provenance import config_provenance
 from model.typed_config import InputError
+from tasks.ablate.declared import read_studies
+from tasks.ablate.grid import FAMILIES
 from tasks.config import project_config
 from tasks.params import RESOLVED
 from tasks.report.arithmetic import committed_outputs, numeric_paths, warnings
+from tasks.report.declared import declared_finding
 from tasks.report.figures import forest_plot
 from tasks.report.findings import evaluate
-from tasks.report.render import forest_rows, provenance, render_html, render_markdown, report_json
+from tasks.report.render import (
+    ARMS_PAGE,
+    forest_rows,
+    provenance,
+    render_arms,
+    render_html,
+    render_markdown,
+    report_json,
+)
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import read_json, staged, write_json
 from tasks.runtime.outputs import (
@@ -57,21 +68,28 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
     search, spike, pretrain = (optional(project / p) for p in (SEARCH_METRICS, SPIKE_METRICS, PRETRAIN_METRICS))
     numerics = config_provenance(cfg)
     with stage_run(cfg, "report", numerics=numerics) as run:
-        findings = evaluate(cfg, ablate, search, spike, ablate.get("unigram_val_loss"))
+        unigram = ablate.get("unigram_val_loss")
+        declared = read_studies(project, cfg, FAMILIES)
+        findings = evaluate(cfg, ablate, search, spike, unigram) + [
+            declared_finding(cfg, ablate, unigram, family) for family in declared
+        ]
         origin = provenance(project, RESOLVED, git_lineage().get("mlflow.source.git.commit"))
         arithmetic = arithmetic_of(numerics, {"search": search, "pretrain": pretrain, "spike": spike, "ablate": ablate})
         runs = latest_stage_runs(cfg.tracking.experiment, STAGES_REPORTED)
         with staged(project / REPORT_FOREST) as (forest,):
             forest_plot(forest_rows(findings), forest)
         text = render_markdown(cfg, project, findings, ablate, search, spike, pretrain, origin, runs, arithmetic)
-        with staged(project / REPORT_MD, project / REPORT_HTML) as (md, page):
+        arms_page = (project / REPORT_MD).parent / ARMS_PAGE  # in the reports/report output
+        with staged(project / REPORT_MD, project / REPORT_HTML, arms_page) as (md, page, arms):
             md.write_text(text, encoding="utf-8")
+            arms.write_text(render_arms(ablate), encoding="utf-8")
             page.write_text(render_html(text, (project / REPORT_MD).parent), encoding="utf-8")
         summary = report_json(findings, ablate, arithmetic)
         write_json(project / REPORT_METRICS, summary)
         log_summary({k.replace(" ", "_"): v for k, v in summary["counts"].items()})
         for path in (REPORT_MD, REPORT_HTML, REPORT_METRICS, REPORT_FOREST):
             mlflow.log_artifact(str(project / path))
+        mlflow.log_artifact(str(arms_page))
         publish_summary("report", run, {f.registered["claim"]: f.verdict for f in findings}, [project / REPORT_FOREST])
     print(
         f"[spikelab] report: {project / REPORT_MD} and {project / REPORT_HTML} "

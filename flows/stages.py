@@ -24,6 +24,13 @@ class Stage:
     fans_out: bool = False
     """Runs its units on the executor (``executor.scheduler``: tasks/runtime/workers.py)."""
 
+    @property
+    def versioned(self) -> tuple[Path, ...]:
+        """Its outputs kept in git (``cache: false`` and ``persist: true`` in dvc.yaml, neither
+        cached nor resume state): ``spikelab run`` sets them aside while the flow runs and puts
+        them back when it does not complete (tasks/runtime/outputs.py: KeptOutputs)."""
+        return tuple(p for p in self.outs if p not in o.RESUMED and p not in o.CACHED)
+
     def load_flow(self) -> Any:
         module, attribute = self.flow.split(":")
         return getattr(importlib.import_module(module), attribute)

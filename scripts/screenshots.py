@@ -1,10 +1,17 @@
-"""Regenerate the README's screenshots of the UIs (small palette PNGs in docs/screenshots/).
+"""Regenerate the docs' screenshots of the UIs (small palette PNGs in docs/screenshots/).
 
 Needs this checkout's servers up with a pipeline run in them (``spikelab services up``,
 ``spikelab serve``, a run of the ``spikelab-pipeline`` deployment) and Chromium
 (scripts/setup.sh installs it where it can):
 
-    python scripts/screenshots.py [--out docs/screenshots]
+    python scripts/screenshots.py [--out docs/screenshots] [--report reports/report.html]
+
+What it takes: the Prefect deployments, the pipeline's form and run; MLflow's runs, the
+pretraining run and its charts, one LR-search trial (its params: LR, width, parametrization,
+seed, steps) and its sweep's final validation loss against log2 LR (the compare page's scatter
+plot); optuna-dashboard's study list and that sweep's study (the objective by name); and the
+first screen of the report (``--report``: the committed study's, by default this checkout's
+reports/report.html, opened as a file).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import json
 import os
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -25,8 +33,16 @@ MAX_BYTES = 200_000
 TIDY = {
     "mlflow": ['[data-component-id="mlflow.assistant.chat_panel.close"]'],  # the assistant panel hides the page
     "mlflow-runs": ['[data-component-id$="runnamecellrenderer.tsx_46"]'],  # unfold the newest pipeline run
+    "mlflow-search-lr": ['[id$="-trigger-scatter-plot"]'],  # the compare page's scatter plot tab
 }
 """CSS selectors clicked (first match) before a screenshot: by page-name prefix."""
+CHOOSE = {"mlflow-search-lr": {"#x-axis-selector": "log2_lr", "#y-axis-selector": "loss/val"}}
+"""Select boxes set (selector: option text) after TIDY's clicks, by page name."""
+SCROLL_TO = {
+    "mlflow-search-lr": '//*[contains(@id, "-trigger-scatter-plot")]',
+    "mlflow-search-trial": '//*[starts-with(normalize-space(text()), "Parameters (")]',  # the trial's point
+}
+"""The element (XPath) a page is scrolled to before its screenshot, by page name."""
 
 
 def prefect_api(url: str, body: dict | None = None):
@@ -77,7 +93,60 @@ def pages(prefect_ui: str, mlflow_ui: str, flow_run: dict, deployment_id: str) -
         run_page = f"{mlflow_ui}/#/experiments/{experiment}/runs/{pretrain[0].info.run_id}"
         found["mlflow-pretrain-run"] = f"{run_page}?{MLFLOW_TRAINING_VIEW}"
         found["mlflow-pretrain-charts"] = f"{run_page}/model-metrics?{MLFLOW_TRAINING_VIEW}"
+    trials = sweep_trials(client, experiment, parent.info.run_id)
+    if trials:
+        trial = trials[len(trials) // 2]
+        found["mlflow-search-trial"] = (
+            f"{mlflow_ui}/#/experiments/{experiment}/runs/{trial.info.run_id}?{MLFLOW_TRAINING_VIEW}"
+        )
+        runs = urllib.parse.quote(json.dumps([t.info.run_id for t in trials]))
+        found["mlflow-search-lr"] = (
+            f"{mlflow_ui}/#/compare-runs?runs={runs}&experiments={urllib.parse.quote(json.dumps([experiment]))}"
+            f"&{MLFLOW_TRAINING_VIEW}"
+        )
     return found
+
+
+def sweep_trials(client, experiment: str, pipeline_run: str) -> list:
+    """The completed trials of one LR sweep of the pipeline's search stage (μP where it ran, at its
+    widest width), by LR: the trial child runs carry their point as params (tasks/search/trial.py)."""
+    search = client.search_runs(
+        [experiment], f"tags.`mlflow.parentRunId` = '{pipeline_run}' and tags.`spikelab.stage` = 'search'"
+    )
+    if not search:
+        return []
+    trials = client.search_runs(
+        [experiment],
+        f"tags.`mlflow.parentRunId` = '{search[0].info.run_id}' and tags.`search.kind` = 'sweep' "
+        "and tags.`search.status` = 'completed'",
+    )
+    groups: dict[tuple, list] = {}
+    for t in trials:
+        groups.setdefault((t.data.params["parametrization"] == "mup", int(t.data.params["width"])), []).append(t)
+    if not groups:
+        return []
+    return sorted(groups[max(groups)], key=lambda t: float(t.data.params["log2_lr"]))
+
+
+def study_page(mlflow_ui: str, dashboard_ui: str, flow_run: dict, auth: str) -> dict[str, str]:
+    """optuna-dashboard's page of the study whose trials :func:`pages` shows (their ``optuna.study`` tag)."""
+    import mlflow
+
+    from tasks.runtime.credentials import basic_auth
+
+    client = mlflow.MlflowClient(mlflow_ui)
+    (parent,) = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], f"tags.`prefect.flow_run_id` = '{flow_run['id']}'"
+    )
+    trials = sweep_trials(client, parent.info.experiment_id, parent.info.run_id)
+    if not trials:
+        return {}
+    name = trials[0].data.tags["optuna.study"]
+    request = urllib.request.Request(f"{dashboard_ui}/api/studies", headers=basic_auth(auth))
+    with urllib.request.urlopen(request, timeout=30) as response:
+        studies = json.load(response)["study_summaries"]
+    ids = [s["study_id"] for s in studies if s["study_name"] == name]
+    return {"optuna-dashboard-study": f"{dashboard_ui}/dashboard/studies/{ids[0]}"} if ids else {}
 
 
 def save_small(png: bytes, path: Path) -> int:
@@ -104,6 +173,17 @@ def tidy(driver, name: str) -> None:
                 for element in driver.find_elements(By.CSS_SELECTOR, selector)[:1]:
                     element.click()
                     time.sleep(1)
+    for selector, option in CHOOSE.get(name, {}).items():
+        for box in driver.find_elements(By.CSS_SELECTOR, selector)[:1]:
+            box.click()
+            time.sleep(1)
+            for element in [o for o in driver.find_elements(By.CSS_SELECTOR, "[role=option]") if o.text == option][:1]:
+                element.click()
+                time.sleep(1)
+    if path := SCROLL_TO.get(name):
+        for element in driver.find_elements(By.XPATH, path)[:1]:
+            driver.execute_script("arguments[0].scrollIntoView()", element)
+            time.sleep(1)
 
 
 def main() -> None:
@@ -111,6 +191,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs/screenshots")
     parser.add_argument("--settle", type=float, default=8.0, help="seconds a page gets to render")
     parser.add_argument("--height", type=int, default=1000, help="browser window height (pixels)")
+    parser.add_argument(
+        "--report", type=Path, default=ROOT / "reports/report.html", help="the report page whose first screen is taken"
+    )
     args = parser.parse_args()
     from tasks.runtime import credentials, paths, services
     from tests import browser
@@ -131,8 +214,13 @@ def main() -> None:
         browser.send_login(driver, login.username, login.password)
         shots = {
             **pages(paths.prefect_ui_url(), paths.mlflow_url(), flow_run, deployment["id"]),
+            **study_page(paths.mlflow_url(), paths.dashboard_url(), flow_run, login.auth_string),
             "optuna-dashboard": paths.dashboard_url(),
         }
+        if args.report.is_file():
+            shots["report-first-screen"] = args.report.resolve().as_uri()
+        else:
+            print(f"{args.report}: not found; no report screenshot (run the report stage)")
         for name, url in shots.items():
             driver.get(url)
             time.sleep(args.settle)

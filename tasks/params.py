@@ -3,8 +3,8 @@
 It runs first (every other stage reads its params from its output), takes a fraction of a second
 (no Prefect, no torch unless ``train.device: cuda`` asks for it), and so:
 
-- a bad key or value in params.yaml or a profile fails here, before DVC deletes any other
-  stage's outputs to rerun it;
+- a bad key or value in params.yaml, a profile or studies.yaml (the declared families) fails
+  here, before DVC deletes any other stage's outputs to rerun it;
 - ``params/resolved.yaml`` holds the config after the profile overlay and the precedence rule of
   ``model.typed_config.resolve``: what ``dvc params diff`` and ``dvc exp show`` show, and the values
   DVC compares to decide which stages rerun (each stage lists the keys it reads in dvc.yaml).
@@ -23,6 +23,8 @@ from pathlib import Path
 import yaml
 
 from model.typed_config import UserError
+from tasks.ablate.declared import read_studies
+from tasks.ablate.grid import FAMILIES
 from tasks.config import check_runtime, resolve_study
 from tasks.runtime.paths import project_dir
 
@@ -39,6 +41,7 @@ def write_resolved(project: Path) -> str:
     """Resolve and check the project's config, write it to RESOLVED; return the profile's notice."""
     resolved = resolve_study(project / "params.yaml")
     check_runtime(resolved.config)
+    read_studies(project, resolved.config, FAMILIES)  # a bad declaration fails here, before any stage runs
     text = HEADER + yaml.safe_dump(
         dataclasses.asdict(resolved.config), sort_keys=False, default_flow_style=False, allow_unicode=True
     )

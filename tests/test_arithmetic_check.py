@@ -1,7 +1,7 @@
-"""The arithmetic-robustness check (benchmarks/check_arithmetic.py) at smoke scale, as a user runs
+"""The arithmetic-robustness check (checks/arithmetic.py) at smoke scale, as a user runs
 it: the ablate stage on a tiny project under the native and the portable numeric path, against the
 test servers, and every finding's verdict compared; its JSON names both paths and each verdict. And
-the cross-machine path: arms trained apart (benchmarks/arms_elsewhere.py), lent to a copy whose
+the cross-machine path: arms trained apart (checks/arms_elsewhere.py), lent to a copy whose
 ablate stage decides on them without training one."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_the_verdicts_are_recomputed_under_the_other_arithmetic_and_compared(liv
     sets = ["--set=ablation.workers=2", "--set=tracking.experiment=arithmetic-test"]
     out = tmp_path / "arithmetic.json"
     env = with_this_python(live_services)
-    command = [sys.executable, str(REPO / "benchmarks/check_arithmetic.py"), "--project", str(project)]
+    command = [sys.executable, str(REPO / "checks/arithmetic.py"), "--project", str(project)]
     command += ["--profile", "smoke", "--stages", "ablate", "--rerun-first", "--work", str(tmp_path / "work")]
     done = subprocess.run([*command, "--out", str(out), *sets], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode in (0, 1), done.stdout + done.stderr
@@ -88,7 +88,7 @@ def assert_logged_apart(env: dict[str, str], study: str, runs: int) -> None:
 def test_arms_trained_elsewhere_decide_the_copys_findings_and_none_is_trained_again(live_services, tmp_path):
     project = study_project(tmp_path / "project")
     env = with_this_python(live_services)
-    elsewhere = [sys.executable, str(REPO / "benchmarks/arms_elsewhere.py")]
+    elsewhere = [sys.executable, str(REPO / "checks/arms_elsewhere.py")]
     plan, results = tmp_path / "plan.json", tmp_path / "arms.jsonl.gz"
     run = {"env": env, "capture_output": True, "text": True, "timeout": 900}
     done = subprocess.run(
@@ -99,7 +99,7 @@ def test_arms_trained_elsewhere_decide_the_copys_findings_and_none_is_trained_ag
     train = [*elsewhere, "train", str(plan), "--project", str(project), "--out", str(results), "--workers", "2"]
     done = subprocess.run(train, **run)
     assert done.returncode == 0, done.stdout + done.stderr
-    command = [sys.executable, str(REPO / "benchmarks/check_arithmetic.py"), "--project", str(project)]
+    command = [sys.executable, str(REPO / "checks/arithmetic.py"), "--project", str(project)]
     command += ["--profile", "smoke", "--arms-from", str(results), "--work", str(tmp_path / "work")]
     done = subprocess.run([*command, "--out", str(tmp_path / "out.json"), "--set=ablation.workers=2"], **run)
     assert done.returncode in (0, 1), done.stdout + done.stderr
@@ -112,7 +112,7 @@ def test_the_verdicts_are_recomputed_on_unseen_seeds_and_compared(live_services,
     project = study_project(tmp_path / "project")
     sets = ["--set=ablation.workers=2", "--set=tracking.experiment=seeds-test"]
     out, work = tmp_path / "seeds.json", tmp_path / "work"
-    command = [sys.executable, str(REPO / "benchmarks/check_arithmetic.py"), "--project", str(project)]
+    command = [sys.executable, str(REPO / "checks/arithmetic.py"), "--project", str(project)]
     command += ["--profile", "smoke", "--stages", "ablate", "--rerun-first", "--seeds-from", "2", "--work", str(work)]
     done = subprocess.run(
         [*command, "--out", str(out), *sets],

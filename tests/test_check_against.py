@@ -1,4 +1,4 @@
-"""benchmarks/check_arithmetic.py --against: a whole study finished elsewhere (``make repro`` on
+"""checks/arithmetic.py --against: a whole study finished elsewhere (``make repro`` on
 another CPU) compared verdict by verdict with this one, rerunning nothing; on the committed
 study's own metrics, so no stage runs here."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.check_arithmetic import main  # noqa: E402
+from checks.arithmetic import main  # noqa: E402
 
 
 def finished_study(dest: Path, metrics: bool = True) -> Path:

@@ -1,4 +1,4 @@
-"""benchmarks/check_arithmetic.py --resume: a cut-short check's copy is rebuilt from the project, but
+"""checks/arithmetic.py --resume: a cut-short check's copy is rebuilt from the project, but
 the arms it already trained stay where the ablate stage looks for them; without --resume nothing of
 the old copy survives."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.check_arithmetic import copy_project  # noqa: E402
+from checks.arithmetic import copy_project  # noqa: E402
 from tasks.runtime.outputs import ABLATE_ARMS  # noqa: E402
 
 

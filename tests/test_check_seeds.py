@@ -1,4 +1,4 @@
-"""The held-out seeds of benchmarks/check_arithmetic.py (--seeds-from): renumbered past the study's
+"""The held-out seeds of checks/arithmetic.py (--seeds-from): renumbered past the study's
 own, each kind's count kept, and refused before anything runs where one is a study or sizing seed."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tests.test_arithmetic_check import study_project
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.check_arithmetic import main, unseen_seed_sets  # noqa: E402
+from checks.arithmetic import main, unseen_seed_sets  # noqa: E402
 
 
 def test_unseen_seeds_start_just_past_the_studys_and_keep_each_kinds_count():

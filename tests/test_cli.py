@@ -122,13 +122,15 @@ sys.exit(cli.main(["run", "pretrain", "--profile", "smoke"]))
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("stop, code, state", [("Preempted", 75, "Cancelled"), ("Diverged", 3, "Failed")])
-def test_a_typed_stop_shows_in_prefect_as_what_it_was_with_what_to_do_next(live_services, stop, code, state):
+def test_a_typed_stop_shows_in_prefect_as_what_it_was_with_what_to_do_next(live_services, stop, code, state, tmp_path):
     import json
     import urllib.request
 
+    from tests.test_pipeline import copy_project
+
     done = subprocess.run(
         [sys.executable, "-c", STOPPED_STAGE, stop],
-        cwd=REPO,
+        cwd=copy_project(tmp_path),  # not the checkout: its pretrain outputs would be set aside meanwhile
         capture_output=True,
         text=True,
         env={**live_services, "PYTHONPATH": str(REPO)},
@@ -145,3 +147,70 @@ def test_a_typed_stop_shows_in_prefect_as_what_it_was_with_what_to_do_next(live_
         (flow_run,) = json.load(response)
     assert flow_run["state"]["name"] == state, flow_run["state"]
     assert flow_run["state"]["message"].startswith(f"{stop.lower()} at step 12") and "(" in flow_run["state"]["message"]
+
+
+HELPED = [["run"], ["status"], ["ui"], ["serve"], ["services"], ["cluster"], ["check"]] + [
+    ["cluster", action] for action in ("up", "join", "down", "status")
+]
+
+
+@pytest.mark.parametrize("command", HELPED, ids=" ".join)
+def test_every_commands_help_says_what_it_does_its_options_and_an_example(command, capsys):
+    from flows.__main__ import main
+
+    with pytest.raises(SystemExit) as done:
+        main([*command, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    usage, _, rest = out.partition("\n\n")
+    description = rest.split("\n\n")[0]
+    assert usage.startswith(f"usage: spikelab {' '.join(command)}") and len(description.split()) >= 8, out
+    assert "options:\n  -h, --help" in out, out
+    examples = out.rpartition("example")[2].splitlines()[1:]
+    assert examples and all(line.startswith("  ") for line in examples), out
+    assert any(line.split()[:2] == ["spikelab", command[0]] for line in examples), out
+    assert all(len(line) <= 100 for line in out.splitlines()), "a line wider than a terminal"
+    assert "``" not in out and ":func:" not in out
+
+
+def test_services_help_names_each_action_and_where_the_login_is_never_a_password(capsys):
+    from flows.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["services", "--help"])
+    out = capsys.readouterr().out
+    for action in ("up", "down", "status", "info"):
+        assert f"\n  {action:8}" in out, action
+    assert "credentials.json (mode 0600)" in out and "password" in out.split("nothing prints the")[1][:12]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needs"),
+    [
+        (["run", "search", "--set"], "expected one argument"),
+        (["services", "restart"], "invalid choice"),
+        (["check", "arithmetics"], "invalid choice"),
+    ],
+)
+def test_a_mistyped_command_says_what_is_wrong_in_one_line_without_a_traceback(argv, needs):
+    done = subprocess.run([sys.executable, "-m", "flows", *argv], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert needs in done.stderr.strip().splitlines()[-1], done.stderr
+
+
+def test_a_check_runs_its_script_with_the_rest_of_the_command_line_and_returns_its_status():
+    from flows.checks import CHECKS, CHECKS_DIR
+
+    assert sorted(p.name for p in CHECKS_DIR.glob("*.py")) == sorted(script for script, _ in CHECKS.values())
+    helped = subprocess.run(
+        [sys.executable, "-m", "flows", "check", "mlflow", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: recompute_mlflow.py"), helped.stderr
+    refused = subprocess.run(
+        [sys.executable, "-m", "flows", "check", "mlflow", "--no-such-option"], cwd=REPO, capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "unrecognized arguments: --no-such-option" in refused.stderr

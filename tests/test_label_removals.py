@@ -1,4 +1,4 @@
-"""benchmarks/label_removals.py's decision rule: labels read whole, LOW removals counted right,
+"""checks/label_removals.py's decision rule: labels read whole, LOW removals counted right,
 the labelled precision standing only where the labeller tells removals from kept documents, and
 copies of one text judged once."""
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks"))  # label_removals imports bench_data from there
+sys.path.insert(0, str(REPO / "checks"))
 
 import label_removals  # noqa: E402
 

@@ -91,6 +91,18 @@ def test_a_bad_value_exits_2_naming_the_key_and_keeps_the_previous_resolved_file
     assert [p.name for p in (root / RESOLVED).parent.iterdir()] == [RESOLVED.name]  # no temp files
 
 
+def test_a_bad_declaration_in_studies_yaml_exits_2_naming_its_key_and_keeps_the_resolved_file(tmp_path):
+    root = project(tmp_path, "studies.yaml")
+    assert run_stage(root).returncode == 0
+    before = (root / RESOLVED).read_bytes()
+    bad = "families:\n  mine:\n    question: q?\n    factors: {optim: {lrr: [0.1]}}\n    claims: {}\n"
+    (root / "studies.yaml").write_text(bad)
+    done = run_stage(root)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("spikelab: error: studies.yaml: families.mine.factors.optim.lrr: unknown config key")
+    assert (root / RESOLVED).read_bytes() == before
+
+
 # --------------------------------------------------------------------------------------------
 # The pipeline around it
 # --------------------------------------------------------------------------------------------
@@ -98,15 +110,21 @@ def test_a_bad_value_exits_2_naming_the_key_and_keeps_the_previous_resolved_file
 
 def test_the_params_stage_depends_on_every_config_file_and_keeps_its_output_when_it_fails():
     stage = PIPELINE["params"]
-    assert {"params.yaml", "profiles/", "model/config.py", "tasks/params.py"} <= set(stage["deps"])
+    assert {"params.yaml", "profiles/", "studies.yaml", "model/config.py", "tasks/params.py"} <= set(stage["deps"])
     (out,) = stage["outs"]
     assert out == {str(RESOLVED): {"cache": False, "persist": True}}
+
+
+STUDY_READERS = {"ablate", "report"}
+"""The stages that also read studies.yaml whole: the declared families, which no config key holds."""
 
 
 @pytest.mark.parametrize("stage", LATER_STAGES)
 def test_every_later_stage_reads_its_params_only_from_the_resolved_file(stage):
     declared = PIPELINE[stage]["params"]
-    assert [next(iter(entry)) for entry in declared] == [str(RESOLVED)]
+    studies = [{"studies.yaml": None}] if stage in STUDY_READERS else []
+    assert [next(iter(entry)) for entry in declared] == [str(RESOLVED)] + [next(iter(e)) for e in studies]
+    assert declared[1:] == studies  # the whole file: every declared key
     assert not {"params.yaml", "profiles/", "profiles"} & set(PIPELINE[stage]["deps"])
     flat = load_config(REPO / "params.yaml").to_flat_dict()
     for key in declared[0][str(RESOLVED)]:
@@ -161,7 +179,7 @@ def repro(root: Path) -> list[str]:
 
 @pytest.mark.e2e
 def test_dvc_repro_shows_resolved_values_reruns_only_readers_and_stops_at_a_bad_value(tmp_path):
-    root = project(tmp_path, "flows")
+    root = project(tmp_path, "flows", "studies.yaml")
     stub_pipeline(root)
     dvc_set(root / "params.yaml", profile="smoke")
     for args in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):

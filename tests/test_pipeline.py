@@ -18,7 +18,7 @@ from flows.stages import PARAMS_STAGE, STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-PROJECT_FILES = ["flows", "tasks", "model", "profiles", "params.yaml", "dvc.yaml", ".dvcignore"]
+PROJECT_FILES = ["flows", "tasks", "model", "profiles", "params.yaml", "studies.yaml", "dvc.yaml", ".dvcignore"]
 
 
 def test_the_stage_registry_names_every_dvc_stage_in_order_and_each_runs_its_registered_flow():
@@ -90,6 +90,7 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     import mlflow
 
     project = copy_project(tmp_path)
+    (project / "studies.yaml").write_text(DECLARED_STUDY)  # a researcher's own question, in YAML only
     assert run(["dvc", "init", "--no-scm"], project, live_services).returncode == 0
     started = int(time.time() * 1000)
 
@@ -165,6 +166,7 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
 
     assert ran(repro(project, live_services)) == set()
     assert "up to date" in run(["dvc", "status"], project, live_services).stdout
+    assert_a_declared_value_added_trains_only_its_arms(project, live_services)
 
     (project / "search/lr.yaml").write_text("optim:\n  lr: 0.00321\n")  # another search result
     assert "search/lr.yaml" in run(["dvc", "status", "pretrain"], project, live_services).stdout
@@ -188,9 +190,9 @@ def trained_lr(project: Path) -> float:
 
 
 def assert_recomputed_from_mlflow(project: Path, env: dict[str, str], client, out: Path) -> None:
-    """benchmarks/recompute_mlflow.py finds every number of the study in the MLflow runs; one
+    """checks/recompute_mlflow.py finds every number of the study in the MLflow runs; one
     arm's logged validation loss moved, it names that arm and the findings that change."""
-    command = [sys.executable, str(REPO / "benchmarks/recompute_mlflow.py"), "--project", str(project)]
+    command = [sys.executable, str(REPO / "checks/recompute_mlflow.py"), "--project", str(project)]
     command += ["--profile", "smoke", "--out", str(out)]
     done = run(command, project, env)
     assert done.returncode == 0 and "every number equal" in done.stdout, done.stdout + done.stderr
@@ -283,18 +285,60 @@ def test_dvc_plots_are_only_the_top_level_definitions_one_quantity_each_plus_the
     assert "dvc_plots/" in (REPO / ".gitignore").read_text().splitlines()
 
 
+DECLARED_STUDY = """\
+families:
+  qk_rescue:
+    question: Does qk-norm lower the final loss of an arm trained without warmup?
+    factors:
+      model: {qk_norm: [false, true]}
+      optim: {lr: [0.003, 0.3]}
+    fixed: {model.block: post_ln}
+    warmup_fraction: 0.0
+    claims:
+      lower_loss:
+        kind: contrast
+        metric: capped_loss
+        a: {model.qk_norm: true}
+        b: {model.qk_norm: false}
+        expected: -1
+        sesoi: 0.05
+        justification: a twentieth of a nat is the least that would make anyone add qk-norm
+"""
+"""A family and claim declared in studies.yaml alone (tasks/ablate/declared.py), as docs/ablate.md shows."""
+
+
 def assert_ablate_and_report(project: Path, runs: dict, found: list) -> None:
-    """The smoke grid's arms, each a child run of the ablate stage's run; a verdict per finding."""
-    from tasks.ablate.grid import expand
+    """The smoke grid's arms and the declared family's, each a child run of the ablate stage's run;
+    a verdict per finding, the declared one's included, and the declared family's figure."""
+    from tasks.ablate.declared import read_studies
+    from tasks.ablate.grid import FAMILIES, expand
     from tasks.config import load_config
 
+    cfg = load_config(project / "params.yaml", "smoke")
     ablate = json.loads((project / "metrics/ablate.json").read_text())
-    expected = [arm.name for arm in expand(load_config(project / "params.yaml", "smoke").ablation)]
+    expected = [arm.name for arm in expand(cfg.ablation, read_studies(project, cfg, FAMILIES))]
     assert [a["name"] for a in ablate["arms"]] == expected and ablate["counts"]["failed"] == 0
+    assert sum(a["family"] == "qk_rescue" for a in ablate["arms"]) == 2 * 2 * 2  # 2 x 2 values, 2 seeds
     children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == runs["ablate"].info.run_id]
     assert sorted(r.data.tags["spikelab.arm"] for r in children) == sorted(a["name"] for a in ablate["arms"])
+    declared = next(r for r in children if r.data.tags["spikelab.family"] == "qk_rescue")
+    assert {"model.qk_norm", "optim.lr", "seed"} <= declared.data.params.keys()
+    assert (project / "reports/ablate/qk_rescue.png").is_file()
     verdicts = json.loads((project / "metrics/report.json").read_text())["findings"]
-    assert len(verdicts) == 8 and runs["report"].info.status == "FINISHED"
+    assert len(verdicts) == 9 and runs["report"].info.status == "FINISHED"
+    assert verdicts["qk_rescue"]["claim"].startswith("Does qk-norm") and verdicts["qk_rescue"]["verdict"]
+    assert "qk_rescue" in (project / "reports/REPORT.md").read_text()
+
+
+def assert_a_declared_value_added_trains_only_its_arms(project: Path, env: dict[str, str]) -> None:
+    """A value added to a declared factor reruns the ablate and report stages, and only the new
+    value's arms train (the others are found by their run identity)."""
+    before = json.loads((project / "metrics/ablate.json").read_text())["arms"]
+    studies = project / "studies.yaml"
+    studies.write_text(studies.read_text().replace("[0.003, 0.3]", "[0.003, 0.3, 0.03]"))
+    assert ran(repro(project, env)) == {"ablate", "report"}
+    after = json.loads((project / "metrics/ablate.json").read_text())
+    assert len(after["arms"]) == len(before) + 2 * 2 and after["cached"] == len(before)
     assert (project / "reports/report.html").stat().st_size > 10_000  # figures embedded
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from flows.stages import STAGES
-from tests.test_pipeline import VENV_BIN, copy_project
+from tests.test_pipeline import DECLARED_STUDY, VENV_BIN, copy_project
 from tests.test_ui import serving
 
 pytestmark = pytest.mark.e2e
@@ -44,8 +44,9 @@ def env(live_services) -> dict[str, str]:
 
 def test_prefect_lists_the_deployments_spikelab_serve_registered(env, tmp_path):
     project = copy_project(tmp_path)
+    (project / "studies.yaml").write_text(DECLARED_STUDY)  # each declared family: a deployment
     with serving(project, env) as server:
-        expected = {"spikelab-pipeline", *(f"spikelab-{stage}" for stage in STAGES)}
+        expected = {"spikelab-pipeline", *(f"spikelab-{stage}" for stage in STAGES), "spikelab-study-qk_rescue"}
         deadline = time.monotonic() + 180
         while not all(name in (listed := prefect(env, "deployment", "ls")) for name in expected):
             assert server.poll() is None, f"spikelab serve exited with {server.returncode}"

@@ -1,4 +1,4 @@
-"""benchmarks/recompute_mlflow.py's rules, apart from the servers (its run against a real MLflow
+"""checks/recompute_mlflow.py's rules, apart from the servers (its run against a real MLflow
 server is in tests/test_pipeline.py): how a run link names its run, how an arm's figures are read
 off its run, and when two numbers count as different."""
 
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.recompute_mlflow import arm_figures, differences, main, run_id  # noqa: E402
+from checks.recompute_mlflow import arm_figures, differences, main, run_id  # noqa: E402
 
 
 def a_run(status: str, metrics: dict[str, float], precision: str = "fp32") -> SimpleNamespace:

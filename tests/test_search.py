@@ -23,7 +23,15 @@ from optuna.trial import TrialState
 from model.train import train
 from tasks.search.findings import LR_FILE_HEADER, publish, summarize, sweep_optima
 from tasks.search.fit import Point, fit_optimum, slope, width_summary
-from tasks.search.queue import claim, grid_point, load_study, open_storage, optuna_storage, prepare_study
+from tasks.search.queue import (
+    OBJECTIVE_NAME,
+    claim,
+    grid_point,
+    load_study,
+    open_storage,
+    optuna_storage,
+    prepare_study,
+)
 from tasks.search.spec import StudySpec, search_digest, sweep_specs, transfer_spec, trial_config
 from tasks.search.study import data_hashes, run_workers
 from tasks.search.trial import Tokens, objective, run_trial
@@ -90,6 +98,55 @@ def test_objective_scores_a_trial_with_the_val_loss_of_a_plain_training_run(tmp_
     plain = train(trial_config(cfg, spec.parametrization, spec.width, log2_lr, seed), tokens.train, tokens.val)
     assert trial.params == {"log2_lr": log2_lr, "seed": seed}
     assert score == plain["val_loss"]
+
+
+def test_the_study_names_its_objective_and_each_trial_records_its_seed_beside_its_unchanged_grid_point(tmp_path):
+    cfg, project = search_config(tmp_path), tiny_project(tmp_path)
+    spec = first_spec(cfg, project)
+    storage = open_storage(optuna_storage(cfg))
+    prepare_study(storage, spec)
+    study = load_study(storage, spec, cfg)
+    _, trial = claim(storage, study)
+    objective(trial, cfg, spec.parametrization, spec.width, Tokens.of(project))
+    log2_lr, seed = spec.points[0]
+    reread = optuna.load_study(study_name=spec.name, storage=open_storage(optuna_storage(cfg)))
+    assert reread.metric_names == [OBJECTIVE_NAME]  # optuna-dashboard's label, not "Objective 0"
+    frozen = reread.get_trials(deepcopy=False)[trial.number]
+    assert frozen.params == {"log2_lr": log2_lr, "seed": seed}  # the queued grid point, as before
+    assert frozen.user_attrs["seed"] == seed and frozen.user_attrs["lr"] == 2.0**log2_lr
+
+
+def test_a_trial_run_in_mlflow_carries_its_lr_width_parametrization_seed_and_steps_as_params(tmp_path, monkeypatch):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("SPIKELAB_STATE", str(tmp_path / "state"))
+    mlflow.set_tracking_uri(uri)
+    try:
+        client = mlflow.MlflowClient(uri)
+        experiment = client.create_experiment("search-params")
+        parent = client.create_run(experiment).info.run_id  # the stage's run, as a worker sees it
+        cfg, project = search_config(tmp_path), tiny_project(tmp_path)
+        spec = first_spec(cfg, project)
+        storage = open_storage(optuna_storage(cfg))
+        prepare_study(storage, spec)
+        study = load_study(storage, spec, cfg)
+        run_trial(study, claim(storage, study)[1], spec, cfg, Tokens.of(project), parent)
+        (child,) = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent}'")
+    finally:
+        mlflow.set_tracking_uri("")
+    log2_lr, seed = spec.points[0]
+    assert child.data.params == {
+        "log2_lr": str(log2_lr),
+        "lr": str(2.0**log2_lr),
+        "width": str(spec.width),
+        "parametrization": spec.parametrization,
+        "seed": str(seed),
+        "steps": str(cfg.search.steps),
+        "kind": "sweep",
+    }
+    assert "loss/val" in child.data.metrics  # what the charts plot against those params
 
 
 def test_a_diverging_trial_is_recorded_as_a_diverged_result_not_raised(tmp_path):

@@ -17,10 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from flows.stages import STAGES
 from tasks.runtime.credentials import basic_auth
-from tests.test_pipeline import VENV_BIN, copy_project, run
+from tests.test_pipeline import DECLARED_STUDY, VENV_BIN, copy_project, run
 
 pytestmark = pytest.mark.e2e
 TRIGGER = Path(__file__).with_name("trigger_deployment.py")
@@ -31,6 +32,7 @@ FAILING_OVERRIDE = {"extra_overrides": {"data.source": "jsonl", "data.path": "co
 def git_project(dest: Path, env: dict[str, str]) -> Path:
     """A fresh clone as a user has it: the code committed in git, DVC initialised."""
     project = copy_project(dest)
+    (project / "studies.yaml").write_text(DECLARED_STUDY)  # a family of the user's own, served as a deployment
     for cmd in (
         ["git", "init", "-q"],
         ["git", "add", "-A"],
@@ -226,6 +228,35 @@ def test_a_run_from_outside_that_reaches_past_the_project_is_refused_naming_the_
     ), flow_run["message"]
     assert tree_digest(project, "params.yaml", "dvc.lock", "data") == before
     assert not Path("/etc/cron.d/spikelab-probe").exists()
+
+
+def test_a_declared_family_runs_from_its_deployment_with_the_forms_factor_values(served, pipeline_run):
+    project, _ = served
+    parameters = {"family": "qk_rescue", "factors": {"optim.lr": [0.003, 0.03]}}
+    flow_run = trigger(served, "study/spikelab-study-qk_rescue", parameters)
+    assert flow_run["state"] == "Completed", flow_run
+    written = yaml.safe_load((project / "studies.yaml").read_text())["families"]["qk_rescue"]["factors"]
+    assert written["optim"]["lr"] == [0.003, 0.03] and written["model"]["qk_norm"] == [False, True]
+    arms = json.loads((project / "metrics/ablate.json").read_text())["arms"]
+    assert {a["factors"]["optim.lr"] for a in arms if a["family"] == "qk_rescue"} == {0.003, 0.03}
+    assert "qk_rescue" in json.loads((project / "metrics/report.json").read_text())["findings"]
+
+
+@pytest.mark.parametrize(
+    "factors, message",
+    [
+        ({"optim.beta2": [0.9]}, "factors.optim.beta2: not a factor of qk_rescue"),
+        ({"optim.lr": ["fast"]}, "families.qk_rescue.factors.optim.lr"),
+    ],
+)
+def test_a_bad_value_for_a_declared_family_fails_naming_the_key_and_writes_nothing(
+    served, pipeline_run, factors, message
+):
+    project, _ = served
+    before = tree_digest(project, "params.yaml", "studies.yaml", "dvc.lock", "metrics")
+    flow_run = trigger(served, "study/spikelab-study-qk_rescue", {"family": "qk_rescue", "factors": factors})
+    assert flow_run["state"] == "Failed" and message in flow_run["message"], flow_run["message"]
+    assert tree_digest(project, "params.yaml", "studies.yaml", "dvc.lock", "metrics") == before
 
 
 def secrets_of(env: dict[str, str]) -> list[bytes]:

@@ -23,7 +23,7 @@ batches: the report pairs them by seed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from model.config import Block
 from model.typed_config import ConfigError, Section, in_open_unit, non_negative, not_empty, positive
@@ -212,6 +212,38 @@ class AblationConfig(Section):
                 not_empty(f"ablation.{key}", values)
             if len(set(values)) != len(values):
                 raise ConfigError(f"ablation.{key}: {values} repeats a value (an arm would run twice)")
+
+    def arm_scale(self, steps: int, seed: int) -> dict[str, Any]:
+        """The dotted keys every arm trains with before its family's conditions: the arm scale, one
+        thread, μP's LR (``lr``) in fp32, warmup ``warmup_fraction`` of ``steps``, checkpoints a
+        retried arm resumes from, and no injection of the study's own."""
+        return {
+            "model.d_model": self.d_model,
+            "model.n_layer": self.n_layer,
+            "model.n_head": self.n_head,
+            "model.seq_len": self.seq_len,
+            "model.block": "pre_ln",
+            "model.qk_norm": False,
+            "model.z_loss": 0.0,
+            "train.batch_size": self.batch_size,
+            "train.grad_accum": 1,
+            "train.steps": steps,
+            "train.seed": seed,
+            "train.eval_every": steps,
+            "train.layer_stats_every": max(1, steps // 20),  # 20 points of each per-layer trajectory
+            "train.cpu_threads": 1,
+            "optim.lr": self.lr,
+            "optim.beta2": 0.95,
+            "schedule.warmup_steps": round(self.warmup_fraction * steps),
+            "precision.mode": "fp32",
+            "precision.loss_scaling": True,
+            "precision.loss_shift": 0,
+            "checkpoint.every_steps": max(1, steps // 4),  # a retried arm resumes
+            "checkpoint.keep_last": 1,
+            "checkpoint.milestones": [],
+            "checkpoint.every_minutes": 0.0,
+            "spike.kinds": [],  # the overflow family's spike is the arm's own (tasks/ablate/arm.py)
+        }
 
     @property
     def all_seeds(self) -> list[int]:

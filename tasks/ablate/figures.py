@@ -28,8 +28,9 @@ from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from tasks.ablate.declared import DeclaredFamily, shown, variant_name
 from tasks.ablate.grid import FAMILIES
-from tasks.ablate.stats import capped_loss
+from tasks.ablate.stats import capped_loss, derived
 from tasks.config import Config
 from tasks.spike.curves import trailing_mean
 
@@ -73,10 +74,12 @@ def family_figures(
     *,
     plateau_margin: float,
     underflow_threshold: float,
+    declared: Sequence[DeclaredFamily] = (),
 ) -> list[Path]:
     """Every figure whose family has arms (the depth probe's: whose probe ran) into ``out``, the PNGs
-    already there removed first; returns the paths written. ``plateau_margin`` and
-    ``underflow_threshold`` are the pre-registered design's (plateau_margin, findings.fp16.threshold)."""
+    already there removed first, and one per declared family (studies.yaml); returns the paths
+    written. ``plateau_margin`` and ``underflow_threshold`` are the pre-registered design's
+    (plateau_margin, findings.fp16.threshold)."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.png"):
         stale.unlink()
@@ -91,6 +94,9 @@ def family_figures(
         ("wortsman", family["wortsman"], partial(wortsman_figure, family["wortsman"], loss)),
         ("trajectories", family["wortsman"], partial(trajectories_figure, family["wortsman"])),
     ]
+    for d in declared:
+        members = [arm for arm in arms if arm["family"] == d.name]
+        figures.append((d.name, members, partial(declared_figure, d, members, loss)))
     return [draw(out / f"{name}.png") for name, data, draw in figures if data]
 
 
@@ -387,6 +393,30 @@ def wortsman_figure(arms: Sequence[Arm], loss: LossAxes, path: Path) -> Path:
     ax.set(xscale="log", xlabel="peak learning rate", title="LR sensitivity: final loss vs LR per stabilizer")
     loss.finish(ax, arms, "final validation loss, capped at ln V (nats)")
     ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def declared_figure(family: DeclaredFamily, arms: Sequence[Arm], loss: LossAxes, path: Path) -> Path:
+    """A declared family (studies.yaml): one panel per metric its claims read, each arm a dot per
+    seed, clustered by the first factor a claim reads across (or the family's first factor), one
+    colour per point of the other factors."""
+    metrics = list(dict.fromkeys(c.metric for c in family.claims))
+    cluster = next((c.over for c in family.claims if c.over), None) or next(iter(family.factors))
+    hue = tuple(k for k in family.factors if k != cluster)
+    fig = Figure(figsize=(8, 4 * len(metrics)))
+    for ax, metric in zip(fig.subplots(len(metrics), 1, squeeze=False)[:, 0], metrics):
+
+        def value(m: dict[str, Any], metric: str = metric) -> float | None:
+            v = derived(m).get(metric)
+            return float(v) if v is not None else None
+
+        labels = (lambda *point: variant_name(dict(zip(hue, point))), shown)
+        _strip(ax, arms, cluster, hue, value, labels)
+        ax.set(xlabel=cluster, ylabel=metric, title=f"{family.name}: {family.question}")
+        if metric == "capped_loss":
+            loss.finish(ax, arms, "final validation loss, capped at ln V (nats)")
+        _diverged_key(ax)
+        ax.legend(fontsize=7)
     return _save(fig, path)
 
 

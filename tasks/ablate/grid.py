@@ -24,6 +24,7 @@ import numpy as np
 
 from model.identity import run_identity
 from tasks.ablate.config import AblationConfig
+from tasks.ablate.declared import DeclaredFamily, variant_name
 from tasks.config import Config
 
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -54,14 +55,19 @@ class Arm:
     family: str
     values: tuple[Any, ...]
     seed: int
+    names: tuple[str, ...] = ()
+    """A declared family's factors, config keys (studies.yaml); a built-in family's are FAMILIES'."""
 
     @property
     def factors(self) -> dict[str, Any]:
-        return dict(zip(FAMILIES[self.family], self.values))
+        return dict(zip(self.names or FAMILIES[self.family], self.values))
 
     @property
     def variant(self) -> str:
-        """Every factor, e.g. ``post_ln·warmup=0·lr=0.003`` (names alone for named variants)."""
+        """Every factor, e.g. ``post_ln·warmup=0·lr=0.003`` (names alone for a built-in family's named
+        variants; a declared family's as ``key=value``, its keys being config keys)."""
+        if self.names:
+            return variant_name(self.factors)
         return "·".join(v if isinstance(v, str) else f"{k}={v:g}" for k, v in self.factors.items())
 
     @property
@@ -86,13 +92,16 @@ def factor_values(a: AblationConfig) -> dict[str, dict[str, list[Any]]]:
     }
 
 
-def expand(a: AblationConfig) -> list[Arm]:
-    """Every arm the config asks for, family by family, each point of its grid once per seed
-    (discovery, then confirmation)."""
+def expand(a: AblationConfig, declared: Sequence[DeclaredFamily] = ()) -> list[Arm]:
+    """Every arm the config and the declared families (studies.yaml) ask for, family by family,
+    each point of its grid once per seed (discovery, then confirmation)."""
     arms = []
     for family, factors in factor_values(a).items():
         for values in itertools.product(*factors.values()):
             arms += [Arm(family, values, seed) for seed in a.all_seeds]
+    for d in declared:
+        for values in itertools.product(*d.factors.values()):
+            arms += [Arm(d.name, values, seed, tuple(d.factors)) for seed in d.all_seeds]
     return arms
 
 
@@ -106,38 +115,17 @@ def base_values(a: AblationConfig, family: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 
 
-def overrides(arm: Arm, a: AblationConfig, loss_shift: int = 0) -> dict[str, Any]:
+def overrides(
+    arm: Arm, a: AblationConfig, loss_shift: int = 0, declared: DeclaredFamily | None = None
+) -> dict[str, Any]:
     """The dotted keys that turn the study's config into this arm's (``loss_shift``: the precision
-    and overflow families', tasks/ablate/conditions.py: loss_shift_probe). With them,
-    ``python -m tasks.ablate.arm --set KEY=VALUE ...`` trains the arm by itself."""
+    and overflow families', tasks/ablate/conditions.py: loss_shift_probe; ``declared``: the
+    arm's family when studies.yaml declares it). With them, ``python -m tasks.ablate.arm --set
+    KEY=VALUE ...`` trains the arm by itself."""
+    if declared:
+        return declared.overrides(a, arm.factors, arm.seed)
     steps = family_steps(arm.family, a)
-    keys = {
-        "model.d_model": a.d_model,
-        "model.n_layer": a.n_layer,
-        "model.n_head": a.n_head,
-        "model.seq_len": a.seq_len,
-        "model.block": "pre_ln",
-        "model.qk_norm": False,
-        "model.z_loss": 0.0,
-        "train.batch_size": a.batch_size,
-        "train.grad_accum": 1,
-        "train.steps": steps,
-        "train.seed": arm.seed,
-        "train.eval_every": steps,
-        "train.layer_stats_every": max(1, steps // 20),  # 20 points of each per-layer trajectory
-        "train.cpu_threads": 1,
-        "optim.lr": a.lr,
-        "optim.beta2": 0.95,
-        "schedule.warmup_steps": round(a.warmup_fraction * steps),
-        "precision.mode": "fp32",
-        "precision.loss_scaling": True,
-        "precision.loss_shift": 0,
-        "checkpoint.every_steps": max(1, steps // 4),  # a retried arm resumes
-        "checkpoint.keep_last": 1,
-        "checkpoint.milestones": [],
-        "checkpoint.every_minutes": 0.0,
-        "spike.kinds": [],  # the overflow family's spike is the arm's own (tasks/ablate/arm.py)
-    }
+    keys = a.arm_scale(steps, arm.seed)
     family = CONDITIONS[arm.family](arm.factors, a, steps)
     if arm.family in ("precision", "overflow"):
         family["precision.loss_shift"] = loss_shift
@@ -201,8 +189,8 @@ def family_steps(family: str, a: AblationConfig) -> int:
     return {"xiong": a.xiong_steps, "beta2": a.beta2_steps, "wortsman": a.wortsman_steps}.get(family, a.steps)
 
 
-def arm_config(cfg: Config, arm: Arm, loss_shift: int = 0) -> Config:
-    return cfg.replace(**overrides(arm, cfg.ablation, loss_shift))
+def arm_config(cfg: Config, arm: Arm, loss_shift: int = 0, declared: DeclaredFamily | None = None) -> Config:
+    return cfg.replace(**overrides(arm, cfg.ablation, loss_shift, declared))
 
 
 def injection_spec(kind: str, a: AblationConfig) -> dict[str, Any] | None:

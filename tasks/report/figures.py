@@ -1,5 +1,7 @@
 """The report's forest plot (PNG, matplotlib Agg, opens offline): every pre-registered claim's
-estimate with its 95 % interval, grouped by finding, each with its verdict.
+estimate with its 95 % interval, grouped by finding. Each row is badged by its claim's own outcome
+(holds, not shown, contradicted, not tested), so a claim that holds reads HOLDS inside an
+inconclusive finding; the finding's plain name and its verdict head its group.
 
 Claims are in different units (nats, log ratios, spikes per 1,000 steps, log₂ LR per doubling), so
 each claim gets its own x-axis, symmetric about 0 so the sign reads at a glance; the rows share
@@ -19,12 +21,14 @@ from matplotlib.patches import Rectangle
 from matplotlib.transforms import Transform, blended_transform_factory
 
 BADGES = {
+    "holds": ("#2e7d32", "white"),
     "reproduced": ("#2e7d32", "white"),
     "contradicted": ("#c62828", "white"),
+    "not shown": ("#f9a825", "black"),
     "inconclusive": ("#f9a825", "black"),
     "not tested": ("#9e9e9e", "white"),
 }
-"""Each verdict's badge: box and text colors."""
+"""Each claim outcome's (and verdict's) badge: box and text colors."""
 PREDICTION = {1: "predicted > 0 →", -1: "← predicted < 0"}
 CLAIM_IN, HEADER_IN = 0.8, 0.3
 """Heights in inches of a claim's row and of a finding's header row."""
@@ -34,14 +38,15 @@ TEXT_X, AXIS_LEFT, AXIS_RIGHT, BADGE_X = 0.01, 0.42, 0.83, 0.85
 
 def forest_plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     """One row per claim (``rows`` in the report's order: finding, claim, estimate, ci95, expected,
-    kind, margin, verdict, unit), a bold header where a new finding starts, alternate findings on
-    a shaded background; writes ``path``."""
+    kind, margin, verdict (the finding's), unit, and optionally label (the finding in words) and
+    outcome (the claim's own; its badge, else the verdict's)), a bold header where a new finding
+    starts, alternate findings on a shaded background; writes ``path``."""
     layout = _layout(rows)
     heights = [HEADER_IN if isinstance(item, str) else CLAIM_IN for item in layout]
     fig = Figure(figsize=(13, sum(heights) + 1.5))
     axes = fig.subplots(len(layout), 1, gridspec_kw={"height_ratios": heights})
     inch = 1 / fig.get_figheight()
-    fig.subplots_adjust(left=AXIS_LEFT, right=AXIS_RIGHT, top=1 - 0.5 * inch, bottom=0.45 * inch, hspace=1.2)
+    fig.subplots_adjust(left=AXIS_LEFT, right=AXIS_RIGHT, top=1 - 0.75 * inch, bottom=0.45 * inch, hspace=1.2)
     for ax, item in zip(axes, layout):
         if isinstance(item, str):
             ax.axis("off")
@@ -49,17 +54,20 @@ def forest_plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
         else:
             _claim(fig, ax, item)
     _shade_alternate_findings(fig, [ax for ax, item in zip(axes, layout) if isinstance(item, str)])
-    fig.suptitle("Pre-registered claims: estimate and 95 % interval, each on its own axis", fontsize=11)
+    fig.suptitle(
+        "Pre-registered claims: estimate and 95 % interval, each on its own axis, each badged by its own outcome",
+        fontsize=11,
+    )
     fig.savefig(path, dpi=100, format="png")  # the report stages it under a temporary name
     return path
 
 
 def _layout(rows: Sequence[dict[str, Any]]) -> list[str | dict[str, Any]]:
-    """The claims, each finding's name (its header) before its first claim."""
+    """The claims, each finding's header (its name in words and its verdict) before its first claim."""
     layout: list[str | dict[str, Any]] = []
     for i, row in enumerate(rows):
         if i == 0 or row["finding"] != rows[i - 1]["finding"]:
-            layout.append(row["finding"])
+            layout.append(f"{row.get('label') or row['finding']} — finding {row['verdict'].upper()}")
         layout.append(row)
     return layout
 
@@ -72,10 +80,11 @@ def _left_of(fig: Figure, ax: Axes) -> Transform:
 def _claim(fig: Figure, ax: Axes, row: dict[str, Any]) -> None:
     beside = _left_of(fig, ax)
     ax.text(TEXT_X, 0.5, textwrap.fill(row["claim"], 62), transform=beside, va="center", fontsize=8)
-    face, ink = BADGES[row["verdict"]]
+    outcome = row.get("outcome") or row["verdict"]
+    face, ink = BADGES[outcome]
     badge = {"boxstyle": "round,pad=0.4", "facecolor": face, "edgecolor": "none"}
-    verdict = f"[{row['verdict'].upper()}]"
-    ax.text(BADGE_X, 0.5, verdict, transform=beside, va="center", fontsize=9, color=ink, fontweight="bold", bbox=badge)
+    text = f"[{outcome.upper()}]"
+    ax.text(BADGE_X, 0.5, text, transform=beside, va="center", fontsize=9, color=ink, fontweight="bold", bbox=badge)
     ax.set_yticks([])
     ax.set_ylim(-1, 1)
     if row["estimate"] is None:

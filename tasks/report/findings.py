@@ -59,9 +59,14 @@ class Finding:
     base_val_loss: float | None = None
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
     halves: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    declared: dict[str, Any] | None = None
+    """A declared family's registration (studies.yaml: tasks/report/declared.py), else None."""
 
     @property
     def registered(self) -> dict[str, Any]:
+        """The finding's pre-registered design: preregistration.yaml's entry, or its declaration."""
+        if self.declared is not None:
+            return self.declared
         registered: dict[str, Any] = design()["findings"][self.key]
         return registered
 
@@ -832,4 +837,5 @@ def evaluate(
     spike_metrics: dict[str, Any] | None,
     unigram: float | None,
 ) -> list[Finding]:
+    """Every built-in finding (a declared family's: tasks/report/declared.py)."""
     return [f(cfg=cfg, ablate=ablate, search=search, spike=spike_metrics, unigram=unigram) for f in FINDINGS]

@@ -1,14 +1,23 @@
-"""The study's report, from the stages' outputs: ``reports/REPORT.md`` and the same page as one
-self-contained ``reports/report.html`` (figures embedded, opens offline), plus the verdicts as
-``metrics/report.json``.
+"""The study's report, from the stages' outputs: ``reports/REPORT.md``, the same page as one
+self-contained ``reports/report.html`` (figures embedded, opens offline), every arm with its
+command in ``reports/report/arms.md``, and the verdicts as ``metrics/report.json``.
 
-Order, as a reader wants it: provenance (the code, config and design, and the arithmetic that
-computed the numbers, with a warning when it is mixed or not the committed outputs':
-tasks/report/arithmetic.py) and the rule; the findings (forest plot and table); one
-section per finding with its pre-registered design, its claims and its figures; the change
-history; then the detail: the arms per family, the search, spike and pretraining stages, the
-MLflow runs. Verdicts
-are text badges (``REPRODUCED`` in a code span, a coloured box in the HTML): no emoji font needed.
+Order, as a reader wants it: what was learned (one line per finding: what was tested, what came
+out, the number that decided it); how verdicts are reached (the rule); where the numbers come
+from (the code, config and design, and the arithmetic that computed them, with a warning when it
+is mixed or not the committed outputs': tasks/report/arithmetic.py); the findings (forest plot
+and a table, a row per claim); one section per finding with its claims, its pre-registered design
+and its figures; the change history; then the detail: the arms per family, the search, spike and
+pretraining stages, the MLflow runs.
+
+Presentation rules. Each finding is named in plain words (:data:`LABELS`), not by its key. Each
+claim is badged by its own outcome (:func:`claim_outcome`: holds, contradicted, not shown, not
+tested), the finding by its verdict; a claim that falls short says which test of the rule it
+failed (:func:`why`). A table cell holds one number, or an interval. Figures git ignores (the
+DVC outputs of reports/search) are named, not embedded: the committed page shows no broken
+image. MLflow runs are given by run ID with the server that held them, since a link to
+127.0.0.1 resolves only on the machine that ran the study. Verdicts are text badges (``REPRODUCED``
+in a code span, a coloured box in the HTML): no emoji font needed.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import base64
 import hashlib
 import html
 import re
+import subprocess
 import time
 from pathlib import Path
 from statistics import fmean
@@ -26,13 +36,43 @@ from tasks.ablate.stats import ALPHA
 from tasks.config import Config
 from tasks.report.design import DESIGN_CODE, design, design_hash
 from tasks.report.findings import FAMILY_OF, Finding, number
-from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED
+from tasks.report.verdict import (
+    CONTRADICTED,
+    EQUIVALENCE,
+    INCONCLUSIVE,
+    NOT_TESTED,
+    REPRODUCED,
+    Claim,
+    significant,
+)
 from tasks.spike.config import OUTCOMES
 
 REPORTS = Path("reports")
+ARMS_PAGE = Path("report/arms.md")
+"""Every arm with its status, MLflow run and command, under reports/ (in the report stage's
+``reports/report`` output): 300-odd rows that would bury REPORT.md."""
 VERDICTS = (REPRODUCED, CONTRADICTED, NOT_TESTED, INCONCLUSIVE)
+HOLDS, NOT_SHOWN = "holds", "not shown"
+"""A claim's own outcomes besides contradicted and not tested (:func:`claim_outcome`)."""
 SIGNED = "{:+.3g}"
 """How the report writes an estimate."""
+
+LABELS = {
+    "xiong_init": "Post-LN vs Pre-LN gradients at initialisation (Xiong et al. 2020)",
+    "xiong": "Post-LN needs warmup (Xiong et al. 2020)",
+    "fp16": "fp16 needs loss scaling (Micikevicius et al. 2017)",
+    "overflow": "fp16 overflows where bf16 does not (Micikevicius et al. 2017)",
+    "beta2": "Adam's β₂ and loss spikes (Shazeer & Stern 2018; Wortsman et al. 2023)",
+    "wortsman": "LR sensitivity with qk-layernorm and z-loss (Wortsman et al. 2023)",
+    "mu_transfer": "μP learning-rate transfer across width (Yang & Hu 2021)",
+    "spike": "Spike recovery by cause (PaLM; the recovery playbook)",
+}
+"""Each built-in finding in plain words, with its source; a declared finding uses its ``title``
+or its key and source (:func:`label`)."""
+
+UNITS = {"nats": " nats", "spikes/1k": " spikes/1k steps"}
+"""How a claim's unit follows its number; other units (a log ratio, a slope, a relative gap, an
+RMS) are in the claim's own words."""
 
 FINDING_FIGURES = {
     "xiong_init": ["ablate/depth_probe.png"],
@@ -44,7 +84,8 @@ FINDING_FIGURES = {
     "mu_transfer": ["search/*.png"],
     "spike": ["spike/*.png"],
 }
-"""The figures (globs under reports/) shown in each finding's section."""
+"""The figures (globs under reports/) shown in each finding's section; a declared finding names
+its own (``figures``)."""
 
 FAMILY_COLUMNS = (
     ("capped_loss", "val loss (capped)", "{:.3f}"),
@@ -66,9 +107,246 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in clean)]
 
 
+# ----------------------------------------------------------------------------------------------
+# Words for findings and claims
+# ----------------------------------------------------------------------------------------------
+
+
+def label(f: Finding) -> str:
+    """The finding in plain words: its registered ``title``, the built-in label, or its key and source."""
+    r = f.registered
+    if r.get("title"):
+        return str(r["title"])
+    return LABELS.get(f.key) or f"{f.key.replace('_', ' ')} ({_short_source(str(r.get('source', '')))})"
+
+
+def _short_source(source: str) -> str:
+    return source.split(" (")[0].split(";")[0].strip() or "no source"
+
+
+def claim_outcome(f: Finding, c: Claim) -> str:
+    """The claim's own outcome, by the verdict rule's tests on it alone: not tested (the finding's
+    precondition failed), contradicted, holds, else not shown."""
+    if f.precondition_failed:
+        return NOT_TESTED
+    if c.contradicted:
+        return CONTRADICTED
+    return HOLDS if c.holds else NOT_SHOWN
+
+
+def _num(x: float) -> str:
+    return SIGNED.format(x)
+
+
+def _p(p: float | None) -> str:
+    if p is None:
+        return "-"
+    return f"{p:.0e}" if p < 1e-3 else f"{p:.2g}"
+
+
+def _unit(c: Claim) -> str:
+    return UNITS.get(c.unit, "")
+
+
+def _interval(ci: list[float] | None) -> str:
+    return f"{_num(ci[0])} to {_num(ci[1])}" if ci else "-"
+
+
+def _measured(c: Claim) -> str:
+    """The estimate in words: number, unit, 95 % interval, p."""
+    if c.estimate is None:
+        return "no estimate"
+    test = "TOST p" if c.kind == EQUIVALENCE else "p"
+    parts = [f"95 % CI {_interval(c.ci95)}" if c.ci95 else "", f"{test} = {_p(c.p)}" if c.p is not None else "no test"]
+    return f"{_num(c.estimate)}{_unit(c)} ({', '.join(x for x in parts if x)})"
+
+
+def _predicted(c: Claim) -> str:
+    if c.kind == EQUIVALENCE:
+        return f"within ±{c.sesoi:g}"
+    return f"{'>' if c.expected > 0 else '<'} 0, beyond {c.expected * c.sesoi:+g}"
+
+
+SHORTFALLS = ("other way", "no test", "not significant", "not equivalent", "halves", "too small")
+"""The ways a claim falls short of the rule, most telling first (the summary names those first)."""
+
+
+def why(c: Claim, brief: bool = False) -> str:
+    """Which of the verdict rule's tests (tasks/report/verdict.py) the claim passed or failed, in
+    words: every failure, or with ``brief`` the most telling in a few words."""
+    if c.holds:
+        return "holds" if brief else _holds(c)
+    if c.contradicted:
+        return (
+            "contradicted"
+            if brief
+            else "shown the other way: significant, beyond the smallest effect of interest, both halves agreeing"
+        )
+    if c.estimate is None:
+        return "no estimate: the comparison could not be made"
+    failed = shortfalls(c)
+    return failed[0][1] if brief else "; ".join(full for _, _, full in failed)
+
+
+def _holds(c: Claim) -> str:
+    if c.kind == EQUIVALENCE:
+        return f"holds: TOST p = {_p(c.p)} < {ALPHA:g} and each half of the seeds inside ±{c.sesoi:g}"
+    return (
+        f"holds: p = {_p(c.p)} < {ALPHA:g}, the 95 % interval clears {c.expected * c.sesoi:+g}, "
+        "and each half of the seeds points the predicted way"
+    )
+
+
+def shortfalls(c: Claim) -> list[tuple[str, str, str]]:
+    """How a claim that does not hold falls short, test by test of the rule, most telling first:
+    (kind from :data:`SHORTFALLS`, a few words, a sentence)."""
+    found = _shortfalls_equivalence(c) if c.kind == EQUIVALENCE else _shortfalls_direction(c)
+    return sorted(found, key=lambda f: SHORTFALLS.index(f[0])) or [
+        ("too small", "short of the rule", "short of the rule")
+    ]
+
+
+def _shortfalls_direction(c: Claim) -> list[tuple[str, str, str]]:
+    """A direction claim's: its sign, significance, the interval against the SESOI (the rule's
+    Claim._clears), each half's sign (Claim._halves_point)."""
+    assert c.estimate is not None
+    sign = c.expected
+    predicted = "> 0" if sign > 0 else "< 0"
+    if (c.estimate > 0) - (c.estimate < 0) != sign:
+        strength = "significantly" if significant(c.p) else "not significantly"
+        return [("other way", "went the other way", f"went the other way, {strength} (predicted {predicted})")]
+    if c.p is None:
+        return [("no test", "no test was possible", "no test was possible")]
+    failed = []
+    if not significant(c.p):
+        failed.append(("not significant", "not significant", f"not significant (p = {_p(c.p)} ≥ {ALPHA:g})"))
+    elif not c._clears(sign):
+        sesoi = f"{sign * c.sesoi:+g}"
+        if c.ci95 is None:
+            failed.append(("too small", "no interval", "no 95 % interval to hold against the SESOI"))
+        else:
+            near = _num(min(c.ci95) if sign > 0 else max(c.ci95))
+            failed.append(
+                (
+                    "too small",
+                    f"maybe too small to matter (the interval reaches {near}; SESOI {sesoi})",
+                    f"significant, but maybe too small to matter: the 95 % interval reaches {near}, short of "
+                    f"the smallest effect of interest (SESOI) {sesoi}",
+                )
+            )
+    if not c._halves_point(sign):
+        off = ", ".join(
+            f"{h} {'no estimate' if v is None else _num(v)}"
+            for h, v in c.halves.items()
+            if v is None or (v > 0) - (v < 0) != sign
+        )
+        failed.append(("halves", "the seed halves disagree", f"a half of the seeds points the other way ({off})"))
+    return failed
+
+
+def _shortfalls_equivalence(c: Claim) -> list[tuple[str, str, str]]:
+    """An equivalence claim's: the TOST, then each half inside the margin."""
+    failed = []
+    if c.p is None:
+        failed.append(("no test", "no test was possible", "no test was possible"))
+    elif not significant(c.p):
+        failed.append(
+            (
+                "not equivalent",
+                f"equivalence not shown (the data allow a difference beyond ±{c.sesoi:g})",
+                f"equivalence not shown (TOST p = {_p(c.p)} ≥ {ALPHA:g}): the data do not rule out a difference "
+                f"beyond ±{c.sesoi:g}",
+            )
+        )
+    outside = ", ".join(
+        f"{h} {'no estimate' if v is None else _num(v)}" for h, v in c.halves.items() if v is None or abs(v) >= c.sesoi
+    )
+    if outside:
+        failed.append(
+            ("halves", "a half outside the margin", f"a half of the seeds lies outside ±{c.sesoi:g} ({outside})")
+        )
+    return failed
+
+
+def _found(f: Finding, most: int | None = None) -> str:
+    """What came out, in a sentence: how many claims held, then each claim that did not (most
+    telling first) with its number and why, then those that held; ``most``: at most that many
+    claims named."""
+    if f.precondition_failed:
+        return f"not tested: {f.precondition_failed}"
+    if not f.claims:
+        return "no claim could be tested"
+    short = sorted((c for c in f.claims if not c.holds), key=lambda c: _rank(c))
+    held = [c for c in f.claims if c.holds]
+    named = [*short, *held][:most]
+    parts = [f"{c.what}: {_measured(c)}" + ("" if c.holds else f", {why(c, brief=True)}") for c in named]
+    rest = len(f.claims) - len(named)
+    lead = "every claim held" if not short else f"{len(held)} of {len(f.claims)} claims held"
+    return f"{lead}: " + "; ".join(parts) + (f"; and {rest} more (below)" if rest else "")
+
+
+def _rank(c: Claim) -> int:
+    if c.contradicted or c.estimate is None:
+        return -1
+    return SHORTFALLS.index(shortfalls(c)[0][0])
+
+
+def _summary_lines(findings: list[Finding]) -> list[str]:
+    return [
+        f"- {badge(f.verdict)} **[{label(f)}](#{f.key})**. *Tested:* {f.registered['claim']}. "
+        f"*Found:* {_found(f, most=2)}."
+        for f in findings
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# Figures: embedded when git keeps them
+# ----------------------------------------------------------------------------------------------
+
+
+def git_ignored(project: Path, paths: list[Path]) -> set[Path]:
+    """Those of ``paths`` (under ``project``) that git ignores there: untracked and matched by a
+    .gitignore. None when ``project`` is not a git checkout or git is missing."""
+    if not paths:
+        return set()
+    names = [p.relative_to(project).as_posix() for p in paths]
+    try:
+        done = subprocess.run(
+            ["git", "check-ignore", "-z", "--stdin"],
+            cwd=project,
+            input="\0".join(names) + "\0",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    if done.returncode not in (0, 1):  # 128: not a git checkout
+        return set()
+    return {project / name for name in done.stdout.split("\0") if name}
+
+
 def _images(project: Path, patterns: list[str]) -> list[str]:
-    paths = sorted({p for pattern in patterns for p in (project / REPORTS).glob(pattern)})
-    return [f"![{p.stem}]({p.relative_to(project / REPORTS).as_posix()})" for p in paths]
+    """The figures matching ``patterns`` under reports/, embedded; those git ignores (a DVC
+    output's) named instead, so the committed page shows no broken image."""
+    root = project / REPORTS
+    paths = sorted({p for pattern in patterns for p in root.glob(pattern)})
+    unmatched = [root / pattern for pattern in patterns if not any(root.glob(pattern))]
+    ignored = git_ignored(project, [*paths, *unmatched])  # git matches a pattern's name as a path
+    lines = [f"![{p.stem}]({p.relative_to(root).as_posix()})" for p in paths if p not in ignored]
+    if ignored:
+        names = ", ".join(f"`reports/{p.relative_to(root).as_posix()}`" for p in sorted(ignored))
+        lines += ["", f"Figures not in git (DVC outputs: `dvc pull` or `dvc repro` makes them): {names}."]
+    return lines
+
+
+def _figures_of(f: Finding) -> list[str]:
+    return FINDING_FIGURES.get(f.key) or list(f.registered.get("figures") or [])
+
+
+# ----------------------------------------------------------------------------------------------
+# The page
+# ----------------------------------------------------------------------------------------------
 
 
 def render_markdown(
@@ -84,50 +362,34 @@ def render_markdown(
     arithmetic: dict[str, Any],
 ) -> str:
     counts = ", ".join(f"{sum(f.verdict == v for f in findings)} {v}" for v in VERDICTS)
+    warnings = [f"> **Arithmetic warning:** {w}." for w in arithmetic["warnings"]]
     lines = [
         "# spikelab study report",
         "",
-        f"Profile **{cfg.profile}** · code `{provenance['commit']}` · config hash `{provenance['config_hash']}` "
-        f"(sha256 of params/resolved.yaml) · design hash `{design_hash()}` (sha256 of "
-        f"the pre-registration and the code that decides verdicts: {', '.join(DESIGN_CODE)}) · built {provenance['built']}",
+        f"**{len(findings)} pre-registered findings** on the training stability of small GPT-style models "
+        f"(profile {cfg.profile}): **{counts}**. What each tested and what came out:",
         "",
-        *_arithmetic_lines(arithmetic),
-        f"**{len(findings)} findings: {counts}.** Each finding was tested as its pre-registered design says "
-        "(tasks/report/preregistration.yaml), with one rule for all: "
-        f"{badge(NOT_TESTED)} when a named precondition failed; {badge(CONTRADICTED)} when a claim is shown the "
-        f"other way (p < {ALPHA:g}, the 95 % interval beyond its smallest effect of interest, both halves of the "
-        f"seeds that way); {badge(REPRODUCED)} when every claim holds: significant the predicted way, its 95 % "
-        "interval clearing its smallest effect of interest (SESOI), and the discovery and confirmation seeds each "
-        f'pointing that way (a "no effect" claim by two one-sided tests against ±SESOI); {badge(INCONCLUSIVE)} '
-        "otherwise. The seed is the unit: per-seed differences (averaged over an LR grid within each seed), the "
-        "paired t-test, its MDE at 80 % power (powered: MDE ≤ SESOI / 2). Diverged runs count at the loss at "
-        "initialisation, and none is dropped. Unigram baseline on validation: "
-        f"**{number(ablate.get('unigram_val_loss'), '{:.3f}')} nats**; every variant a claim compares must end "
-        f"{design()['plateau_margin']:g} nats below it (those predicted to fail aside).",
+        *_summary_lines(findings),
         "",
+        *warnings,
+        *([""] if warnings else []),
+        "Below: how a verdict is reached, where the numbers come from, the findings claim by claim, the "
+        "changes made after results were seen, then the arms, the search, spike and pretraining stages and "
+        f"the MLflow runs. Every arm's command: [{ARMS_PAGE.as_posix()}]({ARMS_PAGE.as_posix()}). Every "
+        "number: metrics/report.json.",
+        "",
+        *_method_section(ablate),
+        *_provenance_section(cfg, provenance, arithmetic),
         "## Findings",
+        "",
+        "Each claim is badged by its own outcome (`HOLDS`, `NOT SHOWN`, `CONTRADICTED`, `NOT TESTED`); a "
+        "finding is reproduced only when every one of its claims holds.",
         "",
         *_images(project, ["report/forest.png"]),
         "",
+        *_findings_table(findings),
+        "",
     ]
-    lines += _table(
-        ["finding", "verdict", "why", "SESOI", "MDE (powered?)", "discovery", "confirmation"],
-        [
-            [
-                f"[{f.registered['claim']}](#{f.key})",
-                badge(f.verdict),
-                f.precondition_failed or "; ".join(_claim_line(c) for c in f.claims) or "-",
-                "; ".join(number(c.sesoi, "{:.3g}") for c in f.claims) or "-",
-                "; ".join(_mde(c) for c in f.claims) or "-",
-                *(
-                    "; ".join(_half(f.halves.get(c.what, {}).get(half)) for c in f.claims) or "-"
-                    for half in ("discovery", "confirmation")
-                ),
-            ]
-            for f in findings
-        ],
-    )
-    lines.append("")
     for f in findings:
         lines += _finding_section(project, f)
     lines += [
@@ -136,42 +398,72 @@ def render_markdown(
         *_search_section(project, search),
         *spike_section(project, spike),
         *_pretrain_section(project, pretrain),
-        *_runs_section(ablate, stage_runs),
+        *_runs_section(stage_runs),
     ]
     return "\n".join(lines) + "\n"
 
 
+def _method_section(ablate: dict[str, Any]) -> list[str]:
+    return [
+        "## How a verdict is reached",
+        "",
+        "Each finding was tested as its pre-registered design says (tasks/report/preregistration.yaml), with "
+        f"one rule for all: {badge(NOT_TESTED)} when a named precondition failed; {badge(CONTRADICTED)} when a "
+        f"claim is shown the other way (p < {ALPHA:g}, the 95 % interval beyond its smallest effect of interest, "
+        f"both halves of the seeds that way); {badge(REPRODUCED)} when every claim holds: significant the "
+        "predicted way, its 95 % interval clearing its smallest effect of interest (SESOI), and the discovery "
+        'and confirmation seeds each pointing that way (a "no effect" claim by two one-sided tests against '
+        f"±SESOI); {badge(INCONCLUSIVE)} otherwise. The seed is the unit: per-seed differences (averaged over an "
+        "LR grid within each seed), the paired t-test, its MDE (the smallest effect it detects with 80 % power; "
+        "powered: MDE ≤ SESOI / 2). Diverged runs count at the loss at initialisation, and none is dropped. "
+        f"Unigram baseline on validation: **{number(ablate.get('unigram_val_loss'), '{:.3f}')} nats**; every "
+        f"variant a claim compares must end {design()['plateau_margin']:g} nats below it (those predicted to "
+        "fail aside).",
+        "",
+    ]
+
+
+def _provenance_section(cfg: Config, provenance: dict[str, str], arithmetic: dict[str, Any]) -> list[str]:
+    return [
+        "## Where the numbers come from",
+        "",
+        f"- Profile **{cfg.profile}**, code `{provenance['commit']}`, built {provenance['built']}",
+        f"- config hash `{provenance['config_hash']}` (sha256 of params/resolved.yaml)",
+        f"- design hash `{design_hash()}` (sha256 of the pre-registration and the code that decides verdicts: "
+        f"{', '.join(DESIGN_CODE)})",
+        *_arithmetic_lines(arithmetic),
+        "",
+    ]
+
+
 def _arithmetic_lines(arithmetic: dict[str, Any]) -> list[str]:
-    """Which machine(s) computed the numbers, one line per numeric path, after any warning."""
-    warnings = [f"> **Arithmetic warning:** {w}." for w in arithmetic["warnings"]]
-    paths = [
+    """Which machine(s) computed the numbers, one line per numeric path."""
+    return [
         f"- numeric path `{p}` ({', '.join(e['produced'])}): {e['machine']}" for p, e in arithmetic["inputs"].items()
     ]
-    return [*warnings, *([""] if warnings else []), "Computed with this arithmetic:", "", *paths, ""]
 
 
-def _state(c) -> str:
-    return "holds" if c.holds else "contradicted" if c.contradicted else "does not hold"
-
-
-def _claim_line(c) -> str:
-    p = f"p={c.p:.3g}" if c.p is not None else "no test"
-    ci = f" [{c.ci95[0]:+.3g}, {c.ci95[1]:+.3g}]" if c.ci95 else ""
-    return f"{c.what}: {number(c.estimate, SIGNED)}{ci} ({p}, {_state(c)})"
-
-
-def _mde(c) -> str:
-    powered = {True: "yes", False: "no", None: "-"}[c.powered]
-    return f"{number(c.mde, '{:.3g}')} ({powered})"
-
-
-def _half(tested: dict[str, Any] | None) -> str:
-    """A half's estimate, interval and p in a cell."""
-    if not tested or tested.get("estimate") is None:
-        return "-" if not tested else str(tested.get("test", "-"))
-    ci = f" [{tested['ci95'][0]:+.3g}, {tested['ci95'][1]:+.3g}]" if tested.get("ci95") else ""
-    p = f", p={tested['p']:.3g}" if tested.get("p") is not None else ""
-    return f"{tested['estimate']:+.3g}{ci}{p} (n={tested['n']})"
+def _findings_table(findings: list[Finding]) -> list[str]:
+    """A row per claim: its finding (on the first row), its number, its own outcome and why."""
+    rows = []
+    for f in findings:
+        head = [f"[{label(f)}](#{f.key})", badge(f.verdict)]
+        if not f.claims:
+            rows.append([*head, "-", "-", "-", "-", badge(f.verdict), f.precondition_failed or "no claim"])
+        for i, c in enumerate(f.claims):
+            outcome = claim_outcome(f, c)
+            rows.append(
+                [
+                    *(head if i == 0 else ["", ""]),
+                    c.what,
+                    f"{number(c.estimate, SIGNED)}{_unit(c)}",
+                    _interval(c.ci95),
+                    _p(c.p) + (" (TOST)" if c.kind == EQUIVALENCE and c.p is not None else ""),
+                    badge(outcome),
+                    (f.precondition_failed or "") if outcome == NOT_TESTED else why(c),
+                ]
+            )
+    return _table(["finding", "verdict", "claim", "estimate", "95 % interval", "p", "claim's outcome", "why"], rows)
 
 
 def _finding_section(project: Path, f: Finding) -> list[str]:
@@ -179,45 +471,64 @@ def _finding_section(project: Path, f: Finding) -> list[str]:
     lines = [
         f'<a id="{f.key}"></a>',
         "",
-        f"## {r['claim']} — {badge(f.verdict)}",
+        f"## {label(f)} — {badge(f.verdict)}",
         "",
-        f"*Source:* {r['source']}. *Arms:* {r['arms']}. *Metric:* {r['metric']}. *Test:* {r['test']}. "
-        f"*Predicted:* {r['expected']}. *Precondition:* {r['precondition']}. *Why:* {r['justification']}.",
+        f"*Tested:* {r['claim']}. *Found:* {_found(f)}.",
         "",
     ]
-    if f.precondition_failed:
-        lines += [f"**Not tested:** {f.precondition_failed}.", ""]
-    lines += [f"Numbers: {f.numbers}", ""]
-    if f.claims:
-        lines += _table(
-            [
-                "claim",
-                "all seeds: estimate",
-                "95 % interval",
-                "p",
-                "SESOI",
-                "MDE (powered?)",
-                "discovery",
-                "confirmation",
-                "state",
-            ],
-            [
-                [
-                    c.what,
-                    number(c.estimate, SIGNED),
-                    f"[{c.ci95[0]:+.3g}, {c.ci95[1]:+.3g}]" if c.ci95 else "-",
-                    number(c.p, "{:.3g}"),
-                    number(c.sesoi, "{:.3g}"),
-                    _mde(c),
-                    _half(f.halves.get(c.what, {}).get("discovery")),
-                    _half(f.halves.get(c.what, {}).get("confirmation")),
-                    _state(c),
-                ]
-                for c in f.claims
-            ],
+    for c in f.claims:
+        outcome = claim_outcome(f, c)
+        power = {True: "powered", False: "underpowered: above SESOI / 2", None: "power unknown"}[c.powered]
+        lines.append(
+            f"- {badge(outcome)} {c.what}: predicted {_predicted(c)}; "
+            f"{f.precondition_failed if outcome == NOT_TESTED else why(c)}. "
+            f"Smallest effect it could detect (MDE, 80 % power): {number(c.mde, '{:.3g}')} ({power})."
         )
-        lines.append("")
-    return [*lines, *_images(project, FINDING_FIGURES.get(f.key, [])), ""]
+    if f.claims:
+        lines += ["", *_claims_table(f), ""]
+    lines += [
+        f"*Design.* *Source:* {r['source']}. *Arms:* {r['arms']}. *Metric:* {r['metric']}. *Test:* {r['test']}. "
+        f"*Predicted:* {r['expected']}. *Precondition:* {r['precondition']}. *Why:* {r['justification']}.",
+        "",
+        f"*Numbers as computed* (for checking): {f.numbers}",
+        "",
+    ]
+    return [*lines, *_images(project, _figures_of(f)), ""]
+
+
+def _claims_table(f: Finding) -> list[str]:
+    """Per claim a row for all the seeds, then one per half: n, estimate, interval, p."""
+    rows = []
+    for c in f.claims:
+        halves = _halves_tested(f, c)
+        ns = [n for h in halves.values() if isinstance(n := h.get("n"), int)]
+        total = str(sum(ns)) if ns and len(ns) == len(halves) else "-"
+        p = _p(c.p) + (" (TOST)" if c.kind == EQUIVALENCE and c.p is not None else "")
+        rows.append([c.what, "all", total, number(c.estimate, SIGNED), _interval(c.ci95), p])
+        for half, estimate in c.halves.items():
+            tested = halves.get(half) or {}
+            rows.append(
+                [
+                    "",
+                    half,
+                    str(tested.get("n", "-")),
+                    number(estimate, SIGNED),
+                    _interval(tested.get("ci95")),
+                    "-" if c.kind == EQUIVALENCE else _p(tested.get("p")),  # a half is judged by its estimate there
+                ]
+            )
+    return _table(["claim", "seeds", "n", "estimate", "95 % interval", "p"], rows)
+
+
+def _halves_tested(f: Finding, c: Claim) -> dict[str, dict[str, Any]]:
+    """The claim's test within each half: under its own name, or (an equivalence claim, whose halves
+    are those of the difference it bounds) the entry whose estimates are the claim's."""
+    if c.what in f.halves:
+        return f.halves[c.what]
+    for tested in f.halves.values():
+        if tested and all((tested.get(h) or {}).get("estimate") == v for h, v in c.halves.items()):
+            return tested
+    return {}
 
 
 def _arms_section(cfg: Config, ablate: dict[str, Any]) -> list[str]:
@@ -229,8 +540,9 @@ def _arms_section(cfg: Config, ablate: dict[str, Any]) -> list[str]:
         f"{counts['stopped']} stopped, "
         f"{counts['failed']} failed after retries{': ' + ', '.join(ablate['failed']) if ablate['failed'] else ''}), "
         f"each trained from scratch at width {cfg.ablation.d_model}, {cfg.ablation.seq_len}-token context, "
-        f"discovery seeds {cfg.ablation.seeds}, confirmation seeds {cfg.ablation.confirm_seeds}. Per variant: mean "
-        "over seeds [95 % t-interval].",
+        f"discovery seeds {cfg.ablation.seeds}, confirmation seeds {cfg.ablation.confirm_seeds}. Every arm with "
+        f"its status, MLflow run and the command that reproduces it: [{ARMS_PAGE.as_posix()}]"
+        f"({ARMS_PAGE.as_posix()}). Per variant: the mean over seeds and its 95 % t-interval.",
         "",
     ]
     header = ["family", "variant", "seeds", "status", *(h for _, h, _ in FAMILY_COLUMNS)]
@@ -240,12 +552,12 @@ def _arms_section(cfg: Config, ablate: dict[str, Any]) -> list[str]:
         family, variant = name.split("/", 1)
         rows.append(
             [family, variant, str(len(entry["seeds"])), statuses]
-            + [_interval(entry["figures"].get(k, {}), fmt) for k, _, fmt in FAMILY_COLUMNS]
+            + [_mean_interval(entry["figures"].get(k, {}), fmt) for k, _, fmt in FAMILY_COLUMNS]
         )
     return [*lines, *_table(header, rows), ""]
 
 
-def _interval(d: dict[str, Any], fmt: str) -> str:
+def _mean_interval(d: dict[str, Any], fmt: str) -> str:
     if d.get("mean") is None:
         return "-"
     text = fmt.format(d["mean"])
@@ -258,20 +570,23 @@ def _interval(d: dict[str, Any], fmt: str) -> str:
 def _search_section(project: Path, search: dict[str, Any] | None) -> list[str]:
     if not search:
         return ["## μ-transfer (search stage)", "", "The search stage has not run.", ""]
-    rows = [
-        [
-            p,
-            f"{search[p]['slope']:+.3f} ± {search[p]['slope_std']:.3f}",
-            ", ".join(
-                f"{w}: {search[p]['widths'][w]['log2_lr_opt']:.2f} ({search[p]['widths'][w]['loss_opt']:.3f} nats)"
-                for w in sorted(search[p]["widths"], key=int)
-            ),
-        ]
-        for p in ("sp", "mup")
-        if p in search
+    names = [p for p in ("sp", "mup") if p in search]
+    slopes = [[p, f"{search[p]['slope']:+.3f}", f"{search[p]['slope_std']:.3f}"] for p in names]
+    optima = [
+        [p, w, f"{search[p]['widths'][w]['log2_lr_opt']:.2f}", f"{search[p]['widths'][w]['loss_opt']:.3f}"]
+        for p in names
+        for w in sorted(search[p]["widths"], key=int)
     ]
-    lines = ["## μ-transfer (search stage)", ""]
-    lines += _table(["parametrization", "slope (± SD over seeds)", "log₂ η* (loss there) per width"], rows)
+    lines = [
+        "## μ-transfer (search stage)",
+        "",
+        "The slope of the optimal log₂ LR (η*) on log₂ width, over the seeds, and the optimum at each width "
+        "(the study's trials are in optuna-dashboard and, as child runs of the search stage's run, in MLflow):",
+        "",
+        *_table(["parametrization", "slope", "SD over seeds"], slopes),
+        "",
+        *_table(["parametrization", "width", "log₂ η*", "loss at η* (nats)"], optima),
+    ]
     transfer = search.get("transfer", {})
     if transfer:
         lines += [
@@ -287,10 +602,11 @@ def spike_section(project: Path, spike: dict[str, Any] | None) -> list[str]:
     if not spike or "matrix" not in spike:
         return ["## Spike study", "", "The spike stage has not run.", ""]
     matrix, policies = spike["matrix"], spike["policies"]
-    rows = [
-        [f"{cause} ({_tied_to(spike, cause)})", *(_spike_cell(matrix[cause].get(p, {})) for p in policies)]
+    counts = [
+        [f"{cause} ({_tied_to(spike, cause)})", *(_spike_counts(matrix[cause].get(p, {})) for p in policies)]
         for cause in spike["causes"]
     ]
+    gaps = [[cause, *(_spike_gap(matrix[cause].get(p, {})) for p in policies)] for cause in spike["causes"]]
     seeds = ", ".join(str(s) for s in spike["discovery_seeds"])
     confirm = ", ".join(str(s) for s in spike["confirm_seeds"]) or "none"
     lines = [
@@ -298,10 +614,14 @@ def spike_section(project: Path, spike: dict[str, Any] | None) -> list[str]:
         "",
         f"False alarms on the clean controls: {spike.get('false_positives')}. Per cause and policy, over the seeds: "
         "how many branches recovered (back within ε in time) / ended with a gap (back late, settled above, or "
-        "diverged) / gave up (the retry cap), and the mean final gap to the seed's control of those that "
-        "did not give up (a branch that gave up has none).",
+        "diverged) / gave up (the retry cap):",
         "",
-        *_table(["cause", *policies], rows),
+        *_table(["cause", *policies], counts),
+        "",
+        "The mean final gap to the seed's control of the branches that did not give up (a branch that gave up "
+        "has none):",
+        "",
+        *_table(["final gap", *policies], gaps),
     ]
     postmortems = sorted((project / REPORTS / "postmortems").glob("*.md"))
     return [
@@ -322,12 +642,16 @@ def _tied_to(spike: dict[str, Any], cause: str) -> str:
     return CAUSE_OF_TIE[entry[cause]["injection"]["tied_to"]]
 
 
-def _spike_cell(by_seed: dict[str, dict[str, Any]]) -> str:
-    """recovered / gap / gave up over the seeds, and the mean final gap of those that have one."""
+def _spike_counts(by_seed: dict[str, dict[str, Any]]) -> str:
+    """recovered / gap / gave up over the seeds."""
     cells = list(by_seed.values())
-    counts = "/".join(str(sum(c["outcome"] == o for c in cells)) for o in OUTCOMES)
-    gaps = [c["final_gap"] for c in cells if c["final_gap"] is not None]
-    return f"{counts}, gap {fmean(gaps):+.1%}" if gaps else counts
+    return "/".join(str(sum(c["outcome"] == o for c in cells)) for o in OUTCOMES)
+
+
+def _spike_gap(by_seed: dict[str, dict[str, Any]]) -> str:
+    """The mean final gap of the branches that have one."""
+    gaps = [c["final_gap"] for c in by_seed.values() if c["final_gap"] is not None]
+    return f"{fmean(gaps):+.1%}" if gaps else "-"
 
 
 def _pretrain_section(project: Path, pretrain: dict[str, Any] | None) -> list[str]:
@@ -359,30 +683,98 @@ def _changes_section() -> list[str]:
     ]
 
 
-def _runs_section(ablate: dict[str, Any], stage_runs: dict[str, str]) -> list[str]:
-    lines = ["## MLflow runs", ""]
-    lines += [f"- {stage}: [{url}]({url})" for stage, url in stage_runs.items()] or ["- no tracking server answered"]
-    lines += ["", "Arms (child runs of the ablate stage's run; each reproduces with its command):", ""]
-    lines += _table(
-        ["arm", "status", "MLflow", "command"],
-        [
-            [
-                a["name"],
-                a["status"],
-                f"[run]({a['mlflow']})" if a.get("mlflow", "").startswith("http") else str(a.get("mlflow")),
-                f"`{a['command']}`",
-            ]
-            for a in ablate["arms"]
-        ],
+# ----------------------------------------------------------------------------------------------
+# MLflow runs: by run ID, with the server that held them
+# ----------------------------------------------------------------------------------------------
+
+MLFLOW_RUN = re.compile(
+    r"^(?P<server>https?://[^/#?]+)?.*?#/experiments/(?P<experiment>[^/?]+)/runs/(?P<run>[0-9a-f]+)"
+)
+
+
+def mlflow_run(ref: str | None) -> tuple[str | None, str | None, str] | None:
+    """(server, experiment ID, run ID) of a run link (a UI URL or ``runs:/<id>``), or None."""
+    if not ref:
+        return None
+    if ref.startswith("runs:/"):
+        return None, None, ref.removeprefix("runs:/").split("/")[0]
+    m = MLFLOW_RUN.match(ref)
+    return (m["server"], m["experiment"], m["run"]) if m else None
+
+
+def _where_runs_are(refs: list[tuple[str | None, str | None, str]]) -> str:
+    """Where the runs ``refs`` live, in a sentence: run IDs resolve only in the store that holds them."""
+    servers = sorted({s for s, _, _ in refs if s})
+    experiments = sorted({e for _, e, _ in refs if e})
+    held = f"the MLflow server at {', '.join(servers)} on the machine that ran it" if servers else "its tracking store"
+    page = (
+        f"`<MLflow URL>/#/experiments/{experiments[0]}/runs/<run ID>`"
+        if len(experiments) == 1
+        else "`<MLflow URL>/#/experiments/<experiment>/runs/<run ID>`"
     )
-    return [*lines, ""]
+    return (
+        f"The run IDs are those of the study's runs in {held}. On that machine (`spikelab services up`, then "
+        f"`spikelab ui`), a run opens at {page}; another machine's MLflow does not hold them (its own `dvc repro` "
+        "makes its own runs)."
+    )
+
+
+def _runs_section(stage_runs: dict[str, str]) -> list[str]:
+    refs = {stage: mlflow_run(url) for stage, url in stage_runs.items()}
+    found = [r for r in refs.values() if r]
+    lines = ["## MLflow runs", ""]
+    if found:
+        lines += [_where_runs_are(found), ""]
+    lines += [f"- {stage}: run `{r[2]}`" if r else f"- {stage}: {stage_runs[stage]}" for stage, r in refs.items()]
+    if not refs:
+        lines.append(
+            "- The tracking store this report was built against holds no finished run of the stages it reads "
+            "(a report rebuilt from the committed metrics/*.json elsewhere)."
+        )
+    lines += [
+        "",
+        f"Each arm's run ID (a child run of the ablate stage's run) is in [{ARMS_PAGE.as_posix()}]"
+        f"({ARMS_PAGE.as_posix()}), with the command that reproduces the arm.",
+        "",
+    ]
+    return lines
+
+
+def render_arms(ablate: dict[str, Any]) -> str:
+    """reports/report/arms.md: every arm, its status, its MLflow run ID and its command."""
+    refs = [mlflow_run(a.get("mlflow")) for a in ablate["arms"]]
+    found = [r for r in refs if r]
+    lines = [
+        "# The arms of the study",
+        "",
+        f"{len(ablate['arms'])} arms, each trained from scratch; each reproduces with its command, run from the "
+        "project's root ([the report](../REPORT.md)).",
+        "",
+        *([_where_runs_are(found), ""] if found else []),
+        *_table(
+            ["arm", "status", "MLflow run", "command"],
+            [
+                [a["name"], a["status"], f"`{r[2]}`" if r else str(a.get("mlflow") or "-"), f"`{a['command']}`"]
+                for a, r in zip(ablate["arms"], refs)
+            ],
+        ),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------------------------
 # HTML
 # ----------------------------------------------------------------------------------------------
 
-BADGE_COLOURS = {REPRODUCED: "#1a7f37", CONTRADICTED: "#cf222e", NOT_TESTED: "#6e7781", INCONCLUSIVE: "#9a6700"}
+BADGE_COLOURS = {
+    REPRODUCED: "#1a7f37",
+    HOLDS: "#1a7f37",
+    CONTRADICTED: "#cf222e",
+    NOT_TESTED: "#6e7781",
+    INCONCLUSIVE: "#9a6700",
+    NOT_SHOWN: "#9a6700",
+}
+"""A verdict's or a claim outcome's badge colour in the HTML."""
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;line-height:1.45}
 table{border-collapse:collapse;font-size:.85em;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top}
@@ -429,10 +821,14 @@ def report_json(findings: list[Finding], ablate: dict[str, Any], arithmetic: dic
 
 
 def forest_rows(findings: list[Finding]) -> list[dict[str, Any]]:
-    """One row per claim for the forest plot (tasks/report/figures.py)."""
+    """One row per claim for the forest plot (tasks/report/figures.py): the finding's key, plain
+    label and verdict, and the claim with its own outcome (:func:`claim_outcome`), which badges
+    its row."""
     return [
         {
             "finding": f.key,
+            "label": label(f),
+            "outcome": claim_outcome(f, c),
             "claim": c.what,
             "estimate": c.estimate,
             "ci95": c.ci95,

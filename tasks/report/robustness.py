@@ -2,7 +2,7 @@
 project's outputs against another's, computed from the same data and design on another numeric
 path (``precision.numerics``: the other ISA branch of MKL, oneDNN and ATen). Per-arm losses move by
 1e-3 to 1e-1 nats between paths; a verdict that moves with them was decided by rounding. The
-check's driver is benchmarks/check_arithmetic.py; this module holds what it compares."""
+check's driver is checks/arithmetic.py; this module holds what it compares."""
 
 from __future__ import annotations
 

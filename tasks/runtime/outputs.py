@@ -1,9 +1,27 @@
 """Where each stage writes, relative to the project: the one list of output paths (``dvc.yaml``
-declares the same ones; the stage registry, flows/stages.py, says which stage owns which).
-Pure constants, so any stage may import them for free."""
+declares the same ones; the stage registry, flows/stages.py, says which stage owns which), and
+:class:`KeptOutputs`, which keeps a stage's versioned outputs until it completes. Constants and
+the standard library only, so any stage may import them for free.
+
+Three kinds of output, by how ``dvc.yaml`` declares them:
+  cached     in DVC's cache, ignored by git (:data:`CACHED`): DVC removes them before the stage
+             runs; ``dvc checkout`` brings back the version ``dvc.lock`` names.
+  resumed    ``persist: true``, ``cache: false`` (:data:`RESUMED`): the state a rerun continues
+             (checkpoints, appended curves, stored arms); kept across runs, never versioned.
+  versioned  everything else: small files in git (metrics, the LR, figures, the report),
+             ``persist: true`` and ``cache: false``, so DVC leaves them in place and the stage's
+             command (``spikelab run``) replaces them whole: moved aside before the flow runs, put
+             back when it does not complete (an interrupt, an error), so a stopped stage leaves
+             what git has (:class:`KeptOutputs`).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 RAW_DIR = Path("data/raw")
@@ -83,3 +101,82 @@ REPORT_FOREST = REPORT_FIGURES / "forest.png"
 """report: every claim's paired effect with its 95 % interval, findings side by side."""
 REPORT_METRICS = Path("metrics/report.json")
 """report: each finding's verdict, numbers and test (a DVC metric)."""
+
+RESUMED = (PRETRAIN_CHECKPOINTS, PRETRAIN_PLOTS, ABLATE_ARMS)
+"""Persistent outs a rerun continues (``persist: true``, ``cache: false``): never moved aside."""
+CACHED = (RAW_DIR, CLEAN_DIR, POISON_DIR, TOKENS_DIR, SEARCH_REPORTS, PRETRAIN_MODEL, PRETRAIN_MILESTONES)
+"""Outs in DVC's cache (git-ignored): DVC removes them before their stage runs."""
+KEPT_DIR = Path(".spikelab/kept")
+"""Where :class:`KeptOutputs` sets a stage's versioned outputs aside while it runs, relative to the
+project (on its file system, so a move is a rename): ``<stage>/<output path>``."""
+
+
+class KeptOutputs:
+    """A stage's versioned outputs, set aside while it runs and put back unless it completes.
+
+    :meth:`set_aside` moves each output that exists to ``<project>/.spikelab/kept/<stage>/`` (what
+    DVC does to an out that is not persistent is delete it: the stage starts from nothing
+    either way); :meth:`discard` drops them once the stage completed; :meth:`put_back` removes
+    what the run wrote in their place and moves them back. A run killed before either (SIGKILL,
+    a power cut) leaves them there, and the next :meth:`set_aside` of that stage puts them back
+    first, saying so."""
+
+    def __init__(self, project: Path, stage: str, outs: Iterable[Path]):
+        self.project, self.stage, self.outs = project, stage, tuple(outs)
+        self.aside = project / KEPT_DIR / stage
+
+    def set_aside(self) -> list[Path]:
+        """Move the outputs aside; returns those that existed."""
+        if self.aside.exists():
+            back = self.put_back()
+            if back:
+                print(
+                    f"spikelab: {self.stage}: put back {', '.join(map(str, back))}, set aside by an earlier run "
+                    "that was killed before it completed",
+                    file=sys.stderr,
+                )
+        moved = []
+        for out in self.outs:
+            final = self.project / out
+            if final.exists() or final.is_symlink():
+                kept = self.aside / out
+                folder = self.project
+                for part in (*KEPT_DIR.parts, self.stage, *out.parent.parts):  # each made 0700
+                    folder = folder / part
+                    folder.mkdir(mode=0o700, exist_ok=True)
+                os.replace(final, kept)
+                moved.append(out)
+        return moved
+
+    def put_back(self, keep_written: bool = False) -> list[Path]:
+        """Remove what the run wrote where an output was and move the kept one back; with
+        ``keep_written``, an output the run wrote stays (a result it published whole, such as a
+        diverged run's metrics) and only the others come back. Returns the outputs put back."""
+        back = []
+        for out in self.outs:
+            final, kept = self.project / out, self.aside / out
+            written = final.exists() or final.is_symlink()
+            if written and keep_written:
+                continue
+            if written:
+                _remove(final)
+            if kept.exists() or kept.is_symlink():
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(kept, final)
+                back.append(out)
+        self.discard()
+        return back
+
+    def discard(self) -> None:
+        """Drop what was set aside (the stage completed: its new outputs stand)."""
+        if self.aside.exists():
+            shutil.rmtree(self.aside)
+        with contextlib.suppress(OSError):  # the last stage's: .spikelab/kept goes too
+            self.aside.parent.rmdir()
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)

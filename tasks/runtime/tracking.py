@@ -3,8 +3,10 @@ per stage execution (:func:`stage_run`) and nested runs per trial / arm / policy
 (:func:`child_run`), each named for what ran and tagged with its lineage (:func:`lineage_tags`).
 
 A run ends with the status of how it stopped (``model.stops.MLFLOW_STATUS``): FINISHED, FAILED
-(divergence or an exception) or KILLED (preempted). Every run records the process that owns it,
-so a run left RUNNING by a killed process is closed as KILLED when a stage next starts here.
+(divergence or an exception) or KILLED (preempted, or interrupted: SIGTERM, SIGINT). A stage run
+that ends other than FINISHED closes its child runs still RUNNING as KILLED (a trial or arm whose
+worker went down with it). Every run records the process that owns it, so a run left RUNNING by a
+killed process is closed as KILLED when a stage next starts here.
 
 Artifacts always go to ``<state>/mlartifacts`` by absolute path, with or without the MLflow
 server (the server runs with ``--no-serve-artifacts``), so runs logged either way stay readable.
@@ -17,6 +19,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -27,6 +30,7 @@ import mlflow
 import yaml
 from mlflow.entities import Metric, RunTag
 from prefect import task
+from prefect.exceptions import TerminationSignal
 
 from model.stops import MLFLOW_STATUS, RunEnded
 from model.typed_config import flatten
@@ -105,6 +109,8 @@ def dvc_inputs_digest(stage: str, cfg: Config) -> str | None:
     for dep in sorted(spec.get("deps", [])):
         h.update(dep.encode())
         h.update((out_md5.get(dep) or _content_md5(root / dep)).encode())
+    for whole in sorted(_whole_files(spec.get("params", []))):  # e.g. studies.yaml: every key of it
+        h.update(whole.encode() + _content_md5(root / whole).encode())
     resolved = cfg.to_flat_dict()
     for key in sorted(_param_keys(spec.get("params", []))):
         values = {k: v for k, v in resolved.items() if k == key or k.startswith(key + ".")}
@@ -128,15 +134,21 @@ def _content_md5(path: Path) -> str:
 
 
 def _param_keys(entries: list) -> list[str]:
-    """dvc.yaml ``params`` items are keys of params.yaml, or ``{file: [keys]}`` mappings."""
+    """dvc.yaml ``params`` items are keys of params.yaml, or ``{file: [keys]}`` mappings (``{file:
+    None}``: the whole file, :func:`_whole_files`)."""
     keys: list[str] = []
     for entry in entries:
         if isinstance(entry, str):
             keys.append(entry)
         else:
             for file_keys in entry.values():
-                keys.extend(file_keys)
+                keys.extend(file_keys or [])
     return keys
+
+
+def _whole_files(entries: list) -> list[str]:
+    """The params files a stage reads whole (``{file:}`` with no keys in dvc.yaml)."""
+    return [name for entry in entries if isinstance(entry, dict) for name, keys in entry.items() if keys is None]
 
 
 def prefect_lineage() -> dict[str, str]:
@@ -236,22 +248,54 @@ def close_orphaned_runs(experiment: str) -> list[str]:
     return orphans
 
 
+INTERRUPTS = (KeyboardInterrupt, TerminationSignal)
+"""How SIGINT and SIGTERM arrive in a stage: Python's KeyboardInterrupt (and the CLI's own
+subclass for SIGTERM outside a flow: flows/__main__.py), Prefect's TerminationSignal inside one."""
+
+
+def end_status(exc: BaseException | None) -> str:
+    """The MLflow status of a run that ended with ``exc`` (None: it completed)."""
+    if exc is None:
+        return "FINISHED"
+    if isinstance(exc, RunEnded):
+        return MLFLOW_STATUS[exc.status]
+    return "KILLED" if isinstance(exc, INTERRUPTS) else "FAILED"
+
+
 @contextmanager
-def _ends_with_its_status() -> Iterator[None]:
-    """End the active run as the way it stopped: FINISHED, MLFLOW_STATUS of a typed stop, KILLED
-    on an interrupt, FAILED on any other exception."""
+def _ends_with_its_status(run_id: str) -> Iterator[None]:
+    """End the active run (``run_id``) as the way it stopped: FINISHED, MLFLOW_STATUS of a typed
+    stop, KILLED on an interrupt, FAILED on any other exception; when it did not finish, its
+    child runs still RUNNING end KILLED first."""
     try:
         yield
-    except RunEnded as e:
-        mlflow.end_run(MLFLOW_STATUS[e.status])
-        raise
-    except KeyboardInterrupt:
-        mlflow.end_run("KILLED")
-        raise
-    except BaseException:
-        mlflow.end_run("FAILED")
+    except BaseException as e:
+        status = end_status(e)
+        kill_running_children(run_id)
+        mlflow.end_run(status)
         raise
     mlflow.end_run("FINISHED")
+
+
+def kill_running_children(run_id: str) -> list[str]:
+    """Mark the runs nested under ``run_id`` (at any depth) that are still RUNNING as KILLED: the
+    trials, arms or branches of a stage that stopped, whose workers stopped with it (a worker that
+    still finishes its unit later ends its run FINISHED over it). Returns their ids; a store that
+    does not answer is said on stderr, never raised over the stop being handled."""
+    killed: list[str] = []
+    try:
+        client = mlflow.MlflowClient()
+        experiment = client.get_run(run_id).info.experiment_id
+        parents = [run_id]
+        while parents:
+            query = f"tags.`mlflow.parentRunId` = '{parents.pop()}' and attributes.status = 'RUNNING'"
+            for child in client.search_runs([experiment], query):
+                client.set_terminated(child.info.run_id, "KILLED")
+                killed.append(child.info.run_id)
+                parents.append(child.info.run_id)
+    except Exception as e:
+        print(f"spikelab: could not close the child runs of MLflow run {run_id}: {e}", file=sys.stderr)
+    return killed
 
 
 @contextmanager
@@ -270,7 +314,7 @@ def stage_run(
         run_name=run_name(stage, cfg, identity),
         tags={**lineage_tags(cfg, stage, identity), **numerics_tags(numerics)},
     )
-    with _ends_with_its_status():
+    with _ends_with_its_status(run.info.run_id):
         log_params(cfg.to_flat_dict())
         yield run
 
@@ -295,7 +339,7 @@ def child_run(
         nested=True,
         tags={**inherited, **owner_tags(), **(tags or {}), "mlflow.parentRunId": parent.info.run_id},
     )
-    with _ends_with_its_status():
+    with _ends_with_its_status(run.info.run_id):
         yield run
 
 

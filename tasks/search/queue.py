@@ -109,11 +109,18 @@ def trial_ids(storage: optuna.storages.BaseStorage, study: optuna.Study, states:
     ]
 
 
+OBJECTIVE_NAME = "final val loss (nats; ln V if diverged)"
+"""What optuna-dashboard calls the objective (else "Objective 0"): tasks/search/trial.py: objective."""
+
+
 def prepare_study(storage: optuna.storages.BaseStorage, spec: StudySpec) -> int:
-    """Create the study if new, recover the trials of dead workers, and queue every point without
-    a finished, queued or running trial. Returns how many trials are queued or running: the
-    work still to do (a running one may turn out stale and be queued again)."""
+    """Create the study if new, name its objective, recover the trials of dead workers, and queue
+    every point without a finished, queued or running trial. Returns how many trials are queued or
+    running: the work still to do (a running one may turn out stale and be queued again)."""
     study = optuna.create_study(study_name=spec.name, storage=storage, direction="minimize", load_if_exists=True)
+    if study.metric_names != [OBJECTIVE_NAME]:  # a study attribute: no trial, point or value changes
+        with quiet_experimental():
+            study.set_metric_names([OBJECTIVE_NAME])
     for key, value in {
         "kind": spec.kind,
         "parametrization": spec.parametrization,

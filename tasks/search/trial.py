@@ -5,6 +5,11 @@ A trial is a short run of :class:`model.train.Trainer` without checkpoints, scor
 validation loss; intermediate validation losses go to Optuna's ThresholdPruner. A diverged run is
 a result: its value is ln(vocab_size), the loss of a uniform guess (the loss at init, as in
 Wortsman et al.'s LR sensitivity), with ``status: diverged`` among its user attributes.
+
+What MLflow and optuna-dashboard show of a trial: its MLflow run carries its point and size as
+params (:func:`trial_params`), so runs compare and plot by LR, width and seed; in Optuna the seed
+stays a categorical param beside ``log2_lr`` (each queued grid point is the pair, and the search's
+findings read both from ``trial.params``), and is repeated as the ``seed`` user attribute.
 """
 
 from __future__ import annotations
@@ -91,6 +96,7 @@ def objective(
         "flops": flops,
         "cpu_s": time.process_time() - started,
         "lr": 2.0**log2_lr,
+        "seed": seed,  # also a param (module docstring)
         "precision": summary["precision"],
     }.items():
         trial.set_user_attr(key, value)
@@ -144,7 +150,7 @@ def run_trial(
     took this one's heartbeats for dead and queued its point again (its result is dropped: the
     storage refuses a finished trial's updates)."""
     try:
-        with trial_run(spec, trial, *suggest_point(trial, cfg), parent_run) as callbacks:
+        with trial_run(spec, trial, *suggest_point(trial, cfg), parent_run, cfg.search.steps) as callbacks:
             try:
                 value = objective(trial, cfg, spec.parametrization, spec.width, tokens, callbacks)
             except optuna.TrialPruned:
@@ -165,19 +171,35 @@ def trial_name(spec: StudySpec, log2_lr: float, seed: int) -> str:
     return f"{spec.kind} {spec.parametrization} w{spec.width} lr 2^{log2_lr:g} seed {seed}"
 
 
+def trial_params(spec: StudySpec, log2_lr: float, seed: int, steps: int) -> dict[str, Any]:
+    """The trial's MLflow params: what varies between trials (LR, width, parametrization, seed) and
+    its length, under the names the ablation arms' runs use (``lr``, ``seed``), so the runs table
+    sorts and the charts plot loss against any of them."""
+    return {
+        "log2_lr": log2_lr,
+        "lr": 2.0**log2_lr,
+        "width": spec.width,
+        "parametrization": spec.parametrization,
+        "seed": seed,
+        "steps": steps,
+        "kind": spec.kind,
+    }
+
+
 @contextmanager
 def trial_run(
-    spec: StudySpec, trial: optuna.Trial, log2_lr: float, seed: int, parent: str | None
+    spec: StudySpec, trial: optuna.Trial, log2_lr: float, seed: int, parent: str | None, steps: int
 ) -> Iterator[list[Any]]:
     """The trial's MLflow run, a child of the stage's run ``parent`` (None: no tracking), tagged
-    with its study and trial; yields the trainer callbacks that log to it. It ends as its stop
-    kind says: a diverged trial FAILED (model/stops.py), a completed or pruned one FINISHED."""
+    with its study and trial, its point as params (:func:`trial_params`); yields the trainer
+    callbacks that log to it. It ends as its stop kind says: a diverged trial FAILED
+    (model/stops.py), a completed or pruned one FINISHED."""
     if not parent:
         yield []
         return
     import mlflow
 
-    from tasks.runtime.tracking import MLflowMetrics, child_run
+    from tasks.runtime.tracking import MLflowMetrics, child_run, log_params
 
     tags = {
         "optuna.study": spec.name,
@@ -188,6 +210,7 @@ def trial_run(
     }
     try:
         with child_run(trial_name(spec, log2_lr, seed), tags, parent_id=parent):
+            log_params(trial_params(spec, log2_lr, seed, steps))
             yield [MLflowMetrics()]
             status = trial.user_attrs.get("status")
             mlflow.set_tag("search.status", status)

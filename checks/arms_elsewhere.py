@@ -3,13 +3,13 @@
 (their run identities and commands, with the loss shift its probe picks here); ``train`` trains
 them where only torch, numpy and pyyaml are installed (a GPU box's host CPU, one thread per arm,
 ``--workers`` at once) and appends each result to one gzipped JSON-lines file as it finishes, so
-a run cut short keeps what it trained. ``python benchmarks/check_arithmetic.py --arms-from FILE``
+a run cut short keeps what it trained. ``python checks/arithmetic.py --arms-from FILE``
 then lends the results
 to a copy of the project, whose ablate stage finds every arm stored and decides the findings from
 the other machine's numbers.
 
-    python benchmarks/arms_elsewhere.py plan --out benchmarks/out/arms-plan.json      # here
-    python benchmarks/arms_elsewhere.py train benchmarks/out/arms-plan.json --out arms.jsonl.gz --workers 16
+    python checks/arms_elsewhere.py plan --out checks/out/arms-plan.json      # here
+    python checks/arms_elsewhere.py train checks/out/arms-plan.json --out arms.jsonl.gz --workers 16
 """
 
 from __future__ import annotations

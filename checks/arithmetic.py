@@ -3,11 +3,11 @@ numeric path (``precision.numerics``: portable <-> native, i.e. MKL, oneDNN and 
 this CPU's own ISA), on the same data and design, and every finding's verdict compared with the
 project's own (issue 28: the same decisions on any CPU).
 
-    python benchmarks/check_arithmetic.py                       # the default study, after make repro
-    python benchmarks/check_arithmetic.py --profile smoke --stages ablate --rerun-first
-    python benchmarks/check_arithmetic.py --arms-from arms.jsonl.gz   # the arms another machine trained
-    python benchmarks/check_arithmetic.py --stages ablate --seeds-from 10  # on seeds the study never saw
-    python benchmarks/check_arithmetic.py --against ../clone-on-intel    # a whole study run elsewhere
+    python checks/arithmetic.py                       # the default study, after make repro
+    python checks/arithmetic.py --profile smoke --stages ablate --rerun-first
+    python checks/arithmetic.py --arms-from arms.jsonl.gz   # the arms another machine trained
+    python checks/arithmetic.py --stages ablate --seeds-from 10  # on seeds the study never saw
+    python checks/arithmetic.py --against ../clone-on-intel    # a whole study run elsewhere
 
 The project's outputs are the first arithmetic (or, with ``--rerun-first``, a copy rerun on the
 project's own numeric path). The second runs in a copy of the code and params under ``--work``
@@ -17,7 +17,7 @@ project's own output, so its numbers are the same on both sides. The copy uses t
 servers (its ``SPIKELAB_STATE``) when they are up, and logs to its own MLflow experiment
 (``tracking.experiment`` + ``-check``), so the study's experiment holds only the study's runs.
 With ``--arms-from``, the second arithmetic is another machine's CPU: the ablate stage runs in the
-copy on the arm results that machine trained (benchmarks/arms_elsewhere.py), every arm stored, so
+copy on the arm results that machine trained (checks/arms_elsewhere.py), every arm stored, so
 its findings are decided on those numbers.
 With ``--seeds-from N``, the second side is the same stages on seeds the study never saw (issue 28's
 held-out check): each rerun stage's discovery and confirmation seeds renumbered from N, as many of
@@ -44,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.arms_elsewhere import stored_results  # noqa: E402
+from checks.arms_elsewhere import stored_results  # noqa: E402
 from model.typed_config import ConfigError, parse_sets  # noqa: E402
 from tasks.ablate.grid import read_result  # noqa: E402
 from tasks.config import Config, load_config  # noqa: E402
@@ -52,7 +52,7 @@ from tasks.report.robustness import STAGE_METRICS, compare, findings_of  # noqa:
 from tasks.runtime.files import read_json  # noqa: E402
 from tasks.runtime.outputs import ABLATE_ARMS, ABLATE_METRICS, MANIFEST  # noqa: E402
 
-PARAMS = ["profiles", "params", "params.yaml"]
+PARAMS = ["profiles", "params", "params.yaml", "studies.yaml"]
 """What a copy needs besides the data: the params and profiles (the code is this checkout's)."""
 DATA = ["data/tokens", "data/poison", "search/lr.yaml"]
 """The inputs the verdict-deciding stages read (a missing optional one is skipped)."""
@@ -104,7 +104,7 @@ def copy_project(project: Path, dest: Path, resume: bool = False) -> Path:
 
 
 def lend_arms(results: Path, copy: Path, project: Path, rest_from_project: bool) -> dict[str, Any]:
-    """Each result in ``results`` (benchmarks/arms_elsewhere.py) as the copy's stored result of
+    """Each result in ``results`` (checks/arms_elsewhere.py) as the copy's stored result of
     its arm (with ``rest_from_project``, the project's own results for the arms it lacks: a run
     elsewhere cut short); how each compares with the project's result of the same arm."""
     if rest_from_project:
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--arms-from",
         type=Path,
-        help="another machine's arm results (benchmarks/arms_elsewhere.py train): the ablate stage decides on them",
+        help="another machine's arm results (checks/arms_elsewhere.py train): the ablate stage decides on them",
     )
     p.add_argument(
         "--rest-from-project",
@@ -181,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--resume", action="store_true", help="keep the arms a cut-short check trained under --work (same keys only)"
     )
-    p.add_argument("--work", type=Path, default=ROOT / "benchmarks/out/arithmetic")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/arithmetic.json")
+    p.add_argument("--work", type=Path, default=ROOT / "checks/out/arithmetic")
+    p.add_argument("--out", type=Path, default=ROOT / "checks/out/arithmetic.json")
     args = p.parse_args(argv)
     project = args.project.resolve()
     if args.against is not None:

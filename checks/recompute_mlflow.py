@@ -15,7 +15,7 @@ Each number is compared with the project's metrics/*.json; then every finding is
 report's own code from the MLflow numbers alone and compared, field by field, with
 metrics/report.json (verdict, estimates, p, intervals, MDEs, halves).
 
-    python benchmarks/recompute_mlflow.py [--profile default] [--out benchmarks/out/recompute.json]
+    python checks/recompute_mlflow.py [--profile default] [--out checks/out/recompute.json]
 
 Needs the project's MLflow server (``spikelab services up``). Prints one line per finding and per
 stage; exits 1 when a number differs, 2 when a run is missing or an input is.
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--project", type=Path, default=ROOT)
     p.add_argument("--profile", default="default")
     p.add_argument("--set", dest="sets", action="append", default=[], help="KEY=VALUE, as the stages ran")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/recompute.json")
+    p.add_argument("--out", type=Path, default=ROOT / "checks/out/recompute.json")
     args = p.parse_args(argv)
     project = args.project.resolve()
     os.chdir(project)  # the DVC inputs digest and the servers are the project's, as its stages saw them

@@ -1,10 +1,10 @@
 """A blind, labelled judgement of the perplexity filter's removals of prose-origin documents, the
 false positives of benchmarks/bench_data.py's precision by origin (issue 31).
 
-    python benchmarks/label_removals.py filter --size 2000 --project P   # prepare + filter into P
-    python benchmarks/label_removals.py draw --size 2000 --project P --out-dir D
+    python checks/label_removals.py filter --size 2000 --project P   # prepare + filter into P
+    python checks/label_removals.py draw --size 2000 --project P --out-dir D
     # a labeller who sees neither the key nor the filter reads D/blind-*.md, writes D/labels-*.json
-    python benchmarks/label_removals.py score --size 2000 --project P --out-dir D
+    python checks/label_removals.py score --size 2000 --project P --out-dir D
 
 ``draw`` takes every prose-origin base document the perplexity filter removed and as many
 prose-origin base documents it kept (seeded sample), shuffles them together and writes them as

@@ -6,7 +6,7 @@ emulation (tasks/ablate/grid.py: _precision); this shows whether what decides th
 non-finite, how far each ends from fp32, the probe-sized excursion, the fp16 range probe's shares —
 holds where the formats are real.
 
-    python benchmarks/check_formats_gpu.py --seeds 0 1 --out benchmarks/out/formats_gpu.json
+    python checks/formats_gpu.py --seeds 0 1 --out checks/out/formats_gpu.json
 
 Needs ``dvc repro tokenize`` (data/tokens) and a CUDA device; imports only torch, numpy, pyyaml
 (it runs on a bare GPU box). The CPU arms run in a process pool, one thread each; the CUDA arms
@@ -77,7 +77,7 @@ def main() -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--profile", default="default")
     p.add_argument("--workers", type=int, default=8, help="processes for the CPU arms")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "formats_gpu.json")
+    p.add_argument("--out", type=Path, default=ROOT / "checks" / "out" / "formats_gpu.json")
     args = p.parse_args()
     import torch
 

@@ -1,0 +1,381 @@
+"""Families of arms and their claims declared in ``studies.yaml``, not in code: a researcher's own
+ablation, trained, tracked and judged by the same machinery as the built-in families.
+
+    families:
+      wd_sensitivity:
+        question: Does independent weight decay lower LR sensitivity?
+        factors:                         # run-config keys, nested (as `dvc exp run -S` sets them)
+          optim:
+            weight_decay_mode: [coupled, independent]
+            lr: [0.001, 0.003, 0.01, 0.03]
+        fixed: {optim.weight_decay: 0.1} # the family's conditions, on top of the arm scale
+        steps: 300                       # optional: ablation.steps
+        claims:
+          lower_sensitivity:
+            kind: sensitivity            # contrast | equivalence | interaction | sensitivity | slope
+            metric: capped_loss          # any figure an arm records (METRICS)
+            over: optim.lr
+            a: {optim.weight_decay_mode: independent}
+            b: {optim.weight_decay_mode: coupled}
+            expected: -1                 # the sign of a − b
+            sesoi: 0.05
+            justification: why 0.05 nats is the least effect worth acting on
+
+Every arm starts from the ablation's arm scale (``ablation.d_model`` ... ``batch_size``, μP at
+the base width, fp32; tasks/ablate/grid.py: overrides), then takes the family's ``fixed`` keys,
+then its factor values. Seeds default to ``ablation.seeds`` and ``ablation.confirm_seeds``, so a
+profile scales a declared family as it scales the built-in ones. A declaration is checked in
+full before any arm trains; each error names the file and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from model.typed_config import ConfigError, annotation, flatten
+from tasks.ablate.config import AblationConfig
+from tasks.ablate.stats import FIGURES
+from tasks.config import Config
+
+STUDIES = Path("studies.yaml")
+"""The declared families, beside params.yaml (a DVC params file of the ablate and report stages)."""
+
+KINDS = ("contrast", "equivalence", "interaction", "sensitivity", "slope")
+"""What a claim may state (the module doc of tasks/report/declared.py says how each is tested)."""
+
+METRICS = (*FIGURES, "diverged", "update_rms_mean", "wall_s")
+"""The figures an arm records that a claim or a gate may name (tasks/ablate/grid.py: arm_metrics,
+and ``capped_loss``: the final validation loss with a diverged run counted as ln V)."""
+
+OWNED_KEYS = ("train.seed", "train.steps", "data.", "tokenizer.")
+"""Keys a declaration may not set: the seed and length are the family's ``seeds`` and ``steps``,
+and every arm reads the study's data and tokenizer."""
+
+FAMILY_KEYS = {"question", "factors", "fixed", "steps", "seeds", "confirm_seeds", "warmup_fraction", "claims"}
+CLAIM_KEYS = {"kind", "metric", "a", "b", "over", "across", "log", "expected", "sesoi", "justification"}
+CLAIM_KEYS |= {"may_fail", "gate", "statement"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """A mechanism gate: the mean of ``metric`` over ``variant``'s arms must reach ``at_least`` (or
+    stay within ``at_most``), or the claim's mechanism did not occur and it is not tested."""
+
+    metric: str
+    variant: dict[str, Any]
+    at_least: float | None
+    at_most: float | None
+    justification: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DeclaredClaim:
+    name: str
+    kind: str
+    metric: str
+    a: dict[str, Any]
+    b: dict[str, Any]
+    over: str | None
+    across: dict[str, list[Any]]
+    log: bool
+    expected: int
+    sesoi: float
+    justification: str
+    may_fail: list[dict[str, Any]]
+    gate: Gate | None
+    statement: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DeclaredFamily:
+    name: str
+    question: str
+    factors: dict[str, list[Any]]
+    fixed: dict[str, Any]
+    steps: int
+    seeds: list[int]
+    confirm_seeds: list[int]
+    warmup_fraction: float
+    claims: list[DeclaredClaim]
+
+    @property
+    def all_seeds(self) -> list[int]:
+        return [*self.seeds, *self.confirm_seeds]
+
+    def variants(self) -> list[dict[str, Any]]:
+        """Every point of the family's grid."""
+        return [dict(zip(self.factors, values)) for values in itertools.product(*self.factors.values())]
+
+    def overrides(self, a: AblationConfig, factors: dict[str, Any], seed: int) -> dict[str, Any]:
+        """The keys that turn the study's config into this arm's: the arm scale at the family's
+        length, seed and warmup, then the family's conditions, then its factor values."""
+        scale = a.arm_scale(self.steps, seed) | {"schedule.warmup_steps": round(self.warmup_fraction * self.steps)}
+        return scale | self.fixed | factors
+
+
+def read_studies(project: Path, cfg: Config, reserved: Collection[str] = ()) -> list[DeclaredFamily]:
+    """The families ``studies.yaml`` declares (none when the file is absent), each checked in full
+    against ``cfg``'s schema, none named as one of ``reserved`` (the built-in families): a
+    :class:`ConfigError` names the file and the first bad key."""
+    path = project / STUDIES
+    if not path.is_file():
+        return []
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{STUDIES}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict) or set(raw) - {"families"}:
+        raise ConfigError(f"{STUDIES}: must be a mapping with one key, families (got {sorted(raw)!r})")
+    families = raw.get("families") or {}
+    if not isinstance(families, dict):
+        raise ConfigError(f"{STUDIES}: families: must be a mapping of family name to declaration")
+    for name in families:
+        if name in reserved:
+            raise ConfigError(f"{STUDIES}: families.{name}: {name!r} is a built-in family; choose another name")
+    return [parse_family(name, body, cfg) for name, body in families.items()]
+
+
+def parse_family(name: str, body: Any, cfg: Config) -> DeclaredFamily:
+    where = f"{STUDIES}: families.{name}"
+    if not isinstance(body, dict):
+        raise ConfigError(f"{where}: must be a mapping (question, factors, claims, ...)")
+    _only(body, FAMILY_KEYS, where)
+    question = _required(body, "question", str, where)
+    factors = _factors(body.get("factors"), cfg, f"{where}.factors")
+    fixed = flatten(body.get("fixed") or {})
+    for key, value in fixed.items():
+        _check_key(key, f"{where}.fixed.{key}")
+        _check_value(cfg, key, value, f"{where}.fixed.{key}")
+    if overlap := sorted(set(fixed) & set(factors)):
+        raise ConfigError(f"{where}.fixed: {overlap} also factors; a key is either fixed or crossed")
+    a = cfg.ablation
+    steps = body.get("steps", a.steps)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ConfigError(f"{where}.steps: must be a positive integer, got {steps!r}")
+    seeds = _seeds(body.get("seeds", a.seeds), f"{where}.seeds")
+    confirm = _seeds(body.get("confirm_seeds", a.confirm_seeds), f"{where}.confirm_seeds")
+    if twice := sorted(set(seeds) & set(confirm)):
+        raise ConfigError(
+            f"{where}.confirm_seeds: seed {twice[0]} is also a discovery seed (seeds); a seed is used once"
+        )
+    warmup = body.get("warmup_fraction", a.warmup_fraction)
+    if not isinstance(warmup, (int, float)) or isinstance(warmup, bool) or not 0 <= warmup < 1:
+        raise ConfigError(f"{where}.warmup_fraction: must be in [0, 1), got {warmup!r}")
+    claims_raw = body.get("claims")
+    if not isinstance(claims_raw, dict) or not claims_raw:
+        raise ConfigError(f"{where}.claims: declare at least one claim (a mapping of claim name to claim)")
+    family = DeclaredFamily(name, question, factors, fixed, steps, seeds, confirm, float(warmup), [])
+    claims = [parse_claim(c, body, family, f"{where}.claims.{c}") for c, body in claims_raw.items()]
+    family = dataclasses.replace(family, claims=claims)
+    for variant in family.variants()[:1]:  # the whole arm config builds: a bad combination fails here
+        _check_value(cfg, "", family.overrides(a, variant, seeds[0]), where)
+    return family
+
+
+def parse_claim(name: str, body: Any, family: DeclaredFamily, where: str) -> DeclaredClaim:
+    if not isinstance(body, dict):
+        raise ConfigError(f"{where}: must be a mapping (kind, metric, a, b, expected, sesoi, justification)")
+    _only(body, CLAIM_KEYS, where)
+    kind = _required(body, "kind", str, where)
+    if kind not in KINDS:
+        raise ConfigError(f"{where}.kind: {kind!r} is not one of {', '.join(KINDS)}")
+    metric = _metric(_required(body, "metric", str, where), f"{where}.metric")
+    if "sesoi" not in body:
+        raise ConfigError(f"{where}.sesoi: missing; every claim registers its smallest effect of interest")
+    sesoi = body["sesoi"]
+    if not isinstance(sesoi, (int, float)) or isinstance(sesoi, bool) or not math.isfinite(sesoi) or sesoi < 0:
+        raise ConfigError(f"{where}.sesoi: must be a number >= 0, got {sesoi!r}")
+    if kind == "equivalence" and sesoi == 0:
+        raise ConfigError(f"{where}.sesoi: an equivalence claim's margin must be > 0")
+    justification = body.get("justification")
+    if not isinstance(justification, str) or not justification.strip():
+        raise ConfigError(f"{where}.justification: missing; say why the SESOI is the least effect worth acting on")
+    a = _variant(body.get("a") or {}, family, f"{where}.a")
+    b = _variant(body.get("b") or {}, family, f"{where}.b")
+    expected = body.get("expected", 0 if kind == "equivalence" else None)
+    if kind == "equivalence":
+        if expected != 0:
+            raise ConfigError(f"{where}.expected: an equivalence claim expects 0, got {expected!r}")
+    elif expected not in (1, -1):
+        raise ConfigError(f"{where}.expected: the predicted sign, 1 or -1, got {expected!r}")
+    over = body.get("over")
+    across = body.get("across") or {}
+    if kind in ("sensitivity", "slope"):
+        if over not in family.factors:
+            raise ConfigError(f"{where}.over: {over!r} is not a factor of the family ({', '.join(family.factors)})")
+        if over in a or over in b:
+            raise ConfigError(f"{where}.over: {over} is also fixed by a or b; the claim reads across it")
+        if len(family.factors[over]) < (2 if kind == "sensitivity" else 3):
+            raise ConfigError(f"{where}.over: {over} has {len(family.factors[over])} values; a {kind} needs more")
+    elif over is not None:
+        raise ConfigError(f"{where}.over: only a sensitivity or a slope reads across a factor")
+    if kind == "interaction":
+        if not isinstance(across, dict) or len(across) != 1:
+            raise ConfigError(f"{where}.across: an interaction names one factor and two of its values")
+        ((factor, values),) = across.items()
+        if factor not in family.factors or not isinstance(values, list) or len(values) != 2:
+            raise ConfigError(f"{where}.across: {factor!r} with two of its values, e.g. {{{factor}: [v1, v2]}}")
+        for value in values:
+            _variant({factor: value}, family, f"{where}.across")
+        if factor in a or factor in b:
+            raise ConfigError(f"{where}.across: {factor} is also fixed by a or b")
+    elif across:
+        raise ConfigError(f"{where}.across: only an interaction compares across a factor")
+    if kind in ("contrast", "equivalence", "interaction", "sensitivity") and not (a and b):
+        raise ConfigError(f"{where}.a, b: a {kind} compares two variants; name each by its factor values")
+    if a and b and a == b:
+        raise ConfigError(f"{where}.b: the same variant as a")
+    if kind != "slope" and a and b and set(a) != set(b):
+        raise ConfigError(f"{where}.b: must fix the same factors as a ({sorted(a)}), so arms pair one to one")
+    may_fail = [_variant(v, family, f"{where}.may_fail") for v in body.get("may_fail") or []]
+    gate = _gate(body.get("gate"), family, f"{where}.gate")
+    log = body.get("log", False)
+    if not isinstance(log, bool):
+        raise ConfigError(f"{where}.log: true or false, got {log!r}")
+    statement = body.get("statement") or default_statement(kind, metric, a, b, over, across, expected)
+    return DeclaredClaim(
+        name,
+        kind,
+        metric,
+        a,
+        b,
+        over,
+        dict(across),
+        log,
+        expected,
+        float(sesoi),
+        justification,
+        may_fail,
+        gate,
+        statement,
+    )
+
+
+def default_statement(kind: str, metric: str, a: dict, b: dict, over: str | None, across: dict, expected: int) -> str:
+    """The claim in words, from its declaration."""
+    sign = {1: "higher", -1: "lower", 0: "equal"}[expected]
+    a_, b_ = variant_name(a), variant_name(b)
+    if kind == "contrast":
+        return f"{metric}: {a_} {sign} than {b_}"
+    if kind == "equivalence":
+        return f"{metric}: {a_} equivalent to {b_}"
+    if kind == "interaction":
+        ((factor, (v1, v2)),) = across.items()
+        return f"{metric}: ({a_} − {b_}) {sign} at {factor}={v1} than at {factor}={v2}"
+    if kind == "sensitivity":
+        return f"{metric}'s sensitivity to {over}: {a_} {sign} than {b_}"
+    return f"{metric} {'rises' if expected > 0 else 'falls'} with {over}" + (f" ({a_})" if a else "")
+
+
+def variant_name(factors: dict[str, Any]) -> str:
+    """``model.qk_norm=true·optim.lr=0.003``: the factors as studies.yaml writes them."""
+    return "·".join(f"{k}={shown(v)}" for k, v in factors.items()) or "every variant"
+
+
+def shown(value: Any) -> str:
+    """A factor value as YAML writes it (``true``, ``0.003``), in names, labels and reports."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _factors(raw: Any, cfg: Config, where: str) -> dict[str, list[Any]]:
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"{where}: declare at least one factor: {{<config key>: [values]}}")
+    factors: dict[str, Any] = {}
+    for top, value in raw.items():  # {optim.lr: [...]} or {optim: {lr: [...]}}, never both
+        for key, values in flatten({top: value}).items():
+            if key in factors:
+                raise ConfigError(f"{where}.{key}: given twice (as a dotted key and nested); keep one")
+            factors[key] = values
+    for key, values in factors.items():
+        _check_key(key, f"{where}.{key}")
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{where}.{key}: must be a non-empty list of values, got {values!r}")
+        if len({repr(v) for v in values}) != len(values):
+            raise ConfigError(f"{where}.{key}: {values} repeats a value (an arm would run twice)")
+        for value in values:
+            _check_value(cfg, key, value, f"{where}.{key}")
+    return factors
+
+
+def _check_key(key: str, where: str) -> None:
+    if annotation(Config, key) is None or "." not in key:
+        raise ConfigError(f"{where}: unknown config key {key!r} (params.yaml lists every key)")
+    if any(key == owned or (owned.endswith(".") and key.startswith(owned)) for owned in OWNED_KEYS):
+        raise ConfigError(f"{where}: {key} is the study's own (seeds, steps, data); it cannot be declared")
+
+
+def _check_value(cfg: Config, key: str, value: Any, where: str) -> None:
+    """The config with ``key`` = ``value`` (or ``value``'s keys) builds and validates."""
+    try:
+        cfg.replace(**(value if key == "" else {key: value}))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _seeds(raw: Any, where: str) -> list[int]:
+    if not isinstance(raw, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in raw):
+        raise ConfigError(f"{where}: must be a list of non-negative integers, got {raw!r}")
+    if len(set(raw)) != len(raw):
+        twice = next(s for s in raw if raw.count(s) > 1)
+        raise ConfigError(f"{where}: seed {twice} is listed twice; a seed is used once")
+    return list(raw)
+
+
+def _variant(raw: Any, family: DeclaredFamily, where: str) -> dict[str, Any]:
+    """Factor values naming (part of) a variant of the family, checked against what it crosses."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must map factors to values, e.g. {{{next(iter(family.factors))}: ...}}")
+    variant = flatten(raw)
+    for key, value in variant.items():
+        if key not in family.factors:
+            raise ConfigError(f"{where}: {key} is not a factor of family {family.name} ({', '.join(family.factors)})")
+        if value not in family.factors[key]:
+            raise ConfigError(
+                f"{where}: {key}={value!r} is not among the values the family crosses {family.factors[key]}"
+            )
+    return variant
+
+
+def _metric(name: str, where: str) -> str:
+    if name not in METRICS:
+        raise ConfigError(f"{where}: unknown metric {name!r}; an arm records {', '.join(METRICS)}")
+    return name
+
+
+def _gate(raw: Any, family: DeclaredFamily, where: str) -> Gate | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a mapping (metric, variant, at_least or at_most, justification)")
+    _only(raw, {"metric", "variant", "at_least", "at_most", "justification"}, where)
+    metric = _metric(_required(raw, "metric", str, where), f"{where}.metric")
+    bounds = {k: raw.get(k) for k in ("at_least", "at_most")}
+    if sum(v is not None for v in bounds.values()) != 1:
+        raise ConfigError(f"{where}: give exactly one of at_least, at_most")
+    for k, v in bounds.items():
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)):
+            raise ConfigError(f"{where}.{k}: must be a number, got {v!r}")
+    justification = _required(raw, "justification", str, where)
+    variant = _variant(raw.get("variant") or {}, family, f"{where}.variant")
+    return Gate(metric, variant, bounds["at_least"], bounds["at_most"], justification)
+
+
+def _only(body: dict[str, Any], allowed: set[str], where: str) -> None:
+    if unknown := sorted(set(body) - allowed):
+        raise ConfigError(f"{where}.{unknown[0]}: unknown key; allowed: {', '.join(sorted(allowed))}")
+
+
+def _required(body: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    value = body.get(key)
+    if not isinstance(value, kind) or (isinstance(value, str) and not value.strip()):
+        raise ConfigError(f"{where}.{key}: missing or not a {kind.__name__}")
+    return value

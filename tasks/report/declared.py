@@ -1,0 +1,204 @@
+"""The findings of the declared families (studies.yaml, tasks/ablate/declared.py): each family one
+finding, each of its claims tested by the study's one method and judged by its one verdict rule
+(tasks/report/verdict.py), exactly as the built-in findings are.
+
+The seed is the unit. Every claim reads the family's arms keyed by (seed, the factors it leaves
+free), pairs them unit by unit, and averages within each seed before the paired t-test, pooled over
+every seed and within each registered half (tasks/report/findings.py: pooled_and_halves):
+
+  contrast     metric(a) − metric(b); the predicted sign (``expected``) beyond ±SESOI.
+  equivalence  metric(a) − metric(b) within ±SESOI: two one-sided t-tests.
+  interaction  (a − b at across[0]) − (a − b at across[1]).
+  sensitivity  per seed, over the ``over`` grid: the mean of metric minus its best (lowest), for
+               a and for b (Wortsman et al.'s LR sensitivity when metric is the capped loss and
+               ``over`` the LR); then a − b.
+  slope        per seed, the least-squares slope of metric on ``over`` (on log ``over`` with
+               ``log: true``) within a (every arm, when a names nothing); tested against 0.
+
+A claim is not tested when a compared variant ends on the unigram plateau (those declared in
+``may_fail`` aside) or when its mechanism gate is not met: the mechanism did not occur.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+from tasks.ablate.declared import STUDIES, DeclaredClaim, DeclaredFamily, shown, variant_name
+from tasks.ablate.stats import derived, seed_means, tost_paired
+from tasks.config import Config
+from tasks.report.findings import (
+    Arms,
+    Finding,
+    Halves,
+    _claims_numbers,
+    _halves,
+    decide,
+    halves_of,
+    plateau_gate,
+    pooled_and_halves,
+    subtract,
+)
+from tasks.report.verdict import EQUIVALENCE, Claim
+
+
+def declared_finding(cfg: Config, ablate: dict[str, Any], unigram: float | None, family: DeclaredFamily) -> Finding:
+    """The family's finding: its claims tested on its arms, its verdict by the one rule."""
+    arms, halves = Arms(ablate), _halves(family.seeds, family.confirm_seeds)
+    tested = {c.statement: test(arms, family, c, halves) for c in family.claims}
+    claims = [to_claim(c, tested[c.statement], halves, arms, family) for c in family.claims]
+    failed = next((why for c in family.claims if (why := gates(arms, family, c, unigram))), None)
+    numbers = _claims_numbers(tested, "")
+    names = [a["name"] for a in arms.select(family.name)]
+    finding = decide(family.name, claims, numbers, names, failed, halves=halves_of(tested), details=tested)
+    finding.declared = registration(family)
+    return finding
+
+
+def test(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, halves: Halves) -> dict[str, Any]:
+    """The claim's per-seed values, tested against 0 pooled and within each half."""
+    return pooled_and_halves(per_seed(arms, family, claim), halves)
+
+
+def per_seed(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim) -> dict[tuple, float]:
+    """The claim's value per seed (a one-tuple key), from the arms that ran."""
+    values = lambda **fixed: _finite(arms.values(family.name, claim.metric, **fixed))  # noqa: E731
+    if claim.kind in ("contrast", "equivalence"):
+        return seed_means(subtract(values(**claim.a), values(**claim.b)))
+    if claim.kind == "interaction":
+        ((factor, (first, second)),) = claim.across.items()
+        at = {v: subtract(values(**claim.a, **{factor: v}), values(**claim.b, **{factor: v})) for v in (first, second)}
+        return seed_means(subtract(at[first], at[second]))
+    if claim.kind == "sensitivity":
+        return seed_means(subtract(spread(arms, family, claim, claim.a), spread(arms, family, claim, claim.b)))
+    return slopes(arms, family, claim, claim.over or "")
+
+
+def spread(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, variant: dict[str, Any]) -> dict[tuple, float]:
+    """Per (seed, other free factors): the mean of the metric over the ``over`` grid minus its lowest,
+    where every point of the grid ran."""
+    grid = family.factors[claim.over or ""]
+    by_unit: dict[tuple, dict[Any, float]] = {}
+    for arm, value in _arm_values(arms, family, claim.metric, variant):
+        unit = (arm["seed"], *(v for k, v in sorted(arm["factors"].items()) if k not in variant and k != claim.over))
+        by_unit.setdefault(unit, {})[arm["factors"][claim.over]] = value
+    return {u: float(np.mean(list(v.values())) - min(v.values())) for u, v in by_unit.items() if len(v) == len(grid)}
+
+
+def slopes(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, over: str) -> dict[tuple, float]:
+    """Per seed, the least-squares slope of the metric on ``over`` (log ``over`` with ``log``), the
+    other free factors averaged at each point first."""
+    points: dict[int, dict[float, list[float]]] = {}
+    for arm, value in _arm_values(arms, family, claim.metric, claim.a):
+        x = float(arm["factors"][over])
+        points.setdefault(arm["seed"], {}).setdefault(math.log(x) if claim.log else x, []).append(value)
+    out = {}
+    for seed, by_x in sorted(points.items()):
+        if len(by_x) >= 2:
+            xs = sorted(by_x)
+            out[(seed,)] = float(scipy_stats.linregress(xs, [np.mean(by_x[x]) for x in xs]).slope)
+    return out
+
+
+def _arm_values(arms: Arms, family: DeclaredFamily, metric: str, variant: dict[str, Any]) -> list[tuple[dict, float]]:
+    """Each arm of ``variant`` that ran, with its finite ``metric``."""
+    out = []
+    for arm in arms.select(family.name, **variant):
+        value = derived(arm.get("metrics") or {}).get(metric)
+        if value is not None and math.isfinite(float(value)):
+            out.append((arm, float(value)))
+    return out
+
+
+def _finite(values: dict[tuple, Any]) -> dict[tuple, float]:
+    return {u: float(v) for u, v in values.items() if v is not None and math.isfinite(float(v))}
+
+
+def to_claim(claim: DeclaredClaim, tested: dict[str, Any], halves: Halves, arms: Arms, family: DeclaredFamily) -> Claim:
+    halves_est = {h: c.get("estimate") for h, c in tested.get("halves", {}).items()}
+    if claim.kind == "equivalence":
+        diffs = list(per_seed(arms, family, claim).values())
+        p = tost_paired(diffs, claim.sesoi).get("p") if len(diffs) > 1 else None
+        return Claim(
+            claim.statement,
+            tested.get("estimate"),
+            p,
+            0,
+            kind=EQUIVALENCE,
+            sesoi=claim.sesoi,
+            ci95=tested.get("ci95"),
+            halves=halves_est,
+            mde=tested.get("mde"),
+        )
+    return Claim(
+        claim.statement,
+        tested.get("estimate"),
+        tested.get("p"),
+        claim.expected,
+        sesoi=claim.sesoi,
+        ci95=tested.get("ci95"),
+        halves=halves_est,
+        mde=tested.get("mde"),
+    )
+
+
+def gates(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram: float | None) -> str | None:
+    """Why the claim cannot be tested: a compared variant (each grid point it reads, mean over its
+    seeds) on the plateau, ``may_fail`` aside, as for the built-in findings; or its mechanism gate
+    not met. None when it can."""
+    for variant in compared_variants(family, claim):
+        if any(all(variant.get(k) == v for k, v in exempt.items()) for exempt in claim.may_fail):
+            continue
+        loss = arms.mean(family.name, "capped_loss", **variant)
+        if failed := plateau_gate(loss, unigram, f"the compared variant {variant_name(variant)}"):
+            return failed
+    gate = claim.gate
+    if gate is None:
+        return None
+    values = [v for _, v in _arm_values(arms, family, gate.metric, gate.variant)]
+    mean = float(np.mean(values)) if values else None
+    above = gate.at_least is not None
+    bound = float(gate.at_least if gate.at_least is not None else gate.at_most or 0.0)
+    if mean is None or (mean < bound if above else mean > bound):
+        shown = "no finite value" if mean is None else f"{mean:.4g}"
+        return (
+            f"{claim.name}: the mechanism did not occur: {gate.metric} of {variant_name(gate.variant)} was {shown}, "
+            f"{'at least' if above else 'at most'} {bound:g} needed ({gate.justification})"
+        )
+    return None
+
+
+def compared_variants(family: DeclaredFamily, claim: DeclaredClaim) -> list[dict[str, Any]]:
+    """Every point of the family's grid the claim reads: those matching ``a`` or ``b`` (only ``a``
+    for a slope), at the ``across`` values for an interaction."""
+    sides = [claim.a] if claim.kind == "slope" else [claim.a, claim.b]
+    across = {k: set(v) for k, v in claim.across.items()}
+    return [
+        v
+        for v in family.variants()
+        if any(all(v[k] == x for k, x in side.items()) for side in sides)
+        and all(v[k] in values for k, values in across.items())
+    ]
+
+
+def registration(family: DeclaredFamily) -> dict[str, Any]:
+    """The family as the report shows a registered finding (the keys of preregistration.yaml's)."""
+    return {
+        "claim": family.question,
+        "source": f"declared in {STUDIES} (family {family.name})",
+        "arms": f"family {family.name}: "
+        + " x ".join(f"{k} [{', '.join(map(shown, v))}]" for k, v in family.factors.items())
+        + (f"; fixed {variant_name(family.fixed)}" if family.fixed else "")
+        + f"; {family.steps} steps; seeds {family.seeds} + {family.confirm_seeds}",
+        "metric": ", ".join(dict.fromkeys(c.metric for c in family.claims)),
+        "test": "; ".join(f"{c.name}: {c.kind}" for c in family.claims),
+        "expected": "; ".join(c.statement for c in family.claims),
+        "claims": {c.name: {"sesoi": c.sesoi, "sesoi_justification": c.justification} for c in family.claims},
+        "justification": "; ".join(f"{c.name}: {c.justification}" for c in family.claims),
+        "figures": [f"ablate/{family.name}.png"],
+        "precondition": "every compared variant past the plateau"
+        + "".join(f"; {c.name}: {c.gate.metric} gate" for c in family.claims if c.gate),
+    }

@@ -1,0 +1,305 @@
+"""A researcher's own ablation declared in studies.yaml (tasks/ablate/declared.py): every bad
+declaration refused before any training, naming its key; declared arms built like the built-in
+ones; each kind of claim tested and judged by the study's one rule (tasks/report/declared.py)."""
+
+from __future__ import annotations
+
+import copy
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from model.typed_config import ConfigError
+from tasks.ablate.declared import STUDIES, read_studies
+from tasks.ablate.grid import FAMILIES, arm_config, expand
+from tasks.config import load_config
+from tasks.report.declared import declared_finding
+
+REPO = Path(__file__).resolve().parents[1]
+
+FAMILY: dict[str, Any] = {
+    "question": "Does independent weight decay lower LR sensitivity?",
+    "factors": {"optim.weight_decay_mode": ["coupled", "independent"], "optim.lr": [0.001, 0.003, 0.01]},
+    "fixed": {"optim.weight_decay": 0.1},
+    "steps": 40,
+    "claims": {
+        "lower_sensitivity": {
+            "kind": "sensitivity",
+            "metric": "capped_loss",
+            "over": "optim.lr",
+            "a": {"optim.weight_decay_mode": "independent"},
+            "b": {"optim.weight_decay_mode": "coupled"},
+            "expected": -1,
+            "sesoi": 0.05,
+            "justification": "a twentieth of a nat across the grid is the least that changes an LR choice",
+        }
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(REPO / "params.yaml", "smoke")
+
+
+def declare(tmp_path: Path, cfg, family: dict[str, Any] | None = None, name: str = "wd"):
+    (tmp_path / STUDIES).write_text(yaml.safe_dump({"families": {name: family or FAMILY}}, sort_keys=False))
+    return read_studies(tmp_path, cfg, FAMILIES)
+
+
+def edited(path: str, value: Any) -> dict[str, Any]:
+    """FAMILY with the dotted ``path`` (family keys, then a claim's) set to ``value`` (None: removed)."""
+    family = copy.deepcopy(FAMILY)
+    *parents, leaf = path.split("/")
+    node = family
+    for part in parents:
+        node = node[part]
+    if value is None:
+        del node[leaf]
+    else:
+        node[leaf] = value
+    return family
+
+
+def test_no_studies_file_declares_nothing(tmp_path, cfg):
+    assert read_studies(tmp_path, cfg, FAMILIES) == []
+
+
+def test_the_committed_studies_file_is_valid(cfg):
+    read_studies(REPO, cfg, FAMILIES)
+
+
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        ("factors/optim.lrr", [0.1], "families.wd.factors.optim.lrr: unknown config key 'optim.lrr'"),
+        ("factors/optim.lr", ["fast"], "families.wd.factors.optim.lr: .*optim.lr"),
+        ("factors/optim.lr", [], "families.wd.factors.optim.lr: must be a non-empty list"),
+        ("factors/optim.lr", [0.001, 0.001], "repeats a value"),
+        ("factors/train.seed", [1, 2], "train.seed is the study's own"),
+        ("factors/data.path", ["x"], "data.path is the study's own"),
+        ("claims/lower_sensitivity/metric", "loss_of_interest", "metric: unknown metric 'loss_of_interest'"),
+        ("claims/lower_sensitivity/sesoi", None, "lower_sensitivity.sesoi: missing"),
+        ("claims/lower_sensitivity/sesoi", -0.01, "sesoi: must be a number >= 0"),
+        ("claims/lower_sensitivity/justification", None, "lower_sensitivity.justification: missing"),
+        ("claims/lower_sensitivity/a", {"optim.weight_decay_mode": "none"}, "is not among the values the family"),
+        ("claims/lower_sensitivity/a", {"model.block": "post_ln"}, "model.block is not a factor of family wd"),
+        ("claims/lower_sensitivity/kind", "ranking", "kind: 'ranking' is not one of"),
+        ("claims/lower_sensitivity/expected", 0, "expected: the predicted sign, 1 or -1"),
+        ("claims/lower_sensitivity/over", "optim.beta2", "over: 'optim.beta2' is not a factor"),
+        ("seeds", [0, 1, 0], "seeds: seed 0 is listed twice"),
+        ("confirm_seeds", [5, 0], "confirm_seeds: seed 0 is also a discovery seed"),
+        ("fixed/optim.lr", 0.1, "also factors"),
+        ("colour", "blue", "families.wd.colour: unknown key"),
+        ("claims", {}, "claims: declare at least one claim"),
+    ],
+)
+def test_a_bad_declaration_is_refused_naming_its_key(tmp_path, cfg, path, value, message):
+    with pytest.raises(ConfigError, match=message):
+        declare(tmp_path, cfg, edited(path, value))
+
+
+def test_a_built_in_familys_name_is_refused(tmp_path, cfg):
+    with pytest.raises(ConfigError, match="families.wortsman: 'wortsman' is a built-in family"):
+        declare(tmp_path, cfg, name="wortsman")
+
+
+def test_an_equivalence_margin_of_zero_is_refused_and_a_contrast_sesoi_of_zero_is_not(tmp_path, cfg):
+    claim = {**FAMILY["claims"]["lower_sensitivity"], "kind": "equivalence", "sesoi": 0}
+    del claim["over"], claim["expected"]
+    with pytest.raises(ConfigError, match="equivalence claim's margin must be > 0"):
+        declare(tmp_path, cfg, edited("claims/lower_sensitivity", claim))
+    contrast = {**claim, "kind": "contrast", "expected": 1}
+    assert declare(tmp_path, cfg, edited("claims/lower_sensitivity", contrast))[0].claims[0].sesoi == 0
+
+
+def test_a_slope_needs_three_points_of_its_factor_and_takes_exactly_three(tmp_path, cfg):
+    slope = {"kind": "slope", "metric": "capped_loss", "over": "optim.lr", "expected": 1, "sesoi": 0.1}
+    slope |= {"justification": "j", "log": True}
+    family = edited("claims/lower_sensitivity", slope)
+    assert declare(tmp_path, cfg, family)[0].claims[0].kind == "slope"
+    family["factors"]["optim.lr"] = [0.001, 0.01]
+    with pytest.raises(ConfigError, match="over: optim.lr has 2 values; a slope needs more"):
+        declare(tmp_path, cfg, family)
+
+
+def test_declared_arms_cross_every_factor_at_every_seed_on_the_arm_scale(tmp_path, cfg):
+    (family,) = declare(tmp_path, cfg)
+    arms = [arm for arm in expand(cfg.ablation, [family]) if arm.family == "wd"]
+    assert len(arms) == 2 * 3 * len(cfg.ablation.all_seeds)
+    arm = arms[-1]
+    assert arm.name == f"wd/optim.weight_decay_mode=independent·optim.lr=0.01/s{cfg.ablation.all_seeds[-1]}"
+    run = arm_config(cfg, arm, declared=family)
+    assert (run.optim.weight_decay_mode, run.optim.lr, run.optim.weight_decay) == ("independent", 0.01, 0.1)
+    assert (run.model.d_model, run.train.steps, run.train.seed) == (cfg.ablation.d_model, 40, arm.seed)
+    assert run.schedule.warmup_steps == round(cfg.ablation.warmup_fraction * 40)
+
+
+# ----------------------------------------------------------------------------------------------
+# Claims judged: synthetic arms as metrics/ablate.json lists them
+# ----------------------------------------------------------------------------------------------
+
+
+def arms_of(family, loss) -> dict[str, Any]:
+    """metrics/ablate.json's arms for ``family``, each arm's capped loss ``loss(factors, seed)``."""
+    rows = []
+    for arm in expand(family_config.ablation, [family]):
+        if arm.family != family.name:
+            continue
+        value = loss(arm.factors, arm.seed)
+        metrics = {"status": "completed", "diverged": False, "val_loss": value, "init_loss": 7.0}
+        rows.append(
+            {"name": arm.name, "family": arm.family, "seed": arm.seed, "factors": arm.factors, "metrics": metrics}
+        )
+    return {"arms": rows}
+
+
+family_config = load_config(REPO / "params.yaml", "default")  # 8 seeds: 4 discovery, 4 confirmation
+
+
+def judged(tmp_path, family_body, loss, unigram: float = 6.0):
+    (family,) = declare(tmp_path, family_config, family_body)
+    return declared_finding(family_config, arms_of(family, loss), unigram, family)
+
+
+def noise(seed: int, factors: dict[str, Any], scale: float = 0.01) -> float:
+    """Seeded per arm: the same arm draws the same value in every run of the test."""
+    return float(np.random.default_rng([seed, zlib.crc32(repr(sorted(factors.items())).encode())]).normal(0, scale))
+
+
+def test_a_sensitivity_claim_holds_when_one_variant_is_flatter_over_the_grid(tmp_path):
+    def loss(f, seed):
+        slope = 0.1 if f["optim.weight_decay_mode"] == "independent" else 0.6
+        return 4.0 + slope * abs(np.log10(f["optim.lr"]) + 2.5) + noise(seed, f)
+
+    finding = judged(tmp_path, FAMILY, loss)
+    assert finding.verdict == "reproduced", finding.numbers
+    assert finding.claims[0].estimate < -0.05
+
+
+def test_the_same_claim_is_contradicted_when_the_effect_runs_the_other_way(tmp_path):
+    def loss(f, seed):
+        slope = 0.6 if f["optim.weight_decay_mode"] == "independent" else 0.1
+        return 4.0 + slope * abs(np.log10(f["optim.lr"]) + 2.5) + noise(seed, f)
+
+    assert judged(tmp_path, FAMILY, loss).verdict == "contradicted"
+
+
+def test_a_contrast_whose_interval_does_not_clear_the_sesoi_is_inconclusive(tmp_path):
+    claim = {"kind": "contrast", "metric": "capped_loss", "a": {"optim.weight_decay_mode": "independent"}}
+    claim |= {"b": {"optim.weight_decay_mode": "coupled"}, "expected": -1, "sesoi": 0.05, "justification": "j"}
+    body = edited("claims/lower_sensitivity", claim)
+
+    def loss(f, seed):  # 0.03 nats lower: real, consistent, smaller than the SESOI
+        return 4.0 - (0.03 if f["optim.weight_decay_mode"] == "independent" else 0.0) + noise(seed, f, 0.001)
+
+    finding = judged(tmp_path, body, loss)
+    assert finding.verdict == "inconclusive" and finding.claims[0].p < 0.05
+
+
+def test_an_interaction_compares_a_contrast_across_two_values_of_a_third_factor(tmp_path):
+    body = edited("factors/model.qk_norm", [False, True])
+    claim = {"kind": "interaction", "metric": "capped_loss", "a": {"optim.weight_decay_mode": "independent"}}
+    claim |= {"b": {"optim.weight_decay_mode": "coupled"}, "across": {"model.qk_norm": [False, True]}}
+    claim |= {"expected": -1, "sesoi": 0.05, "justification": "j"}
+    body["claims"] = {"helps_without_qk_norm": claim}
+
+    def loss(f, seed):  # independent decay helps by 0.3 nats without qk-norm, not at all with it
+        helps = f["optim.weight_decay_mode"] == "independent" and not f["model.qk_norm"]
+        return 4.0 - (0.3 if helps else 0.0) + noise(seed, f)
+
+    finding = judged(tmp_path, body, loss)
+    assert finding.verdict == "reproduced" and finding.claims[0].estimate == pytest.approx(-0.3, abs=0.03)
+
+
+def test_an_equivalence_holds_inside_its_margin(tmp_path):
+    claim = {"kind": "equivalence", "metric": "capped_loss", "a": {"optim.weight_decay_mode": "independent"}}
+    claim |= {"b": {"optim.weight_decay_mode": "coupled"}, "sesoi": 0.05, "justification": "j"}
+    body = edited("claims/lower_sensitivity", claim)
+    finding = judged(tmp_path, body, lambda f, seed: 4.0 + noise(seed, f))
+    assert finding.verdict == "reproduced", finding.numbers
+
+
+def test_a_slope_on_log_lr_is_the_least_squares_slope_per_seed(tmp_path):
+    claim = {"kind": "slope", "metric": "capped_loss", "over": "optim.lr", "log": True, "expected": 1}
+    claim |= {"sesoi": 0.1, "justification": "j"}
+    body = edited("claims/lower_sensitivity", claim)
+    finding = judged(tmp_path, body, lambda f, seed: 4.0 + 0.5 * np.log(f["optim.lr"]) + noise(seed, f))
+    assert finding.verdict == "reproduced" and finding.claims[0].estimate == pytest.approx(0.5, abs=0.01)
+
+
+def test_a_mechanism_gate_not_met_leaves_the_claim_not_tested(tmp_path):
+    gate = {"metric": "attn_logit_max", "variant": {"optim.weight_decay_mode": "coupled"}, "at_least": 50}
+    gate["justification"] = "attention-logit growth is the mechanism"
+    body = edited("claims/lower_sensitivity/gate", gate)
+
+    def loss(f, seed):
+        return 4.0 + (0.6 if f["optim.weight_decay_mode"] == "coupled" else 0.1) * abs(np.log10(f["optim.lr"]) + 2.5)
+
+    finding = judged(tmp_path, body, loss)  # the synthetic arms record no attention logits
+    assert finding.verdict == "not tested"
+    assert "the mechanism did not occur: attn_logit_max" in (finding.precondition_failed or "")
+
+
+def test_a_compared_variant_on_the_unigram_plateau_leaves_the_claim_not_tested(tmp_path):
+    finding = judged(tmp_path, FAMILY, lambda f, seed: 5.8 + noise(seed, f), unigram=6.0)  # 0.2 below, margin 0.5
+    assert finding.verdict == "not tested" and "unigram baseline" in (finding.precondition_failed or "")
+
+
+def test_one_grid_point_on_the_plateau_leaves_the_claim_not_tested_though_the_variants_mean_is_past_it(tmp_path):
+    def loss(f, seed):  # independent decay at LR 0.01 ends 0.2 below unigram; its mean over LRs, 4.6
+        stuck = f["optim.weight_decay_mode"] == "independent" and f["optim.lr"] == 0.01
+        return (5.8 if stuck else 4.0) + noise(seed, f)
+
+    finding = judged(tmp_path, FAMILY, loss, unigram=6.0)
+    assert finding.verdict == "not tested"
+    assert "optim.weight_decay_mode=independent·optim.lr=0.01" in (finding.precondition_failed or "")
+
+
+def test_a_factor_given_both_dotted_and_nested_is_refused(tmp_path, cfg):
+    family = edited("factors/optim", {"lr": [0.01]})
+    with pytest.raises(ConfigError, match="factors.optim.lr: given twice"):
+        declare(tmp_path, cfg, family)
+
+
+def test_nested_factors_read_as_their_dotted_keys(tmp_path, cfg):
+    family = copy.deepcopy(FAMILY)
+    family["factors"] = {"optim": {"weight_decay_mode": ["coupled", "independent"], "lr": [0.001, 0.003, 0.01]}}
+    assert declare(tmp_path, cfg, family)[0].factors == FAMILY["factors"]
+
+
+def test_the_committed_findings_are_recomputed_number_for_number_from_the_committed_metrics():
+    """The report's code on the committed metrics gives every committed verdict, estimate, interval,
+    p and MDE again (the guard for re-expressing the built-in findings in the declared form)."""
+    import json
+
+    from tasks.report.findings import evaluate
+
+    cfg = load_config(REPO / "params.yaml")
+    ablate, search, spike = (
+        json.loads((REPO / f"metrics/{n}.json").read_text()) for n in ("ablate", "search", "spike")
+    )
+    committed = json.loads((REPO / "metrics/report.json").read_text())["findings"]
+    found = evaluate(cfg, ablate, search, spike, ablate["unigram_val_loss"])
+    assert sorted(f.key for f in found) == sorted(committed)
+    for finding in found:
+        again = json.loads(json.dumps(finding.to_json(), default=str))
+        assert again["verdict"] == committed[finding.key]["verdict"], finding.key
+        for claim, was in zip(again["claims"], committed[finding.key]["claims"], strict=True):
+            for field in ("what", "estimate", "p", "ci95", "mde", "sesoi", "holds", "halves"):
+                assert same(claim[field], was[field]), (finding.key, claim["what"], field, claim[field], was[field])
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal, numbers to the last bits a JSON round trip keeps."""
+    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        return a == pytest.approx(b, rel=1e-12)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return bool(a == b)

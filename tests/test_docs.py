@@ -1,0 +1,186 @@
+"""The README and docs/ against the project: generated numbers in step with the committed outputs,
+every relative link reaching a file git keeps, no image git ignores, and a README that stays short.
+
+Fast (no servers, no torch): reads files and asks git.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "doc_numbers.py"
+README_WORD_BUDGET = 1500  # issue 45: a README a newcomer reads in five minutes; the rest goes to docs/
+
+
+def doc_numbers():
+    spec = importlib.util.spec_from_file_location("doc_numbers", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def documents() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def kept() -> set[str]:
+    """Every file git tracks or would track (untracked but not ignored), and every folder above one."""
+    if shutil.which("git") is None or git("rev-parse", "--is-inside-work-tree").stdout.strip() != "true":
+        pytest.skip("not a git checkout: nothing to say what git keeps")
+    listed = git("ls-files", "--cached", "--others", "--exclude-standard", "-z").stdout.split("\0")
+    files = {f for f in listed if f and (ROOT / f).exists()}
+    folders = {str(Path(f).parent) for f in files}
+    return files | {str(p) for f in folders for p in [Path(f), *Path(f).parents] if str(p) != "."}
+
+
+def unfenced(text: str) -> str:
+    """The text without its fenced code blocks (a `# comment` in a shell block is no heading)."""
+    return re.sub(r"^(```|~~~).*?^\1", "", text, flags=re.S | re.M)
+
+
+def prose(text: str) -> str:
+    """The text without code, fenced or inline: links inside code are examples."""
+    return re.sub(r"`[^`\n]*`", "", unfenced(text))
+
+
+def links(text: str) -> list[str]:
+    body = prose(text)
+    found = re.findall(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", body)
+    found += re.findall(r"""\b(?:src|href)\s*=\s*["']([^"']+)["']""", body)
+    return found
+
+
+def images(text: str) -> list[str]:
+    body = prose(text)
+    return re.findall(r"!\[[^\]]*\]\(\s*<?([^)\s>]+)", body) + re.findall(
+        r"""<img\b[^>]*\bsrc\s*=\s*["']([^"']+)["']""", body
+    )
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: its text, lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    kept_chars = [c for c in text if c in " -_" or unicodedata.category(c)[0] in "LNM"]
+    return "".join(kept_chars).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = path.read_text(encoding="utf-8")
+    found: set[str] = set(re.findall(r"""<a\s+(?:id|name)=["']([^"']+)["']""", text))
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", unfenced(text), flags=re.M):
+        base = slug(heading)
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        found.add(base if n == 0 else f"{base}-{n}")
+    return found
+
+
+def external(target: str) -> bool:
+    return bool(re.match(r"^[a-z][a-z0-9+.-]*:", target, flags=re.I)) or target.startswith("//")
+
+
+def test_generated_numbers_match_the_committed_outputs(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python scripts/doc_numbers.py --check`: a block out of step names its file and shows the diff."""
+    rc = doc_numbers().main(["--check", "--root", str(ROOT)])
+    assert rc == 0, capsys.readouterr().out
+
+
+def test_the_readme_shows_the_generated_findings() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "<!-- doc-numbers:findings -->" in text, "the README's verdict table must come from scripts/doc_numbers.py"
+
+
+def test_the_check_fails_when_an_output_changes(tmp_path: Path) -> None:
+    """The same check on a copy whose report says one verdict differently: it must see the change."""
+    for rel in ("README.md", "docs", "metrics", "reports/REPORT.md"):
+        src, dst = ROOT / rel, tmp_path / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.png", "screenshots"))
+        else:
+            shutil.copy2(src, dst)
+    module = doc_numbers()
+    assert module.main(["--check", "--root", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "metrics" / "report.json").read_text(encoding="utf-8"))
+    name, finding = next(iter(report["findings"].items()))
+    finding["verdict"] = "contradicted" if finding["verdict"] != "contradicted" else "reproduced"
+    (tmp_path / "metrics" / "report.json").write_text(json.dumps(report), encoding="utf-8")
+    assert module.main(["--check", "--root", str(tmp_path)]) == 1
+    assert module.main(["--root", str(tmp_path)]) == 0  # rewrite the blocks
+    assert module.main(["--check", "--root", str(tmp_path)]) == 0
+    assert f"| `{name}` |" in (tmp_path / "README.md").read_text(encoding="utf-8")
+
+
+def test_an_unknown_block_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("<!-- doc-numbers:no-such-block -->\n<!-- /doc-numbers -->\n")
+    with pytest.raises(SystemExit, match="unknown block"):
+        doc_numbers().main(["--check", "--root", str(tmp_path)])
+
+
+def test_the_script_runs_on_the_standard_library_alone() -> None:
+    """It runs before `make setup`: a bare interpreter, no site packages."""
+    out = subprocess.run(
+        [sys.executable, "-S", "-I", str(SCRIPT), "--check"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("doc", documents(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_reaches_a_file_git_keeps(doc: Path, kept: set[str]) -> None:
+    broken = []
+    for target in links(doc.read_text(encoding="utf-8")):
+        if external(target):
+            continue
+        path, _, fragment = target.partition("#")
+        dest = doc if not path else (doc.parent / path).resolve()
+        try:
+            rel = str(dest.relative_to(ROOT))
+        except ValueError:
+            broken.append(f"{target}: outside the project")
+            continue
+        if path and rel not in kept:
+            broken.append(f"{target}: {rel} is not a file git keeps")
+        elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
+            broken.append(f"{target}: no heading or anchor #{fragment} in {rel}")
+    assert not broken, f"{doc.relative_to(ROOT)}:\n  " + "\n  ".join(broken)
+
+
+def test_the_readme_shows_no_image_git_ignores(kept: set[str]) -> None:
+    readme = ROOT / "README.md"
+    bad = []
+    for src in images(readme.read_text(encoding="utf-8")):
+        if external(src):
+            bad.append(f"{src}: served from elsewhere; commit the image")
+            continue
+        rel = str((ROOT / src.partition("#")[0]).resolve().relative_to(ROOT))
+        if git("check-ignore", "-q", "--no-index", rel).returncode == 0:
+            bad.append(f"{src}: git ignores it, so a clone shows a broken image")
+        elif rel not in kept:
+            bad.append(f"{src}: not in git")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_readme_stays_short() -> None:
+    words = len((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert words <= README_WORD_BUDGET, (
+        f"README.md has {words} words, over its budget of {README_WORD_BUDGET}: "
+        "move detail to docs/ and link it (issue 45)"
+    )

@@ -1,0 +1,151 @@
+"""How the report shows the study to a reader: it opens with what was learned (a line per finding,
+with the number that decided it) before the method and the provenance; each claim is badged by its
+own outcome, not its finding's verdict; a claim that falls short says which test of the rule it
+failed; findings are named in words; the arms' 300-odd commands live on their own page; figures git
+ignores are named, not embedded; MLflow runs are given by run ID and the machine that held them.
+The findings themselves (numbers, verdicts) are tests/test_findings.py's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tasks.config import project_config
+from tasks.report.figures import _layout
+from tasks.report.findings import decide, evaluate
+from tasks.report.render import (
+    ARMS_PAGE,
+    HOLDS,
+    LABELS,
+    NOT_SHOWN,
+    _images,
+    _runs_section,
+    claim_outcome,
+    forest_rows,
+    render_arms,
+    render_markdown,
+    why,
+)
+from tasks.report.verdict import EQUIVALENCE, INCONCLUSIVE, NOT_TESTED, Claim
+
+REPO = Path(__file__).resolve().parents[1]
+STUDY_RUN = "http://127.0.0.1:5320/#/experiments/1/runs/b1e9df4018ad4a2c8126527ab8b1387d?workflowType=machine_learning"
+
+
+def claim(what: str, estimate: float, ci: tuple[float, float], p: float, halves=(1.0, 1.0), **kw) -> Claim:
+    return Claim(
+        what,
+        estimate,
+        p,
+        kw.pop("expected", 1),
+        sesoi=kw.pop("sesoi", 0.05),
+        ci95=list(ci),
+        halves=dict(zip(("discovery", "confirmation"), halves)),
+        unit="nats",
+        **kw,
+    )
+
+
+HOLDING = claim("unscaled − scaled fp16, final loss", 1.72, (1.68, 1.77), 6e-12, halves=(1.71, 1.73))
+SHORT = claim(
+    "scaled fp16 ≡ fp32", -0.017, (-0.064, 0.030), 0.44, (-0.008, -0.026), expected=0, kind=EQUIVALENCE, sesoi=0.02
+)
+
+
+@pytest.fixture(scope="module")
+def committed() -> dict:
+    """The committed study's findings and the report rendered from them (metrics/*.json)."""
+    cfg, project = project_config()
+    read = lambda name: json.loads((REPO / "metrics" / f"{name}.json").read_text())  # noqa: E731
+    ablate, search, spike, pretrain = read("ablate"), read("search"), read("spike"), read("pretrain")
+    findings = evaluate(cfg, ablate, search, spike, ablate.get("unigram_val_loss"))
+    arithmetic = read("report")["provenance"]
+    origin = {"commit": "0" * 40, "config_hash": "c" * 16, "built": "today"}
+    text = render_markdown(cfg, project, findings, ablate, search, spike, pretrain, origin, {}, arithmetic)
+    return {"findings": findings, "text": text, "ablate": ablate}
+
+
+def test_a_claim_that_holds_is_badged_holds_inside_an_inconclusive_finding():
+    finding = decide("fp16", [HOLDING, SHORT], "numbers", [])
+    assert finding.verdict == INCONCLUSIVE
+    rows = forest_rows([finding])
+    assert [r["outcome"] for r in rows] == [HOLDS, NOT_SHOWN]  # each row's badge: its own claim's
+    assert {r["verdict"] for r in rows} == {INCONCLUSIVE}  # the finding's, on its header
+    header = _layout(rows)[0]
+    assert header == f"{LABELS['fp16']} — finding INCONCLUSIVE"
+
+
+def test_every_claim_of_a_finding_whose_precondition_failed_is_badged_not_tested():
+    finding = decide("fp16", [HOLDING], "numbers", [], precondition_failed="no gradient underflows")
+    assert claim_outcome(finding, HOLDING) == NOT_TESTED
+
+
+@pytest.mark.parametrize(
+    "c, says",
+    [
+        (
+            claim("small", 0.064, (0.049, 0.079), 2e-5, sesoi=0.1),
+            "maybe too small to matter: the 95 % interval reaches +0.049",
+        ),
+        (claim("noisy", -0.0002, (-0.024, 0.024), 0.98, (0.009, -0.009), expected=-1), "not significant (p = 0.98"),
+        (claim("reversed", 0.008, (0.004, 0.013), 0.003, expected=-1), "went the other way, significantly"),
+        (
+            claim("split", 0.3, (0.2, 0.4), 1e-4, halves=(0.5, -0.1)),
+            "a half of the seeds points the other way (confirmation -0.1)",
+        ),
+        (SHORT, "equivalence not shown (TOST p = 0.44"),
+        (HOLDING, "holds: p = 6e-12 < 0.05, the 95 % interval clears +0.05"),
+    ],
+)
+def test_a_claim_says_which_test_of_the_rule_it_passed_or_failed(c, says):
+    assert says in why(c)
+    assert "does not hold" not in why(c)
+
+
+def test_the_committed_report_opens_with_a_line_per_finding_saying_what_was_tested_and_found(committed):
+    lines = committed["text"].splitlines()
+    method = lines.index("## How a verdict is reached")
+    opening = lines[:method]
+    for f in committed["findings"]:
+        (line,) = [x for x in opening if f"(#{f.key})" in x]
+        assert line.startswith(f"- `{f.verdict.upper()}` **[{LABELS[f.key]}]")
+        assert "*Tested:*" in line and "*Found:*" in line
+        assert any(f"{c.estimate:+.3g}" in line for c in f.claims)  # the number that decided it
+    assert not any("hash" in x or "numeric path" in x for x in opening)  # provenance comes after the method
+    assert lines.index("## Where the numbers come from") > method
+
+
+def test_the_arms_commands_are_on_their_own_page_and_the_report_stays_readable(committed):
+    text, ablate = committed["text"], committed["ablate"]
+    assert "python -m tasks.ablate.arm" not in text
+    assert f"]({ARMS_PAGE.as_posix()})" in text
+    page = render_arms(ablate)
+    assert all(f"`{a['command']}`" in page for a in ablate["arms"])
+    assert len(text.encode()) < 100_000 < len(page.encode())
+
+
+def test_no_mlflow_link_points_at_another_machines_server(committed):
+    assert "](http://127.0.0.1" not in committed["text"]
+    assert "](http://127.0.0.1" not in render_arms(committed["ablate"])
+    lines = _runs_section({"search": STUDY_RUN})
+    assert "- search: run `b1e9df4018ad4a2c8126527ab8b1387d`" in lines
+    assert any("the machine that ran it" in x and "/#/experiments/1/runs/<run ID>" in x for x in lines)
+    assert not any("](http" in x for x in lines)
+
+
+def test_figures_git_ignores_are_named_not_embedded(tmp_path):
+    reports = tmp_path / "reports"
+    for figure in ("search/mu_transfer.png", "ablate/xiong.png"):
+        (reports / figure).parent.mkdir(parents=True, exist_ok=True)
+        (reports / figure).write_bytes(b"\x89PNG\r\n\x1a\n")
+    (reports / ".gitignore").write_text("/search\n")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    lines = _images(tmp_path, ["ablate/*.png", "search/*.png"])
+    assert "![xiong](ablate/xiong.png)" in lines
+    assert not any("](search/" in x for x in lines)
+    assert any("not in git" in x and "`reports/search/mu_transfer.png`" in x for x in lines)
+    (reports / "search/mu_transfer.png").unlink()  # a checkout without the DVC outputs still says where they go
+    assert any("not in git" in x and "`reports/search/*.png`" in x for x in _images(tmp_path, ["search/*.png"]))
