@@ -27,6 +27,7 @@ from prefect import flow, get_run_logger, task
 from prefect.futures import as_completed
 
 from flows.forms import Profile
+from model.flops import training_flops
 from model.provenance import config_provenance
 from model.typed_config import ConfigError
 from tasks.ablate.arm import run_command
@@ -238,7 +239,8 @@ def fan_out(
 ) -> None:
     """One task per arm to train, on the executor's workers; each arm tracked as it finishes."""
     logger = get_run_logger()
-    progress = Progress("ablate", "arm", len(todo), logger)
+    cost = {row["key"]: training_flops(row["config"]) for row in todo}  # the ETA weighs arms by it
+    progress = Progress("ablate", "arm", len(todo), logger, total_cost=sum(cost.values()))
     arm_task = train_arm.with_options(retries=cfg.ablation.retries, retry_delay_seconds=1)
     if todo:
         with units.runner() as runner, units.placement():
@@ -261,7 +263,7 @@ def fan_out(
                         row["result"], row["error"] = result, error
                         finalize(row)
                         row["mlflow"] = track_arm(row, result, parent_id)
-                progress.finished(trained["name"], trained["status"])
+                progress.finished(trained["name"], trained["status"], cost[trained["key"]])
     progress.close()
     for row in rows:
         if row["cached"]:

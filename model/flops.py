@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from model.config import TrainingConfig
 from model.gpt import GPT
 
 # Dense bf16 tensor-core peaks (vendor datasheets, no sparsity). Matched as substrings of
@@ -25,6 +26,17 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 def flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:
     """Training FLOPs per token; ``n_params`` counts the weights applied by a matmul per token."""
     return 6.0 * n_params + 12.0 * n_layer * n_head * head_dim * seq_len
+
+
+def training_flops(cfg: TrainingConfig) -> float:
+    """A run's training FLOPs from its config alone, before any model is built: ``flops_per_token``
+    with N the blocks' matrices (12·L·d² for attention and a 4x MLP) and the readout (d·V), times
+    the tokens it trains on. Progress lines weigh their ETA by it (units differ by width, depth
+    and steps: a trial at 4x the width costs about 16x, not 1x)."""
+    m, t = cfg.model, cfg.train
+    n = 12 * m.n_layer * m.d_model**2 + m.d_model * cfg.tokenizer.vocab_size
+    tokens = t.steps * t.batch_size * t.grad_accum * m.seq_len
+    return tokens * flops_per_token(n, m.n_layer, m.n_head, m.d_model // m.n_head, m.seq_len)
 
 
 def model_flops_per_token(model: GPT) -> float:

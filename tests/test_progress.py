@@ -67,3 +67,31 @@ def test_prepare_logs_each_shard_it_writes_with_its_rate(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prepare: shard")]
     assert len(lines) == counts["shards"] > 1
     assert re.fullmatch(r"prepare: shard 00000-docs\.jsonl written \([\d.]+ MB/s, [\d,]+ docs/s so far\)", lines[0])
+
+
+def test_with_costs_the_eta_weighs_the_work_left_by_cost_not_by_units(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: now[0])
+    log = Lines()
+    # a search's widest trial first: 16 units of cost in 160 s, then three trials of cost 1 left
+    p = Progress("search", "trial", 4, log, total_cost=19.0)
+    now[0] = 160.0
+    p.finished("w128", "completed", 16.0)
+    assert log.lines[-1].endswith("elapsed 2:40 · ETA 0:30")  # 10 s per unit of cost; by units: 8:00
+    now[0] = 170.0
+    p.finished("w32", "completed", 1.0)
+    p.finished("w32", "completed", 1.0)
+    p.finished("w32", "completed", 1.0)
+    assert log.lines[-1].endswith("ETA 0:00")
+
+
+def test_a_trials_cost_grows_with_its_width_squared_and_its_steps():
+    from model.flops import training_flops
+    from tasks.config import load_config
+    from tests.test_declared import REPO
+
+    cfg = load_config(REPO / "params.yaml", "smoke")
+    narrow = training_flops(cfg)
+    wide = training_flops(cfg.replace(**{"model.d_model": 4 * cfg.model.d_model}))
+    longer = training_flops(cfg.replace(**{"train.steps": 2 * cfg.train.steps}))
+    assert longer == 2 * narrow and 4 * narrow < wide <= 16 * narrow

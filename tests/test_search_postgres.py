@@ -46,8 +46,8 @@ ready.joinpath(sys.argv[5]).touch()
 deadline = time.monotonic() + 120
 while len(list(ready.iterdir())) < int(sys.argv[6]) and time.monotonic() < deadline:
     time.sleep(0.05)  # start claiming together (imports take seconds)
-while (done := train_queued_trial.fn(cfg, project, specs, None)) != ("", "none"):
-    print(*done, sep=": ", flush=True)
+while (done := train_queued_trial.fn(cfg, project, specs, None)).status != "none":
+    print(done.name, done.status, sep=": ", flush=True)
 """
 
 

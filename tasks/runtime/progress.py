@@ -32,11 +32,17 @@ def clock(seconds: float) -> str:
 
 class Progress:
     """Counts finished units of one stage. ``total`` counts the units to run now (stored ones are
-    not); the ETA assumes the units left take as long as the finished ones did on average."""
+    not). The ETA assumes the work left goes at the rate of the work done: with ``total_cost`` (the
+    units' summed cost, e.g. their training FLOPs, each finished unit passing its own), by cost, so
+    a stage that runs its widest trials first does not promise hours for the narrow ones left;
+    without, by the units' mean duration."""
 
-    def __init__(self, stage: str, unit: str, total: int, logger: Any, plural: str | None = None) -> None:
+    def __init__(
+        self, stage: str, unit: str, total: int, logger: Any, plural: str | None = None, total_cost: float = 0.0
+    ) -> None:
         self.stage, self.unit, self.total, self.logger = stage, unit, total, logger
         self.units = plural or f"{unit}s"
+        self.total_cost, self.done_cost = total_cost, 0.0
         self.done, self.started = 0, time.perf_counter()
         self.outcomes: Counter[str] = Counter()
         self.bar = _bar(total, unit) if sys.stderr.isatty() else None
@@ -45,7 +51,10 @@ class Progress:
     def eta(self) -> float | None:
         if not self.done:
             return None
-        return (time.perf_counter() - self.started) / self.done * (self.total - self.done)
+        elapsed = time.perf_counter() - self.started
+        if self.total_cost > 0 and self.done_cost > 0:
+            return elapsed / self.done_cost * max(0.0, self.total_cost - self.done_cost)
+        return elapsed / self.done * (self.total - self.done)
 
     def line(self, name: str = "", outcome: str = "") -> str:
         counts = ", ".join(f"{n} {k}" for k, n in sorted(self.outcomes.items()))
@@ -59,9 +68,11 @@ class Progress:
             parts.insert(0, f"{self.unit} {name}: {outcome}")
         return " · ".join(parts)
 
-    def finished(self, name: str, outcome: str) -> None:
-        """One unit ended with ``outcome`` (completed, diverged, failed, ...)."""
+    def finished(self, name: str, outcome: str, cost: float = 0.0) -> None:
+        """One unit ended with ``outcome`` (completed, diverged, failed, ...), its ``cost`` in the
+        unit of ``total_cost``."""
         self.done += 1
+        self.done_cost += cost
         self.outcomes[outcome] += 1
         line = self.line(name, outcome)
         self.logger.info(line)

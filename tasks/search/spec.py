@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from model.config import CheckpointConfig, Parametrization
+from model.flops import training_flops
 from model.typed_config import ConfigError
 from tasks.config import Config
 
@@ -70,6 +71,12 @@ def trial_config(cfg: Config, parametrization: Parametrization, width: int, log2
         ),
         checkpoint=CheckpointConfig(every_steps=0, milestones=[]),
     )
+
+
+def trial_cost(cfg: Config, spec: StudySpec) -> float:
+    """The training FLOPs of one trial of ``spec`` (its width; every point trains as many steps)."""
+    lr, seed = spec.points[0]
+    return training_flops(trial_config(cfg, spec.parametrization, spec.width, lr, seed))
 
 
 def uniform_loss(cfg: Config) -> float:

@@ -23,7 +23,7 @@ from tasks.runtime.workers import executor
 from tasks.search.findings import Findings, summarize, sweep_optima
 from tasks.search.fit import transferred_log2_lr
 from tasks.search.queue import prepare_study, search_lock, study_storage
-from tasks.search.spec import StudySpec, proxy_widths, search_digest, sweep_specs, transfer_spec
+from tasks.search.spec import StudySpec, proxy_widths, search_digest, sweep_specs, transfer_spec, trial_cost
 from tasks.search.trial import train_queued_trial
 
 ROUNDS = 3
@@ -40,16 +40,20 @@ def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: 
     queued again at the next start) or points are left after :data:`ROUNDS` rounds."""
     storage = study_storage(cfg)
     for _ in range(ROUNDS):
-        queued = sum(prepare_study(storage, spec) for spec in specs)
-        if queued == 0:
+        queued = {spec.name: prepare_study(storage, spec) for spec in specs}
+        if not any(queued.values()):
             return
-        train_round(cfg, project, specs, parent_run, queued)
+        cost = sum(n * trial_cost(cfg, spec) for spec, n in zip(specs, queued.values()))
+        train_round(cfg, project, specs, parent_run, sum(queued.values()), cost)
     raise RuntimeError(f"search: points still unfinished after {ROUNDS} rounds; run the stage again")
 
 
-def train_round(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None, queued: int) -> None:
-    """One task per queued trial, one progress line per task; raises when a trial failed."""
-    progress = Progress("search", "trial", queued, run_logger())
+def train_round(
+    cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None, queued: int, cost: float
+) -> None:
+    """One task per queued trial, one progress line per task (its ETA weighed by the trials'
+    training FLOPs, ``cost`` in all: the widest run first); raises when a trial failed."""
+    progress = Progress("search", "trial", queued, run_logger(), total_cost=cost)
     failed = []
     units = executor(cfg, cfg.search.workers, queued)
     with units.runner() as runner, units.placement():
@@ -62,11 +66,11 @@ def train_round(cfg: Config, project: Path, specs: list[StudySpec], parent_run: 
         ]
         for future in as_completed(futures):
             try:
-                name, status = future.result()
+                name, status, done = future.result()
             except Exception as e:
-                name, status = f"({type(e).__name__}: {e})", "failed"
+                name, status, done = f"({type(e).__name__}: {e})", "failed", 0.0
                 failed.append(name)
-            progress.finished(name, status)
+            progress.finished(name, status, done)
     progress.close()
     if failed:
         raise RuntimeError(f"search trials failed: {failed}; their trials are queued again at the next run")

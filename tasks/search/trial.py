@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 from optuna.trial import TrialState
@@ -36,7 +36,7 @@ from tasks.config import Config
 from tasks.runtime.outputs import MANIFEST
 from tasks.runtime.workers import clean_state
 from tasks.search.queue import heartbeats, load_study, next_trial, open_storage, optuna_storage
-from tasks.search.spec import StudySpec, trial_config, uniform_loss
+from tasks.search.spec import StudySpec, trial_config, trial_cost, uniform_loss
 
 
 class ReportToOptuna(Callback):
@@ -125,20 +125,32 @@ def worker_tokens(project: Path) -> Tokens:
     return Tokens.of(project)
 
 
+class Trained(NamedTuple):
+    """What a worker did: the trial's name and status, and its training FLOPs (the progress line's
+    ETA weighs trials by them)."""
+
+    name: str
+    status: str
+    cost: float = 0.0
+
+
+NOTHING_LEFT = Trained("", "none")
+"""What a worker returns when other workers took the last queued trials."""
+
+
 @task
-def train_queued_trial(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> tuple[str, str]:
+def train_queued_trial(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> Trained:
     """In a worker: claim the first queued trial of ``specs`` (in order; :func:`next_trial`) and
-    train it, recording its heartbeats. Returns the trial's name and status; ("", "none") when
-    other workers took the last ones."""
+    train it, recording its heartbeats; :data:`NOTHING_LEFT` when other workers took the last ones."""
     clean_state()
     storage = worker_storage(optuna_storage(cfg), cfg.search.heartbeat_s)
     claimed = next_trial(storage, [(spec, load_study(storage, spec, cfg)) for spec in specs])
     if claimed is None:
-        return "", "none"
+        return NOTHING_LEFT
     spec, study, (trial_id, trial) = claimed
     with heartbeats(storage, trial_id):
         status = run_trial(study, trial, spec, cfg, worker_tokens(project), parent_run)
-    return trial_name(spec, *suggest_point(trial, cfg)), status
+    return Trained(trial_name(spec, *suggest_point(trial, cfg)), status, trial_cost(cfg, spec))
 
 
 def run_trial(
