@@ -201,8 +201,8 @@ def test_the_report_has_a_verdict_on_every_finding_and_every_figure_it_links_exi
     assert set(findings) == {"xiong_init", "xiong", "fp16", "overflow", "beta2", "wortsman", "mu_transfer", "spike"}
     for key, f in findings.items():
         assert f["verdict"] in ("reproduced", "contradicted", "not tested", "inconclusive")
-        assert f"[{f['claim']}](#{key}) | `{f['verdict'].upper()}` |" in text
-        assert f"*Source:* {f['source']}." in text
+        assert re.search(rf"^- `{f['verdict'].upper()}` \*\*\[[^\]]+\]\(#{key}\)\*\*\. \*Tested:\*", text, re.M), key
+        assert f"](#{key}) | `{f['verdict'].upper()}` |" in text and f"*Source:* {f['source']}." in text
     assert report["unigram_val_loss"] > 0 and set(report["base_val_loss"]) == {
         "xiong",
         "precision",
@@ -213,7 +213,9 @@ def test_the_report_has_a_verdict_on_every_finding_and_every_figure_it_links_exi
     assert "report/forest.png" in text
     arm_paths = {a["numeric_path"] for a in json.loads((project / "metrics" / "ablate.json").read_text())["arms"]}
     assert arm_paths - {None} <= set(report["provenance"]["inputs"])
-    assert text.index("Computed with this arithmetic") < text.index("## Findings")
+    before_findings = text[: text.index("## Findings")]  # what was learned, the method, where the numbers come from
+    assert "## Where the numbers come from" in before_findings
+    assert report["provenance"]["inputs"] and all(path in before_findings for path in report["provenance"]["inputs"])
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert images and all((project / "reports" / i).is_file() for i in images)
     page = (project / "reports" / "report.html").read_text()

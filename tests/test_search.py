@@ -135,7 +135,7 @@ def test_a_trial_run_in_mlflow_carries_its_lr_width_parametrization_seed_and_ste
         run_trial(study, claim(storage, study)[1], spec, cfg, Tokens.of(project), parent)
         (child,) = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent}'")
     finally:
-        mlflow.set_tracking_uri("")
+        mlflow.set_tracking_uri(None)  # back to MLFLOW_TRACKING_URI: "" would stick as a file store
     log2_lr, seed = spec.points[0]
     assert child.data.params == {
         "log2_lr": str(log2_lr),

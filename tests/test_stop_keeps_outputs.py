@@ -100,7 +100,7 @@ def test_an_interrupted_stage_run_ends_killed_and_so_do_the_child_runs_it_left_r
         finally:
             while mlflow.active_run():
                 mlflow.end_run()
-            mlflow.set_tracking_uri("")
+            mlflow.set_tracking_uri(None)  # back to MLFLOW_TRACKING_URI: "" would stick as a file store
     status = [client.get_run(r.info.run_id).info.status for r in (run, done, cut, deeper)]
     assert status == ["KILLED", "FINISHED", "KILLED", "KILLED"]
 

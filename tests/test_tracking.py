@@ -34,7 +34,7 @@ def store(tmp_path_factory):
         yield mlflow.MlflowClient(uri)
         while mlflow.active_run():
             mlflow.end_run()
-        mlflow.set_tracking_uri("")
+        mlflow.set_tracking_uri(None)  # back to MLFLOW_TRACKING_URI: "" would stick as a file store
 
 
 def stage_run_status(client, exc: BaseException | None) -> str:
