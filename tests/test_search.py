@@ -85,13 +85,19 @@ def finished(storage, spec) -> list[tuple]:
     )
 
 
-def test_objective_scores_a_trial_with_the_val_loss_of_a_plain_training_run(tmp_path):
+def first_trial_claimed(tmp_path: Path):
+    """A tiny project's first study, prepared, and its first queued trial claimed as a worker would."""
     cfg, project = search_config(tmp_path), tiny_project(tmp_path)
     spec = first_spec(cfg, project)
     storage = open_storage(optuna_storage(cfg))
     prepare_study(storage, spec)
     study = load_study(storage, spec, cfg)
     _, trial = claim(storage, study)
+    return cfg, project, spec, study, trial
+
+
+def test_objective_scores_a_trial_with_the_val_loss_of_a_plain_training_run(tmp_path):
+    cfg, project, spec, study, trial = first_trial_claimed(tmp_path)
     tokens = Tokens.of(project)
     score = objective(trial, cfg, spec.parametrization, spec.width, tokens)
     log2_lr, seed = spec.points[0]
@@ -101,12 +107,7 @@ def test_objective_scores_a_trial_with_the_val_loss_of_a_plain_training_run(tmp_
 
 
 def test_the_study_names_its_objective_and_each_trial_records_its_seed_beside_its_unchanged_grid_point(tmp_path):
-    cfg, project = search_config(tmp_path), tiny_project(tmp_path)
-    spec = first_spec(cfg, project)
-    storage = open_storage(optuna_storage(cfg))
-    prepare_study(storage, spec)
-    study = load_study(storage, spec, cfg)
-    _, trial = claim(storage, study)
+    cfg, project, spec, study, trial = first_trial_claimed(tmp_path)
     objective(trial, cfg, spec.parametrization, spec.width, Tokens.of(project))
     log2_lr, seed = spec.points[0]
     reread = optuna.load_study(study_name=spec.name, storage=open_storage(optuna_storage(cfg)))
