@@ -18,6 +18,7 @@ from __future__ import annotations
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,11 +146,17 @@ def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str
     return run_url(run) or f"runs:/{run.info.run_id}"
 
 
-def plan(cfg: Config, project: Path, stage_overrides: dict[str, Any], loss_shift: int) -> list[dict[str, Any]]:
+def plan(
+    cfg: Config,
+    project: Path,
+    stage_overrides: dict[str, Any],
+    loss_shift: int,
+    declared_families: Sequence[DeclaredFamily] = (),
+) -> list[dict[str, Any]]:
     """Every arm with its key, directory, command, and its result where one is stored. Arms of two
     families that are the same run (same key) share one directory and train once."""
     data, code = data_hashes(project / MANIFEST), code_digest()
-    declared = {d.name: d for d in read_studies(project, cfg, FAMILIES)}
+    declared = {d.name: d for d in declared_families}
     rows = []
     for arm in expand(cfg.ablation, list(declared.values())):
         family = declared.get(arm.family)
@@ -189,13 +196,14 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
     """Train every arm of the study's families (those not stored already) and run the depth probe;
     write metrics/ablate.json and the per-family figures."""
     cfg, project = project_config(profile, overrides)
+    declared = read_studies(project, cfg, FAMILIES)  # studies.yaml, read once for the plan and the figures
     logger = get_run_logger()
     started = time.perf_counter()
     conditions = {"loss_shift": loss_shift_probe(cfg, project)}
     logger.info(
         "loss shift for the precision family: k = %s (tasks/ablate/conditions.py)", conditions["loss_shift"]["k"]
     )
-    rows = plan(cfg, project, overrides or {}, conditions["loss_shift"]["k"] or 0)
+    rows = plan(cfg, project, overrides or {}, conditions["loss_shift"]["k"] or 0, declared)
     todo = runs_to_train(rows)
     units = executor(cfg, cfg.ablation.workers, len(todo))
     cached = sum(row["cached"] for row in rows)
@@ -215,7 +223,7 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         for row in rows:
             if row["cached"]:
                 row["mlflow"] = track_arm(row, row["result"], run.info.run_id)
-        metrics = write_outputs(cfg, project, rows, time.perf_counter() - started, numerics, conditions)
+        metrics = write_outputs(cfg, project, rows, time.perf_counter() - started, numerics, conditions, declared)
         headline = {
             "arms": len(rows),
             "trained now": len(todo),
@@ -299,8 +307,10 @@ def write_outputs(
     wall_s: float,
     numerics: dict[str, Any],
     conditions: dict[str, Any],
+    declared: Sequence[DeclaredFamily] = (),
 ) -> dict[str, Any]:
-    """metrics/ablate.json and the figures, from every arm (failed ones are listed, not dropped).
+    """metrics/ablate.json and the figures (one more per ``declared`` family), from every arm
+    (failed ones are listed, not dropped).
     ``provenance``: the stage process's arithmetic (the depth probe's); ``arm_numerics``: the
     arithmetic of each numeric path the arms were trained on (each arm names its own);
     ``conditions``: what the probes measured before the arms (tasks/ablate/conditions.py)."""
@@ -338,6 +348,6 @@ def write_outputs(
         project / ABLATE_FIGURES,
         plateau_margin=registered["plateau_margin"],
         underflow_threshold=registered["findings"]["fp16"]["threshold"],
-        declared=read_studies(project, cfg, FAMILIES),
+        declared=declared,
     )
     return metrics

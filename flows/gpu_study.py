@@ -17,6 +17,7 @@ from typing import Any
 
 from model.typed_config import UserError
 from tasks.ablate.conditions import loss_shift_probe
+from tasks.ablate.declared import read_studies
 from tasks.ablate.grid import FAMILIES
 from tasks.config import load_config
 from tasks.gpu_study import plan as planning
@@ -55,7 +56,7 @@ def study_plan(project: Path, profile: str = planning.PROFILE) -> dict[str, Any]
     # (the GPU box trains; the integer k it picks is in the plan, and in every arm's identity).
     probe_cfg = load_config(project / "params.yaml", profile, {"train.device": "cpu", "train.compile": False})
     shift = loss_shift_probe(probe_cfg, project)
-    rows = plan(cfg, project, {}, shift["k"] or 0)
+    rows = plan(cfg, project, {}, shift["k"] or 0, read_studies(project, cfg, FAMILIES))
     for row in rows:
         row["cached"] = False  # every arm trains on the GPU box, whatever is stored here
     seeds = cfg.ablation.all_seeds
