@@ -80,6 +80,10 @@ def study_plan(project: Path, profile: str = planning.PROFILE) -> dict[str, Any]
 def make_plan(args, project: Path) -> int:
     plan = study_plan(project, args.profile)
     path = project / planning.PLAN
+    if path.is_file():
+        superseded = planning.supersede(project, plan["plan"])
+        if superseded:
+            print(f"the code, data or config changed: plan and results moved to {superseded.relative_to(project)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(plan, indent=1) + "\n")
     print(f"plan {plan['plan']}: {len(plan['arms'])} arms -> {planning.PLAN}")
@@ -88,6 +92,12 @@ def make_plan(args, project: Path) -> int:
 
 def make_slice(args, project: Path) -> int:
     plan = planning.read_plan(project)
+    now = study_plan(project, plan["profile"])["plan"]
+    if now != plan["plan"]:  # the window would train other runs than the planned ones, and refuse each
+        raise UserError(
+            f"gpu study: {planning.PLAN} is plan {plan['plan']}, but the code, data or config here now plan {now}; "
+            "make the plan again (`python -m flows.gpu_study plan`; its results so far are kept aside)"
+        )
     state = accumulated(plan, project)
     number = len(state["windows"]) + 1
     done = set(state["arms"])

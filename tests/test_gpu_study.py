@@ -74,6 +74,20 @@ def test_a_slice_trained_elsewhere_comes_back_whole_and_accumulates(tmp_path):
     again = study(project, "slice", "--window-s", "300", "--workers", "2", "--family", "wortsman")
     assert "every arm" in again.stderr and again.returncode == 2  # the family is in: nothing left of it
 
+    # The data changes here: the plan's arms are no longer the runs a window would train.
+    old = json.loads((project / "gpu_study" / "plan.json").read_text())["plan"]
+    manifest = project / "data" / "tokens" / "manifest.json"
+    changed = json.loads(manifest.read_text())
+    changed["splits"]["train"]["sha256"] = "0" * 64
+    manifest.write_text(json.dumps(changed))
+    stale = study(project, "slice", "--window-s", "300", "--workers", "2")
+    assert stale.returncode == 2 and f"is plan {old}" in stale.stderr and "make the plan again" in stale.stderr
+    assert not (project / "gpu_study" / "slices" / "02.json").exists()
+    replanned = study(project, "plan", "--profile", "smoke")
+    assert f"moved to gpu_study/superseded/{old}" in replanned.stdout, replanned.stderr
+    assert (project / "gpu_study" / "superseded" / old / "results" / "01.jsonl.gz").is_file()
+    assert "0/" in study(project, "status").stdout  # the new plan starts empty
+
 
 def test_a_results_file_from_another_plan_is_refused_and_nothing_is_added(tmp_path):
     plan = a_plan({"wortsman": 2})

@@ -95,6 +95,20 @@ def next_slice(
     }
 
 
+def supersede(project: Path, new_id: str) -> Path | None:
+    """Move the current plan, its slices and results to ``superseded/<its id>/`` when ``new_id``
+    differs (their arms are other runs than the new plan's); the folder they went to, or None."""
+    old = str(read_plan(project)["plan"])
+    if old == new_id:
+        return None
+    target = project / STUDY / "superseded" / old
+    target.mkdir(parents=True, exist_ok=True)
+    for path in (PLAN, SLICES, RESULTS):
+        if (project / path).exists():
+            (project / path).rename(target / path.name)
+    return target
+
+
 def read_plan(project: Path) -> dict[str, Any]:
     path = project / PLAN
     if not path.is_file():

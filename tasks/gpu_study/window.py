@@ -65,6 +65,7 @@ class Window:
         self.running: dict[str, subprocess.Popen] = {}
         self.measured: dict[str, float] = {}  # per family, the slowest finished arm's wall seconds
         self.finished = 0
+        self.not_started = 0
         self.closed = False
 
     def left(self) -> float:
@@ -98,6 +99,9 @@ class Window:
 
     def finish(self, arm: dict[str, Any], record: dict[str, Any]) -> None:
         self.write({"arm": record})
+        if record["status"] == "not started":
+            with self.lock:
+                self.not_started += 1
         if record["status"] in ("completed", "diverged"):
             with self.lock:
                 self.finished += 1
@@ -168,7 +172,8 @@ def run(slice_: dict[str, Any], project: Path, out: Path, workers: int, seconds:
         def one(arm: dict[str, Any]) -> None:
             record = train_arm(arm, project, window)
             window.finish(arm, record)
-            print(f"[{time.monotonic() - window.started:5.0f}s] {arm['name']}: {record['status']}", flush=True)
+            if record["status"] != "not started":  # those are counted at the end
+                print(f"[{time.monotonic() - window.started:5.0f}s] {arm['name']}: {record['status']}", flush=True)
 
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(one, arms))
@@ -176,6 +181,8 @@ def run(slice_: dict[str, Any], project: Path, out: Path, workers: int, seconds:
         wall, finished = time.monotonic() - window.started, window.finished
         window.write({"footer": {"wall_s": round(wall, 1), "finished": finished, "arms": len(arms)}})
     print(f"{finished}/{len(arms)} arms in {wall:.0f} s: {finished / (wall / 60):.2f} arms per GPU-minute", flush=True)
+    if window.not_started:
+        print(f"{window.not_started} arms not started: they would not have finished in the window", flush=True)
     return 0 if finished == len(arms) else 1
 
 
