@@ -35,12 +35,11 @@ def plan_arms(project: Path, profile: str | None) -> list[dict[str, Any]]:
     from flows.ablate import ARM_MODULE, plan, runs_to_train  # here: prefect is not on a bare box
     from tasks.ablate.conditions import loss_shift_probe
     from tasks.ablate.declared import read_studies
-    from tasks.ablate.grid import FAMILIES
     from tasks.config import load_config
 
     cfg = load_config(project / "params.yaml", profile)
     shift = loss_shift_probe(cfg, project)["k"] or 0
-    rows = plan(cfg, project, {}, shift, read_studies(project, cfg, FAMILIES))
+    rows = plan(cfg, project, {}, shift, read_studies(project, cfg))
     for row in rows:
         row["cached"] = False  # the other machine trains every run, stored here or not
     todo = sorted(runs_to_train(rows), key=lambda row: -rough_cost(row["config"]))  # long arms first

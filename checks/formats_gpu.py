@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from tasks.ablate.arm import run_arm  # noqa: E402
 from tasks.ablate.conditions import loss_shift_probe  # noqa: E402
-from tasks.ablate.grid import Arm, arm_config, expand, range_extremes, range_probe_every  # noqa: E402
+from tasks.ablate.grid import Arm, arm_config, expand, families, range_extremes  # noqa: E402
 from tasks.config import Config, load_config  # noqa: E402
 
 FAMILIES = ("precision", "overflow")
@@ -44,7 +44,7 @@ def arms(cfg: Config, seeds: list[int]) -> list[Arm]:
     """The two families' arms at ``seeds``, each run once (the overflow family's clean twins are
     the precision family's arms)."""
     chosen: dict[tuple, Arm] = {}
-    for arm in expand(cfg.ablation):
+    for arm in expand(cfg):
         if arm.family in FAMILIES and arm.seed in seeds:
             precision = arm.factors["precision"]
             chosen.setdefault((precision, arm.spike, arm.seed), arm)
@@ -52,11 +52,10 @@ def arms(cfg: Config, seeds: list[int]) -> list[Arm]:
 
 
 def train_one(cfg: Config, arm: Arm, path: str, loss_shift: int, out: Path) -> dict[str, Any]:
-    arm_cfg = arm_config(cfg, arm, loss_shift).replace(**PATHS[path])
+    family = families(cfg)[arm.family]
+    arm_cfg = arm_config(cfg, arm, family, loss_shift).replace(**PATHS[path])
     started = time.perf_counter()
-    result = run_arm(
-        arm_cfg, ROOT, out / path / arm.name.replace("/", "_"), arm.spike, range_probe_every(arm, cfg.ablation)
-    )
+    result = run_arm(arm_cfg, ROOT, out / path / arm.name.replace("/", "_"), arm.spike, family.range_probe_every)
     summary = result["summary"]
     return {
         "arm": arm.name,

@@ -37,7 +37,6 @@ from tasks.ablate.declared import DeclaredFamily, read_studies
 from tasks.ablate.depth import depth_probe
 from tasks.ablate.figures import family_figures
 from tasks.ablate.grid import (
-    FAMILIES,
     Arm,
     arm_config,
     arm_key,
@@ -45,8 +44,7 @@ from tasks.ablate.grid import (
     code_digest,
     data_hashes,
     expand,
-    overrides,
-    range_probe_every,
+    families,
     read_result,
 )
 from tasks.ablate.stats import variant_table
@@ -70,11 +68,11 @@ def arm_command(
     directory: Path,
     stage_overrides: dict[str, Any],
     loss_shift: int,
-    declared: DeclaredFamily | None = None,
+    family: DeclaredFamily,
 ) -> list[str]:
     """The command that trains ``arm`` by itself: the stage's own overrides, then the arm's."""
-    sets = {**stage_overrides, **overrides(arm, cfg.ablation, loss_shift, declared)}
-    probe = range_probe_every(arm, cfg.ablation)
+    sets = {**stage_overrides, **family.overrides(cfg.ablation, arm.factors, arm.seed, loss_shift)}
+    probe = family.range_probe_every
     return [
         sys.executable,
         *ARM_MODULE,
@@ -156,12 +154,12 @@ def plan(
     """Every arm with its key, directory, command, and its result where one is stored. Arms of two
     families that are the same run (same key) share one directory and train once."""
     data, code = data_hashes(project / MANIFEST), code_digest()
-    declared = {d.name: d for d in declared_families}
+    every = families(cfg, declared_families)
     rows = []
-    for arm in expand(cfg.ablation, list(declared.values())):
-        family = declared.get(arm.family)
-        arm_cfg = arm_config(cfg, arm, loss_shift, family)
-        key = arm_key(arm_cfg, data, code, arm.spike, range_probe_every(arm, cfg.ablation))
+    for arm in expand(cfg, declared_families):
+        family = every[arm.family]
+        arm_cfg = arm_config(cfg, arm, family, loss_shift)
+        key = arm_key(arm_cfg, data, code, arm.spike, family.range_probe_every)
         directory = project / ABLATE_ARMS / key
         stored = read_result(directory)
         rows.append(
@@ -182,6 +180,12 @@ def plan(
     return rows
 
 
+def underflow_threshold() -> float:
+    """The fp16 finding's registered underflow share (the gate of its claim ``unscaled``)."""
+    threshold: float = design()["findings"]["fp16"]["claims"]["unscaled"]["gate"]["at_least"]
+    return threshold
+
+
 def runs_to_train(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The first row of each run (key) with no stored result: two families' shared arm trains once."""
     todo: dict[str, dict[str, Any]] = {}
@@ -196,7 +200,7 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
     """Train every arm of the study's families (those not stored already) and run the depth probe;
     write metrics/ablate.json and the per-family figures."""
     cfg, project = project_config(profile, overrides)
-    declared = read_studies(project, cfg, FAMILIES)  # studies.yaml, read once for the plan and the figures
+    declared = read_studies(project, cfg)  # studies.yaml, read once for the plan and the figures
     logger = get_run_logger()
     started = time.perf_counter()
     conditions = {"loss_shift": loss_shift_probe(cfg, project)}
@@ -347,7 +351,7 @@ def write_outputs(
         metrics["unigram_val_loss"],
         project / ABLATE_FIGURES,
         plateau_margin=registered["plateau_margin"],
-        underflow_threshold=registered["findings"]["fp16"]["threshold"],
+        underflow_threshold=underflow_threshold(),
         declared=declared,
     )
     return metrics

@@ -11,7 +11,6 @@ from prefect import serve
 from flows.pipeline import pipeline_flow, study_flow
 from flows.stages import STAGES
 from tasks.ablate.declared import read_studies
-from tasks.ablate.grid import FAMILIES
 from tasks.config import project_config
 
 THROUGH_DVC = (
@@ -54,7 +53,7 @@ def deployments() -> list:
 def declared_families() -> list:
     """The families studies.yaml declares (one deployment each)."""
     cfg, project = project_config(None, {})
-    return read_studies(project, cfg, FAMILIES)
+    return read_studies(project, cfg)
 
 
 def serve_all() -> None:

@@ -3,7 +3,7 @@
 ``accept`` a window's results file, ``status``. The window itself runs on the GPU box:
 tasks/gpu_study/window.py.
 
-    python -m flows.gpu_study plan | slice --window-s S --workers N | accept FILE | status
+    python -m flows.gpu_study plan | slice --window-s S --workers N | accept FILE | status | report
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from typing import Any
 from model.typed_config import UserError
 from tasks.ablate.conditions import loss_shift_probe
 from tasks.ablate.declared import read_studies
-from tasks.ablate.grid import FAMILIES
+from tasks.ablate.grid import families
 from tasks.config import load_config
+from tasks.data.unigram import unigram_baseline
 from tasks.gpu_study import plan as planning
+from tasks.gpu_study.report import REPORT, arms_in, findings, render
 from tasks.gpu_study.state import accept, accumulated, duplicates
+from tasks.runtime.outputs import MANIFEST
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     taken = sub.add_parser("accept", help="check a results file against the plan and add it to the study")
     taken.add_argument("file", type=Path)
     sub.add_parser("status", help="arms in, windows run, the next slice's size")
+    sub.add_parser("report", help="write gpu_study/REPORT.md: the findings judged on the arms in so far")
     args = p.parse_args(argv)
     project = args.project.resolve()
     try:
@@ -56,25 +60,35 @@ def study_plan(project: Path, profile: str = planning.PROFILE) -> dict[str, Any]
     # (the GPU box trains; the integer k it picks is in the plan, and in every arm's identity).
     probe_cfg = load_config(project / "params.yaml", profile, {"train.device": "cpu", "train.compile": False})
     shift = loss_shift_probe(probe_cfg, project)
-    rows = plan(cfg, project, {}, shift["k"] or 0, read_studies(project, cfg, FAMILIES))
+    declared = read_studies(project, cfg)
+    rows = plan(cfg, project, {}, shift["k"] or 0, declared)
     for row in rows:
         row["cached"] = False  # every arm trains on the GPU box, whatever is stored here
     seeds = cfg.ablation.all_seeds
-    families = list(FAMILIES)
-    runs = sorted(runs_to_train(rows), key=lambda row: (seeds.index(row["seed"]), families.index(row["family"])))
+    order = list(families(cfg, declared))
+    runs = sorted(runs_to_train(rows), key=lambda row: (seeds.index(row["seed"]), order.index(row["family"])))
     arms = [
         {
             "key": row["key"],
             "name": row["name"],
             "family": row["family"],
             "variant": row["variant"],
+            "factors": row["factors"],
             "seed": row["seed"],
             "arguments": row["command"][1 + len(ARM_MODULE) :],
         }
         for row in runs
     ]
     digest = hashlib.sha256("\n".join(arm["key"] for arm in arms).encode()).hexdigest()[:16]
-    return {"plan": digest, "profile": profile, "loss_shift": shift, "seeds": seeds, "arms": arms}
+    unigram = unigram_baseline(project / MANIFEST, cfg.ablation.seq_len)["unigram_val_loss"]
+    return {
+        "plan": digest,
+        "profile": profile,
+        "loss_shift": shift,
+        "unigram_val_loss": unigram,  # the report's plateau gate, on this profile's data
+        "seeds": seeds,
+        "arms": arms,
+    }
 
 
 def make_plan(args, project: Path) -> int:
@@ -125,7 +139,22 @@ def show_status(args, project: Path) -> int:
     return 0
 
 
-COMMANDS = {"plan": make_plan, "slice": make_slice, "accept": accept_file, "status": show_status}
+def write_report(args, project: Path) -> int:
+    plan = planning.read_plan(project)
+    state = accumulated(plan, project)
+    arms = arms_in(project, plan, state)
+    (project / REPORT).write_text(render(plan, state, arms, findings(project, plan, arms)), encoding="utf-8")
+    print(f"{len(arms)}/{len(plan['arms'])} arms judged -> {REPORT}")
+    return 0
+
+
+COMMANDS = {
+    "plan": make_plan,
+    "slice": make_slice,
+    "accept": accept_file,
+    "status": show_status,
+    "report": write_report,
+}
 
 if __name__ == "__main__":
     sys.exit(main())

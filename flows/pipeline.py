@@ -35,7 +35,6 @@ from flows.forms import KEEP, Overrides, ProfileChoice, check_from_outside, dott
 from flows.stages import STAGES
 from model.typed_config import ConfigError
 from tasks.ablate.declared import STUDIES, read_studies
-from tasks.ablate.grid import FAMILIES
 from tasks.config import project_config
 from tasks.runtime.artifacts import publish_pipeline_summary
 from tasks.runtime.outputs import PRETRAIN_CHECKPOINTS
@@ -296,7 +295,7 @@ def study_flow(family: str, factors: dict[str, list[Any]] | None = None) -> None
     """
     project = project_dir()
     cfg, _ = project_config(None, {})
-    declared = {d.name: d for d in read_studies(project, cfg, FAMILIES)}
+    declared = {d.name: d for d in read_studies(project, cfg)}
     if family not in declared:
         raise ConfigError(
             f"family: {family!r} is not declared in {STUDIES} (declared: {', '.join(declared) or 'none'})"
@@ -312,7 +311,7 @@ def study_flow(family: str, factors: dict[str, list[Any]] | None = None) -> None
 
     def write() -> None:
         write_factors(project, family, values)
-        read_studies(project, cfg, FAMILIES)  # the edited declaration is checked whole before any stage
+        read_studies(project, cfg)  # the edited declaration is checked whole before any stage
 
     reproduce(project, cfg, "report", write if values else None)
 

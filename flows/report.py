@@ -14,7 +14,6 @@ from flows.forms import Profile
 from model.provenance import config_provenance
 from model.typed_config import InputError
 from tasks.ablate.declared import read_studies
-from tasks.ablate.grid import FAMILIES
 from tasks.config import project_config
 from tasks.params import RESOLVED
 from tasks.report.arithmetic import committed_outputs, numeric_paths, warnings
@@ -69,7 +68,7 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
     numerics = config_provenance(cfg)
     with stage_run(cfg, "report", numerics=numerics) as run:
         unigram = ablate.get("unigram_val_loss")
-        declared = read_studies(project, cfg, FAMILIES)
+        declared = read_studies(project, cfg)
         findings = evaluate(cfg, ablate, search, spike, unigram) + [
             declared_finding(cfg, ablate, unigram, family) for family in declared
         ]

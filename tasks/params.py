@@ -23,8 +23,7 @@ from pathlib import Path
 import yaml
 
 from model.typed_config import UserError
-from tasks.ablate.declared import read_studies
-from tasks.ablate.grid import FAMILIES
+from tasks.ablate.declared import builtin_families, read_studies
 from tasks.config import check_runtime, resolve_study
 from tasks.runtime.paths import project_dir
 
@@ -41,7 +40,8 @@ def write_resolved(project: Path) -> str:
     """Resolve and check the project's config, write it to RESOLVED; return the profile's notice."""
     resolved = resolve_study(project / "params.yaml")
     check_runtime(resolved.config)
-    read_studies(project, resolved.config, FAMILIES)  # a bad declaration fails here, before any stage runs
+    builtin_families(resolved.config)  # a profile's values that break a built-in family fail here,
+    read_studies(project, resolved.config)  # and a bad declaration, before any stage runs
     text = HEADER + yaml.safe_dump(
         dataclasses.asdict(resolved.config), sort_keys=False, default_flow_style=False, allow_unicode=True
     )

@@ -4,25 +4,35 @@ it, a bad config is refused naming its key, and what is read off an arm's trace.
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pytest
 
 from model.typed_config import ConfigError
 from tasks.ablate.grid import (
     ARM_CODE,
     CODE_ROOT,
-    Arm,
     arm_config,
     arm_key,
     arm_metrics,
     code_digest,
     expand,
+    families,
+    family_arm,
     injection_spec,
     natural_spikes,
     range_extremes,
 )
-from tasks.config import Config
+from tasks.config import Config, load_config
 
 DATA = {"train": "a" * 64, "val": "b" * 64}
+
+
+def precision_fp32(cfg: Config) -> Config:
+    """The precision family's fp32 arm at seed 0."""
+    family = families(cfg)["precision"]
+    return arm_config(cfg, family_arm(family, 0, precision="fp32"), family)
 
 
 def study(**ablation) -> Config:
@@ -30,8 +40,9 @@ def study(**ablation) -> Config:
 
 
 def test_the_default_study_is_each_familys_grid_once_per_seed():
-    a = Config().ablation
-    arms = expand(a)
+    cfg = Config()
+    a = cfg.ablation
+    arms = expand(cfg)
     per_seed = {"xiong": 2 * 2 * 2, "precision": 4, "overflow": 2 * 2, "beta2": 2 * 2, "wortsman": 3 * 7}
     assert len(arms) == sum(per_seed.values()) * len(a.all_seeds)
     for family, n in per_seed.items():
@@ -43,16 +54,16 @@ def test_the_default_study_is_each_familys_grid_once_per_seed():
 
 
 def test_adding_a_value_adds_exactly_its_arms():
-    before = {a.name for a in expand(Config().ablation)}
-    after = {a.name for a in expand(study(beta2s=[0.95, 0.999, 0.99]).ablation)}
+    before = {a.name for a in expand(Config())}
+    after = {a.name for a in expand(study(beta2s=[0.95, 0.999, 0.99]))}
     assert before < after and len(after - before) == 2 * 8  # β₂ = 0.99 x 2 LR multiples x 8 seeds (4 + 4)
 
 
 def test_each_family_trains_in_the_conditions_its_source_names():
     cfg = Config()
-    a = cfg.ablation
-    for arm in expand(a):
-        c, f = arm_config(cfg, arm), arm.factors
+    a, every = cfg.ablation, families(cfg)
+    for arm in expand(cfg):
+        c, f = arm_config(cfg, arm, every[arm.family]), arm.factors
         assert (c.model.d_model, c.train.seed, c.train.cpu_threads) == (a.d_model, arm.seed, 1)
         if arm.family == "xiong":  # SP init, depth, no warmup vs a fraction of the run
             assert c.mup.parametrization == "sp" and c.model.n_layer == a.xiong_depth
@@ -76,7 +87,7 @@ def test_each_family_trains_in_the_conditions_its_source_names():
 
 def test_only_the_overflow_family_takes_an_injection_a_weight_excursion_sized_by_its_probe():
     a = Config().ablation
-    injected = [arm for arm in expand(a) if arm.spike != "none"]
+    injected = [arm for arm in expand(Config()) if arm.spike != "none"]
     assert injected and {arm.family for arm in injected} == {"overflow"}
     spec = injection_spec("param", a)
     assert spec["kind"] == "param" and spec["tied_to"] == "once" and spec["start"] == a.steps // 2
@@ -86,23 +97,24 @@ def test_only_the_overflow_family_takes_an_injection_a_weight_excursion_sized_by
 
 def test_the_precision_and_overflow_families_take_the_probes_loss_shift_and_no_other_family_does():
     cfg = Config()
-    for arm in expand(cfg.ablation):
-        shift = arm_config(cfg, arm, loss_shift=9).precision.loss_shift
+    every = families(cfg)
+    for arm in expand(cfg):
+        shift = arm_config(cfg, arm, every[arm.family], loss_shift=9).precision.loss_shift
         assert shift == (9 if arm.family in ("precision", "overflow") else 0), arm.name
 
 
 def test_every_arm_trains_at_the_discovery_and_the_confirmation_seeds():
     a = Config().ablation
-    assert {arm.seed for arm in expand(a)} == set(a.seeds) | set(a.confirm_seeds)
+    assert {arm.seed for arm in expand(Config())} == set(a.seeds) | set(a.confirm_seeds)
     assert not set(a.seeds) & set(a.confirm_seeds)
 
 
 def test_the_overflow_familys_clean_twins_are_the_precision_familys_runs():
     cfg = Config()
-    key = {}
-    for arm in expand(cfg.ablation):
+    key, every = {}, families(cfg)
+    for arm in expand(cfg):
         probe = cfg.ablation.range_probe_every
-        key[arm.name] = arm_key(arm_config(cfg, arm), DATA, "code", arm.spike, probe)
+        key[arm.name] = arm_key(arm_config(cfg, arm, every[arm.family]), DATA, "code", arm.spike, probe)
     assert key["overflow/fp16·none/s0"] == key["precision/fp16/s0"]
     assert key["overflow/fp16·param/s0"] != key["precision/fp16/s0"]
     assert key["precision/fp16/s0"] != key["precision/fp16/s1"]
@@ -162,13 +174,13 @@ def test_a_spiked_format_must_have_its_clean_twin():
     ],
 )
 def test_an_arm_is_rerun_when_a_setting_that_shapes_its_result_changes(key, value, new_key):
-    cfg = arm_config(Config(), Arm("precision", ("fp32",), 0))
+    cfg = precision_fp32(Config())
     before = arm_key(cfg, DATA, "code", "none", 100)
     assert (arm_key(cfg.replace(**{key: value}), DATA, "code", "none", 100) != before) == new_key
 
 
 def test_a_spike_or_a_probe_changes_the_arms_key():
-    cfg = arm_config(Config(), Arm("precision", ("fp32",), 0))
+    cfg = precision_fp32(Config())
     keys = {arm_key(cfg, DATA, "code", s, p) for s in ("none", "lr") for p in (0, 100)}
     assert len(keys) == 4
 
@@ -218,9 +230,7 @@ def arm_result(losses, flagged=(), rms=None, status="completed", injection=None,
 
 
 def test_arm_metrics_count_spikes_per_thousand_steps_after_warmup_and_the_update_rms_after_it():
-    cfg = arm_config(Config(), Arm("precision", ("fp32",), 0)).replace(
-        **{"schedule.warmup_steps": 10, "train.steps": 110}
-    )
+    cfg = precision_fp32(Config()).replace(**{"schedule.warmup_steps": 10, "train.steps": 110})
     rms = [9.0] * 10 + [1.0] * 99 + [2.5]  # warmup's large updates are not counted
     m = arm_metrics(arm_result([5.0] * 110, flagged={5, 50, 80}, rms=rms), cfg)
     assert m["natural_spikes"] == 2 and m["spikes_per_1k"] == pytest.approx(1000 * 2 / 100)
@@ -229,9 +239,7 @@ def test_arm_metrics_count_spikes_per_thousand_steps_after_warmup_and_the_update
 
 
 def test_an_injected_spike_and_its_aftermath_are_not_natural_spikes():
-    cfg = arm_config(Config(), Arm("precision", ("fp32",), 0)).replace(
-        **{"schedule.warmup_steps": 0, "train.steps": 100}
-    )
+    cfg = precision_fp32(Config()).replace(**{"schedule.warmup_steps": 0, "train.steps": 100})
     injection = {"start": 50, "duration": 3}
     m = arm_metrics(arm_result([5.0] * 100, flagged={50, 51, 55, 90}, injection=injection), cfg)
     assert m["natural_spikes"] == 1  # step 90; 50..62 is the injection's window
@@ -253,3 +261,19 @@ def test_range_extremes_take_the_worst_layer_of_the_mean_over_probes():
     ]
     assert range_extremes(rows) == {"grad_underflow_share": pytest.approx(0.03), "act_overflow_share": 1e-4}
     assert range_extremes([]) == {"grad_underflow_share": None, "act_overflow_share": None}
+
+
+@pytest.mark.parametrize("profile", ["default", "smoke", "gpu"])
+def test_the_declared_built_in_families_plan_exactly_the_arms_the_coded_families_planned(profile):
+    """tests/data/builtin_arms.json holds, per arm, a digest of what the families' former code gave
+    it (factors, spike, range probe, every override): the declaration in preregistration.yaml must
+    give each arm the same, so no committed arm's run identity moved."""
+    golden = json.loads((CODE_ROOT / "tests/data/builtin_arms.json").read_text())[profile]
+    cfg = load_config(CODE_ROOT / "params.yaml", profile)
+    every, planned = families(cfg), {}
+    for arm in expand(cfg):
+        family = every[arm.family]
+        what = {"factors": arm.factors, "spike": arm.spike, "range_probe_every": family.range_probe_every}
+        what["overrides"] = family.overrides(cfg.ablation, arm.factors, arm.seed, 7)
+        planned[arm.name] = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+    assert planned == golden

@@ -15,7 +15,7 @@ import yaml
 
 from model.typed_config import ConfigError
 from tasks.ablate.declared import STUDIES, read_studies
-from tasks.ablate.grid import FAMILIES, arm_config, expand
+from tasks.ablate.grid import arm_config, expand
 from tasks.config import load_config
 from tasks.report.declared import declared_finding
 
@@ -48,7 +48,7 @@ def cfg():
 
 def declare(tmp_path: Path, cfg, family: dict[str, Any] | None = None, name: str = "wd"):
     (tmp_path / STUDIES).write_text(yaml.safe_dump({"families": {name: family or FAMILY}}, sort_keys=False))
-    return read_studies(tmp_path, cfg, FAMILIES)
+    return read_studies(tmp_path, cfg)
 
 
 def edited(path: str, value: Any) -> dict[str, Any]:
@@ -66,11 +66,11 @@ def edited(path: str, value: Any) -> dict[str, Any]:
 
 
 def test_no_studies_file_declares_nothing(tmp_path, cfg):
-    assert read_studies(tmp_path, cfg, FAMILIES) == []
+    assert read_studies(tmp_path, cfg) == []
 
 
 def test_the_committed_studies_file_is_valid(cfg):
-    read_studies(REPO, cfg, FAMILIES)
+    read_studies(REPO, cfg)
 
 
 @pytest.mark.parametrize(
@@ -129,11 +129,11 @@ def test_a_slope_needs_three_points_of_its_factor_and_takes_exactly_three(tmp_pa
 
 def test_declared_arms_cross_every_factor_at_every_seed_on_the_arm_scale(tmp_path, cfg):
     (family,) = declare(tmp_path, cfg)
-    arms = [arm for arm in expand(cfg.ablation, [family]) if arm.family == "wd"]
+    arms = [arm for arm in expand(cfg, [family]) if arm.family == "wd"]
     assert len(arms) == 2 * 3 * len(cfg.ablation.all_seeds)
     arm = arms[-1]
     assert arm.name == f"wd/optim.weight_decay_mode=independent·optim.lr=0.01/s{cfg.ablation.all_seeds[-1]}"
-    run = arm_config(cfg, arm, declared=family)
+    run = arm_config(cfg, arm, family)
     assert (run.optim.weight_decay_mode, run.optim.lr, run.optim.weight_decay) == ("independent", 0.01, 0.1)
     assert (run.model.d_model, run.train.steps, run.train.seed) == (cfg.ablation.d_model, 40, arm.seed)
     assert run.schedule.warmup_steps == round(cfg.ablation.warmup_fraction * 40)
@@ -147,7 +147,7 @@ def test_declared_arms_cross_every_factor_at_every_seed_on_the_arm_scale(tmp_pat
 def arms_of(family, loss) -> dict[str, Any]:
     """metrics/ablate.json's arms for ``family``, each arm's capped loss ``loss(factors, seed)``."""
     rows = []
-    for arm in expand(family_config.ablation, [family]):
+    for arm in expand(family_config, [family]):
         if arm.family != family.name:
             continue
         value = loss(arm.factors, arm.seed)
@@ -250,14 +250,32 @@ def test_a_compared_variant_on_the_unigram_plateau_leaves_the_claim_not_tested(t
     assert finding.verdict == "not tested" and "unigram baseline" in (finding.precondition_failed or "")
 
 
-def test_one_grid_point_on_the_plateau_leaves_the_claim_not_tested_though_the_variants_mean_is_past_it(tmp_path):
+def test_one_grid_point_of_a_contrast_on_the_plateau_leaves_it_not_tested_though_the_variants_mean_is_past_it(
+    tmp_path,
+):
+    claim = {"kind": "contrast", "metric": "capped_loss", "expected": -1, "sesoi": 0.05, "justification": "j"}
+    claim |= {"a": {"optim.weight_decay_mode": "independent"}, "b": {"optim.weight_decay_mode": "coupled"}}
+    body = edited("claims/lower_sensitivity", claim)
+
     def loss(f, seed):  # independent decay at LR 0.01 ends 0.2 below unigram; its mean over LRs, 4.6
         stuck = f["optim.weight_decay_mode"] == "independent" and f["optim.lr"] == 0.01
         return (5.8 if stuck else 4.0) + noise(seed, f)
 
-    finding = judged(tmp_path, FAMILY, loss, unigram=6.0)
+    finding = judged(tmp_path, body, loss, unigram=6.0)
     assert finding.verdict == "not tested"
     assert "optim.weight_decay_mode=independent·optim.lr=0.01" in (finding.precondition_failed or "")
+
+
+@pytest.mark.parametrize(("best", "tested"), [(5.49, True), (5.51, False)])
+def test_a_sensitivity_is_gated_on_each_sides_best_grid_point_its_worst_points_being_its_effect(tmp_path, best, tested):
+    def loss(f, seed):  # coupled decay: LR 0.001 at ``best``, the others on the plateau (unigram 6.0, margin 0.5)
+        coupled = f["optim.weight_decay_mode"] == "coupled"
+        return (best if f["optim.lr"] == 0.001 else 5.95) if coupled else 4.0 + noise(seed, f)
+
+    finding = judged(tmp_path, FAMILY, loss, unigram=6.0)
+    assert (finding.verdict != "not tested") == tested, finding.precondition_failed
+    if not tested:
+        assert "optim.weight_decay_mode=coupled·optim.lr=0.001" in (finding.precondition_failed or "")
 
 
 def test_a_factor_given_both_dotted_and_nested_is_refused(tmp_path, cfg):
@@ -273,8 +291,9 @@ def test_nested_factors_read_as_their_dotted_keys(tmp_path, cfg):
 
 
 def test_the_committed_findings_are_recomputed_number_for_number_from_the_committed_metrics():
-    """The report's code on the committed metrics gives every committed verdict, estimate, interval,
-    p and MDE again (the guard for re-expressing the built-in findings in the declared form)."""
+    """The report's code on the committed metrics gives every committed verdict, failed
+    precondition, base loss, estimate, interval, p and MDE again (the guard for the built-in
+    findings' re-expression in the declared form)."""
     import json
 
     from tasks.report.findings import evaluate
@@ -288,7 +307,8 @@ def test_the_committed_findings_are_recomputed_number_for_number_from_the_commit
     assert sorted(f.key for f in found) == sorted(committed)
     for finding in found:
         again = json.loads(json.dumps(finding.to_json(), default=str))
-        assert again["verdict"] == committed[finding.key]["verdict"], finding.key
+        for field in ("verdict", "precondition_failed", "base_val_loss"):
+            assert same(again[field], committed[finding.key][field]), (finding.key, field)
         for claim, was in zip(again["claims"], committed[finding.key]["claims"], strict=True):
             for field in ("what", "estimate", "p", "ci95", "mde", "sesoi", "holds", "halves"):
                 assert same(claim[field], was[field]), (finding.key, claim["what"], field, claim[field], was[field])

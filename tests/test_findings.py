@@ -10,7 +10,8 @@ import pytest
 
 from tasks.ablate.grid import expand
 from tasks.config import Config
-from tasks.report.findings import FAMILY_OF, FINDINGS, design, evaluate
+from tasks.report.design import design
+from tasks.report.findings import FAMILY_OF, evaluate
 from tasks.report.render import forest_rows, report_json
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED
 
@@ -38,7 +39,7 @@ def loss_of(family: str, f: dict, seed: int, effects: dict) -> float:
 
 def study(cfg: Config, **effects) -> dict:
     arms = []
-    for arm in expand(cfg.ablation):
+    for arm in expand(cfg):
         f = arm.factors
         metrics = {
             "status": "completed",
@@ -77,7 +78,8 @@ def verdicts(cfg: Config, ablate: dict, search=None) -> dict:
 
 def test_the_design_registers_every_finding_the_code_evaluates_and_nothing_else():
     registered = design()["findings"]
-    assert [f.__name__ for f in FINDINGS] == list(registered)
+    cfg = Config()
+    assert [f.key for f in verdicts(cfg, study(cfg)).values()] == list(registered)
     for key, entry in registered.items():
         assert {
             "claim",
@@ -112,7 +114,10 @@ def test_a_family_whose_base_arm_sits_on_the_plateau_is_not_tested_saying_why():
 def test_fp16_is_not_tested_when_no_gradient_would_underflow_and_tested_when_enough_would():
     cfg = Config()
     none = verdicts(cfg, study(cfg, unscaled=0.2, underflow=0.001))["fp16"]
-    assert none.verdict == NOT_TESTED and "0.10% of nonzero activation-gradient values" in none.precondition_failed
+    assert (
+        none.verdict == NOT_TESTED
+        and "grad_underflow_share of fp32 was 0.001, at least 0.01" in none.precondition_failed
+    )
     some = verdicts(cfg, study(cfg, unscaled=0.2, underflow=0.05))["fp16"]
     assert some.precondition_failed is None
     assert some.claims[0].holds, "unscaled fp16 is worse in every seed"

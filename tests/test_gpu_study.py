@@ -71,6 +71,14 @@ def test_a_slice_trained_elsewhere_comes_back_whole_and_accumulates(tmp_path):
     assert accepted.returncode == 0, accepted.stderr
     status = study(project, "status")
     assert f"{len(planned)}/" in status.stdout
+    reported = study(project, "report")
+    assert reported.returncode == 0, reported.stderr
+    report = (project / "gpu_study" / "REPORT.md").read_text()
+    total = len(json.loads((project / "gpu_study" / "plan.json").read_text())["arms"])
+    assert f"**{len(planned)} of {total} arms in**" in report
+    assert "## wortsman — `" in report and f"(partial: {len(planned)} of " not in report  # the family is whole
+    assert "## xiong — `NOT TESTED` (partial: 0 of" in report  # judged on no arm: not tested, saying so
+    assert all(f"| {arm['name']} |" in report for arm in planned)
     again = study(project, "slice", "--window-s", "300", "--workers", "2", "--family", "wortsman")
     assert "every arm" in again.stderr and again.returncode == 2  # the family is in: nothing left of it
 

@@ -311,12 +311,12 @@ def assert_ablate_and_report(project: Path, runs: dict, found: list) -> None:
     """The smoke grid's arms and the declared family's, each a child run of the ablate stage's run;
     a verdict per finding, the declared one's included, and the declared family's figure."""
     from tasks.ablate.declared import read_studies
-    from tasks.ablate.grid import FAMILIES, expand
+    from tasks.ablate.grid import expand
     from tasks.config import load_config
 
     cfg = load_config(project / "params.yaml", "smoke")
     ablate = json.loads((project / "metrics/ablate.json").read_text())
-    expected = [arm.name for arm in expand(cfg.ablation, read_studies(project, cfg, FAMILIES))]
+    expected = [arm.name for arm in expand(cfg, read_studies(project, cfg))]
     assert [a["name"] for a in ablate["arms"]] == expected and ablate["counts"]["failed"] == 0
     assert sum(a["family"] == "qk_rescue" for a in ablate["arms"]) == 2 * 2 * 2  # 2 x 2 values, 2 seeds
     children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == runs["ablate"].info.run_id]

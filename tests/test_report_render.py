@@ -15,7 +15,8 @@ import pytest
 
 from tasks.config import project_config
 from tasks.report.figures import _layout
-from tasks.report.findings import decide, evaluate
+from tasks.report.findings import evaluate
+from tasks.report.method import decide
 from tasks.report.render import (
     ARMS_PAGE,
     HOLDS,

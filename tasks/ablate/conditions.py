@@ -26,7 +26,7 @@ from model.data import Tokens, open_split
 from model.probes import overflow_multiplier, underflow_by_shift
 from model.spike.injections import ParamSpike
 from model.train import Trainer
-from tasks.ablate.grid import Arm, arm_config
+from tasks.ablate.grid import arm_config, families, family_arm
 from tasks.config import Config
 from tasks.runtime.outputs import MANIFEST
 
@@ -41,7 +41,8 @@ def loss_shift_probe(cfg: Config, project: Path) -> dict[str, Any]:
     0..MAX_PROBE_SHIFT, and the smallest k reaching ``ablation.underflow_target`` (None: no k does,
     and the fp16 finding is not tested)."""
     a = cfg.ablation
-    base = arm_config(cfg, Arm("precision", ("fp32",), a.seeds[0]), loss_shift=0)
+    family = families(cfg)["precision"]
+    base = arm_config(cfg, family_arm(family, a.seeds[0], precision="fp32"), family, loss_shift=0)
     manifest = project / MANIFEST
     trainer = Trainer(base, open_split(manifest, "train"), open_split(manifest, "val"))
     x, y = (t.to(trainer.device) for t in trainer.loader.next_batch())  # the loader yields CPU batches

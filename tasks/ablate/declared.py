@@ -22,18 +22,32 @@ ablation, trained, tracked and judged by the same machinery as the built-in fami
             justification: why 0.05 nats is the least effect worth acting on
 
 Every arm starts from the ablation's arm scale (``ablation.d_model`` ... ``batch_size``, μP at
-the base width, fp32; tasks/ablate/grid.py: overrides), then takes the family's ``fixed`` keys,
+the base width, fp32; DeclaredFamily.overrides), then takes the family's ``fixed`` keys,
 then its factor values. Seeds default to ``ablation.seeds`` and ``ablation.confirm_seeds``, so a
 profile scales a declared family as it scales the built-in ones. A declaration is checked in
 full before any arm trains; each error names the file and the key.
+
+The built-in families are declared in the same form, each beside its finding in
+tasks/report/preregistration.yaml (``family``, and its claims' ``kind``, ``metric``, ...), with two
+things a profile needs:
+
+  references   ``"${ablation.xiong_lrs}"`` (a list for a factor's values, a number elsewhere) and
+               ``"${ablation.xiong_warmups[0]}"`` read the study config, so a profile scales them;
+               ``"${probe.loss_shift}"`` is the precision probe's shift (tasks/ablate/conditions.py).
+  named factors  a factor whose name is no config key: ``{values: [...], sets: KEY}`` (``times: N``
+               multiplies the value first, ``times: steps`` by the family's steps, as a warmup
+               fraction is), or ``{values: [...], levels: {name: {KEY: value, ...}}}`` for levels that
+               set several keys; ``{values: [none, param], injection: true}`` is the arm's injected
+               spike (tasks/ablate/grid.py: injection_spec). Arms name them as ``post_ln·lr=0.001``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
-from collections.abc import Collection
+import re
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +73,19 @@ OWNED_KEYS = ("train.seed", "train.steps", "data.", "tokenizer.")
 and every arm reads the study's data and tokenizer."""
 
 FAMILY_KEYS = {"question", "factors", "fixed", "steps", "seeds", "confirm_seeds", "warmup_fraction", "claims"}
+FAMILY_KEYS |= {"range_probe_every", "base"}
 CLAIM_KEYS = {"kind", "metric", "a", "b", "over", "across", "log", "expected", "sesoi", "justification"}
-CLAIM_KEYS |= {"may_fail", "gate", "statement"}
+CLAIM_KEYS |= {"may_fail", "gate", "statement", "unit", "if_crossed"}
+
+SPIKES = ("none", "param")
+"""An injection factor's values: a clean arm, and the probe-sized weight excursion
+(tasks/ablate/conditions.py: OverflowProbeSpike)."""
+
+BUILTIN = Path(__file__).resolve().parents[1] / "report" / "preregistration.yaml"
+"""Where the built-in families are declared: beside their findings, in the pre-registration."""
+REFERENCE = re.compile(r"^\$\{(ablation\.[a-z0-9_]+|probe\.loss_shift)(?:\[(\d+)\])?\}$")
+LOSS_SHIFT = "${probe.loss_shift}"
+"""Resolved per plan, not per declaration: the precision probe's shift (0 while checking)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +116,7 @@ class DeclaredClaim:
     may_fail: list[dict[str, Any]]
     gate: Gate | None
     statement: str
+    unit: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,26 +130,53 @@ class DeclaredFamily:
     confirm_seeds: list[int]
     warmup_fraction: float
     claims: list[DeclaredClaim]
+    named: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Named factors: how each value becomes config keys (``sets``/``times``, ``levels``, ``injection``)."""
+    range_probe_every: int = 0
+    """Steps between the fp16 range probe's measurements in each arm (0: none)."""
+    base: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The base arm's factor values, the rest at their best grid point (default: each factor's first)."""
 
     @property
     def all_seeds(self) -> list[int]:
         return [*self.seeds, *self.confirm_seeds]
 
+    def spike(self, factors: dict[str, Any]) -> str:
+        """The spike an arm of these factor values takes (``none``: a clean arm)."""
+        kind: str = next((factors[k] for k, spec in self.named.items() if spec.get("injection")), "none")
+        return kind
+
     def variants(self) -> list[dict[str, Any]]:
         """Every point of the family's grid."""
         return [dict(zip(self.factors, values)) for values in itertools.product(*self.factors.values())]
 
-    def overrides(self, a: AblationConfig, factors: dict[str, Any], seed: int) -> dict[str, Any]:
+    def overrides(self, a: AblationConfig, factors: dict[str, Any], seed: int, loss_shift: int = 0) -> dict[str, Any]:
         """The keys that turn the study's config into this arm's: the arm scale at the family's
         length, seed and warmup, then the family's conditions, then its factor values."""
         scale = a.arm_scale(self.steps, seed) | {"schedule.warmup_steps": round(self.warmup_fraction * self.steps)}
-        return scale | self.fixed | factors
+        fixed = {k: loss_shift if v == LOSS_SHIFT else v for k, v in self.fixed.items()}
+        return scale | fixed | self.factor_keys(factors)
+
+    def factor_keys(self, factors: dict[str, Any]) -> dict[str, Any]:
+        """The config keys the factor values set (a named factor's through its ``sets`` or ``levels``)."""
+        keys: dict[str, Any] = {}
+        for name, value in factors.items():
+            spec = self.named.get(name)
+            if spec is None:
+                keys[name] = value
+            elif "levels" in spec:
+                keys |= spec["levels"][value]
+            elif spec.get("times") == "steps":  # a fraction of the family's steps, e.g. its warmup
+                keys[spec["sets"]] = round(value * self.steps)
+            elif "sets" in spec:
+                keys[spec["sets"]] = value if spec.get("times") is None else value * spec["times"]
+        return keys
 
 
-def read_studies(project: Path, cfg: Config, reserved: Collection[str] = ()) -> list[DeclaredFamily]:
+def read_studies(project: Path, cfg: Config) -> list[DeclaredFamily]:
     """The families ``studies.yaml`` declares (none when the file is absent), each checked in full
-    against ``cfg``'s schema, none named as one of ``reserved`` (the built-in families): a
-    :class:`ConfigError` names the file and the first bad key."""
+    against ``cfg``'s schema, none named as a built-in family: a :class:`ConfigError` names the file
+    and the first bad key."""
     path = project / STUDIES
     if not path.is_file():
         return []
@@ -137,25 +190,58 @@ def read_studies(project: Path, cfg: Config, reserved: Collection[str] = ()) -> 
     if not isinstance(families, dict):
         raise ConfigError(f"{STUDIES}: families: must be a mapping of family name to declaration")
     for name in families:
-        if name in reserved:
+        if name in builtin_names():
             raise ConfigError(f"{STUDIES}: families.{name}: {name!r} is a built-in family; choose another name")
-    return [parse_family(name, body, cfg) for name, body in families.items()]
+    return [parse_family(name, body, cfg, f"{STUDIES}: families.{name}") for name, body in families.items()]
 
 
-def parse_family(name: str, body: Any, cfg: Config) -> DeclaredFamily:
-    where = f"{STUDIES}: families.{name}"
+@functools.cache
+def _registered() -> dict[str, Any]:
+    findings: dict[str, Any] = yaml.safe_load(BUILTIN.read_text(encoding="utf-8"))["findings"]
+    return findings
+
+
+def builtin_names() -> dict[str, str]:
+    """Each built-in family's name and the finding that declares it (finding ``fp16``: ``precision``)."""
+    return {f["family"]["name"]: key for key, f in _registered().items() if "family" in f}
+
+
+def builtin_families(cfg: Config) -> list[DeclaredFamily]:
+    """The built-in families as preregistration.yaml declares them (each finding's ``family`` and
+    its claims), resolved against ``cfg``: its profile's values. A claim is left out when the config
+    does not cross the variants it names (a profile without z-loss, a study of Pre-LN alone): the
+    family then has fewer claims, or none (its finding reads "not in this grid")."""
+    families = []
+    for key, finding in _registered().items():
+        if "family" not in finding:
+            continue
+        declared = dict(finding["family"])
+        name = declared.pop("name")
+        claims = {
+            claim: {k: v for k, v in entry.items() if k != "sesoi_justification"}
+            | {"justification": entry["sesoi_justification"], "may_fail": finding.get("may_fail") or []}
+            | {"if_crossed": True}
+            for claim, entry in finding["claims"].items()
+        }
+        body = declared | {"question": finding["claim"], "claims": claims}
+        families.append(parse_family(name, body, cfg, f"{BUILTIN.name}: findings.{key}.family", builtin=True))
+    return families
+
+
+def parse_family(name: str, body: Any, cfg: Config, where: str, builtin: bool = False) -> DeclaredFamily:
     if not isinstance(body, dict):
         raise ConfigError(f"{where}: must be a mapping (question, factors, claims, ...)")
     _only(body, FAMILY_KEYS, where)
+    a = cfg.ablation
+    body = resolve(body, a, where)
     question = _required(body, "question", str, where)
-    factors = _factors(body.get("factors"), cfg, f"{where}.factors")
+    factors, named = _factors(body.get("factors"), cfg, f"{where}.factors")
     fixed = flatten(body.get("fixed") or {})
-    for key, value in fixed.items():
+    for key in fixed:
         _check_key(key, f"{where}.fixed.{key}")
-        _check_value(cfg, key, value, f"{where}.fixed.{key}")
+    _check_value(cfg, "", {k: 0 if v == LOSS_SHIFT else v for k, v in fixed.items()}, f"{where}.fixed")
     if overlap := sorted(set(fixed) & set(factors)):
         raise ConfigError(f"{where}.fixed: {overlap} also factors; a key is either fixed or crossed")
-    a = cfg.ablation
     steps = body.get("steps", a.steps)
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ConfigError(f"{where}.steps: must be a positive integer, got {steps!r}")
@@ -168,15 +254,58 @@ def parse_family(name: str, body: Any, cfg: Config) -> DeclaredFamily:
     warmup = body.get("warmup_fraction", a.warmup_fraction)
     if not isinstance(warmup, (int, float)) or isinstance(warmup, bool) or not 0 <= warmup < 1:
         raise ConfigError(f"{where}.warmup_fraction: must be in [0, 1), got {warmup!r}")
+    probe = body.get("range_probe_every", 0)
+    if not isinstance(probe, int) or isinstance(probe, bool) or probe < 0:
+        raise ConfigError(f"{where}.range_probe_every: must be an integer >= 0, got {probe!r}")
     claims_raw = body.get("claims")
     if not isinstance(claims_raw, dict) or not claims_raw:
         raise ConfigError(f"{where}.claims: declare at least one claim (a mapping of claim name to claim)")
-    family = DeclaredFamily(name, question, factors, fixed, steps, seeds, confirm, float(warmup), [])
-    claims = [parse_claim(c, body, family, f"{where}.claims.{c}") for c, body in claims_raw.items()]
+    family = DeclaredFamily(name, question, factors, fixed, steps, seeds, confirm, float(warmup), [], named, probe)
+    base = body.get("base") or {}
+    if builtin and isinstance(base, dict) and not _crossed({"a": base}, family):
+        base = {}  # a profile's grid without the base's values: each factor's first value instead
+    family = dataclasses.replace(family, base=_variant(base, family, f"{where}.base"))
+    claims = [
+        parse_claim(c, body, family, f"{where}.claims.{c}")
+        for c, body in claims_raw.items()
+        if not (isinstance(body, dict) and body.get("if_crossed") and not _crossed(body, family))
+    ]
+    if not claims and not builtin:
+        raise ConfigError(f"{where}.claims: the config crosses the variants of none of its claims")
     family = dataclasses.replace(family, claims=claims)
     for variant in family.variants()[:1]:  # the whole arm config builds: a bad combination fails here
         _check_value(cfg, "", family.overrides(a, variant, seeds[0]), where)
     return family
+
+
+def resolve(value: Any, a: AblationConfig, where: str) -> Any:
+    """``value`` with every ``${ablation.KEY}`` (``[i]``: its i-th item) read from ``a``;
+    ``${probe.loss_shift}`` is kept (tasks/ablate/grid.py resolves it per plan)."""
+    if isinstance(value, dict):
+        return {k: resolve(v, a, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve(v, a, where) for v in value]
+    if not isinstance(value, str) or not value.startswith("${"):
+        return value
+    if value == LOSS_SHIFT:
+        return value
+    match = REFERENCE.match(value)
+    if match is None or not hasattr(a, match.group(1).removeprefix("ablation.")):
+        raise ConfigError(f"{where}: {value!r} is no reference to a key of ablation (e.g. ${{ablation.lrs}})")
+    found = getattr(a, match.group(1).removeprefix("ablation."))
+    if match.group(2) is None:
+        return list(found) if isinstance(found, list) else found
+    index = int(match.group(2))
+    if not isinstance(found, list) or index >= len(found):
+        raise ConfigError(f"{where}: {value!r}: {match.group(1)} has no item {index}")
+    return found[index]
+
+
+def _crossed(claim: dict[str, Any], family: DeclaredFamily) -> bool:
+    """Whether every factor value the claim names (a, b, across) is in the family's grid."""
+    named = [*flatten(claim.get("a") or {}).items(), *flatten(claim.get("b") or {}).items()]
+    named += [(k, v) for k, values in (claim.get("across") or {}).items() for v in values]
+    return all(v in family.factors.get(k, ()) for k, v in named)
 
 
 def parse_claim(name: str, body: Any, family: DeclaredFamily, where: str) -> DeclaredClaim:
@@ -234,12 +363,19 @@ def parse_claim(name: str, body: Any, family: DeclaredFamily, where: str) -> Dec
         raise ConfigError(f"{where}.b: the same variant as a")
     if kind != "slope" and a and b and set(a) != set(b):
         raise ConfigError(f"{where}.b: must fix the same factors as a ({sorted(a)}), so arms pair one to one")
-    may_fail = [_variant(v, family, f"{where}.may_fail") for v in body.get("may_fail") or []]
+    may_fail = [  # an entry naming a value the grid does not cross (a profile's smaller grid) exempts nothing
+        _variant(v, family, f"{where}.may_fail")
+        for v in body.get("may_fail") or []
+        if _crossed({"a": v}, family) or not set(flatten(v if isinstance(v, dict) else {})) <= set(family.factors)
+    ]
     gate = _gate(body.get("gate"), family, f"{where}.gate")
     log = body.get("log", False)
     if not isinstance(log, bool):
         raise ConfigError(f"{where}.log: true or false, got {log!r}")
     statement = body.get("statement") or default_statement(kind, metric, a, b, over, across, expected)
+    unit = body.get("unit", "")
+    if not isinstance(unit, str):
+        raise ConfigError(f"{where}.unit: a label such as nats, got {unit!r}")
     return DeclaredClaim(
         name,
         kind,
@@ -255,6 +391,7 @@ def parse_claim(name: str, body: Any, family: DeclaredFamily, where: str) -> Dec
         may_fail,
         gate,
         statement,
+        unit,
     )
 
 
@@ -275,8 +412,10 @@ def default_statement(kind: str, metric: str, a: dict, b: dict, over: str | None
 
 
 def variant_name(factors: dict[str, Any]) -> str:
-    """``model.qk_norm=true·optim.lr=0.003``: the factors as studies.yaml writes them."""
-    return "·".join(f"{k}={shown(v)}" for k, v in factors.items()) or "every variant"
+    """``model.qk_norm=true·optim.lr=0.003``: the factors as the declaration writes them; a named
+    factor's text value alone, e.g. ``post_ln·warmup=0·lr=0.001``."""
+    parts = [v if isinstance(v, str) and "." not in k else f"{k}={shown(v)}" for k, v in factors.items()]
+    return "·".join(parts) or "every variant"
 
 
 def shown(value: Any) -> str:
@@ -286,24 +425,68 @@ def shown(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _factors(raw: Any, cfg: Config, where: str) -> dict[str, list[Any]]:
+def _factors(raw: Any, cfg: Config, where: str) -> tuple[dict[str, list[Any]], dict[str, dict[str, Any]]]:
+    """Each factor's values, and how each named factor's values set config keys."""
     if not isinstance(raw, dict) or not raw:
         raise ConfigError(f"{where}: declare at least one factor: {{<config key>: [values]}}")
     factors: dict[str, Any] = {}
-    for top, value in raw.items():  # {optim.lr: [...]} or {optim: {lr: [...]}}, never both
+    named: dict[str, dict[str, Any]] = {}
+    for top, value in raw.items():  # {optim.lr: [...]} or {optim: {lr: [...]}}, never both; or a named factor
+        if isinstance(value, dict) and "values" in value:
+            named[top] = _named(top, value, cfg, f"{where}.{top}")
+            factors[top] = value["values"]
+            continue
         for key, values in flatten({top: value}).items():
             if key in factors:
                 raise ConfigError(f"{where}.{key}: given twice (as a dotted key and nested); keep one")
+            _check_key(key, f"{where}.{key}")
             factors[key] = values
     for key, values in factors.items():
-        _check_key(key, f"{where}.{key}")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{where}.{key}: must be a non-empty list of values, got {values!r}")
         if len({repr(v) for v in values}) != len(values):
             raise ConfigError(f"{where}.{key}: {values} repeats a value (an arm would run twice)")
+        if key not in named:
+            for value in values:
+                _check_value(cfg, key, value, f"{where}.{key}")
+    return factors, named
+
+
+def _named(name: str, spec: dict[str, Any], cfg: Config, where: str) -> dict[str, Any]:
+    """A named factor's rule (``sets`` [``times``], ``levels`` or ``injection``), each value checked."""
+    if "." in name:
+        raise ConfigError(f"{where}: a named factor's name has no dot (a dotted name is a config key)")
+    _only(spec, {"values", "sets", "times", "levels", "injection"}, where)
+    rules = [k for k in ("sets", "levels", "injection") if k in spec]
+    if len(rules) != 1:
+        raise ConfigError(f"{where}: give exactly one of sets, levels, injection")
+    values = spec["values"] if isinstance(spec["values"], list) else []
+    if "sets" in spec:
+        _check_key(spec["sets"], f"{where}.sets")
+        times = spec.get("times")
+        if times is not None and times != "steps" and not isinstance(times, (int, float)):
+            raise ConfigError(f"{where}.times: a number or steps, got {times!r}")
         for value in values:
-            _check_value(cfg, key, value, f"{where}.{key}")
-    return factors
+            scaled = value if times is None else value * (1 if times == "steps" else times)
+            if times == "steps" and not (isinstance(value, (int, float)) and 0 <= value < 1):
+                raise ConfigError(f"{where}: {value!r} is not a fraction of the steps in [0, 1)")
+            if times != "steps":
+                _check_value(cfg, spec["sets"], scaled, f"{where}.values")
+    elif "levels" in spec:
+        levels = spec["levels"]
+        if not isinstance(levels, dict) or not levels:
+            raise ConfigError(f"{where}.levels: a mapping of level name to the config keys it sets")
+        for level, keys in levels.items():
+            flat = flatten(keys or {})
+            for key in flat:
+                _check_key(key, f"{where}.levels.{level}.{key}")
+            _check_value(cfg, "", flat, f"{where}.levels.{level}")
+            levels[level] = flat
+        if unknown := [v for v in values if v not in levels]:
+            raise ConfigError(f"{where}.values: {unknown} are not among its levels ({', '.join(levels)})")
+    elif spec["injection"] is not True or not set(values) <= set(SPIKES):
+        raise ConfigError(f"{where}: an injection factor is `injection: true` with values among {list(SPIKES)}")
+    return {k: v for k, v in spec.items() if k != "values"}
 
 
 def _check_key(key: str, where: str) -> None:

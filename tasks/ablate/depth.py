@@ -1,7 +1,7 @@
 """The depth probe: Xiong et al.'s Theorem 1 checked directly, without training. Per block layout,
 depth and seed, the gradient norm of each block's weight matrices after one backward pass at
 initialisation (model/probes.py: gradient_norms_at_init), at the arm scale of the study, under the
-paper's init (tasks/ablate/grid.py: XIONG_MODEL) and, for comparison, this project's GPT-2 init.
+paper's init (the xiong family's model keys, tasks/report/preregistration.yaml) and, for comparison, this project's GPT-2 init.
 Post-LN's last-layer gradient is predicted to exceed Pre-LN's by a factor that grows like √L.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 
 from model.config import Init, ModelConfig
 from model.probes import gradient_norms_at_init
-from tasks.ablate.grid import XIONG_MODEL
+from tasks.ablate.grid import families
 from tasks.config import Config
 
 INITS: tuple[Init, ...] = ("xavier", "gpt2")
@@ -25,7 +25,8 @@ def depth_probe(cfg: Config) -> dict[str, Any]:
     """Per init: ``last_layer``: block -> depth -> seed -> the last block's gradient norm;
     ``per_layer``: block -> depth -> each block's norm, mean over seeds (JSON keys are strings)."""
     a = cfg.ablation
-    paper = {k.split(".", 1)[1]: v for k, v in XIONG_MODEL.items() if k.startswith("model.")}
+    xiong = families(cfg)["xiong"].fixed
+    paper = {k.split(".", 1)[1]: v for k, v in xiong.items() if k in ("model.init", "model.norm", "model.mlp")}
     model = dataclasses.replace(cfg.model, d_model=a.d_model, n_head=a.n_head, seq_len=a.seq_len, **paper)
     out: dict[str, Any] = {"depths": list(a.probe_depths), "seeds": list(a.all_seeds)}
     for init in INITS:

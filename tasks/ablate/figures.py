@@ -28,8 +28,7 @@ from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from tasks.ablate.declared import DeclaredFamily, shown, variant_name
-from tasks.ablate.grid import FAMILIES
+from tasks.ablate.declared import DeclaredFamily, builtin_names, shown, variant_name
 from tasks.ablate.stats import capped_loss, derived
 from tasks.config import Config
 from tasks.spike.curves import trailing_mean
@@ -79,12 +78,12 @@ def family_figures(
     """Every figure whose family has arms (the depth probe's: whose probe ran) into ``out``, the PNGs
     already there removed first, and one per declared family (studies.yaml); returns the paths
     written. ``plateau_margin`` and ``underflow_threshold`` are the pre-registered design's
-    (plateau_margin, findings.fp16.threshold)."""
+    (plateau_margin, and the gate of findings.fp16's claim unscaled)."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.png"):
         stale.unlink()
     loss = LossAxes(unigram, plateau_margin, cfg.recovery.smooth_steps)
-    family = {name: [arm for arm in arms if arm["family"] == name] for name in FAMILIES}
+    family = {name: [arm for arm in arms if arm["family"] == name] for name in builtin_names()}
     figures: list[tuple[str, Any, Callable[[Path], Path]]] = [
         ("xiong", family["xiong"], partial(xiong_figure, family["xiong"], loss)),
         ("depth_probe", depth_probe, partial(depth_probe_figure, depth_probe or {})),  # drawn only if there is one

@@ -2,7 +2,7 @@
 lives, and what is read off its trace. Plain functions, no orchestration (flows/ablate.py fans the
 arms out, tasks/ablate/arm.py is the command that trains one).
 
-An arm is one training run from scratch, in its family's conditions (tasks/ablate/config.py). Its
+An arm is one training run from scratch, in the conditions its family declares (tasks/ablate/declared.py). Its
 cache key is its run identity (config, data, injection, probes) plus a digest of the training
 code, so an arm reruns when and only when one of those changes: adding a value to a factor list
 runs the new arms alone, and two families that ask for the same run (the overflow family's
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -24,22 +23,8 @@ import numpy as np
 
 from model.identity import run_identity
 from tasks.ablate.config import AblationConfig
-from tasks.ablate.declared import DeclaredFamily, variant_name
+from tasks.ablate.declared import DeclaredFamily, builtin_families, variant_name
 from tasks.config import Config
-
-FAMILIES: dict[str, tuple[str, ...]] = {
-    "xiong": ("block", "warmup", "lr"),
-    "precision": ("precision",),
-    "overflow": ("precision", "spike"),
-    "beta2": ("beta2", "lr_mult"),
-    "wortsman": ("stabilizer", "lr"),
-}
-"""Each family and the factors it crosses (times the seeds); the first value of each factor is the
-family's base arm."""
-
-SPIKES = ("none", "param")
-"""The overflow family's spike factor: its clean twin, and the probe-sized weight excursion
-(tasks/ablate/conditions.py: OverflowProbeSpike)."""
 
 CODE_ROOT = Path(__file__).resolve().parents[2]
 """The checkout this module runs from (tasks/ablate/grid.py is two folders below it)."""
@@ -55,142 +40,53 @@ class Arm:
     family: str
     values: tuple[Any, ...]
     seed: int
-    names: tuple[str, ...] = ()
-    """A declared family's factors, config keys (studies.yaml); a built-in family's are FAMILIES'."""
+    names: tuple[str, ...]
+    """The family's factors, in its declaration's order."""
+    spike: str = "none"
+    """The spike the arm takes (``none``: a clean arm; tasks/ablate/declared.py: an injection factor)."""
 
     @property
     def factors(self) -> dict[str, Any]:
-        return dict(zip(self.names or FAMILIES[self.family], self.values))
+        return dict(zip(self.names, self.values))
 
     @property
     def variant(self) -> str:
-        """Every factor, e.g. ``post_ln·warmup=0·lr=0.003`` (names alone for a built-in family's named
-        variants; a declared family's as ``key=value``, its keys being config keys)."""
-        if self.names:
-            return variant_name(self.factors)
-        return "·".join(v if isinstance(v, str) else f"{k}={v:g}" for k, v in self.factors.items())
+        """Every factor, e.g. ``post_ln·warmup=0·lr=0.003`` or ``model.qk_norm=true·optim.lr=0.003``."""
+        return variant_name(self.factors)
 
     @property
     def name(self) -> str:
         return f"{self.family}/{self.variant}/s{self.seed}"
 
-    @property
-    def spike(self) -> str:
-        """The spike the arm takes (``none``: a clean arm)."""
-        spike: str = self.factors.get("spike", "none")
-        return spike
+
+def families(cfg: Config, declared: Sequence[DeclaredFamily] = ()) -> dict[str, DeclaredFamily]:
+    """Every family of the study by name: the built-in ones (tasks/report/preregistration.yaml),
+    then those studies.yaml declares."""
+    return {f.name: f for f in [*builtin_families(cfg), *declared]}
 
 
-def factor_values(a: AblationConfig) -> dict[str, dict[str, list[Any]]]:
-    """Per family, each factor's values from the config."""
-    return {
-        "xiong": {"block": a.blocks, "warmup": a.xiong_warmups, "lr": a.xiong_lrs},
-        "precision": {"precision": a.precisions},
-        "overflow": {"precision": a.overflow_precisions, "spike": list(SPIKES)},
-        "beta2": {"beta2": a.beta2s, "lr_mult": a.beta2_lr_mults},
-        "wortsman": {"stabilizer": a.stabilizers, "lr": a.lrs},
-    }
+def expand(cfg: Config, declared: Sequence[DeclaredFamily] = ()) -> list[Arm]:
+    """Every arm of every family (the built-in ones and ``declared``), family by family, each
+    point of its grid once per seed (discovery, then confirmation)."""
+    return [
+        family_arm(family, seed, **variant)
+        for family in families(cfg, declared).values()
+        for variant in family.variants()
+        for seed in family.all_seeds
+    ]
 
 
-def expand(a: AblationConfig, declared: Sequence[DeclaredFamily] = ()) -> list[Arm]:
-    """Every arm the config and the declared families (studies.yaml) ask for, family by family,
-    each point of its grid once per seed (discovery, then confirmation)."""
-    arms = []
-    for family, factors in factor_values(a).items():
-        for values in itertools.product(*factors.values()):
-            arms += [Arm(family, values, seed) for seed in a.all_seeds]
-    for d in declared:
-        for values in itertools.product(*d.factors.values()):
-            arms += [Arm(d.name, values, seed, tuple(d.factors)) for seed in d.all_seeds]
-    return arms
+def family_arm(family: DeclaredFamily, seed: int, **factors: Any) -> Arm:
+    """The arm of ``family`` at ``factors`` (every factor named) and ``seed``."""
+    values = tuple(factors[k] for k in family.factors)
+    return Arm(family.name, values, seed, tuple(family.factors), family.spike(factors))
 
 
-def base_values(a: AblationConfig, family: str) -> dict[str, Any]:
-    """The family's base arm: the first value of each of its factors."""
-    return {k: v[0] for k, v in factor_values(a)[family].items()}
-
-
-# ----------------------------------------------------------------------------------------------
-# An arm's config: the arm scale, its family's conditions, its factors
-# ----------------------------------------------------------------------------------------------
-
-
-def overrides(
-    arm: Arm, a: AblationConfig, loss_shift: int = 0, declared: DeclaredFamily | None = None
-) -> dict[str, Any]:
-    """The dotted keys that turn the study's config into this arm's (``loss_shift``: the precision
-    and overflow families', tasks/ablate/conditions.py: loss_shift_probe; ``declared``: the
-    arm's family when studies.yaml declares it). With them, ``python -m tasks.ablate.arm --set
-    KEY=VALUE ...`` trains the arm by itself."""
-    if declared:
-        return declared.overrides(a, arm.factors, arm.seed)
-    steps = family_steps(arm.family, a)
-    keys = a.arm_scale(steps, arm.seed)
-    family = CONDITIONS[arm.family](arm.factors, a, steps)
-    if arm.family in ("precision", "overflow"):
-        family["precision.loss_shift"] = loss_shift
-    return keys | family
-
-
-def _xiong(f: dict[str, Any], a: AblationConfig, steps: int) -> dict[str, Any]:
-    # The paper's model: the original Transformer's init (SP, Xavier, unit-scale embeddings; μP's
-    # zero-initialised readout and GPT-2's depth-scaled init both remove the large output-layer
-    # gradients at init Xiong et al. describe), LayerNorm, a GELU feed-forward.
-    return {
-        **XIONG_MODEL,
-        "model.n_layer": a.xiong_depth,
-        "model.block": f["block"],
-        "optim.lr": f["lr"],
-        "schedule.warmup_steps": round(f["warmup"] * steps),
-    }
-
-
-def _precision(f: dict[str, Any], a: AblationConfig, steps: int) -> dict[str, Any]:
-    # Every format through one numeric path (emulated matmul rounding), so formats differ and
-    # nothing else does; fp32 under emulation rounds nothing.
-    mode, scaled = ("fp16", False) if f["precision"] == "fp16_unscaled" else (f["precision"], True)
-    return {
-        "mup.parametrization": "sp",
-        "optim.lr": a.sp_lr,
-        "precision.mode": mode,
-        "precision.loss_scaling": scaled,
-        "precision.emulate": "always",
-    }
-
-
-def _beta2(f: dict[str, Any], a: AblationConfig, steps: int) -> dict[str, Any]:
-    return {"optim.beta2": f["beta2"], "optim.lr": a.lr * f["lr_mult"], "train.batch_size": a.beta2_batch_size}
-
-
-def _wortsman(f: dict[str, Any], a: AblationConfig, steps: int) -> dict[str, Any]:
-    return {
-        "mup.parametrization": "sp",
-        "optim.lr": f["lr"],
-        "optim.weight_decay_mode": "independent",
-        "optim.weight_decay": a.independent_weight_decay,
-        "model.qk_norm": f["stabilizer"] == "qk_norm",
-        "model.z_loss": a.z_loss if f["stabilizer"] == "z_loss" else 0.0,
-    }
-
-
-XIONG_MODEL: dict[str, Any] = {
-    "mup.parametrization": "sp",
-    "model.init": "xavier",
-    "model.norm": "layernorm",
-    "model.mlp": "gelu",
-}
-"""The model Xiong et al. study, for the xiong arms and the depth probe (tasks/ablate/depth.py)."""
-
-CONDITIONS = {"xiong": _xiong, "precision": _precision, "overflow": _precision, "beta2": _beta2, "wortsman": _wortsman}
-"""Each family's conditions on top of the arm scale (the module doc of tasks/ablate/config.py)."""
-
-
-def family_steps(family: str, a: AblationConfig) -> int:
-    return {"xiong": a.xiong_steps, "beta2": a.beta2_steps, "wortsman": a.wortsman_steps}.get(family, a.steps)
-
-
-def arm_config(cfg: Config, arm: Arm, loss_shift: int = 0, declared: DeclaredFamily | None = None) -> Config:
-    return cfg.replace(**overrides(arm, cfg.ablation, loss_shift, declared))
+def arm_config(cfg: Config, arm: Arm, family: DeclaredFamily, loss_shift: int = 0) -> Config:
+    """The arm's config: the study's, with the family's keys for this arm (``loss_shift``: the
+    precision probe's, tasks/ablate/conditions.py: loss_shift_probe). With the same keys,
+    ``python -m tasks.ablate.arm --set KEY=VALUE ...`` trains the arm by itself."""
+    return cfg.replace(**family.overrides(cfg.ablation, arm.factors, arm.seed, loss_shift))
 
 
 def injection_spec(kind: str, a: AblationConfig) -> dict[str, Any] | None:
@@ -208,11 +104,6 @@ def injection_spec(kind: str, a: AblationConfig) -> dict[str, Any] | None:
         "param_block": 0,
         "tied_to": "once",
     }
-
-
-def range_probe_every(arm: Arm, a: AblationConfig) -> int:
-    """Steps between the fp16 range probe's measurements in this arm (0: none): the formats' families."""
-    return a.range_probe_every if arm.family in ("precision", "overflow") else 0
 
 
 def code_digest() -> str:

@@ -29,12 +29,11 @@ from typing import Any
 
 from model.typed_config import add_config_arguments, parse_sets
 from tasks.ablate.arm import run_arm
-from tasks.ablate.grid import Arm, arm_config, arm_metrics
+from tasks.ablate.grid import Arm, arm_config, arm_metrics, families, family_arm
 from tasks.ablate.stats import capped_loss
 from tasks.config import Config, load_config
 from tasks.data.unigram import unigram_baseline
 from tasks.report.design import design
-from tasks.report.findings import predicted_to_fail, variants_of
 from tasks.runtime.files import write_json
 from tasks.runtime.outputs import MANIFEST
 from tasks.runtime.workers import clean_state
@@ -42,8 +41,10 @@ from tasks.runtime.workers import clean_state
 
 def gated_arms(cfg: Config, seeds: Iterable[int]) -> list[Arm]:
     """The xiong arms the plateau gate reads, at ``seeds``: every variant but those predicted to fail."""
-    variants = [v for v in variants_of(cfg, "xiong") if not predicted_to_fail("xiong", v)]
-    return [Arm("xiong", tuple(v.values()), seed) for v in variants for seed in seeds]
+    family = families(cfg)["xiong"]
+    exempt = [e for c in family.claims for e in c.may_fail]
+    variants = [v for v in family.variants() if not any(e.items() <= v.items() for e in exempt)]
+    return [family_arm(family, seed, **v) for v in variants for seed in seeds]
 
 
 def plateau_bound(unigram: float) -> float:
@@ -56,7 +57,8 @@ def probe(cfg: Config, project: Path, arm: Arm, steps: int, run_dir: Path) -> di
     """One arm of the family trained for ``steps`` as the stage trains it, and its capped loss."""
     started = time.perf_counter()
     clean_state()  # one thread, as a stage's worker trains an arm
-    arm_cfg = arm_config(cfg.replace(**{"ablation.xiong_steps": steps}), arm)
+    sized = cfg.replace(**{"ablation.xiong_steps": steps})
+    arm_cfg = arm_config(sized, arm, families(sized)["xiong"])
     result = run_arm(arm_cfg, project, run_dir / f"{steps}" / f"{arm.variant}-s{arm.seed}")
     metrics = arm_metrics(result, arm_cfg)
     return {

@@ -30,13 +30,13 @@ from scipy import stats as scipy_stats
 from tasks.ablate.declared import STUDIES, DeclaredClaim, DeclaredFamily, shown, variant_name
 from tasks.ablate.stats import derived, seed_means, tost_paired
 from tasks.config import Config
-from tasks.report.findings import (
+from tasks.report.method import (
     Arms,
     Finding,
     Halves,
-    _claims_numbers,
-    _halves,
+    claims_numbers,
     decide,
+    halves_for,
     halves_of,
     plateau_gate,
     pooled_and_halves,
@@ -45,17 +45,117 @@ from tasks.report.findings import (
 from tasks.report.verdict import EQUIVALENCE, Claim
 
 
-def declared_finding(cfg: Config, ablate: dict[str, Any], unigram: float | None, family: DeclaredFamily) -> Finding:
-    """The family's finding: its claims tested on its arms, its verdict by the one rule."""
-    arms, halves = Arms(ablate), _halves(family.seeds, family.confirm_seeds)
+def declared_finding(
+    cfg: Config,
+    ablate: dict[str, Any],
+    unigram: float | None,
+    family: DeclaredFamily,
+    key: str | None = None,
+    notes: tuple[str, dict[str, Any]] = ("", {}),
+) -> Finding:
+    """The family's finding: its claims tested on its arms, its verdict by the one rule. A built-in
+    family's finding is ``key`` (its pre-registration the registered design) with its ``notes``
+    (the numbers beside its claims, and under ``failed`` a registered condition its probe did not
+    reach: tasks/report/findings.py)."""
+    arms, halves = Arms(ablate), halves_for(family.seeds, family.confirm_seeds)
     tested = {c.statement: test(arms, family, c, halves) for c in family.claims}
     claims = [to_claim(c, tested[c.statement], halves, arms, family) for c in family.claims]
-    failed = next((why for c in family.claims if (why := gates(arms, family, c, unigram))), None)
-    numbers = _claims_numbers(tested, "")
+    text, details = notes
+    failed = next((why for c in family.claims if (why := gates(arms, family, c, unigram))), details.pop("failed", None))
+    shown = {c.statement: sides(arms, family, c) for c in family.claims}
+    measured = {c.name: gate_value(arms, family, c) for c in family.claims if c.gate}
+    lines = [
+        claims_numbers({c.statement: tested[c.statement]}, c.unit) + side_text(shown[c.statement])
+        for c in family.claims
+    ]
+    lines += [gate_text(c, measured[c.name]) for c in family.claims if c.gate]
+    numbers = "; ".join(filter(None, [*lines, text]))
+    details = {**tested, **details, "sides": shown, "gates": measured}
     names = [a["name"] for a in arms.select(family.name)]
-    finding = decide(family.name, claims, numbers, names, failed, halves=halves_of(tested), details=tested)
-    finding.declared = registration(family)
+    finding = decide(
+        key or family.name,
+        claims,
+        numbers,
+        names,
+        failed,
+        base_loss(arms, family),
+        details=details,
+        halves=halves_of(tested),
+    )
+    if key is None:
+        finding.declared = registration(family)
     return finding
+
+
+def sides(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim) -> dict[str, float | None]:
+    """What the claim compares, each side's mean over seeds: the metric of a and of b (a
+    contrast), a − b at each ``across`` value (an interaction), each side's spread over the grid
+    and its best point (a sensitivity); nothing for a slope."""
+
+    def mean(values: dict[tuple, float]) -> float | None:
+        return float(np.mean(list(values.values()))) if values else None
+
+    values = lambda **fixed: _finite(arms.values(family.name, claim.metric, **fixed))  # noqa: E731
+    if claim.kind in ("contrast", "equivalence"):
+        return {variant_name(side): mean(values(**side)) for side in (claim.a, claim.b)}
+    if claim.kind == "interaction":
+        ((factor, levels),) = claim.across.items()
+        at = {v: subtract(values(**claim.a, **{factor: v}), values(**claim.b, **{factor: v})) for v in levels}
+        return {f"a − b at {factor}={shown(v)}": mean(seed_means(d)) for v, d in at.items()}
+    if claim.kind == "sensitivity":
+        out: dict[str, float | None] = {}
+        for side in (claim.a, claim.b):
+            out[f"{variant_name(side)} spread"] = mean(spread(arms, family, claim, side))
+            best = best_point(arms, family, [v for v in family.variants() if side.items() <= v.items()])[0]
+            out[f"{variant_name(side)} best {claim.over}"] = best.get(claim.over or "")
+        return out
+    return {}
+
+
+def side_text(values: dict[str, Any]) -> str:
+    return (
+        " (" + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in values.items()) + ")"
+        if values
+        else ""
+    )
+
+
+def gate_value(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim) -> dict[str, Any]:
+    """The gate's measured value (mean of its metric over its variant's arms) beside its threshold."""
+    gate = claim.gate
+    assert gate is not None
+    values = [v for _, v in _arm_values(arms, family, gate.metric, gate.variant)]
+    measured = float(np.mean(values)) if values else None
+    return {
+        "metric": gate.metric,
+        "variant": variant_name(gate.variant),
+        "measured": measured,
+        "at_least": gate.at_least,
+        "at_most": gate.at_most,
+    }
+
+
+def gate_text(claim: DeclaredClaim, g: dict[str, Any]) -> str:
+    bound = f"at least {g['at_least']:g}" if g["at_least"] is not None else f"at most {g['at_most']:g}"
+    value = "-" if g["measured"] is None else f"{g['measured']:.4g}"
+    return f"gate of {claim.name}: {g['metric']} of {g['variant']} {value} ({bound})"
+
+
+def base_loss(arms: Arms, family: DeclaredFamily) -> float | None:
+    """The base arm's mean capped loss over seeds: ``family.base``'s values, the factors it leaves
+    free at their best grid point; each factor's first value when it names none."""
+    if not family.base:
+        return arms.mean(family.name, "capped_loss", **{k: v[0] for k, v in family.factors.items()})
+    return best_point(arms, family, [v for v in family.variants() if family.base.items() <= v.items()])[1]
+
+
+def best_point(
+    arms: Arms, family: DeclaredFamily, variants: list[dict[str, Any]]
+) -> tuple[dict[str, Any], float | None]:
+    """Of ``variants``, the one with the lowest mean capped loss over seeds (the first on a tie) and that loss."""
+    means = [(v, arms.mean(family.name, "capped_loss", **v)) for v in variants]
+    finite = [(v, m) for v, m in means if m is not None]
+    return min(finite, key=lambda vm: vm[1]) if finite else (variants[0] if variants else {}, None)
 
 
 def test(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, halves: Halves) -> dict[str, Any]:
@@ -132,6 +232,7 @@ def to_claim(claim: DeclaredClaim, tested: dict[str, Any], halves: Halves, arms:
             ci95=tested.get("ci95"),
             halves=halves_est,
             mde=tested.get("mde"),
+            unit=claim.unit,
         )
     return Claim(
         claim.statement,
@@ -142,6 +243,7 @@ def to_claim(claim: DeclaredClaim, tested: dict[str, Any], halves: Halves, arms:
         ci95=tested.get("ci95"),
         halves=halves_est,
         mde=tested.get("mde"),
+        unit=claim.unit,
     )
 
 
@@ -149,7 +251,13 @@ def gates(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram: flo
     """Why the claim cannot be tested: a compared variant (each grid point it reads, mean over its
     seeds) on the plateau, ``may_fail`` aside, as for the built-in findings; or its mechanism gate
     not met. None when it can."""
-    for variant in compared_variants(family, claim):
+    compared = compared_variants(family, claim)
+    if claim.kind == "sensitivity":  # it reads the whole grid, whose worst points are its effect: gate each side's best
+        compared = [
+            best_point(arms, family, [v for v in compared if side.items() <= v.items()])[0]
+            for side in (claim.a, claim.b)
+        ]
+    for variant in compared:
         if any(all(variant.get(k) == v for k, v in exempt.items()) for exempt in claim.may_fail):
             continue
         loss = arms.mean(family.name, "capped_loss", **variant)
@@ -158,8 +266,7 @@ def gates(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram: flo
     gate = claim.gate
     if gate is None:
         return None
-    values = [v for _, v in _arm_values(arms, family, gate.metric, gate.variant)]
-    mean = float(np.mean(values)) if values else None
+    mean = gate_value(arms, family, claim)["measured"]
     above = gate.at_least is not None
     bound = float(gate.at_least if gate.at_least is not None else gate.at_most or 0.0)
     if mean is None or (mean < bound if above else mean > bound):

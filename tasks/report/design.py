@@ -21,6 +21,9 @@ DESIGN_CODE = (
     "tasks/report/preregistration.yaml",
     "tasks/report/verdict.py",
     "tasks/report/findings.py",
+    "tasks/report/method.py",
+    "tasks/report/declared.py",
+    "tasks/ablate/declared.py",
     "tasks/ablate/stats.py",
     "tasks/ablate/grid.py",
     "tasks/ablate/conditions.py",
@@ -29,7 +32,8 @@ DESIGN_CODE = (
     "tasks/spike/sizing.py",
     "tasks/ablate/sizing.py",
 )
-"""The files whose content decides a verdict, relative to the checkout (the design hash's input);
+"""The files whose content decides a verdict, relative to the checkout (the design hash's input:
+the method, the declared claims' tests and the declared families' arms among them);
 tasks/spike/sizing.py and tasks/ablate/sizing.py hold the rules that size the spike and xiong
 findings' conditions, as tasks/ablate/conditions.py does the other ablation families'."""
 

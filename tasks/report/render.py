@@ -35,7 +35,8 @@ from typing import Any
 from tasks.ablate.stats import ALPHA
 from tasks.config import Config
 from tasks.report.design import DESIGN_CODE, design, design_hash
-from tasks.report.findings import FAMILY_OF, Finding, number
+from tasks.report.findings import FAMILY_OF
+from tasks.report.method import Finding, number
 from tasks.report.verdict import (
     CONTRADICTED,
     EQUIVALENCE,

@@ -11,7 +11,8 @@ from typing import Any
 
 from tasks.config import Config
 from tasks.report.arithmetic import STAGE_METRICS as REPORTED
-from tasks.report.findings import Finding, evaluate
+from tasks.report.findings import evaluate
+from tasks.report.method import Finding
 from tasks.runtime.files import read_json
 from tasks.runtime.outputs import ABLATE_METRICS, SEARCH_METRICS, SPIKE_METRICS
 
