@@ -96,11 +96,46 @@ def test_the_committed_studies_file_is_valid(cfg):
         ("fixed/optim.lr", 0.1, "also factors"),
         ("colour", "blue", "families.wd.colour: unknown key"),
         ("claims", {}, "claims: declare at least one claim"),
+        ("steps", "${ablation.nope}", "steps: '\\$\\{ablation.nope\\}' is no reference to a key of ablation"),
+        ("steps", "${ablation.lrs[9]}", "ablation.lrs has no item 9"),
+        ("factors/m.x", {"values": [0.1], "sets": "optim.lr"}, "factors.m.x: a named factor's name has no dot"),
+        ("factors/m", {"values": ["a"], "sets": "model.norm", "levels": {"a": {}}}, "exactly one of sets, levels"),
+        ("factors/m", {"values": ["a"], "levels": {"b": {"model.norm": "layernorm"}}}, "\\['a'\\] are not among"),
+        ("factors/m", {"values": ["a"], "levels": {"a": {"model.nrom": "layernorm"}}}, "levels.a.model.nrom: unknown"),
+        ("factors/m", {"values": ["a"], "levels": {"a": {"model.norm": "batchnorm"}}}, "levels.a: .*model.norm"),
+        ("factors/m", {"values": ["none", "lr"], "injection": True}, "an injection factor is `injection: true`"),
+        ("factors/m", {"values": [1.0], "sets": "schedule.warmup_steps", "times": "steps"}, "not a fraction of"),
+        ("factors/m", {"values": [0.1], "sets": "optim.lr", "times": "twice"}, "times: a number or steps"),
+        ("factors/m", {"values": [-1.0], "sets": "optim.lr", "times": 0.01}, "factors.m.values: .*optim.lr"),
     ],
 )
 def test_a_bad_declaration_is_refused_naming_its_key(tmp_path, cfg, path, value, message):
     with pytest.raises(ConfigError, match=message):
         declare(tmp_path, cfg, edited(path, value))
+
+
+def test_references_read_the_profile_and_named_factors_set_their_keys(tmp_path, cfg):
+    family = copy.deepcopy(FAMILY)
+    family["steps"] = "${ablation.xiong_steps}"
+    family["factors"] = {
+        "warm": {"values": "${ablation.xiong_warmups}", "sets": "schedule.warmup_steps", "times": "steps"},
+        "norm": {
+            "values": ["ln", "rms"],
+            "levels": {"ln": {"model.norm": "layernorm"}, "rms": {"model.norm": "rmsnorm"}},
+        },
+        "lr": {"values": [0.01], "sets": "optim.lr", "times": "${ablation.lr}"},
+    }
+    family["claims"] = {"rms": {"kind": "contrast", "metric": "capped_loss", "a": {"norm": "rms"}, "b": {"norm": "ln"}}}
+    family["claims"]["rms"] |= {"expected": -1, "sesoi": 0.05, "justification": "j"}
+    (declared,) = declare(tmp_path, cfg, family)
+    a = cfg.ablation
+    assert declared.steps == a.xiong_steps and declared.factors["warm"] == a.xiong_warmups
+    arms = [arm for arm in expand(cfg, [declared]) if arm.family == "wd"]
+    assert f"wd/warm={a.xiong_warmups[0]:g}·rms·lr=0.01/s{a.seeds[0]}" in {arm.name for arm in arms}
+    keys = declared.overrides(a, {"warm": a.xiong_warmups[0], "norm": "rms", "lr": 0.01}, a.seeds[0])
+    assert keys["schedule.warmup_steps"] == round(a.xiong_warmups[0] * a.xiong_steps)
+    assert keys["model.norm"] == "rmsnorm" and keys["optim.lr"] == pytest.approx(0.01 * a.lr)
+    assert keys["train.steps"] == a.xiong_steps
 
 
 def test_a_built_in_familys_name_is_refused(tmp_path, cfg):
