@@ -182,7 +182,7 @@ def plan(
 
 def underflow_threshold() -> float:
     """The fp16 finding's registered underflow share (the gate of its claim ``unscaled``)."""
-    threshold: float = design()["findings"]["fp16"]["claims"]["unscaled"]["gate"]["at_least"]
+    threshold: float = design()["findings"]["fp16"]["claims"]["unscaled"]["gate"]["at_least"]  # registered, any grid
     return threshold
 
 

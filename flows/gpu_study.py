@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+SHARED = ("family", "name", "variant", "factors", "seed")
+"""What the plan keeps of another family's arm that is the same run."""
+
+
 def study_plan(project: Path, profile: str = planning.PROFILE) -> dict[str, Any]:
     """Every run of ``profile``'s ablation study, seed-major, and the plan's id (a digest of the
     runs' identities: the same study planned again, anywhere, has the same id)."""
@@ -67,6 +71,9 @@ def study_plan(project: Path, profile: str = planning.PROFILE) -> dict[str, Any]
     seeds = cfg.ablation.all_seeds
     order = list(families(cfg, declared))
     runs = sorted(runs_to_train(rows), key=lambda row: (seeds.index(row["seed"]), order.index(row["family"])))
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:  # an arm two families ask for trains once; the report reads it for both
+        by_key.setdefault(row["key"], []).append(row)
     arms = [
         {
             "key": row["key"],
@@ -76,6 +83,7 @@ def study_plan(project: Path, profile: str = planning.PROFILE) -> dict[str, Any]
             "factors": row["factors"],
             "seed": row["seed"],
             "arguments": row["command"][1 + len(ARM_MODULE) :],
+            "shared": [{k: twin[k] for k in SHARED} for twin in by_key[row["key"]] if twin is not row],
         }
         for row in runs
     ]

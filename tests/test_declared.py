@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from model.typed_config import ConfigError
-from tasks.ablate.declared import STUDIES, read_studies
+from tasks.ablate.declared import STUDIES, Gate, builtin_families, read_studies
 from tasks.ablate.grid import arm_config, expand
-from tasks.config import load_config
+from tasks.config import Config, load_config
 from tasks.report.declared import declared_finding
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def test_the_committed_studies_file_is_valid(cfg):
         ("claims/lower_sensitivity/over", "optim.beta2", "over: 'optim.beta2' is not a factor"),
         ("seeds", [0, 1, 0], "seeds: seed 0 is listed twice"),
         ("confirm_seeds", [5, 0], "confirm_seeds: seed 0 is also a discovery seed"),
-        ("fixed/optim.lr", 0.1, "also factors"),
+        ("fixed/optim.lr", 0.1, "also set by a factor"),
         ("colour", "blue", "families.wd.colour: unknown key"),
         ("claims", {}, "claims: declare at least one claim"),
         ("steps", "${ablation.nope}", "steps: '\\$\\{ablation.nope\\}' is no reference to a key of ablation"),
@@ -107,6 +107,15 @@ def test_the_committed_studies_file_is_valid(cfg):
         ("factors/m", {"values": [1.0], "sets": "schedule.warmup_steps", "times": "steps"}, "not a fraction of"),
         ("factors/m", {"values": [0.1], "sets": "optim.lr", "times": "twice"}, "times: a number or steps"),
         ("factors/m", {"values": [-1.0], "sets": "optim.lr", "times": 0.01}, "factors.m.values: .*optim.lr"),
+        ("factors/m", {"values": ["a"], "sets": "optim.lr", "times": 0.5}, "m.values: numbers, to multiply"),
+        ("factors/m", {"values": [0.1], "sets": ["optim.lr"]}, "m.sets: one config key"),
+        ("factors/m", {"values": [["a"]], "levels": {"a": {}}}, "are not among its levels"),
+        ("factors/m", {"values": [0.5], "sets": "optim.lr"}, "m: sets optim.lr, which optim.lr sets too"),
+        ("factors/m", {"values": [0.5], "sets": "optim.weight_decay"}, "fixed: \\['optim.weight_decay'\\] also set"),
+        ("steps", "${ablation.arm_scale}", "is no reference to a key of ablation"),
+        ("claims/lower_sensitivity/may_fail", {"optim.lr": 0.01}, "may_fail: a list of variants"),
+        ("claims/lower_sensitivity/may_fail", [{"optim.lr": 0.03}], "optim.lr=0.03 is not among the values"),
+        ("claims/lower_sensitivity/if_crossed", True, "if_crossed: unknown key"),
     ],
 )
 def test_a_bad_declaration_is_refused_naming_its_key(tmp_path, cfg, path, value, message):
@@ -136,6 +145,41 @@ def test_references_read_the_profile_and_named_factors_set_their_keys(tmp_path, 
     assert keys["schedule.warmup_steps"] == round(a.xiong_warmups[0] * a.xiong_steps)
     assert keys["model.norm"] == "rmsnorm" and keys["optim.lr"] == pytest.approx(0.01 * a.lr)
     assert keys["train.steps"] == a.xiong_steps
+
+
+def test_two_injection_factors_are_refused(tmp_path, cfg):
+    family = copy.deepcopy(FAMILY)
+    family["factors"] |= {f"s{i}": {"values": ["none", "param"], "injection": True} for i in (1, 2)}
+    with pytest.raises(ConfigError, match="two injection factors"):
+        declare(tmp_path, cfg, family)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "family", "claims"),
+    [
+        ("ablation.xiong_warmups", [0.0, 0.1], "xiong", 0),  # the warmup arm is no longer the first value
+        ("ablation.blocks", ["post_ln"], "xiong", 0),
+        ("ablation.precisions", ["fp32", "bf16", "fp16"], "precision", 0),  # no unscaled arm: the finding, not half
+        ("ablation.stabilizers", ["none", "qk_norm"], "wortsman", 1),  # z-loss's claim is optional (if_crossed)
+        ("ablation.lrs", [0.01], "wortsman", 0),
+        ("ablation.beta2_lr_mults", [1.0], "beta2", 2),  # a may_fail variant not crossed exempts nothing
+    ],
+)
+def test_a_profile_that_shrinks_a_built_in_grid_keeps_only_the_claims_it_can_state(key, value, family, claims):
+    (found,) = [f for f in builtin_families(Config().replace(**{key: value})) if f.name == family]
+    assert len(found.claims) == claims
+    if claims == 0 and family != "wortsman":
+        assert "is not among the values the family crosses" in found.missing or "same variant" in found.missing
+
+
+@pytest.mark.parametrize(
+    ("bound", "mean", "met"),
+    [("at_least", 0.01, True), ("at_least", 0.0099, False), ("above", 0.0, False), ("above", 1e-300, True)]
+    + [("at_most", 0.01, True), ("at_most", 0.0101, False), ("above", None, False)],
+)
+def test_a_gate_is_met_at_its_bounds_edge_as_its_bound_says(bound, mean, met):
+    value = 0.0 if bound == "above" else 0.01
+    assert Gate("m", {}, bound, value, "j").met(mean) is met
 
 
 def test_a_built_in_familys_name_is_refused(tmp_path, cfg):

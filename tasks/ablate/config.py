@@ -1,13 +1,13 @@
-"""The ablate stage's section of the study config: one family of arms per finding, each in the
-conditions its source names (tasks/ablate/grid.py expands them; tasks/report/preregistration.yaml
-declares what each family tests).
+"""The ablate stage's section of the study config: the values the built-in families read, one family
+of arms per finding, each in the conditions its source names (tasks/report/preregistration.yaml
+declares each family and what it tests, referencing these keys; tasks/ablate/grid.py expands them).
 
 Every arm trains from scratch at the arm scale (``d_model`` ... ``batch_size``) on the study's
 parametrization (``mup.parametrization`` at ``mup.base_width``) unless its family names another
 condition; clean arms take no injection (an injected spike goes only into the overflow family,
-beside an un-injected twin). Each family's base arm, the one that must end past the unigram plateau
-for the family to be tested (tasks/report/findings.py), is the first value of each of its factor
-lists, except: overflow's is bf16's clean twin, wortsman's is ``none`` at its best LR on the grid.
+beside an un-injected twin). Each family's base arm (its declaration's ``base``; the report prints
+its loss) is the first value of each of its factor lists, except: overflow's is bf16's clean twin,
+wortsman's is ``none`` at its best LR on the grid.
 
   xiong       block x warmup x LR   SP init, depth ``xiong_depth``        (Xiong et al. 2020)
   precision   precision             SP, emulated, loss x 2^-k (probe)     (Micikevicius et al. 2017)

@@ -75,7 +75,7 @@ and every arm reads the study's data and tokenizer."""
 FAMILY_KEYS = {"question", "factors", "fixed", "steps", "seeds", "confirm_seeds", "warmup_fraction", "claims"}
 FAMILY_KEYS |= {"range_probe_every", "base"}
 CLAIM_KEYS = {"kind", "metric", "a", "b", "over", "across", "log", "expected", "sesoi", "justification"}
-CLAIM_KEYS |= {"may_fail", "gate", "statement", "unit", "if_crossed"}
+CLAIM_KEYS |= {"may_fail", "gate", "statement", "unit"}
 
 SPIKES = ("none", "param")
 """An injection factor's values: a clean arm, and the probe-sized weight excursion
@@ -88,16 +88,29 @@ LOSS_SHIFT = "${probe.loss_shift}"
 """Resolved per plan, not per declaration: the precision probe's shift (0 while checking)."""
 
 
+BOUNDS = {"at_least": "at least", "above": "above", "at_most": "at most"}
+"""A gate's bounds on the mean of its metric, in words."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Gate:
-    """A mechanism gate: the mean of ``metric`` over ``variant``'s arms must reach ``at_least`` (or
-    stay within ``at_most``), or the claim's mechanism did not occur and it is not tested."""
+    """A mechanism gate: the mean of ``metric`` over ``variant``'s arms must meet ``bound``
+    (BOUNDS) at ``value``, or the claim's mechanism did not occur and it is not tested."""
 
     metric: str
     variant: dict[str, Any]
-    at_least: float | None
-    at_most: float | None
+    bound: str
+    value: float
     justification: str
+
+    def met(self, mean: float | None) -> bool:
+        if mean is None:
+            return False
+        return {"at_least": mean >= self.value, "above": mean > self.value, "at_most": mean <= self.value}[self.bound]
+
+    @property
+    def needs(self) -> str:
+        return f"{BOUNDS[self.bound]} {self.value:g}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +149,8 @@ class DeclaredFamily:
     """Steps between the fp16 range probe's measurements in each arm (0: none)."""
     base: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The base arm's factor values, the rest at their best grid point (default: each factor's first)."""
+    missing: str = ""
+    """Why a built-in family's finding cannot be stated in this config's grid ("": it can)."""
 
     @property
     def all_seeds(self) -> list[int]:
@@ -146,9 +161,10 @@ class DeclaredFamily:
         kind: str = next((factors[k] for k, spec in self.named.items() if spec.get("injection")), "none")
         return kind
 
-    def variants(self) -> list[dict[str, Any]]:
-        """Every point of the family's grid."""
-        return [dict(zip(self.factors, values)) for values in itertools.product(*self.factors.values())]
+    def variants(self, partial: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every point of the family's grid (those with ``partial``'s values, when given)."""
+        grid = [dict(zip(self.factors, values)) for values in itertools.product(*self.factors.values())]
+        return [v for v in grid if matches(v, partial or {})]
 
     def overrides(self, a: AblationConfig, factors: dict[str, Any], seed: int, loss_shift: int = 0) -> dict[str, Any]:
         """The keys that turn the study's config into this arm's: the arm scale at the family's
@@ -208,9 +224,10 @@ def builtin_names() -> dict[str, str]:
 
 def builtin_families(cfg: Config) -> list[DeclaredFamily]:
     """The built-in families as preregistration.yaml declares them (each finding's ``family`` and
-    its claims), resolved against ``cfg``: its profile's values. A claim is left out when the config
-    does not cross the variants it names (a profile without z-loss, a study of Pre-LN alone): the
-    family then has fewer claims, or none (its finding reads "not in this grid")."""
+    its claims), resolved against ``cfg``: its profile's values. A profile may shrink a grid: a claim
+    the grid cannot state (a variant it names, its gate's or its ``over`` grid not crossed) is left
+    out where it says ``if_crossed`` (a profile without z-loss), and otherwise leaves the family no
+    claims, with the reason in ``missing`` (its finding reads "not in this grid")."""
     families = []
     for key, finding in _registered().items():
         if "family" not in finding:
@@ -220,7 +237,6 @@ def builtin_families(cfg: Config) -> list[DeclaredFamily]:
         claims = {
             claim: {k: v for k, v in entry.items() if k != "sesoi_justification"}
             | {"justification": entry["sesoi_justification"], "may_fail": finding.get("may_fail") or []}
-            | {"if_crossed": True}
             for claim, entry in finding["claims"].items()
         }
         body = declared | {"question": finding["claim"], "claims": claims}
@@ -240,8 +256,9 @@ def parse_family(name: str, body: Any, cfg: Config, where: str, builtin: bool = 
     for key in fixed:
         _check_key(key, f"{where}.fixed.{key}")
     _check_value(cfg, "", {k: 0 if v == LOSS_SHIFT else v for k, v in fixed.items()}, f"{where}.fixed")
-    if overlap := sorted(set(fixed) & set(factors)):
-        raise ConfigError(f"{where}.fixed: {overlap} also factors; a key is either fixed or crossed")
+    crossed = {key for name in factors for key in set_keys(name, named.get(name))}
+    if overlap := sorted(set(fixed) & crossed):
+        raise ConfigError(f"{where}.fixed: {overlap} also set by a factor; a key is either fixed or crossed")
     steps = body.get("steps", a.steps)
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ConfigError(f"{where}.steps: must be a positive integer, got {steps!r}")
@@ -265,22 +282,32 @@ def parse_family(name: str, body: Any, cfg: Config, where: str, builtin: bool = 
     if builtin and isinstance(base, dict) and not _crossed({"a": base}, family):
         base = {}  # a profile's grid without the base's values: each factor's first value instead
     family = dataclasses.replace(family, base=_variant(base, family, f"{where}.base"))
-    claims = [
-        parse_claim(c, body, family, f"{where}.claims.{c}")
-        for c, body in claims_raw.items()
-        if not (isinstance(body, dict) and body.get("if_crossed") and not _crossed(body, family))
-    ]
-    if not claims and not builtin:
-        raise ConfigError(f"{where}.claims: the config crosses the variants of none of its claims")
-    family = dataclasses.replace(family, claims=claims)
-    for variant in family.variants()[:1]:  # the whole arm config builds: a bad combination fails here
+    for variant in family.variants():  # every arm's config builds: a bad combination fails here
         _check_value(cfg, "", family.overrides(a, variant, seeds[0]), where)
-    return family
+    if not builtin:
+        claims = [parse_claim(c, body, family, f"{where}.claims.{c}") for c, body in claims_raw.items()]
+        return dataclasses.replace(family, claims=claims)
+    return _builtin_claims(family, claims_raw, where)
+
+
+def _builtin_claims(family: DeclaredFamily, claims_raw: dict[str, Any], where: str) -> DeclaredFamily:
+    """A built-in family's claims in this config's grid: a claim it cannot state is dropped where it
+    says ``if_crossed``; any other leaves the family none, saying why (``missing``)."""
+    claims = []
+    for name, body in claims_raw.items():
+        optional = bool(body.pop("if_crossed", False))
+        body["may_fail"] = [v for v in body.get("may_fail") or [] if _crossed({"a": v}, family)]
+        try:
+            claims.append(parse_claim(name, body, family, f"{where}.claims.{name}"))
+        except ConfigError as e:
+            if not optional:
+                return dataclasses.replace(family, missing=str(e))
+    return dataclasses.replace(family, claims=claims)
 
 
 def resolve(value: Any, a: AblationConfig, where: str) -> Any:
     """``value`` with every ``${ablation.KEY}`` (``[i]``: its i-th item) read from ``a``;
-    ``${probe.loss_shift}`` is kept (tasks/ablate/grid.py resolves it per plan)."""
+    ``${probe.loss_shift}`` is kept (DeclaredFamily.overrides takes it per plan)."""
     if isinstance(value, dict):
         return {k: resolve(v, a, f"{where}.{k}") for k, v in value.items()}
     if isinstance(value, list):
@@ -290,7 +317,7 @@ def resolve(value: Any, a: AblationConfig, where: str) -> Any:
     if value == LOSS_SHIFT:
         return value
     match = REFERENCE.match(value)
-    if match is None or not hasattr(a, match.group(1).removeprefix("ablation.")):
+    if match is None or match.group(1).removeprefix("ablation.") not in {f.name for f in dataclasses.fields(a)}:
         raise ConfigError(f"{where}: {value!r} is no reference to a key of ablation (e.g. ${{ablation.lrs}})")
     found = getattr(a, match.group(1).removeprefix("ablation."))
     if match.group(2) is None:
@@ -302,9 +329,9 @@ def resolve(value: Any, a: AblationConfig, where: str) -> Any:
 
 
 def _crossed(claim: dict[str, Any], family: DeclaredFamily) -> bool:
-    """Whether every factor value the claim names (a, b, across) is in the family's grid."""
-    named = [*flatten(claim.get("a") or {}).items(), *flatten(claim.get("b") or {}).items()]
-    named += [(k, v) for k, values in (claim.get("across") or {}).items() for v in values]
+    """Whether every factor value a built-in claim names (a, b, its gate's variant) is in the grid."""
+    gate = claim.get("gate") or {}
+    named = [kv for side in (claim.get("a"), claim.get("b"), gate.get("variant")) for kv in flatten(side or {}).items()]
     return all(v in family.factors.get(k, ()) for k, v in named)
 
 
@@ -363,11 +390,10 @@ def parse_claim(name: str, body: Any, family: DeclaredFamily, where: str) -> Dec
         raise ConfigError(f"{where}.b: the same variant as a")
     if kind != "slope" and a and b and set(a) != set(b):
         raise ConfigError(f"{where}.b: must fix the same factors as a ({sorted(a)}), so arms pair one to one")
-    may_fail = [  # an entry naming a value the grid does not cross (a profile's smaller grid) exempts nothing
-        _variant(v, family, f"{where}.may_fail")
-        for v in body.get("may_fail") or []
-        if _crossed({"a": v}, family) or not set(flatten(v if isinstance(v, dict) else {})) <= set(family.factors)
-    ]
+    may_fail_raw = body.get("may_fail") or []
+    if not isinstance(may_fail_raw, list):
+        raise ConfigError(f"{where}.may_fail: a list of variants, e.g. [{{{next(iter(family.factors))}: ...}}]")
+    may_fail = [_variant(v, family, f"{where}.may_fail") for v in may_fail_raw]
     gate = _gate(body.get("gate"), family, f"{where}.gate")
     log = body.get("log", False)
     if not isinstance(log, bool):
@@ -411,6 +437,11 @@ def default_statement(kind: str, metric: str, a: dict, b: dict, over: str | None
     return f"{metric} {'rises' if expected > 0 else 'falls'} with {over}" + (f" ({a_})" if a else "")
 
 
+def matches(variant: dict[str, Any], partial: dict[str, Any]) -> bool:
+    """Whether ``variant`` has every factor value ``partial`` names (``{}`` matches every variant)."""
+    return all(k in variant and variant[k] == v for k, v in partial.items())
+
+
 def variant_name(factors: dict[str, Any]) -> str:
     """``model.qk_norm=true·optim.lr=0.003``: the factors as the declaration writes them; a named
     factor's text value alone, e.g. ``post_ln·warmup=0·lr=0.001``."""
@@ -449,7 +480,24 @@ def _factors(raw: Any, cfg: Config, where: str) -> tuple[dict[str, list[Any]], d
         if key not in named:
             for value in values:
                 _check_value(cfg, key, value, f"{where}.{key}")
+    if len([n for n, spec in named.items() if spec.get("injection")]) > 1:
+        raise ConfigError(f"{where}: two injection factors; an arm takes one injected spike")
+    setters: dict[str, str] = {}
+    for name in factors:
+        for key in set_keys(name, named.get(name)):
+            if key in setters:
+                raise ConfigError(f"{where}.{name}: sets {key}, which {setters[key]} sets too; a key has one factor")
+            setters[key] = name
     return factors, named
+
+
+def set_keys(name: str, spec: dict[str, Any] | None) -> set[str]:
+    """The config keys a factor sets: its own name, or a named factor's ``sets`` or levels' keys."""
+    if spec is None:
+        return {name}
+    if "sets" in spec:
+        return {spec["sets"]}
+    return {key for level in (spec.get("levels") or {}).values() for key in level}
 
 
 def _named(name: str, spec: dict[str, Any], cfg: Config, where: str) -> dict[str, Any]:
@@ -462,10 +510,14 @@ def _named(name: str, spec: dict[str, Any], cfg: Config, where: str) -> dict[str
         raise ConfigError(f"{where}: give exactly one of sets, levels, injection")
     values = spec["values"] if isinstance(spec["values"], list) else []
     if "sets" in spec:
+        if not isinstance(spec["sets"], str):
+            raise ConfigError(f"{where}.sets: one config key, got {spec['sets']!r}")
         _check_key(spec["sets"], f"{where}.sets")
         times = spec.get("times")
         if times is not None and times != "steps" and not isinstance(times, (int, float)):
             raise ConfigError(f"{where}.times: a number or steps, got {times!r}")
+        if times is not None and not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise ConfigError(f"{where}.values: numbers, to multiply by times ({times}), got {values!r}")
         for value in values:
             scaled = value if times is None else value * (1 if times == "steps" else times)
             if times == "steps" and not (isinstance(value, (int, float)) and 0 <= value < 1):
@@ -477,12 +529,14 @@ def _named(name: str, spec: dict[str, Any], cfg: Config, where: str) -> dict[str
         if not isinstance(levels, dict) or not levels:
             raise ConfigError(f"{where}.levels: a mapping of level name to the config keys it sets")
         for level, keys in levels.items():
+            if not isinstance(keys, dict | None):
+                raise ConfigError(f"{where}.levels.{level}: a mapping of the config keys it sets, got {keys!r}")
             flat = flatten(keys or {})
             for key in flat:
                 _check_key(key, f"{where}.levels.{level}.{key}")
             _check_value(cfg, "", flat, f"{where}.levels.{level}")
             levels[level] = flat
-        if unknown := [v for v in values if v not in levels]:
+        if unknown := [v for v in values if not isinstance(v, str) or v not in levels]:
             raise ConfigError(f"{where}.values: {unknown} are not among its levels ({', '.join(levels)})")
     elif spec["injection"] is not True or not set(values) <= set(SPIKES):
         raise ConfigError(f"{where}: an injection factor is `injection: true` with values among {list(SPIKES)}")
@@ -538,18 +592,19 @@ def _gate(raw: Any, family: DeclaredFamily, where: str) -> Gate | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: must be a mapping (metric, variant, at_least or at_most, justification)")
-    _only(raw, {"metric", "variant", "at_least", "at_most", "justification"}, where)
+        raise ConfigError(f"{where}: must be a mapping (metric, variant, at_least, above or at_most, justification)")
+    _only(raw, {"metric", "variant", *BOUNDS, "justification"}, where)
     metric = _metric(_required(raw, "metric", str, where), f"{where}.metric")
-    bounds = {k: raw.get(k) for k in ("at_least", "at_most")}
+    bounds = {k: raw.get(k) for k in BOUNDS}
     if sum(v is not None for v in bounds.values()) != 1:
-        raise ConfigError(f"{where}: give exactly one of at_least, at_most")
+        raise ConfigError(f"{where}: give exactly one of {', '.join(BOUNDS)}")
     for k, v in bounds.items():
         if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)):
             raise ConfigError(f"{where}.{k}: must be a number, got {v!r}")
     justification = _required(raw, "justification", str, where)
     variant = _variant(raw.get("variant") or {}, family, f"{where}.variant")
-    return Gate(metric, variant, bounds["at_least"], bounds["at_most"], justification)
+    ((bound, value),) = ((k, v) for k, v in bounds.items() if v is not None)
+    return Gate(metric, variant, bound, float(value), justification)
 
 
 def _only(body: dict[str, Any], allowed: set[str], where: str) -> None:

@@ -38,10 +38,11 @@ def arms_in(project: Path, plan: dict[str, Any], state: dict[str, Any]) -> list[
     for key, entry in state["arms"].items():
         record = entry["records"][0]
         metrics = arm_metrics(record["result"], arm_config(project, plan, entry))
-        out.append(
-            {"name": entry["name"], "family": entry["family"], "seed": entry["seed"], "key": key}
-            | {"factors": entry["factors"], "metrics": metrics, "window": record["window"], "gpu": record["gpu"]}
-        )
+        for arm in [entry, *entry.get("shared", [])]:  # the same run, for each family that asks for it
+            out.append(
+                {"name": arm["name"], "family": arm["family"], "seed": arm["seed"], "key": key}
+                | {"factors": arm["factors"], "metrics": metrics, "window": record["window"], "gpu": record["gpu"]}
+            )
     return out
 
 
@@ -50,7 +51,8 @@ def findings(project: Path, plan: dict[str, Any], arms: list[dict[str, Any]]) ->
     cfg = load_config(project / "params.yaml", plan["profile"])
     ablate = {"arms": arms, "conditions": {"loss_shift": plan["loss_shift"]}}
     unigram = plan.get("unigram_val_loss")
-    planned = {f: sum(a["family"] == f for a in plan["arms"]) for f in {a["family"] for a in plan["arms"]}}
+    every = [a for arm in plan["arms"] for a in [arm, *arm.get("shared", [])]]
+    planned = {f: sum(a["family"] == f for a in every) for f in {a["family"] for a in every}}
     out = []
     families: dict[str, DeclaredFamily] = {f.name: f for f in builtin_families(cfg)}
     for key, name in FAMILY_OF.items():
@@ -96,10 +98,8 @@ def render(
             estimate = "-" if c.estimate is None else f"{c.estimate:+.3g}"
             lines.append(f"| {c.what} | {n} | {estimate} | {ci} | {number(c.p, '{:.3g}')} |")
         for gate, g in (finding.details.get("gates") or {}).items():
-            bound = f">= {g['at_least']:g}" if g["at_least"] is not None else f"<= {g['at_most']:g}"
-            lines.append(
-                f"\nGate of {gate}: {g['metric']} of {g['variant']} = {number(g['measured'], '{:.4g}')} (needs {bound})."
-            )
+            measured = number(g["measured"], "{:.4g}")
+            lines.append(f"\nGate of {gate}: {g['metric']} of {g['variant']} = {measured} (needs {g['needs']}).")
     lines += [
         "",
         "## Arms in",

@@ -4,7 +4,7 @@ finding, each of its claims tested by the study's one method and judged by its o
 
 The seed is the unit. Every claim reads the family's arms keyed by (seed, the factors it leaves
 free), pairs them unit by unit, and averages within each seed before the paired t-test, pooled over
-every seed and within each registered half (tasks/report/findings.py: pooled_and_halves):
+every seed and within each registered half (tasks/report/method.py: pooled_and_halves):
 
   contrast     metric(a) − metric(b); the predicted sign (``expected``) beyond ±SESOI.
   equivalence  metric(a) − metric(b) within ±SESOI: two one-sided t-tests.
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
-from tasks.ablate.declared import STUDIES, DeclaredClaim, DeclaredFamily, shown, variant_name
+from tasks.ablate.declared import STUDIES, DeclaredClaim, DeclaredFamily, matches, shown, variant_name
 from tasks.ablate.stats import derived, seed_means, tost_paired
 from tasks.config import Config
 from tasks.report.method import (
@@ -62,15 +62,15 @@ def declared_finding(
     claims = [to_claim(c, tested[c.statement], halves, arms, family) for c in family.claims]
     text, details = notes
     failed = next((why for c in family.claims if (why := gates(arms, family, c, unigram))), details.pop("failed", None))
-    shown = {c.statement: sides(arms, family, c) for c in family.claims}
+    compared = {c.statement: sides(arms, family, c) for c in family.claims}
     measured = {c.name: gate_value(arms, family, c) for c in family.claims if c.gate}
     lines = [
-        claims_numbers({c.statement: tested[c.statement]}, c.unit) + side_text(shown[c.statement])
+        claims_numbers({c.statement: tested[c.statement]}, c.unit) + side_text(compared[c.statement])
         for c in family.claims
     ]
     lines += [gate_text(c, measured[c.name]) for c in family.claims if c.gate]
     numbers = "; ".join(filter(None, [*lines, text]))
-    details = {**tested, **details, "sides": shown, "gates": measured}
+    details = {**tested, **details, "sides": compared, "gates": measured}
     names = [a["name"] for a in arms.select(family.name)]
     finding = decide(
         key or family.name,
@@ -106,7 +106,7 @@ def sides(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim) -> dict[str,
         out: dict[str, float | None] = {}
         for side in (claim.a, claim.b):
             out[f"{variant_name(side)} spread"] = mean(spread(arms, family, claim, side))
-            best = best_point(arms, family, [v for v in family.variants() if side.items() <= v.items()])[0]
+            best = best_point(arms, family, family.variants(side))[0]
             out[f"{variant_name(side)} best {claim.over}"] = best.get(claim.over or "")
         return out
     return {}
@@ -126,19 +126,12 @@ def gate_value(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim) -> dict
     assert gate is not None
     values = [v for _, v in _arm_values(arms, family, gate.metric, gate.variant)]
     measured = float(np.mean(values)) if values else None
-    return {
-        "metric": gate.metric,
-        "variant": variant_name(gate.variant),
-        "measured": measured,
-        "at_least": gate.at_least,
-        "at_most": gate.at_most,
-    }
+    return {"metric": gate.metric, "variant": variant_name(gate.variant), "measured": measured, "needs": gate.needs}
 
 
 def gate_text(claim: DeclaredClaim, g: dict[str, Any]) -> str:
-    bound = f"at least {g['at_least']:g}" if g["at_least"] is not None else f"at most {g['at_most']:g}"
     value = "-" if g["measured"] is None else f"{g['measured']:.4g}"
-    return f"gate of {claim.name}: {g['metric']} of {g['variant']} {value} ({bound})"
+    return f"gate of {claim.name}: {g['metric']} of {g['variant']} {value} ({g['needs']})"
 
 
 def base_loss(arms: Arms, family: DeclaredFamily) -> float | None:
@@ -146,7 +139,7 @@ def base_loss(arms: Arms, family: DeclaredFamily) -> float | None:
     free at their best grid point; each factor's first value when it names none."""
     if not family.base:
         return arms.mean(family.name, "capped_loss", **{k: v[0] for k, v in family.factors.items()})
-    return best_point(arms, family, [v for v in family.variants() if family.base.items() <= v.items()])[1]
+    return best_point(arms, family, family.variants(family.base))[1]
 
 
 def best_point(
@@ -252,13 +245,10 @@ def gates(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram: flo
     seeds) on the plateau, ``may_fail`` aside, as for the built-in findings; or its mechanism gate
     not met. None when it can."""
     compared = compared_variants(family, claim)
-    if claim.kind == "sensitivity":  # it reads the whole grid, whose worst points are its effect: gate each side's best
-        compared = [
-            best_point(arms, family, [v for v in compared if side.items() <= v.items()])[0]
-            for side in (claim.a, claim.b)
-        ]
+    if claim.kind == "sensitivity":  # it reads the whole grid, whose worst points are its effect
+        compared = best_per_slice(arms, family, claim, compared)
     for variant in compared:
-        if any(all(variant.get(k) == v for k, v in exempt.items()) for exempt in claim.may_fail):
+        if any(matches(variant, exempt) for exempt in claim.may_fail):
             continue
         loss = arms.mean(family.name, "capped_loss", **variant)
         if failed := plateau_gate(loss, unigram, f"the compared variant {variant_name(variant)}"):
@@ -267,15 +257,27 @@ def gates(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram: flo
     if gate is None:
         return None
     mean = gate_value(arms, family, claim)["measured"]
-    above = gate.at_least is not None
-    bound = float(gate.at_least if gate.at_least is not None else gate.at_most or 0.0)
-    if mean is None or (mean < bound if above else mean > bound):
-        shown = "no finite value" if mean is None else f"{mean:.4g}"
+    if not gate.met(mean):
+        measured = "no finite value" if mean is None else f"{mean:.4g}"
         return (
-            f"{claim.name}: the mechanism did not occur: {gate.metric} of {variant_name(gate.variant)} was {shown}, "
-            f"{'at least' if above else 'at most'} {bound:g} needed ({gate.justification})"
+            f"{claim.name}: the mechanism did not occur: {gate.metric} of {variant_name(gate.variant)} was "
+            f"{measured}, {gate.needs} needed ({gate.justification})"
         )
     return None
+
+
+def best_per_slice(
+    arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, compared: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A sensitivity's gated points: of each side, in each slice of the factors it leaves free
+    besides ``over`` (one slice when there are none), the grid point with the lowest loss."""
+    slices: dict[tuple, list[dict[str, Any]]] = {}
+    for side_index, side in enumerate((claim.a, claim.b)):
+        for v in compared:
+            if matches(v, side):
+                rest = tuple((k, x) for k, x in v.items() if k != claim.over and k not in side)
+                slices.setdefault((side_index, rest), []).append(v)
+    return [best_point(arms, family, points)[0] for points in slices.values()]
 
 
 def compared_variants(family: DeclaredFamily, claim: DeclaredClaim) -> list[dict[str, Any]]:
@@ -286,8 +288,7 @@ def compared_variants(family: DeclaredFamily, claim: DeclaredClaim) -> list[dict
     return [
         v
         for v in family.variants()
-        if any(all(v[k] == x for k, x in side.items()) for side in sides)
-        and all(v[k] in values for k, values in across.items())
+        if any(matches(v, side) for side in sides) and all(v[k] in values for k, values in across.items())
     ]
 
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
-from tasks.ablate.declared import DeclaredFamily, builtin_families
-from tasks.ablate.stats import divergence_rates, seed_means
+from tasks.ablate.declared import DeclaredFamily, builtin_families, builtin_names
+from tasks.ablate.stats import divergence_rates
 from tasks.config import Config
 from tasks.report.declared import declared_finding
 from tasks.report.design import design
@@ -39,6 +39,7 @@ from tasks.report.method import (
     halves_of,
     mean_text,
     number,
+    per_seed_difference,
     plateau_gate,
     pooled_and_halves,
     rate_line,
@@ -47,7 +48,7 @@ from tasks.report.method import (
 )
 from tasks.spike.config import OUTCOMES
 
-FAMILY_OF = {key: finding["family"]["name"] for key, finding in design()["findings"].items() if "family" in finding}
+FAMILY_OF = {finding: family for family, finding in builtin_names().items()}
 """The family of arms each declared finding reads (its ``family`` in preregistration.yaml)."""
 
 
@@ -298,11 +299,11 @@ def _diverged(arms: Arms, family: str, **factors: Any) -> dict[tuple, bool]:
     return {u: bool(v) for u, v in arms.values(family, "diverged", **factors).items()}
 
 
-def xiong_notes(arms: Arms, cfg: Config) -> tuple[str, dict[str, Any]]:
+def xiong_notes(arms: Arms, cfg: Config, ablate: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     a = cfg.ablation
     warm = a.xiong_warmups[0]
     pre = pooled_and_halves(
-        subtract_means(
+        per_seed_difference(
             arms.values("xiong", "capped_loss", block="pre_ln", warmup=0.0),
             arms.values("xiong", "capped_loss", block="pre_ln", warmup=warm),
         ),
@@ -338,7 +339,7 @@ def fp16_notes(arms: Arms, cfg: Config, ablate: dict[str, Any]) -> tuple[str, di
     return text, {"loss_shift": shift, **details}
 
 
-def overflow_notes(arms: Arms, cfg: Config) -> tuple[str, dict[str, Any]]:
+def overflow_notes(arms: Arms, cfg: Config, ablate: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     multipliers = [v for v in arms.values("overflow", "injected_multiplier", spike="param").values() if v is not None]
     broken = divergence_rates(
         _diverged(arms, "overflow", precision="fp16", spike="param"),
@@ -352,10 +353,10 @@ def overflow_notes(arms: Arms, cfg: Config) -> tuple[str, dict[str, Any]]:
     return text, {"divergence": broken, "multipliers": multipliers}
 
 
-def beta2_notes(arms: Arms, cfg: Config) -> tuple[str, dict[str, Any]]:
+def beta2_notes(arms: Arms, cfg: Config, ablate: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     a = cfg.ablation
     final = pooled_and_halves(
-        subtract_means(
+        per_seed_difference(
             arms.values("beta2", "capped_loss", beta2=0.999), arms.values("beta2", "capped_loss", beta2=0.95)
         ),
         ablation_halves(cfg),
@@ -368,7 +369,7 @@ def beta2_notes(arms: Arms, cfg: Config) -> tuple[str, dict[str, Any]]:
     return text, {"capped_loss": final}
 
 
-def wortsman_notes(arms: Arms, cfg: Config) -> tuple[str, dict[str, Any]]:
+def wortsman_notes(arms: Arms, cfg: Config, ablate: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     critical: dict[str, dict[int, float | None]] = {}
     for s in cfg.ablation.stabilizers:
         for (seed, lr), diverged in sorted(arms.values("wortsman", "diverged", stabilizer=s).items()):
@@ -379,11 +380,6 @@ def wortsman_notes(arms: Arms, cfg: Config) -> tuple[str, dict[str, Any]]:
         f"{s} {[c[k] for k in sorted(c)]}" for s, c in critical.items()
     )
     return text, {"critical_lr": critical}
-
-
-def subtract_means(a: dict[tuple, float], b: dict[tuple, float]) -> dict[tuple, float]:
-    """a − b unit by unit, averaged within each seed."""
-    return seed_means(subtract(a, b))
 
 
 NOTES: dict[str, Callable[..., tuple[str, dict[str, Any]]]] = {
@@ -423,8 +419,6 @@ def builtin_finding(
 ) -> Finding:
     """A declared built-in finding: its claims by the declared engine, its notes beside them."""
     if not family.claims:
-        return _missing(key, f"the config crosses none of the variants its claims compare ({FAMILY_OF[key]})")
-    arms = Arms(ablate)
-    notes = NOTES[key]
-    text, details = notes(arms, cfg, ablate) if key == "fp16" else notes(arms, cfg)
-    return declared_finding(cfg, ablate, unigram, family, key=key, notes=(text, details))
+        return _missing(key, family.missing or "the config crosses none of the variants its claims compare")
+    notes = NOTES[key](Arms(ablate), cfg, ablate)
+    return declared_finding(cfg, ablate, unigram, family, key=key, notes=notes)

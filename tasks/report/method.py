@@ -214,9 +214,6 @@ class Arms:
                 out[(a["seed"], *free)] = derived(a["metrics"])[figure]
         return out
 
-    def names(self, family: str, **factors: Any) -> list[str]:
-        return [a["name"] for a in self.select(family, **factors)]
-
     def mean(self, family: str, figure: str, **factors: Any) -> float | None:
         values = [v for v in self.values(family, figure, **factors).values() if v is not None]
         return float(np.mean(values)) if values else None
