@@ -25,6 +25,8 @@ from tasks.gpu_study import plan as planning
 from tasks.gpu_study.report import REPORT, arms_in, findings, render
 from tasks.gpu_study.state import accept, accumulated, duplicates
 from tasks.runtime.outputs import MANIFEST
+from tasks.runtime.paths import UnsafeFolder
+from tasks.runtime.private_env import use_private_env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     project = args.project.resolve()
     try:
+        use_private_env()  # as every spikelab command: torch's and the engines' scratch the owner's alone
         return COMMANDS[args.command](args, project)
-    except UserError as e:
+    except (UserError, UnsafeFolder) as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return 2
 

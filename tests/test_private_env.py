@@ -196,6 +196,19 @@ def test_a_spikelab_command_makes_its_scratch_first_and_refuses_an_unsafe_one_wi
     assert f"scratch folder {state / 'scratch' / 'tmp'}: other users may write it (mode 0777)" in done.stderr
 
 
+def test_the_gpu_studys_commands_take_the_private_environment_as_spikelab_commands_do(tmp_path):
+    """``python -m flows.gpu_study`` plans on this machine, and its loss-shift probe loads torch:
+    its caches go to the private scratch, never /tmp/torchinductor_<user>."""
+    state = tmp_path / "state"
+    command = [sys.executable, "-m", "flows.gpu_study", "--project", str(tmp_path), "status"]
+    done = subprocess.run(command, cwd=ROOT, env=users_shell(state), capture_output=True, text=True)
+    assert done.returncode == 2 and "gpu_study/plan.json is missing" in done.stderr  # an empty project
+    assert sorted(p.name for p in (state / "scratch").iterdir()) == sorted(ENGINE_FOLDERS.values())
+    (state / "scratch" / "tmp").chmod(0o777)
+    done = subprocess.run(command, cwd=ROOT, env=users_shell(state), capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "other users may write it" in done.stderr
+
+
 # --------------------------------------------------------------------------------------------
 # The attacks: planted first as another user, then the owner's command runs
 # --------------------------------------------------------------------------------------------
