@@ -44,7 +44,6 @@ things a profile needs:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import math
 import re
@@ -57,6 +56,7 @@ from model.typed_config import ConfigError, annotation, flatten
 from tasks.ablate.config import AblationConfig
 from tasks.ablate.stats import FIGURES
 from tasks.config import Config
+from tasks.report.design import DESIGN_FILE, design
 
 STUDIES = Path("studies.yaml")
 """The declared families, beside params.yaml (a DVC params file of the ablate and report stages)."""
@@ -81,7 +81,7 @@ SPIKES = ("none", "param")
 """An injection factor's values: a clean arm, and the probe-sized weight excursion
 (tasks/ablate/conditions.py: OverflowProbeSpike)."""
 
-BUILTIN = Path(__file__).resolve().parents[1] / "report" / "preregistration.yaml"
+BUILTIN = DESIGN_FILE
 """Where the built-in families are declared: beside their findings, in the pre-registration."""
 REFERENCE = re.compile(r"^\$\{(ablation\.[a-z0-9_]+|probe\.loss_shift)(?:\[(\d+)\])?\}$")
 LOSS_SHIFT = "${probe.loss_shift}"
@@ -211,15 +211,9 @@ def read_studies(project: Path, cfg: Config) -> list[DeclaredFamily]:
     return [parse_family(name, body, cfg, f"{STUDIES}: families.{name}") for name, body in families.items()]
 
 
-@functools.cache
-def _registered() -> dict[str, Any]:
-    findings: dict[str, Any] = yaml.safe_load(BUILTIN.read_text(encoding="utf-8"))["findings"]
-    return findings
-
-
 def builtin_names() -> dict[str, str]:
     """Each built-in family's name and the finding that declares it (finding ``fp16``: ``precision``)."""
-    return {f["family"]["name"]: key for key, f in _registered().items() if "family" in f}
+    return {f["family"]["name"]: key for key, f in design()["findings"].items() if "family" in f}
 
 
 def builtin_families(cfg: Config) -> list[DeclaredFamily]:
@@ -229,7 +223,7 @@ def builtin_families(cfg: Config) -> list[DeclaredFamily]:
     out where it says ``if_crossed`` (a profile without z-loss), and otherwise leaves the family no
     claims, with the reason in ``missing`` (its finding reads "not in this grid")."""
     families = []
-    for key, finding in _registered().items():
+    for key, finding in design()["findings"].items():
         if "family" not in finding:
             continue
         declared = dict(finding["family"])
