@@ -28,6 +28,7 @@ from tasks.report.render import (
     render_html,
     render_markdown,
     report_json,
+    shown_verdict,
 )
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import read_json, staged, write_json
@@ -89,7 +90,9 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         for path in (REPORT_MD, REPORT_HTML, REPORT_METRICS, REPORT_FOREST):
             mlflow.log_artifact(str(project / path))
         mlflow.log_artifact(str(arms_page))
-        publish_summary("report", run, {f.registered["claim"]: f.verdict for f in findings}, [project / REPORT_FOREST])
+        publish_summary(
+            "report", run, {f.registered["claim"]: shown_verdict(f) for f in findings}, [project / REPORT_FOREST]
+        )
     print(
         f"[spikelab] report: {project / REPORT_MD} and {project / REPORT_HTML} "
         f"({', '.join(f'{n} {v}' for v, n in summary['counts'].items())})"

@@ -37,7 +37,7 @@ BLOCK = re.compile(
     r"(?P<open><!-- doc-numbers:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(?P<close><!-- /doc-numbers -->)",
     re.S,
 )
-VERDICT_ORDER = ("reproduced", "contradicted", "inconclusive", "not tested")
+VERDICT_ORDER = ("reproduced", "negligible", "contradicted", "inconclusive", "not tested")
 
 
 class Outputs:
@@ -93,7 +93,10 @@ def counts_line(out: Outputs) -> str:
     counts = out.metrics("report")["counts"]
     total = sum(counts.values())
     parts = ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICT_ORDER)
-    return f"**{total} findings: {parts}.**"
+    checks = out.metrics("report").get("checks") or {}
+    passed = sum(outcome == "check passed" for outcome in checks.values())
+    beside = f" Beside them, {len(checks)} checks of the machinery ({passed} passed)." if checks else ""
+    return f"**{total} findings: {parts}.**{beside}"
 
 
 def provenance_line(out: Outputs) -> str:
@@ -122,7 +125,8 @@ def findings_block(out: Outputs) -> str:
         f = findings[key]
         claims = f.get("claims") or []
         held = sum(1 for c in claims if c.get("holds"))
-        rows.append(f"| `{key}` | {f['claim']} | {badge(f['verdict'])} | {held} of {len(claims)} |")
+        shown = (out.metrics("report").get("checks") or {}).get(key, f["verdict"])
+        rows.append(f"| `{key}` | {f['claim']} | {badge(shown)} | {held} of {len(claims)} |")
     return "\n".join(rows) + "\n"
 
 

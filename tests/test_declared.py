@@ -268,16 +268,20 @@ def test_the_same_claim_is_contradicted_when_the_effect_runs_the_other_way(tmp_p
     assert judged(tmp_path, FAMILY, loss).verdict == "contradicted"
 
 
-def test_a_contrast_whose_interval_does_not_clear_the_sesoi_is_inconclusive(tmp_path):
+@pytest.mark.parametrize(("effect", "verdict"), [(0.03, "negligible"), (0.05, "inconclusive")])
+def test_a_contrast_shown_smaller_than_its_sesoi_is_negligible_and_one_at_the_sesoi_inconclusive(
+    tmp_path, effect, verdict
+):
     claim = {"kind": "contrast", "metric": "capped_loss", "a": {"optim.weight_decay_mode": "independent"}}
     claim |= {"b": {"optim.weight_decay_mode": "coupled"}, "expected": -1, "sesoi": 0.05, "justification": "j"}
     body = edited("claims/lower_sensitivity", claim)
 
-    def loss(f, seed):  # 0.03 nats lower: real, consistent, smaller than the SESOI
-        return 4.0 - (0.03 if f["optim.weight_decay_mode"] == "independent" else 0.0) + noise(seed, f, 0.001)
+    def loss(f, seed):  # lower by ``effect``: real and consistent; below the SESOI, or at it
+        return 4.0 - (effect if f["optim.weight_decay_mode"] == "independent" else 0.0) + noise(seed, f, 0.001)
 
     finding = judged(tmp_path, body, loss)
-    assert finding.verdict == "inconclusive" and finding.claims[0].p < 0.05
+    assert finding.verdict == verdict and finding.claims[0].p < 0.05
+    assert max(finding.claims[0].ci95) >= -0.05  # the interval never clears the SESOI
 
 
 def test_an_interaction_compares_a_contrast_across_two_values_of_a_third_factor(tmp_path):

@@ -13,7 +13,7 @@ from tasks.config import Config
 from tasks.report.design import design
 from tasks.report.findings import FAMILY_OF, evaluate
 from tasks.report.render import forest_rows, report_json
-from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED
+from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NEGLIGIBLE, NOT_TESTED, REPRODUCED
 
 UNIGRAM = 5.97
 INIT = math.log(1024)
@@ -174,11 +174,12 @@ def test_an_effect_only_the_discovery_seeds_show_is_not_reproduced():
     assert found.verdict == INCONCLUSIVE
 
 
-def test_a_significant_effect_below_the_registered_sesoi_is_not_reproduced():
+def test_a_significant_effect_below_the_registered_sesoi_is_negligible_not_reproduced():
     cfg = Config()
     found = verdicts(cfg, study(cfg, post_ln_no_warmup=0.05))["xiong"]  # SESOI 0.1 nats
     assert found.claims[0].p < 0.05 and found.claims[0].ci95[1] < 0.1
-    assert found.verdict == INCONCLUSIVE
+    assert found.claims[0].tost_p < 0.05
+    assert found.verdict == NEGLIGIBLE
 
 
 def test_every_compared_variant_must_leave_the_plateau_not_only_the_base_arm():
@@ -209,7 +210,8 @@ def test_report_json_carries_the_verdict_test_source_and_mde_of_every_finding_an
     assert xiong["sesoi"]["Post-LN: no warmup − warmup, final loss"] == 0.1
     assert set(xiong["halves"]["Post-LN: no warmup − warmup, final loss"]) == {"discovery", "confirmation"}
     assert out["findings"]["xiong"]["mde"]["Post-LN: no warmup − warmup, final loss"] > 0
-    assert sum(out["counts"].values()) == len(findings)
+    assert sum(out["counts"].values()) == len([f for f in findings if not f.check])  # checks never counted
+    assert set(out["checks"]) == {"xiong_init", "overflow"}
     rows = forest_rows(findings)
     assert rows and {r["finding"] for r in rows} >= {"xiong", "wortsman", "beta2"}
 

@@ -28,6 +28,7 @@ from tasks.report.render import (
     forest_rows,
     render_arms,
     render_markdown,
+    shown_verdict,
     why,
 )
 from tasks.report.verdict import EQUIVALENCE, INCONCLUSIVE, NOT_TESTED, Claim
@@ -112,8 +113,9 @@ def test_the_committed_report_opens_with_a_line_per_finding_saying_what_was_test
     opening = lines[:method]
     for f in committed["findings"]:
         (line,) = [x for x in opening if f"(#{f.key})" in x]
-        assert line.startswith(f"- `{f.verdict.upper()}` **[{LABELS[f.key]}]")
-        assert "*Tested:*" in line and "*Found:*" in line
+        assert line.startswith(f"- `{shown_verdict(f).upper()}` **[{LABELS[f.key]}]")
+        assert ("*Why a check:*" if f.check else "*Tested:*") in line
+        assert "*Found:*" in line or f.check
         assert any(f"{c.estimate:+.3g}" in line for c in f.claims)  # the number that decided it
     assert not any("hash" in x or "numeric path" in x for x in opening)  # provenance comes after the method
     assert lines.index("## Where the numbers come from") > method

@@ -1,11 +1,13 @@
 """The study's paired statistics against values computed by hand: the paired t-test and its interval,
 the per-seed means, the minimum detectable difference, the paired equivalence test, divergence as a
-paired rate (exact McNemar), and every case where no test can run."""
+paired rate (exact McNemar), the equivalence test's own power (checked by simulation), and every
+case where no test can run."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from scipy import stats
 
@@ -14,7 +16,9 @@ from tasks.ablate.stats import (
     mde_paired,
     paired,
     seed_means,
+    seeds_for_tost_power,
     tost_paired,
+    tost_power,
 )
 
 T975_DF2 = 4.302652729911275  # t(0.975, df=2)
@@ -143,3 +147,27 @@ def test_divergence_rates_pair_the_seeds_and_test_the_discordant_ones():
 def test_divergence_with_no_discordant_pair_is_untested():
     r = divergence_rates({0: True, 1: False}, {0: True, 1: False})
     assert r["p"] is None and "no discordant pairs" in r["test"] and r["risk_difference"] == 0.0
+
+
+@pytest.mark.parametrize(("n", "margin", "delta"), [(12, 0.8, 0.0), (5, 1.5, 0.3), (30, 0.5, 0.2), (3, 3.0, 0.0)])
+def test_tost_power_equals_the_share_of_simulated_studies_whose_tost_is_significant(n, margin, delta):
+    rng = np.random.default_rng(n)
+    sims = 40_000  # Monte Carlo SE at most 0.0025
+    x = rng.normal(delta, 1.0, (sims, n))
+    pvalues = [tost_paired(row, margin)["p"] for row in x[:4000]]  # the test itself, on a tenth of them
+    mean, se = x.mean(1), x.std(1, ddof=1) / math.sqrt(n)
+    crit = stats.t.ppf(0.95, n - 1)
+    inside = (mean - crit * se > -margin) & (mean + crit * se < margin)
+    assert np.mean(np.array(pvalues) < 0.05) == pytest.approx(inside[:4000].mean(), abs=1e-9)
+    assert tost_power(n, 1.0, margin, delta) == pytest.approx(inside.mean(), abs=0.0075)
+
+
+def test_seeds_for_tost_power_is_the_first_n_at_which_the_power_reaches_80_percent():
+    n = seeds_for_tost_power(1.0, 0.5)
+    assert tost_power(n - 1, 1.0, 0.5) < 0.8 <= tost_power(n, 1.0, 0.5)
+    assert n == 36
+    # not the direction rule's MDE <= SESOI / 2, which at SD 1 and SESOI 0.5 asks for 128 seeds
+    assert mde_paired(127, 1.0) > 0.25 >= mde_paired(128, 1.0)
+    assert seeds_for_tost_power(1.0, 0.001, most=1000) is None
+    assert tost_power(1, 1.0, 0.5) is None
+    assert tost_power(5, 0.0, 0.5) == 1.0 and tost_power(5, 0.0, 0.5, delta=0.5) == 0.0

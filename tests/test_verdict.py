@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tasks.ablate.stats import ALPHA
-from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED, Claim, verdict
+from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NEGLIGIBLE, NOT_TESTED, REPRODUCED, Claim, verdict
 
 AGREE = {"discovery": 1.0, "confirmation": 1.2}
 
@@ -120,3 +120,31 @@ def test_an_equivalence_claim_needs_a_positive_margin():
 @pytest.mark.parametrize(("mde", "powered"), [(0.1, True), (0.1000001, False), (None, None)])
 def test_a_claim_is_powered_when_its_mde_is_at_most_half_its_sesoi(mde, powered):
     assert Claim("a", 1.0, 0.01, sesoi=0.2, mde=mde).powered is powered
+
+
+def small(tost_p=0.01, halves=None, sesoi=0.2):
+    """A direction claim whose effect is small: not significant against 0, TOST p ``tost_p`` against ±SESOI."""
+    halves = {"discovery": 0.01, "confirmation": -0.02} if halves is None else halves
+    return Claim("a", 0.0, 0.8, 1, sesoi=sesoi, ci95=[-0.05, 0.05], halves=halves, tost_p=tost_p)
+
+
+def test_every_claim_shown_smaller_than_its_sesoi_is_negligible_and_one_undecided_claim_keeps_it_inconclusive():
+    assert verdict([small(), small(0.001)]) == NEGLIGIBLE
+    assert verdict([small(), claim(2.0, 0.2, (-1.0, 5.0))]) == INCONCLUSIVE
+    assert verdict([small(), claim()]) == INCONCLUSIVE  # one holds, one negligible: neither verdict
+    assert verdict([small()], precondition_failed="the mechanism did not occur") == NOT_TESTED
+
+
+def test_negligible_needs_the_tost_p_below_alpha_strictly_and_each_half_strictly_inside_the_sesoi():
+    assert not small(tost_p=ALPHA).negligible
+    assert small(tost_p=0.0499).negligible
+    assert not small(halves={"discovery": 0.2, "confirmation": 0.0}).negligible  # a half exactly at the SESOI
+    assert small(halves={"discovery": 0.1999, "confirmation": 0.0}).negligible
+    assert not small(tost_p=None).negligible
+
+
+def test_a_claim_with_no_sesoi_is_never_negligible_and_an_equivalence_is_negligible_exactly_when_it_holds():
+    assert not small(sesoi=0.0, tost_p=1e-9, halves={}).negligible
+    assert equivalence(0.01).negligible and equivalence(0.01).holds
+    assert not equivalence(ALPHA).negligible
+    assert verdict([equivalence(0.01), small()]) == NEGLIGIBLE

@@ -36,10 +36,12 @@ from tasks.report.method import (
     Halves,
     claims_numbers,
     decide,
+    equivalence_power,
     halves_for,
     halves_of,
     plateau_gate,
     pooled_and_halves,
+    smaller_than,
     subtract,
 )
 from tasks.report.verdict import EQUIVALENCE, Claim
@@ -226,6 +228,7 @@ def to_claim(claim: DeclaredClaim, tested: dict[str, Any], halves: Halves, arms:
             halves=halves_est,
             mde=tested.get("mde"),
             unit=claim.unit,
+            **equivalence_power(tested, claim.sesoi),
         )
     return Claim(
         claim.statement,
@@ -237,6 +240,7 @@ def to_claim(claim: DeclaredClaim, tested: dict[str, Any], halves: Halves, arms:
         halves=halves_est,
         mde=tested.get("mde"),
         unit=claim.unit,
+        tost_p=smaller_than(tested, claim.sesoi),
     )
 
 

@@ -1,6 +1,6 @@
 """The report's forest plot (PNG, matplotlib Agg, opens offline): every pre-registered claim's
 estimate with its 95 % interval, grouped by finding. Each row is badged by its claim's own outcome
-(holds, not shown, contradicted, not tested), so a claim that holds reads HOLDS inside an
+(holds, negligible, not shown, contradicted, not tested), so a claim that holds reads HOLDS inside an
 inconclusive finding; the finding's plain name and its verdict head its group.
 
 Claims are in different units (nats, log ratios, spikes per 1,000 steps, log₂ LR per doubling), so
@@ -24,9 +24,12 @@ BADGES = {
     "holds": ("#2e7d32", "white"),
     "reproduced": ("#2e7d32", "white"),
     "contradicted": ("#c62828", "white"),
+    "negligible": ("#1565c0", "white"),
     "not shown": ("#f9a825", "black"),
     "inconclusive": ("#f9a825", "black"),
     "not tested": ("#9e9e9e", "white"),
+    "check passed": ("#2e7d32", "white"),
+    "check failed": ("#c62828", "white"),
 }
 """Each claim outcome's (and verdict's) badge: box and text colors."""
 PREDICTION = {1: "predicted > 0 →", -1: "← predicted < 0"}

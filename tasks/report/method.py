@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.ablate.stats import derived, paired, seed_means, tost_paired
+from tasks.ablate.stats import derived, paired, seed_means, seeds_for_tost_power, tost_paired, tost_power
 from tasks.config import Config
 from tasks.report.design import design
 from tasks.report.verdict import EQUIVALENCE, Claim, verdict
@@ -49,6 +49,12 @@ class Finding:
     """A declared family's registration (studies.yaml: tasks/report/declared.py), else None."""
 
     @property
+    def check(self) -> str | None:
+        """Why this is a check of the machinery and not a finding (registered ``check``), else None:
+        true by construction or measured without training, so never counted among the findings."""
+        return self.registered.get("check")
+
+    @property
     def registered(self) -> dict[str, Any]:
         """The finding's pre-registered design: preregistration.yaml's entry, or its declaration."""
         if self.declared is not None:
@@ -65,6 +71,7 @@ class Finding:
             "test": r["test"],
             "expected": r["expected"],
             "precondition_failed": self.precondition_failed,
+            "check": self.check,
             "sesoi": {c.what: c.sesoi for c in self.claims},
             "mde": {c.what: c.mde for c in self.claims},
             "powered": {c.what: c.powered for c in self.claims},
@@ -160,7 +167,27 @@ def direction(key: str, claim: str, what: str, tested: dict[str, Any], expected:
         halves={h: c.get("estimate") for h, c in tested.get("halves", {}).items()},
         mde=tested.get("mde"),
         unit=unit,
+        tost_p=smaller_than(tested, sesoi(key, claim)),
     )
+
+
+def smaller_than(tested: Mapping[str, Any], margin: float) -> float | None:
+    """The TOST p of per-seed differences against ±``margin`` (a direction claim's negligibility);
+    None with no margin or no test."""
+    diffs = tested.get("diffs") or []
+    if margin <= 0 or tested.get("p") is None:
+        return None
+    p: float | None = tost_paired(diffs, margin).get("p")
+    return p
+
+
+def equivalence_power(tested: Mapping[str, Any], margin: float) -> dict[str, Any]:
+    """An equivalence claim's TOST power (no true difference) at its seeds and measured SD, and the
+    seeds 80 % power needs at that SD."""
+    n, sd = tested.get("n") or 0, tested.get("sd_diff")
+    if sd is None or n < 2:
+        return {"power": None, "seeds_needed": None}
+    return {"power": tost_power(n, sd, margin), "seeds_needed": seeds_for_tost_power(sd, margin)}
 
 
 def equivalence(key: str, claim: str, what: str, values: dict[tuple, float], halves: Halves, unit: str) -> Claim:
@@ -179,6 +206,7 @@ def equivalence(key: str, claim: str, what: str, values: dict[tuple, float], hal
         halves={h: c.get("estimate") for h, c in tested["halves"].items()},
         mde=tested.get("mde"),
         unit=unit,
+        **equivalence_power(tested, margin),
     )
 
 

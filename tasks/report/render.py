@@ -41,6 +41,7 @@ from tasks.report.verdict import (
     CONTRADICTED,
     EQUIVALENCE,
     INCONCLUSIVE,
+    NEGLIGIBLE,
     NOT_TESTED,
     REPRODUCED,
     Claim,
@@ -52,9 +53,11 @@ REPORTS = Path("reports")
 ARMS_PAGE = Path("report/arms.md")
 """Every arm with its status, MLflow run and command, under reports/ (in the report stage's
 ``reports/report`` output): 300-odd rows that would bury REPORT.md."""
-VERDICTS = (REPRODUCED, CONTRADICTED, NOT_TESTED, INCONCLUSIVE)
+VERDICTS = (REPRODUCED, NEGLIGIBLE, CONTRADICTED, NOT_TESTED, INCONCLUSIVE)
 HOLDS, NOT_SHOWN = "holds", "not shown"
 """A claim's own outcomes besides contradicted and not tested (:func:`claim_outcome`)."""
+PASSED, FAILED = "check passed", "check failed"
+"""A check of the machinery's outcome (:func:`check_outcome`): it is never counted as a finding."""
 SIGNED = "{:+.3g}"
 """How the report writes an estimate."""
 
@@ -125,14 +128,31 @@ def _short_source(source: str) -> str:
     return source.split(" (")[0].split(";")[0].strip() or "no source"
 
 
+def check_outcome(f: Finding) -> str:
+    """A check's outcome: passed when every claim holds, not tested when its precondition failed."""
+    return {REPRODUCED: PASSED, NOT_TESTED: NOT_TESTED}.get(f.verdict, FAILED)
+
+
+def shown_verdict(f: Finding) -> str:
+    """The badge a finding's heading and rows carry: its verdict, or a check's outcome."""
+    return check_outcome(f) if f.check else f.verdict
+
+
+def proper(findings: list[Finding]) -> list[Finding]:
+    """The findings that count: every registered finding but the checks of the machinery."""
+    return [f for f in findings if not f.check]
+
+
 def claim_outcome(f: Finding, c: Claim) -> str:
     """The claim's own outcome, by the verdict rule's tests on it alone: not tested (the finding's
-    precondition failed), contradicted, holds, else not shown."""
+    precondition failed), contradicted, holds, negligible (shown smaller than its SESOI), else not shown."""
     if f.precondition_failed:
         return NOT_TESTED
     if c.contradicted:
         return CONTRADICTED
-    return HOLDS if c.holds else NOT_SHOWN
+    if c.holds:
+        return HOLDS
+    return NEGLIGIBLE if c.negligible else NOT_SHOWN
 
 
 def _num(x: float) -> str:
@@ -177,6 +197,8 @@ def why(c: Claim, brief: bool = False) -> str:
     words: every failure, or with ``brief`` the most telling in a few words."""
     if c.holds:
         return "holds" if brief else _holds(c)
+    if c.negligible:
+        return "smaller than the SESOI" if brief else _negligible(c)
     if c.contradicted:
         return (
             "contradicted"
@@ -195,6 +217,13 @@ def _holds(c: Claim) -> str:
     return (
         f"holds: p = {_p(c.p)} < {ALPHA:g}, the 95 % interval clears {c.expected * c.sesoi:+g}, "
         "and each half of the seeds points the predicted way"
+    )
+
+
+def _negligible(c: Claim) -> str:
+    return (
+        f"negligible: smaller than the smallest effect of interest either way (TOST against ±{c.sesoi:g}: "
+        f"p = {_p(c.tost_p)} < {ALPHA:g}), each half of the seeds inside ±{c.sesoi:g}"
     )
 
 
@@ -292,6 +321,21 @@ def _rank(c: Claim) -> int:
     return SHORTFALLS.index(shortfalls(c)[0][0])
 
 
+def _checks_lines(checks: list[Finding]) -> list[str]:
+    """The checks of the machinery, apart from the findings, each with its numbers and why it is one."""
+    if not checks:
+        return []
+    lines = [
+        f"**{len(checks)} checks of the machinery**, not counted among the findings (true by construction, or "
+        "measured without training):",
+        "",
+    ]
+    for f in checks:
+        numbers = "; ".join(f"{c.what}: {_measured(c)}" for c in f.claims) or (f.precondition_failed or "no claim")
+        lines.append(f"- {badge(check_outcome(f))} **[{label(f)}](#{f.key})**. {numbers}. *Why a check:* {f.check}.")
+    return [*lines, ""]
+
+
 def _summary_lines(findings: list[Finding]) -> list[str]:
     return [
         f"- {badge(f.verdict)} **[{label(f)}](#{f.key})**. *Tested:* {f.registered['claim']}. "
@@ -362,16 +406,18 @@ def render_markdown(
     stage_runs: dict[str, str],
     arithmetic: dict[str, Any],
 ) -> str:
-    counts = ", ".join(f"{sum(f.verdict == v for f in findings)} {v}" for v in VERDICTS)
+    counts = ", ".join(f"{sum(f.verdict == v for f in proper(findings))} {v}" for v in VERDICTS)
+    checks = [f for f in findings if f.check]
     warnings = [f"> **Arithmetic warning:** {w}." for w in arithmetic["warnings"]]
     lines = [
         "# spikelab study report",
         "",
-        f"**{len(findings)} pre-registered findings** on the training stability of small GPT-style models "
-        f"(profile {cfg.profile}): **{counts}**. What each tested and what came out:",
+        f"**{len(proper(findings))} pre-registered findings** on the training stability of small GPT-style "
+        f"models (profile {cfg.profile}): **{counts}**. What each tested and what came out:",
         "",
-        *_summary_lines(findings),
+        *_summary_lines(proper(findings)),
         "",
+        *_checks_lines(checks),
         *warnings,
         *([""] if warnings else []),
         "Below: how a verdict is reached, where the numbers come from, the findings claim by claim, the "
@@ -383,8 +429,9 @@ def render_markdown(
         *_provenance_section(cfg, provenance, arithmetic),
         "## Findings",
         "",
-        "Each claim is badged by its own outcome (`HOLDS`, `NOT SHOWN`, `CONTRADICTED`, `NOT TESTED`); a "
-        "finding is reproduced only when every one of its claims holds.",
+        "Each claim is badged by its own outcome (`HOLDS`, `NEGLIGIBLE`, `NOT SHOWN`, `CONTRADICTED`, "
+        "`NOT TESTED`); a finding is reproduced only when every one of its claims holds, negligible when "
+        "every one is shown smaller than its SESOI.",
         "",
         *_images(project, ["report/forest.png"]),
         "",
@@ -414,9 +461,11 @@ def _method_section(ablate: dict[str, Any]) -> list[str]:
         f"both halves of the seeds that way); {badge(REPRODUCED)} when every claim holds: significant the "
         "predicted way, its 95 % interval clearing its smallest effect of interest (SESOI), and the discovery "
         'and confirmation seeds each pointing that way (a "no effect" claim by two one-sided tests against '
-        f"±SESOI); {badge(INCONCLUSIVE)} otherwise. The seed is the unit: per-seed differences (averaged over an "
+        f"±SESOI); {badge(NEGLIGIBLE)} when every claim is shown smaller than its SESOI either way (two "
+        "one-sided tests against ±SESOI, each half of the seeds inside it): the effect the source predicts is "
+        f"absent or too small to act on at this scale; {badge(INCONCLUSIVE)} otherwise. The seed is the unit: per-seed differences (averaged over an "
         "LR grid within each seed), the paired t-test, its MDE (the smallest effect it detects with 80 % power; "
-        "powered: MDE ≤ SESOI / 2). Diverged runs count at the loss at initialisation, and none is dropped. "
+        "powered: MDE ≤ SESOI / 2; an equivalence's power is the TOST's own). Diverged runs count at the loss at initialisation, and none is dropped. "
         f"Unigram baseline on validation: **{number(ablate.get('unigram_val_loss'), '{:.3f}')} nats**; every "
         f"variant a claim compares must end {design()['plateau_margin']:g} nats below it (those predicted to "
         "fail aside).",
@@ -448,7 +497,7 @@ def _findings_table(findings: list[Finding]) -> list[str]:
     """A row per claim: its finding (on the first row), its number, its own outcome and why."""
     rows = []
     for f in findings:
-        head = [f"[{label(f)}](#{f.key})", badge(f.verdict)]
+        head = [f"[{label(f)}](#{f.key})", badge(shown_verdict(f))]
         if not f.claims:
             rows.append([*head, "-", "-", "-", "-", badge(f.verdict), f.precondition_failed or "no claim"])
         for i, c in enumerate(f.claims):
@@ -472,18 +521,17 @@ def _finding_section(project: Path, f: Finding) -> list[str]:
     lines = [
         f'<a id="{f.key}"></a>',
         "",
-        f"## {label(f)} — {badge(f.verdict)}",
+        f"## {label(f)} — {badge(shown_verdict(f))}",
         "",
         f"*Tested:* {r['claim']}. *Found:* {_found(f)}.",
         "",
+        *([f"*A check of the machinery, not a finding:* {f.check}.", ""] if f.check else []),
     ]
     for c in f.claims:
         outcome = claim_outcome(f, c)
-        power = {True: "powered", False: "underpowered: above SESOI / 2", None: "power unknown"}[c.powered]
         lines.append(
             f"- {badge(outcome)} {c.what}: predicted {_predicted(c)}; "
-            f"{f.precondition_failed if outcome == NOT_TESTED else why(c)}. "
-            f"Smallest effect it could detect (MDE, 80 % power): {number(c.mde, '{:.3g}')} ({power})."
+            f"{f.precondition_failed if outcome == NOT_TESTED else why(c)}. {_power(c)}."
         )
     if f.claims:
         lines += ["", *_claims_table(f), ""]
@@ -495,6 +543,17 @@ def _finding_section(project: Path, f: Finding) -> list[str]:
         "",
     ]
     return [*lines, *_images(project, _figures_of(f)), ""]
+
+
+def _power(c: Claim) -> str:
+    """The claim's power in words: a direction claim's MDE against SESOI / 2, an equivalence's TOST power."""
+    if c.kind == EQUIVALENCE:
+        if c.power is None:
+            return "TOST power unknown"
+        needed = f"{c.seeds_needed} seeds" if c.seeds_needed else "more than 100,000 seeds"
+        return f"TOST power at no true difference: {c.power:.1%} at these seeds; 80 % needs {needed} at this SD"
+    power = {True: "powered", False: "underpowered: above SESOI / 2", None: "power unknown"}[c.powered]
+    return f"Smallest effect it could detect (MDE, 80 % power): {number(c.mde, '{:.3g}')} ({power})"
 
 
 def _claims_table(f: Finding) -> list[str]:
@@ -772,6 +831,9 @@ BADGE_COLOURS = {
     HOLDS: "#1a7f37",
     CONTRADICTED: "#cf222e",
     NOT_TESTED: "#6e7781",
+    NEGLIGIBLE: "#0969da",
+    PASSED: "#1a7f37",
+    FAILED: "#cf222e",
     INCONCLUSIVE: "#9a6700",
     NOT_SHOWN: "#9a6700",
 }
@@ -817,7 +879,8 @@ def report_json(findings: list[Finding], ablate: dict[str, Any], arithmetic: dic
         "unigram_val_loss": ablate.get("unigram_val_loss"),
         "base_val_loss": {FAMILY_OF[f.key]: f.base_val_loss for f in findings if f.key in FAMILY_OF},
         "findings": {f.key: f.to_json() for f in findings},
-        "counts": {v: sum(1 for f in findings if f.verdict == v) for v in VERDICTS},
+        "counts": {v: sum(1 for f in proper(findings) if f.verdict == v) for v in VERDICTS},
+        "checks": {f.key: check_outcome(f) for f in findings if f.check},
     }
 
 
@@ -837,7 +900,7 @@ def forest_rows(findings: list[Finding]) -> list[dict[str, Any]]:
             "kind": c.kind,
             "margin": c.sesoi if c.kind == "equivalence" else None,
             "sesoi": c.sesoi,
-            "verdict": f.verdict,
+            "verdict": shown_verdict(f),
             "unit": c.unit,
         }
         for f in findings

@@ -3,6 +3,8 @@
   not tested    a precondition of the finding failed (named by the caller)
   contradicted  a claim is shown the other way, by at least its smallest effect of interest
   reproduced    there is at least one claim, and every claim holds
+  negligible    there is at least one claim, and every claim is shown smaller than its smallest
+                effect of interest (version 3)
   inconclusive  anything else: the right direction without significance, an effect significant but
                 smaller than the claim's smallest effect of interest, halves that disagree, no
                 claims, a claim with no test (p None)
@@ -30,6 +32,14 @@ margin is its ``sesoi``): ``p`` is its TOST p (tasks/ablate/stats.py: tost_paire
 holds when that is significant and every half's estimate lies inside the margin; it is contradicted
 when the 95 % interval of the difference (``ci95``) lies wholly outside the margin, on one side,
 with every half on that side (a difference too small to matter is what the claim allows).
+
+A claim is **negligible** (version 3; Lakens 2017) when the data rule out an effect as large as its
+SESOI either way: two one-sided t-tests against ±SESOI, each significant (``tost_p`` < ALPHA, the 90 %
+interval inside ±SESOI), and every half's estimate inside ±SESOI. For an equivalence claim that is
+what it predicts, so it is negligible exactly when it holds. A finding every claim of which is
+negligible is NEGLIGIBLE: an informative result (the effect the source predicts is absent at this
+scale, or too small to act on), not a failure to decide. A direction claim with SESOI 0 cannot be
+negligible.
 """
 
 from __future__ import annotations
@@ -38,9 +48,10 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from tasks.ablate.stats import ALPHA
+from tasks.ablate.stats import ALPHA, POWER
 
 REPRODUCED, CONTRADICTED, NOT_TESTED, INCONCLUSIVE = "reproduced", "contradicted", "not tested", "inconclusive"
+NEGLIGIBLE = "negligible"
 DIRECTION, EQUIVALENCE = "direction", "equivalence"
 POWERED_RATIO = 0.5
 """A claim is adequately powered when its MDE (80 % power, the test used) is at most this share of
@@ -71,6 +82,12 @@ class Claim:
     halves: dict[str, float | None] = dataclasses.field(default_factory=dict)
     mde: float | None = None
     unit: str = ""
+    tost_p: float | None = None
+    """A direction claim's TOST p against ±SESOI (an equivalence claim's is ``p``)."""
+    power: float | None = None
+    """An equivalence claim's TOST power at no true difference, at its seeds and measured SD."""
+    seeds_needed: int | None = None
+    """An equivalence claim's seeds for 80 % TOST power at the measured SD (None: beyond the search)."""
 
     def __post_init__(self) -> None:
         allowed = {DIRECTION: (1, -1), EQUIVALENCE: (0,)}
@@ -81,7 +98,10 @@ class Claim:
 
     @property
     def powered(self) -> bool | None:
-        """MDE at most POWERED_RATIO x SESOI (None: no MDE, or no SESOI to compare it with)."""
+        """An equivalence claim: its TOST power at least POWER. A direction claim: MDE at most
+        POWERED_RATIO x SESOI (None: no MDE, or no SESOI to compare it with)."""
+        if self.kind == EQUIVALENCE:
+            return None if self.power is None else self.power >= POWER
         if self.mde is None or self.sesoi == 0:
             return None
         return self.mde <= POWERED_RATIO * self.sesoi
@@ -110,6 +130,13 @@ class Claim:
         )
 
     @property
+    def negligible(self) -> bool:
+        if self.kind == EQUIVALENCE:
+            return self.holds
+        inside = all(h is not None and abs(h) < self.sesoi for h in self.halves.values())
+        return self.sesoi > 0 and significant(self.tost_p) and inside
+
+    @property
     def contradicted(self) -> bool:
         if self.kind == EQUIVALENCE:
             return any(self._clears(s) and self._halves_point(s) for s in (1, -1))
@@ -130,4 +157,6 @@ def verdict(claims: Sequence[Claim], precondition_failed: str | None = None) -> 
         return CONTRADICTED
     if claims and all(c.holds for c in claims):
         return REPRODUCED
+    if claims and all(c.negligible for c in claims):
+        return NEGLIGIBLE
     return INCONCLUSIVE
