@@ -5,6 +5,7 @@ ones; each kind of claim tested and judged by the study's one rule (tasks/report
 from __future__ import annotations
 
 import copy
+import re
 import zlib
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,34 @@ def test_a_profile_that_shrinks_a_built_in_grid_keeps_only_the_claims_it_can_sta
 )
 def test_a_gate_is_met_at_its_bounds_edge_as_its_bound_says(bound, mean, met):
     value = 0.0 if bound == "above" else 0.01
-    assert Gate("m", {}, bound, value, "j").met(mean) is met
+    assert Gate("m", {}, ((bound, value),), "j").met(mean) is met
+
+
+@pytest.mark.parametrize(("mean", "met"), [(0.05, True), (0.2, True), (0.0499, False), (0.2001, False)])
+def test_a_band_gate_is_met_from_its_lower_to_its_upper_bound_inclusive(mean, met):
+    assert Gate("m", {}, (("at_least", 0.05), ("at_most", 0.2)), "j").met(mean) is met
+
+
+@pytest.mark.parametrize(("mean", "met"), [(5.5, True), (5.4999, False), (7.0, True)])
+def test_an_on_plateau_gate_is_met_from_unigram_minus_the_margin_up(mean, met):
+    assert Gate("capped_loss", {}, (("on_plateau", 0.0),), "j").met(mean, unigram=6.0, margin=0.5) is met
+    assert not Gate("capped_loss", {}, (("on_plateau", 0.0),), "j").met(mean, unigram=None, margin=0.5)
+
+
+@pytest.mark.parametrize(
+    ("gate", "error"),
+    [
+        ({"at_least": 0.3, "at_most": 0.2}, "gate: the band's at_least is above its at_most"),
+        ({"at_least": 0.1, "above": 0.2}, "gate: give one of at_least, above, at_most, on_plateau, or a band"),
+        ({"on_plateau": 5}, "gate.on_plateau: must be true"),
+        ({"at_least": 1, "at_some": "optim.beta2"}, "gate.at_some: 'optim.beta2' is not a factor of family wd"),
+        ({"at_least": 1, "at_some": "optim.weight_decay_mode"}, "gate.at_some: optim.weight_decay_mode is fixed by"),
+    ],
+)
+def test_a_malformed_gate_is_refused_naming_its_key(tmp_path, cfg, gate, error):
+    gate = {"metric": "capped_loss", "variant": {"optim.weight_decay_mode": "coupled"}, **gate, "justification": "j"}
+    with pytest.raises(ConfigError, match=re.escape(error)):
+        declare(tmp_path, cfg, edited("claims/lower_sensitivity/gate", gate))
 
 
 def test_a_built_in_familys_name_is_refused(tmp_path, cfg):
@@ -326,6 +354,31 @@ def test_a_mechanism_gate_not_met_leaves_the_claim_not_tested(tmp_path):
     finding = judged(tmp_path, body, loss)  # the synthetic arms record no attention logits
     assert finding.verdict == "not tested"
     assert "the mechanism did not occur: attn_logit_max" in (finding.precondition_failed or "")
+
+
+@pytest.mark.parametrize(("stuck_at", "tested"), [(5.5, True), (5.49, False)])
+def test_a_gate_at_some_level_is_met_where_one_level_meets_it_and_the_report_names_that_level(
+    tmp_path, stuck_at, tested
+):
+    gate = {"metric": "capped_loss", "variant": {"optim.weight_decay_mode": "coupled"}, "on_plateau": True}
+    gate |= {"at_some": "optim.lr", "justification": "coupled decay fails to train at some LR"}
+    body = edited("claims/lower_sensitivity/gate", gate)
+
+    def loss(f, seed):  # coupled decay at LR 0.01 ends at ``stuck_at`` in every seed; the bound is 6.0 - 0.5
+        if f["optim.weight_decay_mode"] == "coupled" and f["optim.lr"] == 0.01:
+            return stuck_at
+        return 4.0 + 0.1 * abs(np.log10(f["optim.lr"]) + 2.5) + noise(seed, f, 0.001)
+
+    finding = judged(tmp_path, body, loss, unigram=6.0)
+    assert "capped_loss of optim.weight_decay_mode=coupled at optim.lr 0.01" in finding.numbers
+    assert finding.details["gates"]["lower_sensitivity"]["met"] is tested
+    if tested:
+        assert finding.verdict == "reproduced", finding.numbers
+    else:
+        assert finding.verdict == "not tested"
+        assert "(at optim.lr 0.01, the nearest), on the plateau at some optim.lr (at least 5.5)" in (
+            finding.precondition_failed or ""
+        )
 
 
 def test_a_compared_variant_on_the_unigram_plateau_leaves_the_claim_not_tested(tmp_path):

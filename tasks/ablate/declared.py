@@ -88,29 +88,41 @@ LOSS_SHIFT = "${probe.loss_shift}"
 """Resolved per plan, not per declaration: the precision probe's shift (0 while checking)."""
 
 
-BOUNDS = {"at_least": "at least", "above": "above", "at_most": "at most"}
-"""A gate's bounds on the mean of its metric, in words."""
+BOUNDS = {"at_least": "at least", "above": "above", "at_most": "at most", "on_plateau": "on the plateau"}
+"""A gate's bounds on the mean of its metric, in words. ``on_plateau: true`` reads "at least the
+unigram baseline minus plateau_margin": the variant did not learn past unigram statistics (a
+failure to train, e.g. Post-LN without warmup)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Gate:
-    """A mechanism gate: the mean of ``metric`` over ``variant``'s arms must meet ``bound``
-    (BOUNDS) at ``value``, or the claim's mechanism did not occur and it is not tested."""
+    """A mechanism gate: the mean of ``metric`` over ``variant``'s arms must meet every one of
+    ``bounds`` (BOUNDS: one, or a band of ``at_least`` and ``at_most``), or the claim's mechanism
+    did not occur and it is not tested. With ``at_some`` (a factor the family crosses), the mean is
+    taken at each level of that factor and the gate is met where some level meets every bound: the
+    mechanism occurs somewhere on the grid (an LR at which Post-LN fails, one at which logits grow)."""
 
     metric: str
     variant: dict[str, Any]
-    bound: str
-    value: float
+    bounds: tuple[tuple[str, float], ...]
     justification: str
+    at_some: str | None = None
 
-    def met(self, mean: float | None) -> bool:
+    def met(self, mean: float | None, unigram: float | None = None, margin: float = 0.0) -> bool:
         if mean is None:
             return False
-        return {"at_least": mean >= self.value, "above": mean > self.value, "at_most": mean <= self.value}[self.bound]
+        return all(self._meets(bound, value, mean, unigram, margin) for bound, value in self.bounds)
+
+    @staticmethod
+    def _meets(bound: str, value: float, mean: float, unigram: float | None, margin: float) -> bool:
+        if bound == "on_plateau":
+            return unigram is not None and mean >= unigram - margin
+        return {"at_least": mean >= value, "above": mean > value, "at_most": mean <= value}[bound]
 
     @property
     def needs(self) -> str:
-        return f"{BOUNDS[self.bound]} {self.value:g}"
+        words = " and ".join(BOUNDS[b] if b == "on_plateau" else f"{BOUNDS[b]} {v:g}" for b, v in self.bounds)
+        return f"{words} at some {self.at_some}" if self.at_some else words
 
 
 @dataclasses.dataclass(frozen=True)
@@ -586,19 +598,32 @@ def _gate(raw: Any, family: DeclaredFamily, where: str) -> Gate | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: must be a mapping (metric, variant, at_least, above or at_most, justification)")
-    _only(raw, {"metric", "variant", *BOUNDS, "justification"}, where)
+        raise ConfigError(f"{where}: must be a mapping (metric, variant, a bound, at_some, justification)")
+    _only(raw, {"metric", "variant", *BOUNDS, "at_some", "justification"}, where)
     metric = _metric(_required(raw, "metric", str, where), f"{where}.metric")
-    bounds = {k: raw.get(k) for k in BOUNDS}
-    if sum(v is not None for v in bounds.values()) != 1:
-        raise ConfigError(f"{where}: give exactly one of {', '.join(BOUNDS)}")
-    for k, v in bounds.items():
-        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)):
-            raise ConfigError(f"{where}.{k}: must be a number, got {v!r}")
+    bounds = tuple((k, _bound(k, raw[k], f"{where}.{k}")) for k in BOUNDS if raw.get(k) is not None)
+    if {k for k, _ in bounds} not in ({"at_least"}, {"above"}, {"at_most"}, {"on_plateau"}, {"at_least", "at_most"}):
+        raise ConfigError(f"{where}: give one of {', '.join(BOUNDS)}, or a band of at_least and at_most")
+    if dict(bounds).get("at_least", -math.inf) > dict(bounds).get("at_most", math.inf):
+        raise ConfigError(f"{where}: the band's at_least is above its at_most (nothing could meet it)")
+    at_some = raw.get("at_some")
+    if at_some is not None and at_some not in family.factors:
+        raise ConfigError(f"{where}.at_some: {at_some!r} is not a factor of family {family.name}")
     justification = _required(raw, "justification", str, where)
     variant = _variant(raw.get("variant") or {}, family, f"{where}.variant")
-    ((bound, value),) = ((k, v) for k, v in bounds.items() if v is not None)
-    return Gate(metric, variant, bound, float(value), justification)
+    if at_some in variant:
+        raise ConfigError(f"{where}.at_some: {at_some} is fixed by the gate's variant")
+    return Gate(metric, variant, bounds, justification, at_some)
+
+
+def _bound(key: str, value: Any, where: str) -> float:
+    if key == "on_plateau":
+        if value is not True:
+            raise ConfigError(f"{where}: must be true (the unigram baseline and plateau_margin give the bound)")
+        return 0.0
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ConfigError(f"{where}: must be a number, got {value!r}")
+    return float(value)
 
 
 def _only(body: dict[str, Any], allowed: set[str], where: str) -> None:

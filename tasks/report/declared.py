@@ -30,6 +30,7 @@ from scipy import stats as scipy_stats
 from tasks.ablate.declared import STUDIES, DeclaredClaim, DeclaredFamily, matches, shown, variant_name
 from tasks.ablate.stats import derived, seed_means, tost_paired
 from tasks.config import Config
+from tasks.report.design import design
 from tasks.report.method import (
     Arms,
     Finding,
@@ -65,7 +66,7 @@ def declared_finding(
     text, details = notes
     failed = next((why for c in family.claims if (why := gates(arms, family, c, unigram))), details.pop("failed", None))
     compared = {c.statement: sides(arms, family, c) for c in family.claims}
-    measured = {c.name: gate_value(arms, family, c) for c in family.claims if c.gate}
+    measured = {c.name: gate_value(arms, family, c, unigram) for c in family.claims if c.gate}
     lines = [
         claims_numbers({c.statement: tested[c.statement]}, c.unit) + side_text(compared[c.statement])
         for c in family.claims
@@ -122,18 +123,46 @@ def side_text(values: dict[str, Any]) -> str:
     )
 
 
-def gate_value(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim) -> dict[str, Any]:
-    """The gate's measured value (mean of its metric over its variant's arms) beside its threshold."""
+def gate_value(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram: float | None) -> dict[str, Any]:
+    """The gate's measured value beside its threshold, and whether it is met: the mean of its metric
+    over its variant's arms, or with ``at_some`` the mean at each level of that factor (``levels``)
+    and, as ``measured``, the first level's that meets the gate, else the one nearest to it."""
     gate = claim.gate
     assert gate is not None
-    values = [v for _, v in _arm_values(arms, family, gate.metric, gate.variant)]
-    measured = float(np.mean(values)) if values else None
-    return {"metric": gate.metric, "variant": variant_name(gate.variant), "measured": measured, "needs": gate.needs}
+    margin = design()["plateau_margin"]
+    levels = family.factors[gate.at_some] if gate.at_some else [None]
+    means = {level: _mean_at(arms, family, gate.metric, gate.variant, gate.at_some, level) for level in levels}
+    met = [level for level, m in means.items() if gate.met(m, unigram, margin)]
+    finite = {level: m for level, m in means.items() if m is not None}
+    lowest_wanted = gate.bounds[0][0] == "at_most"
+    nearest = (min if lowest_wanted else max)(finite, key=lambda lv: finite[lv]) if finite else None
+    chosen = met[0] if met else nearest
+    needs = gate.needs
+    if any(b == "on_plateau" for b, _ in gate.bounds) and unigram is not None:
+        needs += f" (at least {unigram - margin:.4g})"
+    return {
+        "metric": gate.metric,
+        "variant": variant_name(gate.variant),
+        "measured": None if chosen is None else finite.get(chosen),
+        "at": None if gate.at_some is None or chosen is None else {gate.at_some: chosen},
+        "levels": {str(lv): m for lv, m in means.items()} if gate.at_some else None,
+        "needs": needs,
+        "met": bool(met),
+    }
+
+
+def _mean_at(
+    arms: Arms, family: DeclaredFamily, metric: str, variant: dict[str, Any], factor: str | None, level: Any
+) -> float | None:
+    at = variant if factor is None else {**variant, factor: level}
+    values = [v for _, v in _arm_values(arms, family, metric, at)]
+    return float(np.mean(values)) if values else None
 
 
 def gate_text(claim: DeclaredClaim, g: dict[str, Any]) -> str:
     value = "-" if g["measured"] is None else f"{g['measured']:.4g}"
-    return f"gate of {claim.name}: {g['metric']} of {g['variant']} {value} ({g['needs']})"
+    at = "".join(f" at {k} {shown(v)}" for k, v in (g.get("at") or {}).items())
+    return f"gate of {claim.name}: {g['metric']} of {g['variant']}{at} {value} ({g['needs']})"
 
 
 def base_loss(arms: Arms, family: DeclaredFamily) -> float | None:
@@ -260,12 +289,13 @@ def gates(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram: flo
     gate = claim.gate
     if gate is None:
         return None
-    mean = gate_value(arms, family, claim)["measured"]
-    if not gate.met(mean):
-        measured = "no finite value" if mean is None else f"{mean:.4g}"
+    g = gate_value(arms, family, claim, unigram)
+    if not g["met"]:
+        measured = "no finite value" if g["measured"] is None else f"{g['measured']:.4g}"
+        at = "".join(f" (at {k} {shown(v)}, the nearest)" for k, v in (g.get("at") or {}).items())
         return (
             f"{claim.name}: the mechanism did not occur: {gate.metric} of {variant_name(gate.variant)} was "
-            f"{measured}, {gate.needs} needed ({gate.justification})"
+            f"{measured}{at}, {g['needs']} needed ({gate.justification})"
         )
     return None
 
