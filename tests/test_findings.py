@@ -13,7 +13,7 @@ from tasks.config import Config
 from tasks.report.design import design
 from tasks.report.findings import FAMILY_OF, evaluate
 from tasks.report.render import forest_rows, report_json
-from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NEGLIGIBLE, NOT_TESTED, REPRODUCED
+from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED
 
 UNIGRAM = 5.97
 INIT = math.log(1024)
@@ -28,6 +28,8 @@ def loss_of(family: str, f: dict, seed: int, effects: dict) -> float:
         loss += effects.get("post_ln_no_warmup", 0.0) * (1 + 0.1 * seed) * (0.0 if silent else 1.0)
     if family == "xiong" and f["block"] == "post_ln":
         loss += effects.get("post_ln", 0.0)
+    if family == "xiong" and f["block"] == "post_ln" and f["warmup"] == 0 and f["lr"] == effects.get("fails_at"):
+        return UNIGRAM + 0.1  # Post-LN without warmup does not train at this LR: the mechanism gate's regime
     if family == "precision":
         loss += 0.001 * ((seed + sum(map(ord, f["precision"]))) % 3)  # formats differ a little, seed by seed
         if f["precision"] == "fp16_unscaled":
@@ -35,6 +37,13 @@ def loss_of(family: str, f: dict, seed: int, effects: dict) -> float:
     if family == "wortsman":
         loss += 0.3 * abs(math.log10(f["lr"]) + 2) * (0.5 if f["stabilizer"] != "none" else 1.0) * (1 + 0.05 * seed)
     return loss + effects.get("all", 0.0)
+
+
+def logit_growth(family: str, f: dict, grows: bool) -> dict:
+    """Wortsman's mechanisms in the unregularised arms at the high LRs (or nowhere): attention logits
+    past 100 and log Z a nat and more from ln V."""
+    high = family == "wortsman" and f["stabilizer"] == "none" and f["lr"] >= 0.1 and grows
+    return {"attn_logit_max": 500.0 if high else 10.0, "log_z_max": INIT + (2.0 if high else 0.1)}
 
 
 def study(cfg: Config, **effects) -> dict:
@@ -46,9 +55,11 @@ def study(cfg: Config, **effects) -> dict:
             "diverged": False,
             "val_loss": loss_of(arm.family, f, arm.seed, effects),
             "init_loss": INIT,
-            "spikes_per_1k": 1.0 + arm.seed + (effects.get("beta2_spikes", 0.0) if f.get("beta2") == 0.999 else 0),
+            "spikes_per_1k": effects.get("spikes", 1.0 + arm.seed)
+            + (effects.get("beta2_spikes", 0.0) if f.get("beta2") == 0.999 else 0),
             "update_rms_max": 1.0 + 0.1 * arm.seed + (0.5 if f.get("beta2") == 0.999 else 0),
             "grad_underflow_share": effects.get("underflow", 0.05),
+            **logit_growth(arm.family, f, effects.get("logits_grow", True)),
             "act_overflow_share": 1e-3 if f.get("spike") == "param" else 0.0,
             "injected_multiplier": 512.0 if f.get("spike") == "param" else None,
         }
@@ -96,11 +107,21 @@ def test_the_design_registers_every_finding_the_code_evaluates_and_nothing_else(
     )
 
 
-def test_a_constructed_post_ln_warmup_effect_is_reproduced_and_its_reverse_contradicted():
+def test_a_constructed_post_ln_warmup_effect_is_reproduced_where_post_ln_fails_at_some_lr():
     cfg = Config()
-    assert verdicts(cfg, study(cfg, post_ln_no_warmup=0.3))["xiong"].verdict == REPRODUCED
-    assert verdicts(cfg, study(cfg, post_ln_no_warmup=-0.3))["xiong"].verdict == CONTRADICTED
-    assert verdicts(cfg, study(cfg))["xiong"].verdict == INCONCLUSIVE  # no effect: nothing significant
+    fails = cfg.ablation.xiong_lrs[0]
+    assert verdicts(cfg, study(cfg, post_ln_no_warmup=0.3, fails_at=fails))["xiong"].verdict == REPRODUCED
+    # at the other LR the effect runs the other way: that claim is contradicted, and so is the finding
+    assert verdicts(cfg, study(cfg, post_ln_no_warmup=-0.3, fails_at=fails))["xiong"].verdict == CONTRADICTED
+    assert verdicts(cfg, study(cfg, fails_at=fails))["xiong"].verdict == INCONCLUSIVE  # the other LR: no effect
+
+
+def test_xiong_is_not_tested_where_post_ln_without_warmup_trains_at_every_lr_of_the_grid():
+    cfg = Config()
+    found = verdicts(cfg, study(cfg, post_ln_no_warmup=0.3))["xiong"]
+    assert found.verdict == NOT_TESTED
+    assert "the mechanism did not occur: capped_loss of post_ln·warmup=0 was" in found.precondition_failed
+    assert "on the plateau at some lr (at least 5.47)" in found.precondition_failed
 
 
 def test_a_family_whose_base_arm_sits_on_the_plateau_is_not_tested_saying_why():
@@ -130,6 +151,10 @@ def test_stabilizers_that_flatten_the_loss_vs_lr_curve_lower_lr_sensitivity():
     found = verdicts(cfg, study(cfg))["wortsman"]
     assert [c.estimate < 0 for c in found.claims] == [True, True]
     assert found.verdict == REPRODUCED
+    flat = verdicts(cfg, study(cfg, logits_grow=False))["wortsman"]  # the same losses, no logit growth
+    assert flat.verdict == NOT_TESTED and "qk_norm: the mechanism did not occur: attn_logit_max" in (
+        flat.precondition_failed
+    )
 
 
 def test_the_depth_probe_reads_a_ratio_that_grows_like_the_square_root_of_depth():
@@ -154,13 +179,66 @@ def test_mu_transfer_is_not_tested_on_a_search_below_the_registered_size():
     assert found.verdict == NOT_TESTED and "5 LR points, 2 seeds" in found.precondition_failed
 
 
+def transfer_search(mup_loss_at_base: float, base: int) -> dict:
+    """A search whose SP optimum shifts with width and μP's does not, μP ending ``mup_loss_at_base``
+    at the ``base`` width against SP's 5.0."""
+    return {
+        p: {
+            "widths": {
+                str(w): {
+                    "per_seed": {str(s): -8.0 - k * i - 0.01 * s for s in range(8)},
+                    "loss_opt": mup_loss_at_base if (p, w) == ("mup", base) else 5.0,
+                }
+                for i, w in enumerate((32, 64, 128))
+            }
+        }
+        for p, k in (("sp", 1.0), ("mup", 0.0))
+    }
+
+
+@pytest.mark.parametrize(("mup_loss", "tested"), [(5.1, True), (5.1001, False)])
+def test_mu_transfer_is_not_tested_where_mup_trains_worse_than_sp_at_the_base_width(mup_loss, tested):
+    cfg = Config()
+    assert cfg.mup.base_width in (32, 64, 128)
+    found = verdicts(cfg, study(cfg), transfer_search(mup_loss, cfg.mup.base_width))["mu_transfer"]
+    if tested:
+        assert found.precondition_failed is None
+    else:
+        assert found.verdict == NOT_TESTED
+        assert (
+            f"μP trains worse than SP at the base width {cfg.mup.base_width} (loss at the fitted optimum 5.100 against 5.000"
+            in (found.precondition_failed)
+        )
+
+
+@pytest.mark.parametrize(("underflow", "tested"), [(0.5, True), (0.5001, False)])
+def test_fp16_is_not_tested_where_most_gradients_underflow_above_the_registered_band(underflow, tested):
+    cfg = Config()
+    found = verdicts(cfg, study(cfg, unscaled=0.2, underflow=underflow))["fp16"]
+    assert (found.precondition_failed is None) is tested
+    if not tested:
+        assert "grad_underflow_share of fp32 was 0.5001, at least 0.01 and at most 0.5" in found.precondition_failed
+
+
+@pytest.mark.parametrize(("spikes", "tested"), [(0.25, True), (0.2499, False)])
+def test_beta2_is_not_tested_where_too_few_spikes_occur_at_the_lr_that_trains(spikes, tested):
+    cfg = Config()
+    found = verdicts(cfg, study(cfg, spikes=spikes))["beta2"]
+    assert (found.precondition_failed is None) is tested
+    if not tested:
+        assert "spikes_1x: the mechanism did not occur: spikes_per_1k of lr_mult=1 was 0.2499" in (
+            found.precondition_failed
+        )
+
+
 def test_the_seed_is_the_unit_a_family_crossing_an_lr_grid_is_averaged_within_each_seed_first():
     cfg = Config()
-    found = verdicts(cfg, study(cfg, post_ln_no_warmup=0.3))["xiong"]
-    post = found.details["Post-LN: no warmup − warmup, final loss"]
-    assert post["n"] == len(cfg.ablation.all_seeds), "one unit per seed, not per (seed, LR)"
-    assert len(cfg.ablation.xiong_lrs) > 1
-    assert {h: t["n"] for h, t in found.halves["Post-LN: no warmup − warmup, final loss"].items()} == {
+    found = verdicts(cfg, study(cfg, post_ln_no_warmup=0.3, fails_at=cfg.ablation.xiong_lrs[0]))["beta2"]
+    spikes = found.claims[0].what  # at 1x, over the seeds; the family crosses β₂ and the LR multiplier
+    assert found.details[spikes]["n"] == len(cfg.ablation.all_seeds), "one unit per seed"
+    wortsman = verdicts(cfg, study(cfg))["wortsman"]
+    assert wortsman.details[wortsman.claims[0].what]["n"] == len(cfg.ablation.all_seeds), "not per (seed, LR)"
+    assert {h: t["n"] for h, t in found.halves[spikes].items()} == {
         "discovery": len(cfg.ablation.seeds),
         "confirmation": len(cfg.ablation.confirm_seeds),
     }
@@ -174,12 +252,12 @@ def test_an_effect_only_the_discovery_seeds_show_is_not_reproduced():
     assert found.verdict == INCONCLUSIVE
 
 
-def test_a_significant_effect_below_the_registered_sesoi_is_negligible_not_reproduced():
+def test_a_significant_effect_below_the_registered_sesoi_where_the_mechanism_did_not_occur_is_not_tested():
     cfg = Config()
-    found = verdicts(cfg, study(cfg, post_ln_no_warmup=0.05))["xiong"]  # SESOI 0.1 nats
+    found = verdicts(cfg, study(cfg, post_ln_no_warmup=0.05))["xiong"]  # SESOI 0.1 nats; Post-LN trains
     assert found.claims[0].p < 0.05 and found.claims[0].ci95[1] < 0.1
-    assert found.claims[0].tost_p < 0.05
-    assert found.verdict == NEGLIGIBLE
+    assert found.claims[0].negligible, "shown smaller than its SESOI"
+    assert found.verdict == NOT_TESTED, "version 2's xiong: negligible only in a regime the paper is not about"
 
 
 def test_every_compared_variant_must_leave_the_plateau_not_only_the_base_arm():
@@ -207,9 +285,10 @@ def test_report_json_carries_the_verdict_test_source_and_mde_of_every_finding_an
     for key, f in out["findings"].items():
         assert {"verdict", "test", "source", "mde", "sesoi", "powered", "halves"} <= f.keys(), key
     xiong = out["findings"]["xiong"]
-    assert xiong["sesoi"]["Post-LN: no warmup − warmup, final loss"] == 0.1
-    assert set(xiong["halves"]["Post-LN: no warmup − warmup, final loss"]) == {"discovery", "confirmation"}
-    assert out["findings"]["xiong"]["mde"]["Post-LN: no warmup − warmup, final loss"] > 0
+    first = xiong["claims"][0]["what"]
+    assert xiong["sesoi"][first] == 0.1
+    assert set(xiong["halves"][first]) == {"discovery", "confirmation"}
+    assert out["findings"]["xiong"]["mde"][first] > 0
     assert sum(out["counts"].values()) == len([f for f in findings if not f.check])  # checks never counted
     assert set(out["checks"]) == {"xiong_init", "overflow"}
     rows = forest_rows(findings)

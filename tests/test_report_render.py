@@ -116,7 +116,10 @@ def test_the_committed_report_opens_with_a_line_per_finding_saying_what_was_test
         assert line.startswith(f"- `{shown_verdict(f).upper()}` **[{LABELS[f.key]}]")
         assert ("*Why a check:*" if f.check else "*Tested:*") in line
         assert "*Found:*" in line or f.check
-        assert any(f"{c.estimate:+.3g}" in line for c in f.claims)  # the number that decided it
+        if f.precondition_failed:  # the number that decided it: the gate's measured value, or the plateau's
+            assert f.precondition_failed in line
+        else:
+            assert any(f"{c.estimate:+.3g}" in line for c in f.claims)
     assert not any("hash" in x or "numeric path" in x for x in opening)  # provenance comes after the method
     assert lines.index("## Where the numbers come from") > method
 

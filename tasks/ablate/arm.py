@@ -98,7 +98,8 @@ what Wortsman et al. watch (attention-logit growth, output log Z) and seed 002's
 
 class LogitStats(Callback):
     """The trajectories of :data:`LAYER_TRAJECTORIES` at every layer-stats step, and their extremes
-    over the run: the largest attention logit, output logit and log Z, the lowest attention entropy."""
+    over the run: the largest attention logit and output logit, log Z's largest and smallest, the
+    lowest attention entropy."""
 
     name = "logit_stats"
 
@@ -114,6 +115,7 @@ class LogitStats(Callback):
             ("attn_logit_max", _max_of(metrics, "stats/attn_logit_max/"), max),
             ("logits_max", metrics.get("stats/logits/max"), max),
             ("log_z_max", metrics.get("stats/logits/log_z"), max),
+            ("log_z_min", metrics.get("stats/logits/log_z"), min),
             ("attn_entropy_min", _min_of(metrics, "stats/attn_entropy/"), min),
         ):
             if value is not None and math.isfinite(value):

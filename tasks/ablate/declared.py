@@ -255,7 +255,8 @@ def parse_family(name: str, body: Any, cfg: Config, where: str, builtin: bool = 
         raise ConfigError(f"{where}: must be a mapping (question, factors, claims, ...)")
     _only(body, FAMILY_KEYS, where)
     a = cfg.ablation
-    body = resolve(body, a, where)
+    claims_unresolved = body.get("claims")
+    body = resolve({k: v for k, v in body.items() if k != "claims"}, a, where) | {"claims": claims_unresolved}
     question = _required(body, "question", str, where)
     factors, named = _factors(body.get("factors"), cfg, f"{where}.factors")
     fixed = flatten(body.get("fixed") or {})
@@ -291,19 +292,27 @@ def parse_family(name: str, body: Any, cfg: Config, where: str, builtin: bool = 
     for variant in family.variants():  # every arm's config builds: a bad combination fails here
         _check_value(cfg, "", family.overrides(a, variant, seeds[0]), where)
     if not builtin:
-        claims = [parse_claim(c, body, family, f"{where}.claims.{c}") for c, body in claims_raw.items()]
+        claims = [
+            parse_claim(c, resolve(body, a, f"{where}.claims.{c}"), family, f"{where}.claims.{c}")
+            for c, body in claims_raw.items()
+        ]
         return dataclasses.replace(family, claims=claims)
-    return _builtin_claims(family, claims_raw, where)
+    return _builtin_claims(family, claims_raw, a, where)
 
 
-def _builtin_claims(family: DeclaredFamily, claims_raw: dict[str, Any], where: str) -> DeclaredFamily:
-    """A built-in family's claims in this config's grid: a claim it cannot state is dropped where it
-    says ``if_crossed``; any other leaves the family none, saying why (``missing``)."""
+def _builtin_claims(
+    family: DeclaredFamily, claims_raw: dict[str, Any], a: AblationConfig, where: str
+) -> DeclaredFamily:
+    """A built-in family's claims in this config's grid: a claim it cannot state (a value the grid
+    does not cross, or a reference to an item the profile's list lacks) is dropped where it says
+    ``if_crossed``; any other leaves the family none, saying why (``missing``)."""
     claims = []
-    for name, body in claims_raw.items():
+    for name, raw in claims_raw.items():
+        body = dict(raw)
         optional = bool(body.pop("if_crossed", False))
-        body["may_fail"] = [v for v in body.get("may_fail") or [] if _crossed({"a": v}, family)]
         try:
+            body = resolve(body, a, f"{where}.claims.{name}")
+            body["may_fail"] = [v for v in body.get("may_fail") or [] if _crossed({"a": v}, family)]
             claims.append(parse_claim(name, body, family, f"{where}.claims.{name}"))
         except ConfigError as e:
             if not optional:

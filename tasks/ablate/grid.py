@@ -192,7 +192,10 @@ def arm_metrics(result: dict[str, Any], cfg: Config) -> dict[str, Any]:
         "spikes_per_1k": 1000 * len(spikes) / max(1, len(after_warmup)),
         "update_rms_max": max(update_rms) if update_rms else None,
         "update_rms_mean": float(np.mean(update_rms)) if update_rms else None,
-        **{k: result["stats"].get(k) for k in ("attn_logit_max", "logits_max", "log_z_max", "attn_entropy_min")},
+        **{
+            k: result["stats"].get(k)
+            for k in ("attn_logit_max", "logits_max", "log_z_max", "log_z_min", "attn_entropy_min")
+        },
         **range_extremes(result.get("ranges", [])),
         **{f"collapse_{k}": v for k, v in result.get("collapse", {}).items()},
         "wall_s": summary["wall_s"],

@@ -45,6 +45,8 @@ FIGURES = (
     "attn_logit_max",
     "logits_max",
     "log_z_max",
+    "log_z_min",
+    "log_z_drift",
     "attn_entropy_min",
     "grad_underflow_share",
     "act_overflow_share",
@@ -62,9 +64,29 @@ def capped_loss(m: dict[str, Any]) -> float:
 
 
 def derived(m: dict[str, Any]) -> dict[str, Any]:
+    """The arm's recorded figures with those read off them: the capped loss, divergence from the raw
+    loss (version 3), and log Z's drift from its start."""
     if not m:
         return {}
-    return {**m, "capped_loss": capped_loss(m)}
+    return {**m, "capped_loss": capped_loss(m), "diverged": failed_to_train(m), "log_z_drift": log_z_drift(m)}
+
+
+def failed_to_train(m: dict[str, Any]) -> bool:
+    """Diverged by the trainer's rule, non-finite, or a final validation loss above the loss at
+    initialisation (ln V): an arm that ends worse than guessing uniformly did not train, whether or
+    not a loss spike tripped the trainer (version 2 left fp16's unscaled arms at a raw 14.5-15.4
+    nats, ln V 6.93, counted as trained; the cap hid them)."""
+    loss = m.get("val_loss")
+    return bool(m.get("diverged")) or loss is None or not math.isfinite(loss) or loss > m["init_loss"]
+
+
+def log_z_drift(m: dict[str, Any]) -> float | None:
+    """How far the output's mean log Z moved from the loss at initialisation (ln V, where near-zero
+    logits put it), at its extremes over training: the output-logit divergence z-loss exists to
+    stop (Wortsman et al. 2023). An arm that recorded only the maximum reads the upward drift."""
+    ends = [m.get(k) for k in ("log_z_max", "log_z_min")]
+    drifts = [abs(v - m["init_loss"]) for v in ends if v is not None and math.isfinite(v)]
+    return max(drifts) if drifts else None
 
 
 def describe(values: Sequence[float | None]) -> dict[str, Any]:

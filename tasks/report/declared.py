@@ -133,18 +133,18 @@ def gate_value(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram
     levels = family.factors[gate.at_some] if gate.at_some else [None]
     means = {level: _mean_at(arms, family, gate.metric, gate.variant, gate.at_some, level) for level in levels}
     met = [level for level, m in means.items() if gate.met(m, unigram, margin)]
-    finite = {level: m for level, m in means.items() if m is not None}
+    finite = [(level, m) for level, m in means.items() if m is not None]
     lowest_wanted = gate.bounds[0][0] == "at_most"
-    nearest = (min if lowest_wanted else max)(finite, key=lambda lv: finite[lv]) if finite else None
-    chosen = met[0] if met else nearest
+    nearest = [(min if lowest_wanted else max)(finite, key=lambda lm: lm[1])] if finite else []
+    chosen = [(met[0], means[met[0]])] if met else nearest  # (level, mean), or none at all
     needs = gate.needs
     if any(b == "on_plateau" for b, _ in gate.bounds) and unigram is not None:
         needs += f" (at least {unigram - margin:.4g})"
     return {
         "metric": gate.metric,
         "variant": variant_name(gate.variant),
-        "measured": None if chosen is None else finite.get(chosen),
-        "at": None if gate.at_some is None or chosen is None else {gate.at_some: chosen},
+        "measured": chosen[0][1] if chosen else None,
+        "at": {gate.at_some: chosen[0][0]} if gate.at_some and chosen else None,
         "levels": {str(lv): m for lv, m in means.items()} if gate.at_some else None,
         "needs": needs,
         "met": bool(met),

@@ -148,6 +148,7 @@ def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | Non
     failed = failed or plateau_gate(worst, unigram, "the search's worst fitted optimum")
     if failed is None and at_edge:
         failed = f"a fitted optimum at the grid's edge ({', '.join(at_edge)}): the grid does not bracket it"
+    failed = failed or mup_trains(cfg, search)
     numbers = (
         f"{claims_numbers(tested, 'slope')}; TOST ±{margin:g} p={number(claims[1].p, '{:.3g}')}; widths "
         f"{', '.join(sorted(search['sp']['widths'], key=int))}; optima at the grid's edge: {len(at_edge)} of "
@@ -163,6 +164,29 @@ def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | Non
         {"slopes": {p: list(v.values()) for p, v in slopes.items()}, "at_edge": at_edge, **tested},
         halves_of(tested),
     )
+
+
+MUP_TOLERANCE = 0.1
+"""How much worse than SP μP may train at the base width, in nats of the loss at the fitted
+optimum (version 3): at the base width μP is SP but for its readout and attention scale, so a
+μP that trains worse there is not the μP whose transfer the paper claims; a tenth of a nat is
+xiong's SESOI, 2 % of a trained arm's loss."""
+
+
+def mup_trains(cfg: Config, search: dict[str, Any]) -> str | None:
+    """The mechanism gate of μ-transfer: μP trains at least as well as SP (within MUP_TOLERANCE) at
+    the base width, or the transfer it would show is of a μP that does not work here."""
+    base = str(cfg.mup.base_width)
+    if base not in search["sp"]["widths"] or base not in search["mup"]["widths"]:
+        return f"the search did not train the base width {base}, where μP and SP must train alike"
+    sp, mup = (search[p]["widths"][base]["loss_opt"] for p in ("sp", "mup"))
+    if mup > sp + MUP_TOLERANCE:
+        return (
+            f"the mechanism did not occur: μP trains worse than SP at the base width {base} (loss at the fitted "
+            f"optimum {mup:.3f} against {sp:.3f} nats; at most {MUP_TOLERANCE:g} worse needed), so its optima "
+            "are not those of a working μP"
+        )
+    return None
 
 
 SPIKE_MIN_SEEDS = 4
