@@ -86,21 +86,10 @@ class Config(TrainingConfig):
                 f"spike.warm_steps + recovery.eval_steps = {end})"
             )
         longest = r.eval_steps - r.recover_steps
-        if any(n > longest for n in s.sizing_data_batches):
+        if s.poison_batches_range[1] > longest:
             raise ConfigError(
-                f"spike.sizing_data_batches: {s.sizing_data_batches} has a length above recovery.eval_steps - "
+                f"spike.poison_batches_range: {s.poison_batches_range} reaches above recovery.eval_steps - "
                 f"recovery.recover_steps = {longest}; its poison would still be served near the window's end"
-            )
-        if s.data_batches > longest:
-            raise ConfigError(
-                f"spike.data_batches: {s.data_batches} is above recovery.eval_steps - recovery.recover_steps = "
-                f"{longest}; the poison would still be served near the window's end"
-            )
-        skippers = sorted({"skip_batch", "rollback"} & set(r.policies))
-        if "data" in s.kinds and skippers and r.skip_batches < s.data_batches:
-            raise ConfigError(
-                f"recovery.skip_batches: {r.skip_batches} is below spike.data_batches={s.data_batches}; "
-                f"{' and '.join(skippers)} would skip part of the poisoned stretch and meet the rest by construction"
             )
         if not 0 <= s.param_block < self.ablation.n_layer:
             raise ConfigError(f"spike.param_block: {s.param_block} is outside 0..ablation.n_layer-1")

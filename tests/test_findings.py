@@ -295,18 +295,21 @@ def test_report_json_carries_the_verdict_test_source_and_mde_of_every_finding_an
     assert rows and {r["finding"] for r in rows} >= {"xiong", "wortsman", "beta2"}
 
 
-SPIKE_POLICIES = ("continue", "skip_step", "skip_batch", "rollback", "lower_lr")
+SPIKE_POLICIES = ("continue", "skip_step", "skip_batch", "rollback", "rollback_lower_lr", "lower_lr", "swap_data")
 SPIKE_TIES = {"data": "stream", "param": "once", "lr": "step"}
-FIXES = {("data", "skip_batch"), ("data", "rollback"), ("param", "rollback"), ("lr", "lower_lr")}
+FIXES = {("data", "skip_batch"), ("data", "rollback"), ("data", "swap_data"), ("param", "rollback")}
+FIXES |= {("lr", "rollback_lower_lr")}
 
 
-def spike_metrics(n_seeds: int, fix_effect: float, ties: dict[str, str] = SPIKE_TIES, origin_loss: float = 4.5) -> dict:
-    """metrics/spike.json with ``n_seeds`` seeds (half discovery, half confirmation) where every
-    cause's continue ends ~20 % above its control, each registered fix ``fix_effect`` (relative)
-    from continue seed by seed, and every other policy where continue is."""
+def spike_metrics(
+    n_seeds: int, fix_effect: float, ties: dict[str, str] = SPIKE_TIES, plateau_why: str | None = None
+) -> dict:
+    """metrics/spike.json of version 3 with ``n_seeds`` seeds (half discovery, half confirmation)
+    where every cause's continue ends ~20 % above its control, each registered fix ``fix_effect``
+    (relative) from continue seed by seed, and every other policy where continue is."""
 
     def cell(gap: float) -> dict:
-        return {"outcome": "gap", "final_gap": gap, "excess_area": 50 * gap, "type": 2, "status": "completed"}
+        return {"outcome": "gap", "final_gap": gap, "scored_gap": gap, "excess_area": 50 * gap, "status": "completed"}
 
     matrix: dict = {}
     for cause in ties:
@@ -315,13 +318,14 @@ def spike_metrics(n_seeds: int, fix_effect: float, ties: dict[str, str] = SPIKE_
             gaps = {s: 0.2 + 0.01 * s + effect * (1 + 0.1 * s) for s in range(n_seeds)}  # offsets pairing removes
             matrix.setdefault(cause, {})[policy] = {str(s): cell(g) for s, g in gaps.items()}
     entry = {cause: {"injection": {"tied_to": tied}} for cause, tied in ties.items()}
-    entry["origin_run"] = {"val_loss": origin_loss}
     half = n_seeds // 2
     return {
         "matrix": matrix,
         "seeds": {str(s): entry for s in range(n_seeds)},
         "discovery_seeds": list(range(half)),
         "confirm_seeds": list(range(half, n_seeds)),
+        "plateau": {"why": plateau_why, "excluded": []},
+        "detection": {c: {"injected": n_seeds, "detected": n_seeds, "missed_seeds": []} for c in ties},
     }
 
 
@@ -333,26 +337,36 @@ def test_the_registered_fixes_closing_continues_gap_reproduce_the_spike_finding(
     found = spike_finding(spike_metrics(8, -0.15))
     assert found.verdict == REPRODUCED
     assert [c.what for c in found.claims] == [
-        "data×skip_batch − continue, final gap",
-        "data×rollback − continue, final gap",
-        "param×rollback − continue, final gap",
-        "lr×lower_lr − continue, final gap",
+        "data×skip_batch − continue, scored gap",
+        "data×rollback − continue, scored gap",
+        "data×swap_data − continue, scored gap",
+        "param×rollback − continue, scored gap",
+        "lr×rollback_lower_lr − continue, scored gap",
     ]
     assert {c.unit for c in found.claims} == {"relative"}
+    assert "data: continue 0 recovered / 8 gap / 0 gave up, mean scored gap" in found.numbers
+    assert "detected 8 of 8" in found.numbers
 
 
-def test_the_spike_finding_is_not_tested_from_origin_runs_still_on_the_plateau():
-    found = spike_finding(spike_metrics(8, -0.15, origin_loss=UNIGRAM - 0.49))
-    assert found.verdict == NOT_TESTED and "the origin runs at their checkpoint" in found.precondition_failed
-    assert spike_finding(spike_metrics(8, -0.15, origin_loss=UNIGRAM - 0.51)).verdict == REPRODUCED
+def test_the_spike_finding_is_not_tested_when_the_stage_says_too_few_origins_left_the_plateau():
+    why = "the confirmation half kept 1 origin past the plateau (needs >= 2): seeds 4, 6, 7 left out"
+    found = spike_finding(spike_metrics(8, -0.15, plateau_why=why))
+    assert found.verdict == NOT_TESTED and found.precondition_failed == why
+
+
+def test_a_version_2_spike_study_is_not_read_by_version_3s_claims():
+    metrics = spike_metrics(8, -0.15)
+    del metrics["plateau"]
+    found = spike_finding(metrics)
+    assert found.verdict == NOT_TESTED and found.precondition_failed.startswith("a version-2 spike study")
 
 
 def test_the_no_better_predictions_are_shown_with_their_estimate_but_are_not_claims():
     found = spike_finding(spike_metrics(8, -0.15))
-    for pair in ("param/skip_batch", "lr/rollback", "lr/skip_batch"):
+    for pair in ("param/skip_batch", "lr/rollback", "lr/skip_batch", "lr/lower_lr"):
         assert found.details[pair]["estimate"] == pytest.approx(0.0) and found.details[pair]["n"] == 8
     assert "lr×rollback − continue (predicted no better)" in found.numbers
-    halves = found.halves["data×rollback − continue, final gap"]
+    halves = found.halves["data×rollback − continue, scored gap"]
     assert halves["discovery"]["n"] == 4 and halves["confirmation"]["n"] == 4
 
 
@@ -360,12 +374,11 @@ def test_fixes_that_widen_the_gap_contradict_the_spike_finding():
     assert spike_finding(spike_metrics(8, +0.15)).verdict == CONTRADICTED
 
 
-def test_a_branch_that_gave_up_leaves_the_pairs_and_is_counted_never_imputed():
+def test_a_branch_that_gave_up_stays_in_the_pairs_at_its_scored_gap_and_is_counted():
     metrics = spike_metrics(8, -0.15)
-    metrics["matrix"]["data"]["rollback"]["3"] |= {"outcome": "gave_up", "final_gap": None, "excess_area": None}
+    metrics["matrix"]["data"]["rollback"]["3"] |= {"outcome": "gave_up", "final_gap": None, "scored_gap": 0.9}
     found = spike_finding(metrics)
-    assert found.details["data/rollback"]["n"] == 7 and 3 not in found.details["data/rollback"]["seeds"]
-    assert "data×rollback − continue (predicted better)" in found.numbers
+    assert found.details["data/rollback"]["n"] == 8 and 3 in [s for (s,) in found.details["data/rollback"]["seeds"]]
     assert "0 recovered / 7 gap / 1 gave up" in found.numbers
 
 
@@ -373,7 +386,7 @@ def test_the_spike_finding_is_not_tested_below_four_gapped_seeds_of_a_cause_or_o
     three = spike_finding(spike_metrics(3, -0.15))
     assert three.verdict == NOT_TESTED and "at 3 of 3 seeds" in three.precondition_failed
     closed = spike_metrics(4, -0.15)
-    closed["matrix"]["param"]["continue"]["0"]["final_gap"] = 0.01  # continue itself came back there
+    closed["matrix"]["param"]["continue"]["0"] |= {"final_gap": 0.01, "scored_gap": 0.01}  # continue came back
     assert spike_finding(closed).precondition_failed.startswith("param: continue ended more than 3% above")
     mistied = spike_finding(spike_metrics(8, -0.15, {**SPIKE_TIES, "lr": "stream"}))
     assert mistied.verdict == NOT_TESTED and "lr injection was tied to ['stream']" in mistied.precondition_failed

@@ -20,10 +20,13 @@ from model.spike.records import cpu_copy
 from model.step import PendingStep
 from model.train import Load, Trainer
 from tasks.spike.config import RecoveryConfig, SpikeConfig
+from tasks.spike.study import branch_recovery
 from tests.trainer_kit import markov_tokens, tiny_config
 
 TOKENS, VAL = markov_tokens(30_000), markov_tokens(4_000, seed=1)
-SPIKE = SpikeConfig(warm_steps=16, detect_window=16, detect_warmup=8, duration=2, data_batches=2, magnitude=100.0)
+SPIKE = SpikeConfig(
+    warm_steps=16, detect_window=16, detect_warmup=8, duration=2, poison_batches_range=[2, 2], magnitude=100.0
+)
 RECOVERY = RecoveryConfig(
     skip_batches=3, rollback_steps=4, checkpoint_every=2, eval_steps=12, recover_steps=8, smooth_steps=3, max_retries=1
 )
@@ -226,13 +229,14 @@ def test_rollback_restores_an_earlier_checkpoint_skips_the_window_and_gives_up_a
 def test_rollback_skips_a_poisoned_stretch_as_long_as_the_skip_window_and_never_serves_it_again(study):
     # Poison on every batch of the skip window: a rollback that skipped only up to the flagged
     # batch would meet the rest of it and give up at the retry cap.
-    stretch = SpikeConfig(**{**SPIKE.__dict__, "data_batches": RECOVERY.skip_batches})
+    n = RECOVERY.skip_batches
+    stretch = SpikeConfig(**{**SPIKE.__dict__, "poison_batches_range": [n, n]})
     log: list = []
-    result = branch(study, "data", "rollback", log=log, spike=stretch, poisoned=stretch.data_batches)
+    result = branch(study, "data", "rollback", log=log, spike=stretch, poisoned=n)
     assert result.actions[0]["step"] == ORIGIN + 1  # the first poisoned batch is flagged
     first = result.actions[0]["action"]
-    assert first.startswith("rolled back") and f"stream positions up to {ORIGIN + stretch.data_batches - 1}:" in first
-    poisoned = range(ORIGIN, ORIGIN + stretch.data_batches)  # stream positions of the stretch
+    assert first.startswith("rolled back") and f"stream positions up to {ORIGIN + n - 1}:" in first
+    poisoned = range(ORIGIN, ORIGIN + n)  # stream positions of the stretch
     replayed = [entry for segment in segments(log)[1:] for entry in segment]
     assert replayed and not any(position in poisoned for _, position in replayed)
 
@@ -323,6 +327,33 @@ def test_each_rollback_goes_further_back_and_lowers_the_applied_lr_again(study):
             [base * (SPIKE.magnitude if s in injected else 1) for s, _ in segment]
         )
     assert [segment[0][0] for segment in segments(lrs.log)[1:]] == [first + 1, second + 1]
+
+
+def test_palms_rollback_keeps_the_lr_so_it_meets_a_step_tied_pulse_on_every_replay_and_gives_up(study):
+    # The study's ``rollback`` (PaLM §5.1): no LR cut, so the replayed steps meet the same pulse at
+    # the same LR and the retry cap ends the branch; it cannot clear the pulse by lowering the LR.
+    driver, settings = branch_recovery("rollback", ONE_BATCH)
+    lrs = AppliedLR()
+    result = branch(study, "lr", driver, tied_to="step", extra=[lrs], recovery=settings)
+    assert result.status == "stopped" and "gave up" in result.stop_reason
+    passes = segments(lrs.log)
+    assert len(passes) == ONE_BATCH.max_retries + 2  # the first pass, every rollback, then the give-up
+    injected = range(ORIGIN + 1, ORIGIN + 1 + SPIKE.duration)
+    for segment in passes:
+        met = [lr for s, lr in segment if s in injected]
+        assert met and met == pytest.approx([CFG.optim.lr * SPIKE.magnitude] * len(met))  # the LR as it was
+
+
+@pytest.mark.parametrize(
+    ("policy", "driver", "lr_factor"),
+    [
+        ("rollback", "rollback", 1.0),
+        ("rollback_lower_lr", "rollback", RECOVERY.lr_factor),
+        ("lower_lr", "lower_lr", 0.5),
+    ],
+)
+def test_each_study_policy_runs_the_drivers_policy_with_its_lr_factor(policy, driver, lr_factor):
+    assert branch_recovery(policy, RECOVERY) == (driver, dataclasses.replace(RECOVERY, lr_factor=lr_factor))
 
 
 def test_swap_data_serves_the_clean_batches_from_the_step_after_the_detection(study):

@@ -1,14 +1,13 @@
-"""The spike study's sizing rules (tasks/spike/sizing.py): the detector replayed over a run's values
+"""The spike study's sizing rule (tasks/spike/sizing.py): the detector replayed over a run's values
 flags what the run's own detector flagged; the detector rule takes the smallest z-score that keeps
-the sizing seeds' clean stretches within the false-alarm bound; the data rule the smallest length
-whose continue gap exceeds ε at every sizing seed; one seed's probe on a tiny project."""
+the sizing seeds' clean stretches within the false-alarm bound; one seed's probe on a tiny project."""
 
 from __future__ import annotations
 
 import pytest
 
 from model.detect import make_detector
-from tasks.spike.sizing import calibrate_zscore, choose_data_batches, final_gap, probe_seed, replay_alarms
+from tasks.spike.sizing import calibrate_zscore, probe_seed, replay_alarms
 from tests.test_spike_study import STUDY, tiny_project
 from tests.trainer_kit import tiny_config
 
@@ -37,32 +36,20 @@ def test_the_detector_rule_takes_the_smallest_z_score_within_the_false_alarm_bou
     assert calibrate_zscore(clean, strict)[0] is None  # no candidate meets the bound: none is chosen
 
 
-def test_the_data_rule_takes_the_smallest_length_whose_gap_clears_epsilon_at_every_sizing_seed():
-    gaps = {50: [0.01, 0.04], 100: [0.031, 0.05], 150: [0.02, 0.09]}
-    assert choose_data_batches(gaps, epsilon=0.03) == 100  # 150 has a seed below: the smaller length counts
-    assert choose_data_batches(gaps, epsilon=0.031) is None  # 0.031 is not above 0.031
-    assert choose_data_batches({50: [float("inf"), 0.04]}, epsilon=0.03) == 50  # a diverged continue is a gap
-
-
-def test_the_final_gap_is_the_relative_gap_of_the_smoothed_losses_at_the_end():
-    assert final_gap([3.0, 3.3, 3.3], [3.0, 3.0, 3.0], smooth=2) == pytest.approx(0.1)
-    assert final_gap([3.0, float("nan")], [3.0, 3.0], smooth=1) == float("inf")
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
     project = tmp_path_factory.mktemp("sizing")
     tiny_project(project)
     cfg = tiny_config(**STUDY)
-    return cfg, probe_seed(cfg, project, 5, project / "sizing", [1, 2])
+    return cfg, probe_seed(cfg, project, 5, project / "sizing")
 
 
-def test_a_sizing_probe_reads_the_clean_stretch_and_one_continue_gap_per_length(probe):
+def test_a_sizing_probe_reads_the_clean_stretch_of_the_warm_up_and_the_control_and_nothing_injected(probe):
     cfg, found = probe
     s, r = cfg.spike, cfg.recovery
     first = s.origin_step + 1
     assert [v[0] for v in found["clean"]] == list(range(first, first + s.warm_steps + r.eval_steps))
-    assert set(found["data_gaps"]) == {"1", "2"} and all(isinstance(g, float) for g in found["data_gaps"].values())
+    assert set(found) == {"seed", "origin_val_loss", "clean", "alarms", "seconds"}
 
 
 def test_the_replayed_detector_raises_the_alarms_the_run_raised_on_its_clean_stretch(probe):

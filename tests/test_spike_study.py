@@ -1,7 +1,8 @@
-"""The spike study's logic (tasks/spike/study.py, tasks/spike/postmortem.py): classification, outcomes
-and the excess-loss area on synthetic curves, a whole two-seed study (origin runs, then every cause x
-policy branch) on a tiny synthetic project, read back from its matrix, metrics and post-mortems,
-and each spike setting refused one step outside its range, naming the key."""
+"""The spike study's logic (tasks/spike/study.py, tasks/spike/postmortem.py): classification, outcomes,
+the give-up score, detection and the excess-loss area on synthetic curves, the per-origin plateau
+gate, a whole two-seed study (origin runs, then every cause x policy branch) on a tiny synthetic
+project, read back from its matrix, metrics and post-mortems, and each spike setting refused one
+step outside its range, naming the key."""
 
 from __future__ import annotations
 
@@ -20,9 +21,25 @@ from model.spike.branch import Branch
 from model.spike.injections import Injection
 from model.typed_config import ConfigError
 from tasks.runtime.outputs import SPIKE_METRICS, SPIKE_RUN
+from tasks.spike import postmortem
 from tasks.spike.config import OUTCOMES
 from tasks.spike.postmortem import SECTIONS, publish
-from tasks.spike.study import Costs, classify, excess_area, matrix, outcome, run_seed, score, window_curves
+from tasks.spike.study import (
+    Costs,
+    classify,
+    detected,
+    detection,
+    excess_area,
+    give_ups,
+    matrix,
+    outcome,
+    plateau_gate,
+    poison_length,
+    run_seed,
+    score,
+    summary_metrics,
+    window_curves,
+)
 from tests.trainer_kit import markov_tokens, tiny_config
 
 CONTROL = [3.0 - 0.002 * t for t in range(100)]
@@ -85,34 +102,97 @@ def test_each_branch_gets_one_outcome_from_its_status_and_type(status, spike_typ
     assert outcome(status, spike_type) == expected
 
 
+def test_a_branch_that_gave_up_stays_at_the_loss_it_gave_up_at_for_every_step_it_did_not_run():
+    control = Branch("continue", rows=rows([3.0, 3.0, 3.0, 3.0]))
+    gave_up = Branch("rollback", status="stopped", rows=rows([9.0, 6.0]))
+    b, c = window_curves(gave_up, control, smooth=1, cap=7.0)
+    assert b.tolist() == [7.0, 6.0, 6.0, 6.0] and c.tolist() == [3.0] * 4  # 9 is above the cap ln V = 7
+
+
+def test_a_branch_that_gave_up_at_a_non_finite_loss_stays_at_the_cap():
+    control = Branch("continue", rows=rows([3.0, 3.0, 3.0]))
+    gave_up = Branch("skip_batch", status="stopped", rows=rows([4.0, float("inf")]))
+    assert window_curves(gave_up, control, smooth=1, cap=7.0)[0].tolist() == [4.0, 7.0, 7.0]
+
+
 def gave_up_branch() -> tuple[Branch, Branch]:
     """A control over 4 steps and a rollback branch that gave up after 2 of them."""
     control = Branch("continue", rows=rows([3.0, 3.0, 3.0, 3.0]), steps_run=4)
-    gave_up = Branch("rollback", status="stopped", rows=rows([9.0, 8.0]), steps_run=5, segments=2)
+    gave_up = Branch("rollback", status="stopped", rows=rows([9.0, 6.0]), steps_run=5, segments=2)
     for branch in (control, gave_up):
         for row in branch.rows:
             row.update(skipped=0.0, grad_norm=1.0)
     return control, gave_up
 
 
-def test_a_branch_that_gave_up_has_no_gap_or_area_instead_of_an_imputed_one():
+def test_a_branch_that_gave_up_is_scored_in_the_comparison_and_counted_apart():
     control, gave_up = gave_up_branch()
     injection = Injection("lr", 1, 0, 1, 100.0, tied_to="step")
-    cfg = tiny_config().recovery
-    scores = score(gave_up, control, injection, cfg, Costs(1.0, 1, 1.0, 1.0), cap=7.0)
+    cfg = tiny_config(**{"recovery.smooth_steps": 2}).recovery
+    scores = score(gave_up, control, injection, cfg, Costs(1.0, 1, 1.0, 1.0), cap=7.0, detect_within=0)
     assert scores["outcome"] == "gave_up" and scores["status"] == "stopped" and scores["restarts"] == 1
-    assert scores["final_gap"] is None and scores["excess_area"] is None
+    assert scores["scored_gap"] == pytest.approx(6.0 / 3.0 - 1.0)  # the last two steps held at 6
+    assert scores["final_gap"] is None and scores["excess_area"] is None  # a completed window's readings
 
 
-def test_the_matrix_counts_a_give_up_as_its_own_outcome(finished):
+def test_a_completed_branch_scores_its_final_gap():
+    control = Branch("continue", rows=rows([3.0, 3.0, 3.0]), steps_run=3)
+    done = Branch("skip_step", rows=rows([3.3, 3.3, 3.3]), steps_run=3)
+    for branch in (control, done):
+        for row in branch.rows:
+            row.update(skipped=0.0, grad_norm=1.0)
+    injection = Injection("param", 1, 0, 1, 100.0, tied_to="once")
+    cfg = tiny_config(**{"recovery.smooth_steps": 2}).recovery
+    scores = score(done, control, injection, cfg, Costs(1.0, 1, 1.0, 1.0), cap=7.0, detect_within=0)
+    assert scores["scored_gap"] == scores["final_gap"] == pytest.approx(0.1)
+
+
+def flagged_at(*steps: int) -> Branch:
+    return Branch("continue", detections=list(steps))
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        ((9,), False),  # before the injection: not on it
+        ((10,), True),  # the injection's first step
+        ((12 + 5,), True),  # its last step (10 + 3 - 1) + detect_within
+        ((12 + 6,), False),  # one step later: on what the spike left, not on the spike
+        ((9, 18, 30), False),
+    ],
+)
+def test_a_spike_is_detected_by_a_flag_from_its_first_step_to_detect_within_after_its_last(steps, expected):
+    injection = Injection("lr", 10, 0, 3, 100.0, tied_to="step")
+    assert detected(flagged_at(*steps), injection, within=5) is expected
+
+
+def test_the_matrix_counts_a_give_up_as_its_own_outcome_with_its_score(finished):
     studies, _, metrics = finished
     study = studies[0]
     control, gave_up = gave_up_branch()
     injection = Injection("lr", 1, 0, 1, 100.0, tied_to="step")
-    scores = score(gave_up, control, injection, study.cfg.recovery, study.costs, cap=7.0)
+    scores = score(gave_up, control, injection, study.cfg.recovery, study.costs, cap=7.0, detect_within=0)
     planted = dataclasses.replace(study, scores={"lr": {"rollback": scores}})
-    cell = matrix([planted])["lr"]["rollback"][str(study.seed)]
+    cells = matrix([planted], study.cfg)
+    cell = cells["lr"]["rollback"][str(study.seed)]
     assert cell["outcome"] == "gave_up" and cell["final_gap"] is None and cell["excess_area"] is None
+    assert cell["scored_gap"] == scores["scored_gap"] > 0
+    assert give_ups(cells)["lr"]["rollback"] == 1
+
+
+def cell(caught: bool = True) -> dict:
+    return {"outcome": "gap", "detected": caught, "scored_gap": 0.05}
+
+
+def test_the_detection_rate_counts_a_missed_spike_whose_branches_stay_scored():
+    cells = {
+        "lr": {"continue": {"0": cell(), "1": cell(caught=False)}, "rollback": {"0": cell(), "1": cell()}},
+        "param": {"skip_step": {"0": cell(caught=False)}},  # no continue: the first policy is observed
+    }
+    found = detection(cells)
+    assert found["lr"] == {"injected": 2, "detected": 1, "rate": 0.5, "missed_seeds": [1]}
+    assert found["param"] == {"injected": 1, "detected": 0, "rate": 0.0, "missed_seeds": [0]}
+    assert detection({"data": {"continue": {}}})["data"]["rate"] is None  # no origin left: no rate
 
 
 STUDY = {
@@ -131,8 +211,8 @@ STUDY = {
     "spike.detect_warmup": 8,
     "spike.magnitude": 100.0,
     "spike.duration": 2,
-    "spike.data_batches": 2,
-    "spike.sizing_data_batches": [2, 3, 4],  # each ends recovery.recover_steps before the window does
+    "spike.poison_batches_range": [2, 3],  # ends recovery.recover_steps before the window does, within the skip window
+    "spike.min_origins_per_half": 1,
     "spike.kinds": ["data", "param", "lr"],
     "spike.sample_prompts": 2,
     "spike.sample_tokens": 4,
@@ -176,15 +256,23 @@ def tiny_project(project: Path) -> np.ndarray:
     return train
 
 
+PAST_PLATEAU = {"unigram_val_loss": 99.0}
+"""A unigram baseline every tiny origin is far below: the tiny origins train too few steps to
+leave the real one (the gate itself is tested on planted origins below)."""
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """The study of two seeds (one discovery, one confirmation) on a tiny project, published."""
+    """The study of two seeds (one discovery, one confirmation) on a tiny project, published, its
+    origins past the plateau."""
     project = tmp_path_factory.mktemp("project")
     train = tiny_project(project)
     cfg = tiny_config(**STUDY)
     studies = [run_seed(cfg, project, seed, project / SPIKE_RUN / f"seed_{seed}") for seed in cfg.spike.all_seeds]
     uris = {name: f"runs:/{name.replace('/', '-')}" for study in studies for name in study.identities}
-    metrics = publish(project, studies, train, uris, provenance())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(postmortem, "unigram_baseline", lambda manifest, seq_len: PAST_PLATEAU)
+        metrics = publish(project, studies, train, uris, provenance())
     return studies, project, metrics
 
 
@@ -199,6 +287,7 @@ def test_the_spike_metrics_name_the_arithmetic_that_trained_the_branches(finishe
 def test_every_seed_scores_every_policy_of_every_cause_against_its_own_control(finished):
     studies, project, metrics = finished
     policies = studies[0].cfg.recovery.policies
+    assert policies == ["continue", "skip_step", "skip_batch", "rollback", "rollback_lower_lr", "lower_lr", "swap_data"]
     assert list(metrics["seeds"]) == ["0", "1"] and metrics["false_positives"] == 0
     assert (metrics["discovery_seeds"], metrics["confirm_seeds"]) == ([0], [1])
     for seed, entry in metrics["seeds"].items():
@@ -209,7 +298,7 @@ def test_every_seed_scores_every_policy_of_every_cause_against_its_own_control(f
     assert sorted(p.name for p in (project / "reports" / "spike").iterdir()) == ["data.png", "lr.png", "param.png"]
 
 
-def test_the_matrix_holds_an_outcome_for_every_cause_policy_and_seed(finished):
+def test_the_matrix_holds_an_outcome_and_a_scored_gap_for_every_cause_policy_and_seed(finished):
     studies, _, metrics = finished
     policies = studies[0].cfg.recovery.policies
     assert set(metrics["matrix"]) == {"data", "param", "lr"}
@@ -218,9 +307,93 @@ def test_the_matrix_holds_an_outcome_for_every_cause_policy_and_seed(finished):
         for by_seed in by_policy.values():
             assert list(by_seed) == ["0", "1"]
             for cell in by_seed.values():
-                assert cell["outcome"] in OUTCOMES
+                assert cell["outcome"] in OUTCOMES and np.isfinite(cell["scored_gap"])
                 assert (cell["final_gap"] is None) == (cell["outcome"] == "gave_up")
+                assert cell["final_gap"] in (None, cell["scored_gap"])
                 assert cell["excess_area"] is None or cell["excess_area"] >= 0
+
+
+@pytest.mark.parametrize("kind", ["param", "lr"])
+def test_swap_data_on_a_cause_with_no_data_source_is_the_continue_branch(finished, kind):
+    for study in finished[0]:
+        swapped, kept = study.branches[kind]["swap_data"], study.branches[kind]["continue"]
+        assert swapped.rows == kept.rows and swapped.detections == kept.detections
+        assert all(a["action"].startswith("no data source to exclude") for a in swapped.actions)
+
+
+def test_the_metrics_count_give_ups_and_detections_per_cause_over_the_matrix(finished):
+    _, _, metrics = finished
+    for cause, by_policy in metrics["matrix"].items():
+        assert metrics["give_ups"][cause] == {
+            p: sum(c["outcome"] == "gave_up" for c in by_seed.values()) for p, by_seed in by_policy.items()
+        }
+        caught = [seed for seed, c in by_policy["continue"].items() if c["detected"]]
+        assert metrics["detection"][cause]["injected"] == 2
+        assert metrics["detection"][cause]["detected"] == len(caught)
+    assert metrics["detection"]["data"]["rate"] == 1.0  # the first poisoned batch is flagged at every seed
+
+
+def test_each_origin_draws_its_poisoned_stretch_and_the_data_branches_meet_that_many_poison_batches(finished):
+    studies, _, metrics = finished
+    for study in studies:
+        n, injection = poison_length(study.cfg.spike, study.seed), study.injections["data"]
+        assert injection.duration == n == metrics["poison_batches"][str(study.seed)]
+        assert metrics["seeds"][str(study.seed)]["data"]["injection"]["duration"] == n
+
+
+def test_the_poison_length_is_drawn_from_both_ends_of_its_range_and_again_the_same_for_a_seed():
+    spike = tiny_config(**{**STUDY, "spike.poison_batches_range": [2, 4], "recovery.skip_batches": 4}).spike
+    draws = [poison_length(spike, seed) for seed in range(40)]
+    assert set(draws) == {2, 3, 4}  # both ends included, nothing outside
+    assert draws == [poison_length(spike, seed) for seed in range(40)]  # the seed alone decides
+    fixed = tiny_config(**{**STUDY, "spike.poison_batches_range": [3, 3]}).spike
+    assert {poison_length(fixed, seed) for seed in range(10)} == {3}
+
+
+def planted_origins(study, losses: dict[int, float | None], seeds: list[int], confirm: list[int], need: int = 2):
+    """Studies with the planted validation losses at their origins, under these seed halves."""
+    cfg = study.cfg.replace(
+        **{"spike.seeds": seeds, "spike.confirm_seeds": confirm, "spike.min_origins_per_half": need}
+    )
+    return [
+        dataclasses.replace(
+            study,
+            cfg=cfg,
+            seed=seed,
+            origin_run={**study.origin_run, "val_loss": loss, "role": "discovery" if seed in seeds else "confirmation"},
+        )
+        for seed, loss in losses.items()
+    ]
+
+
+def test_the_plateau_gate_passes_an_origin_at_the_bound_and_excludes_one_a_hair_above_naming_it(finished):
+    studies = planted_origins(finished[0][0], {0: 5.0, 1: 5.0001, 2: 4.0, 3: None}, [0, 1], [2, 3], need=1)
+    gate = plateau_gate(studies, unigram=5.5, margin=0.5)
+    assert {s: o["passed"] for s, o in gate["origins"].items()} == {"0": True, "1": False, "2": True, "3": False}
+    assert gate["excluded"] == [1, 3] and gate["bound"] == 5.0 and gate["why"] is None
+
+
+def test_the_finding_is_not_tested_when_a_half_keeps_fewer_origins_past_the_plateau_than_registered(finished):
+    losses = {0: 4.0, 1: 4.0, 2: 4.0, 3: 6.0}
+    studies = planted_origins(finished[0][0], losses, [0, 1], [2, 3], need=2)
+    assert plateau_gate(studies, unigram=5.5, margin=0.5)["why"] == (
+        "confirmation: 1 of 2 origins past the plateau (needs >= 2)"
+    )
+    passing = planted_origins(finished[0][0], {**losses, 3: 4.0}, [0, 1], [2, 3], need=2)
+    assert plateau_gate(passing, unigram=5.5, margin=0.5)["why"] is None
+    alone = planted_origins(finished[0][0], {0: 4.0, 1: 4.0}, [0, 1], [], need=2)  # no confirmation half
+    assert plateau_gate(alone, unigram=5.5, margin=0.5)["why"] is None
+
+
+def test_an_origin_on_the_plateau_leaves_the_matrix_but_keeps_its_entry(finished):
+    studies = planted_origins(finished[0][0], {0: 3.0, 1: 6.0}, [0], [1], need=1)
+    metrics = summary_metrics(studies, unigram=5.5)
+    assert metrics["plateau"]["excluded"] == [1] and "confirmation: 0 of 1" in metrics["plateau"]["why"]
+    assert all(list(by_seed) == ["0"] for by_policy in metrics["matrix"].values() for by_seed in by_policy.values())
+    assert list(metrics["seeds"]) == ["0", "1"]
+    none_left = summary_metrics(planted_origins(finished[0][0], {0: 6.0}, [0], [], need=1), unigram=5.5)
+    assert set(none_left["matrix"]) == {"data", "param", "lr"}  # the grid stays, empty
+    assert none_left["matrix"]["data"]["continue"] == {} and none_left["detection"]["data"]["rate"] is None
 
 
 def test_the_seeds_are_independent_origin_runs(finished):
@@ -286,17 +459,17 @@ EDGES = [
     ("spike.warm_steps", 8, 7),  # spike.detect_warmup: the detector would be blind
     ("spike.workers", 0, -1),
     ("spike.param_block", 1, 2),  # ablation.n_layer blocks
-    ("spike.data_batches", 1, 0),  # a data injection poisons at least one batch
+    ("spike.poison_batches_range", [1, 1], [0, 1]),  # a data injection poisons at least one batch
+    ("spike.poison_batches_range", [2, 2], [3, 2]),  # shortest first
+    ("spike.poison_batches_range", [2, 3], [2]),  # two ends
+    ("spike.detect_within", 0, -1),
+    ("spike.min_origins_per_half", 1, 0),
     ("spike.sizing_seeds", [2], [1]),  # a confirmation seed cannot size
     ("spike.sizing_seeds", [0 + 2], [2, 2]),
     ("spike.sizing_seeds", [0 + 2], [-1]),
     ("spike.sizing_zscores", [0.5, 6.0], [0.0, 6.0]),  # a z-score above the mean
     ("spike.sizing_zscores", [5.0, 6.0], [6.0, 6.0]),  # strictly ascending
     ("spike.max_false_alarms", 0.0, -0.5),
-    ("spike.sizing_data_batches", [1], [0]),
-    ("spike.sizing_data_batches", [3, 4], [4, 3]),
-    ("spike.sizing_data_batches", [12 - 8], [12 - 8 + 1]),  # recovery.eval_steps - recovery.recover_steps
-    ("recovery.skip_batches", 2, 1),  # the skip window covers spike.data_batches
 ]
 
 
@@ -314,19 +487,18 @@ def test_the_warm_up_must_reach_back_as_far_as_a_rollback_goes():
         tiny_config(**{**at_edge, "recovery.rollback_steps": 9})
 
 
-def test_a_data_injection_ends_the_recovery_time_before_the_window_does():
-    at_edge = {**STUDY, "spike.data_batches": 4, "recovery.skip_batches": 4}  # eval_steps 12 - recover_steps 8
-    assert tiny_config(**at_edge).spike.data_batches == 4
-    with pytest.raises(ConfigError, match=r"^spike\.data_batches: 5 is above recovery\.eval_steps"):
-        tiny_config(**{**at_edge, "spike.data_batches": 5, "recovery.skip_batches": 5})
+def test_the_longest_poison_draw_ends_the_recovery_time_before_the_window_does():
+    at_edge = {**STUDY, "spike.poison_batches_range": [1, 4], "recovery.skip_batches": 4}  # 12 - 8
+    assert tiny_config(**at_edge).spike.poison_batches_range == [1, 4]
+    with pytest.raises(ConfigError, match=r"\[1, 5\].*recovery\.eval_steps - recovery\.recover_steps = 4"):
+        tiny_config(**{**at_edge, "spike.poison_batches_range": [1, 5], "recovery.skip_batches": 5})
 
 
-def test_the_skip_window_need_not_cover_the_poison_where_no_policy_skips_or_no_data_cause_runs():
-    short = {**STUDY, "recovery.skip_batches": 1}
-    assert (
-        tiny_config(**{**short, "recovery.policies": ["continue", "skip_step", "lower_lr"]}).recovery.skip_batches == 1
-    )
-    assert tiny_config(**{**short, "spike.kinds": ["param", "lr"]}).recovery.skip_batches == 1
+def test_the_skip_window_is_fixed_apart_from_the_poison_and_may_be_shorter_than_its_longest_draw():
+    # version 3: the window is PaLM's, never sized to the poison; a stretch longer than it meets the
+    # policy again past it, spends the retry, and counts
+    short = {**STUDY, "spike.poison_batches_range": [2, 4], "recovery.skip_batches": 1}
+    assert tiny_config(**short).recovery.skip_batches == 1
 
 
 def test_harmless_poison_is_refused_naming_the_key():

@@ -198,29 +198,40 @@ SPIKE_CAUSES = {"data": "stream", "param": "once", "lr": "step"}
 skipping them clears it), state-tied (a corrupted state, restoring a clean one clears it),
 step-tied (no replay clears it)."""
 
-SPIKE_BETTER = (("data", "skip_batch"), ("data", "rollback"), ("param", "rollback"), ("lr", "lower_lr"))
-"""The registered claims: policy − continue on the final gap < 0, where what the policy assumes
-about the spike holds for its cause (seed 004: skip the data, restart from before, lower the LR)."""
+SPIKE_BETTER = (
+    ("data", "skip_batch"),
+    ("data", "rollback"),
+    ("data", "swap_data"),
+    ("param", "rollback"),
+    ("lr", "rollback_lower_lr"),
+)
+"""The registered claims (version 3): policy − continue on the scored gap < 0, where what the
+policy assumes about the spike holds for its cause (seed 004: skip the data, swap it out, restart
+from before, restart with a lower LR where the spike recurs on every replay)."""
 
 SPIKE_CLAIM_IDS = {
     ("data", "skip_batch"): "data_skip_batch",
     ("data", "rollback"): "data_rollback",
+    ("data", "swap_data"): "data_swap_data",
     ("param", "rollback"): "state_rollback",
-    ("lr", "lower_lr"): "step_lower_lr",
+    ("lr", "rollback_lower_lr"): "step_rollback_lower_lr",
 }
 """Each claim's key in the registered design (its SESOI): the causes by what they are tied to."""
 
-SPIKE_NO_BETTER = (("param", "skip_batch"), ("lr", "rollback"), ("lr", "skip_batch"))
+SPIKE_NO_BETTER = (("param", "skip_batch"), ("lr", "rollback"), ("lr", "skip_batch"), ("lr", "lower_lr"))
 """Registered predictions of no improvement, shown with their estimate and interval, not claims:
-replaying the steps meets a step-tied spike again, and skip_batch's restart point (the state just
-before the flagged step) may already hold a corrupted state."""
+PaLM's rollback and skip_batch replay the steps and meet a step-tied pulse again at the same LR,
+lower_lr acts after a 3-step pulse has done its damage, and skip_batch's restart point (the state
+just before the flagged step) may already hold a corrupted state."""
 
 
 def spike_gaps(matrix: dict[str, Any], cause: str, policy: str) -> dict[tuple, float]:
-    """Per seed (as a pairing unit), the branch's final gap, where it has one (a branch that gave
-    up has none: never imputed). The halves are split later (pooled_and_halves)."""
+    """Per seed (as a pairing unit), the branch's scored gap: a branch that gave up is scored at
+    the loss it gave up at, never dropped (tasks/spike/study.py). Version 2's matrices carry only
+    the final gap, which a give-up lacks. The halves are split later (pooled_and_halves)."""
     cells = matrix.get(cause, {}).get(policy, {})
-    return {(int(seed),): cell["final_gap"] for seed, cell in cells.items() if cell["final_gap"] is not None}
+    gaps = {(int(seed),): cell.get("scored_gap", cell["final_gap"]) for seed, cell in cells.items()}
+    return {unit: gap for unit, gap in gaps.items() if gap is not None}
 
 
 def spike_precondition(spike: dict[str, Any], epsilon: float) -> str | None:
@@ -243,13 +254,36 @@ def spike_precondition(spike: dict[str, Any], epsilon: float) -> str | None:
     return None
 
 
+def detection_text(spike: dict[str, Any], cause: str) -> str:
+    """``, detected 7 of 8 (missed: 6)``: the detector's rate on the cause (version 3)."""
+    d = spike.get("detection", {}).get(cause)
+    if not d:
+        return ""
+    missed = f" (missed: {', '.join(map(str, d['missed_seeds']))})" if d["missed_seeds"] else ""
+    return f", detected {d['detected']} of {d['injected']}{missed}"
+
+
+def origins_gate(spike: dict[str, Any]) -> str | None:
+    """The plateau gate of the origin runs, each on its own: the stage leaves out those that fail,
+    naming them, and says why when a half keeps too few (version 3). A version-2 study has no such
+    record, and its claims are not version 3's: its rollback cut the LR, and it ran neither
+    rollback_lower_lr nor swap_data."""
+    if "plateau" not in spike:
+        return (
+            "a version-2 spike study: its rollback cut the LR (version 3's rollback_lower_lr), and it ran no "
+            "PaLM rollback, rollback_lower_lr or swap_data, so version 3's claims cannot be read on it"
+        )
+    why: str | None = spike["plateau"]["why"]
+    return why
+
+
 def spike_outcomes(matrix: dict[str, Any], cause: str, policy: str) -> str:
     """A cell's outcome counts over seeds, e.g. ``0 recovered / 3 gap / 1 gave up``."""
     cells = matrix.get(cause, {}).get(policy, {}).values()
     return " / ".join(f"{sum(c['outcome'] == o for c in cells)} {o.replace('_', ' ')}" for o in OUTCOMES)
 
 
-def spike(cfg: Config, spike: dict[str, Any] | None, unigram: float | None = None, **_: Any) -> Finding:
+def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
     """Per cause, the policies whose assumption fits it against continue (SPIKE_BETTER: claims) and
     those whose assumption does not (SPIKE_NO_BETTER: predictions, shown), on the final gap
     (relative, smoothed training loss), paired by seed over the seeds where both branches have one
@@ -259,10 +293,7 @@ def spike(cfg: Config, spike: dict[str, Any] | None, unigram: float | None = Non
     if not spike or "matrix" not in spike:
         return decide("spike", [], "the spike stage did not run", [], "the spike stage did not run")
     matrix, epsilon = spike["matrix"], cfg.recovery.recover_epsilon
-    origins = [entry["origin_run"]["val_loss"] for entry in spike["seeds"].values()]
-    at_origin = float(np.mean(origins)) if origins and None not in origins else None
-    failed = plateau_gate(at_origin, unigram, "the origin runs at their checkpoint (mean over seeds)")
-    failed = failed or spike_precondition(spike, epsilon)
+    failed = origins_gate(spike) or spike_precondition(spike, epsilon)
     halves = halves_for(spike.get("discovery_seeds", []), spike.get("confirm_seeds", []))
 
     def tested(cause: str, policy: str) -> dict[str, Any]:
@@ -272,18 +303,19 @@ def spike(cfg: Config, spike: dict[str, Any] | None, unigram: float | None = Non
 
     comparisons = {pair: tested(*pair) for pair in (*SPIKE_BETTER, *SPIKE_NO_BETTER)}
     claims = [
-        direction("spike", SPIKE_CLAIM_IDS[c, p], f"{c}×{p} − continue, final gap", comparisons[c, p], -1, "relative")
+        direction("spike", SPIKE_CLAIM_IDS[c, p], f"{c}×{p} − continue, scored gap", comparisons[c, p], -1, "relative")
         for c, p in SPIKE_BETTER
     ]
     details: dict[str, Any] = {f"{c}/{p}": comparisons[c, p] for c, p in (*SPIKE_BETTER, *SPIKE_NO_BETTER)}
     numbers = "; ".join(
         [
             *(
-                f"{cause}: continue {spike_outcomes(matrix, cause, 'continue')}, mean final gap "
-                f"{mean_text(spike_gaps(matrix, cause, 'continue'))}"
+                f"{cause}: continue {spike_outcomes(matrix, cause, 'continue')}, mean scored gap "
+                f"{mean_text(spike_gaps(matrix, cause, 'continue'))}{detection_text(spike, cause)}"
                 for cause in SPIKE_CAUSES
                 if cause in matrix
             ),
+            *([f"origins left out on the plateau: {spike['plateau']['excluded']}"] if spike.get("plateau") else []),
             *(
                 f"{c}×{p} − continue (predicted better): {compare_line(comparisons[c, p], '')}; {spike_outcomes(matrix, c, p)}"
                 for c, p in SPIKE_BETTER
@@ -306,7 +338,7 @@ def spike(cfg: Config, spike: dict[str, Any] | None, unigram: float | None = Non
         arms,
         failed,
         details=details,
-        halves=halves_of({f"{c}×{p} − continue, final gap": comparisons[c, p] for c, p in SPIKE_BETTER}),
+        halves=halves_of({f"{c}×{p} − continue, scored gap": comparisons[c, p] for c, p in SPIKE_BETTER}),
     )
 
 

@@ -678,10 +678,12 @@ def spike_section(project: Path, spike: dict[str, Any] | None) -> list[str]:
         "",
         *_table(["cause", *policies], counts),
         "",
-        "The mean final gap to the seed's control of the branches that did not give up (a branch that gave up "
-        "has none):",
+        "The mean scored gap to the seed's control (version 3: a branch that gave up is scored at the loss it "
+        "gave up at, for every step it did not run; version 2's studies have only the final gap of the branches "
+        "that did not give up):",
         "",
-        *_table(["final gap", *policies], gaps),
+        *_table(["scored gap", *policies], gaps),
+        *_detection_lines(spike),
     ]
     postmortems = sorted((project / REPORTS / "postmortems").glob("*.md"))
     return [
@@ -691,6 +693,21 @@ def spike_section(project: Path, spike: dict[str, Any] | None) -> list[str]:
         + (", ".join(f"[{p.stem}](postmortems/{p.name})" for p in postmortems) or "none"),
         "",
     ]
+
+
+def _detection_lines(spike: dict[str, Any]) -> list[str]:
+    """The detector's rate per cause and the origins the plateau gate left out (version 3)."""
+    detection = spike.get("detection")
+    if not detection:
+        return []
+    rates = "; ".join(
+        f"{cause} {d['detected']} of {d['injected']}"
+        + (f" (missed at seeds {', '.join(map(str, d['missed_seeds']))})" if d["missed_seeds"] else "")
+        for cause, d in detection.items()
+    )
+    excluded = (spike.get("plateau") or {}).get("excluded") or []
+    left_out = f" Origins left out on the plateau: {', '.join(map(str, excluded))}." if excluded else ""
+    return ["", f"Spikes the detector caught, per cause: {rates}.{left_out}"]
 
 
 CAUSE_OF_TIE = {"stream": "data-tied", "once": "state-tied", "step": "step-tied"}
@@ -709,8 +726,9 @@ def _spike_counts(by_seed: dict[str, dict[str, Any]]) -> str:
 
 
 def _spike_gap(by_seed: dict[str, dict[str, Any]]) -> str:
-    """The mean final gap of the branches that have one."""
-    gaps = [c["final_gap"] for c in by_seed.values() if c["final_gap"] is not None]
+    """The mean scored gap (a give-up scored at the loss it gave up at; version 2: the final gap of
+    the branches that have one)."""
+    gaps = [g for c in by_seed.values() if (g := c.get("scored_gap", c["final_gap"])) is not None]
     return f"{fmean(gaps):+.1%}" if gaps else "-"
 
 

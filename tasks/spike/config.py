@@ -6,7 +6,7 @@ takes these sections as they are (duck-typed: model/ imports no study code).
 
 Why the origins are runs the stage trains itself, at the ablation arm scale, and not pretrain's
 milestones: milestones of one pretraining run are not independent pairing units, and >= 4
-independent pretraining seeds x 3 causes x 5 policies, each over a window of hundreds of steps,
+independent pretraining seeds x 3 causes x 7 policies, each over a window of hundreds of steps,
 do not fit the default study's 45-minute budget at the pretrain model's scale on 2 CPU cores. At
 the arm scale (``ablation.d_model`` ... ``batch_size``, μP at ``mup.base_width``, LR
 ``ablation.lr``) they do, one seed per worker process (tasks/spike/study.py: origin_config)."""
@@ -19,11 +19,14 @@ from typing import Literal
 from model.typed_config import ConfigError, Section, in_open_unit, non_negative, not_empty, positive
 
 SpikeKind = Literal["data", "lr", "grad", "param", "adam"]
-RecoveryPolicy = Literal["continue", "skip_step", "skip_batch", "rollback", "lower_lr", "swap_data"]
+RecoveryPolicy = Literal[
+    "continue", "skip_step", "skip_batch", "rollback", "rollback_lower_lr", "lower_lr", "swap_data"
+]
 
 OUTCOMES = ("recovered", "gap", "gave_up")
 """A branch's outcome (tasks/spike/study.py: outcome), what the spike finding counts per cause and
-policy: back in time, completed with a gap (or diverged), or gave up at the retry cap."""
+policy: back in time, completed with a gap (or diverged), or gave up at the retry cap. A branch that
+gave up is still scored (tasks/spike/study.py: unreached_loss): the outcome says how it ended."""
 
 SPIKE_CAUSING_POISON = (
     "generated_binary",
@@ -43,10 +46,11 @@ length filter drops (headings: ``too_short``), which must never be injected."""
 class SpikeConfig(Section):
     kinds: list[SpikeKind] = field(default_factory=lambda: ["data", "param", "lr"])
     """Injections of the study (its causes), each scored against the clean control with every
-    policy: ``data`` (data-tied) replaces the next batches with poison-pool sequences, ``param``
-    (state-tied) multiplies every weight matrix of one block once, ``lr`` (step-tied) multiplies
-    the LR, ``grad`` multiplies the gradients before clipping. Empty: no spike study (runs that
-    never study one, e.g. unit tests)."""
+    policy: ``data`` (data-tied) replaces the next batches (a drawn number of them:
+    ``poison_batches_range``) with poison-pool sequences, ``param`` (state-tied) multiplies every
+    weight matrix of one block once, ``lr`` (step-tied) multiplies the LR at steps fixed by the
+    step count, which every replay of them meets again, ``grad`` multiplies the gradients before
+    clipping. Empty: no spike study (runs that never study one, e.g. unit tests)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
     """Discovery seeds: one independent origin run each (``train.seed``: init and data order),
     the pairing units of the recovery finding (tasks/report/findings.py: spike)."""
@@ -59,8 +63,8 @@ class SpikeConfig(Section):
     origin_step: int = 600
     """Step of the origin run's scheduled checkpoint every branch of that seed starts from: past the
     unigram plateau (the arm-scale μP run at LR 0.01 crossed 0.5 nats below it at ~490 steps; at
-    250 the origin runs were still on it), the LR still decaying. The finding's plateau gate reads
-    the origin runs' validation loss there."""
+    250 the origin runs were still on it), the LR still decaying. The plateau gate reads each
+    origin run's validation loss there, one origin at a time (``min_origins_per_half``)."""
     warm_steps: int = 128
     """Steps of clean training from the origin checkpoint before the injection: the detector's
     warm-up (at least ``detect_warmup``) and the pre-spike checkpoints a rollback goes back to (at
@@ -75,18 +79,18 @@ class SpikeConfig(Section):
     at every seed, ``param`` 2-4 %)."""
     duration: int = 3
     """How long a step-tied injection lasts: ``lr`` and ``grad`` multiply this many optimizer steps,
-    tied to the steps so no policy can remove them (tasks/spike/study.py: TIED_TO); ``param`` and
-    ``adam`` strike once, at the first, and a branch that goes back to a clean state does not meet
-    them again."""
-    data_batches: int = 10
-    """Batches of the stream a ``data`` injection replaces with poison (a policy may skip them): a
-    bad stretch of data no longer than the playbook's skip window (``recovery.skip_batches``;
-    PaLM skipped 200-500 batches around a spike), ending at least ``recovery.recover_steps``
-    before the window does. Chosen by the data rule from ``sizing_data_batches`` on the sizing
-    seeds (tasks/spike/sizing.py; the declared default fits the declared recovery window, the
-    default profile sets the rule's choice). Three and then fifty batches at the arm scale left
-    continue within 3 % of the control at most seeds (tasks/report/preregistration.yaml,
-    changes_after_results)."""
+    fixed by the step count (tasks/spike/study.py: TIED_TO), so no skip removes them and every
+    restart that replays those steps (skip_batch, rollback) meets them again at the same LR;
+    ``param`` and ``adam`` strike once, at the first, and a branch that goes back to a clean state
+    does not meet them again."""
+    poison_batches_range: list[int] = field(default_factory=lambda: [5, 10])
+    """[shortest, longest] poisoned stretch of a ``data`` injection, in batches of the stream: each
+    origin draws its own length from it, uniformly, both ends included, seeded by the origin's seed
+    alone (tasks/spike/study.py: poison_length). The policies never read it: they act on the
+    detector's flags, with a skip window fixed apart from it (``recovery.skip_batches``, PaLM's
+    200-500 batches), so no policy is handed the stretch's length. The longest draw ends at least
+    ``recovery.recover_steps`` before the window does (tasks/config.py), so a gap at the window's
+    end is what the spike left, not poison still served."""
     data_reasons: list[str] = field(default_factory=lambda: list(SPIKE_CAUSING_POISON))
     """Poison-pool reasons ``data`` injection draws from (only spike-causing ones allowed)."""
     param_block: int = 0
@@ -104,9 +108,9 @@ class SpikeConfig(Section):
     detect_ratio: float = 10.0
     """A pre-clip grad norm this many times its trailing mean is a spike (seed 000)."""
     sizing_seeds: list[int] = field(default_factory=lambda: [100, 101, 102, 103])
-    """Seeds of the sizing probes (tasks/spike/sizing.py), none of them a discovery or confirmation
-    seed: the detector's z-score and the data injection's length are chosen on these seeds' clean
-    controls and ``continue`` branches, never on the study's seeds or on a policy's outcome."""
+    """Seeds of the sizing probe (tasks/spike/sizing.py), none of them a discovery or confirmation
+    seed: the detector's z-score is chosen on these seeds' clean stretches, never on the study's
+    seeds or on a policy's outcome."""
     sizing_zscores: list[float] = field(
         default_factory=lambda: [6.0, 7.0, 8.0, 9.0, 10.0, 12.0, 14.0, 16.0, 20.0, 24.0]
     )
@@ -117,12 +121,18 @@ class SpikeConfig(Section):
     chosen ``detect_zscore`` may raise: every alarm after a skip_batch or rollback restart spends
     one of ``recovery.max_retries`` and the next gives the branch up, so false alarms, not the
     spike, would decide its outcome; a clean stretch must raise none."""
-    sizing_data_batches: list[int] = field(default_factory=lambda: [10, 15, 20])
-    """Candidates of ``data_batches``, ascending (the data rule takes the smallest whose
-    ``continue`` gap exceeds ``recovery.recover_epsilon`` at every sizing seed); at most
-    ``recovery.eval_steps - recovery.recover_steps``, so the poison ends at least the recovery
-    time before the window does and a gap at its end is one the spike left, not poison still
-    being served."""
+    detect_within: int = 100
+    """A spike counts as detected when the detector flags a step from the injection's first step to
+    this many steps after its last (the detection rate per cause, tasks/spike/study.py:
+    detection): the playbook's loss spike is a jump over fewer than 100 steps, so a first flag later
+    than that is on what the spike left, not on the spike. A missed spike's branches are scored
+    all the same: their policy never acted."""
+    min_origins_per_half: int = 2
+    """Origins past the plateau (each on its own, tasks/spike/study.py: plateau_gate) each half of
+    the seeds (discovery, confirmation; a half with no seeds aside) must keep for the finding to be
+    tested: two, the fewest with which a half's estimate has an interval (the replication rule
+    reads each half's estimate); with two halves at least four origins, the count the finding's
+    precondition asks of each cause's continue gap."""
     gpu_hour_usd: float = 1.10
     """Price of one GPU-hour, for an incident's cost (seed 004's post-mortem template)."""
     sample_prompts: int = 4
@@ -134,19 +144,21 @@ class SpikeConfig(Section):
         for key in (
             "magnitude",
             "duration",
-            "data_batches",
             "run_steps",
             "detect_window",
             "detect_zscore",
             "detect_ratio",
             "gpu_hour_usd",
             "sample_tokens",
+            "min_origins_per_half",
         ):
             positive(f"spike.{key}", getattr(self, key))
         non_negative("spike.sample_prompts", self.sample_prompts)
         non_negative("spike.workers", self.workers)
+        non_negative("spike.detect_within", self.detect_within)
         self.check_seeds()
         self.check_sizing()
+        self.check_poison_range()
         positive("spike.origin_step", self.origin_step)
         if not 2 <= self.detect_warmup <= self.detect_window:
             raise ConfigError(
@@ -190,39 +202,66 @@ class SpikeConfig(Section):
                 f"spike.sizing_seeds: {shared} are study seeds (spike.seeds, spike.confirm_seeds); size on others"
             )
         non_negative("spike.max_false_alarms", self.max_false_alarms)
-        for key in ("sizing_zscores", "sizing_data_batches"):
-            values = getattr(self, key)
-            for value in values:
-                positive(f"spike.{key}", value)
-            if values != sorted(set(values)):
-                raise ConfigError(f"spike.{key}: {values} is not strictly ascending")
+        for value in self.sizing_zscores:
+            positive("spike.sizing_zscores", value)
+        if self.sizing_zscores != sorted(set(self.sizing_zscores)):
+            raise ConfigError(f"spike.sizing_zscores: {self.sizing_zscores} is not strictly ascending")
+
+    def check_poison_range(self) -> None:
+        """Two lengths, shortest first, each at least one batch (the window's end: tasks/config.py)."""
+        lengths = self.poison_batches_range
+        if len(lengths) != 2 or lengths[0] < 1 or lengths[0] > lengths[1]:
+            raise ConfigError(
+                f"spike.poison_batches_range: {lengths}; need [shortest, longest] with 1 <= shortest <= longest"
+            )
 
     @property
     def all_seeds(self) -> list[int]:
         """Every origin run of the stage: the discovery seeds, then the confirmation seeds."""
         return [*self.seeds, *self.confirm_seeds]
 
+    @property
+    def data_batches(self) -> int:
+        """The longest poisoned stretch a draw can give (``poison_batches_range``'s upper end), as
+        model/spike/injections.py's InjectionSettings reads it; the stage replaces it by each
+        origin's own draw (tasks/spike/study.py: poison_length)."""
+        return self.poison_batches_range[1]
+
 
 @dataclass(frozen=True)
 class RecoveryConfig(Section):
     policies: list[RecoveryPolicy] = field(
-        default_factory=lambda: ["continue", "skip_step", "skip_batch", "rollback", "lower_lr", "swap_data"]
+        default_factory=lambda: [
+            "continue",
+            "skip_step",
+            "skip_batch",
+            "rollback",
+            "rollback_lower_lr",
+            "lower_lr",
+            "swap_data",
+        ]
     )
-    """Policies compared after a detected spike (seed 004 playbook A-E, plus OLMo-core's skip-step);
-    each is a branch with the same injection, fired by the detector alone."""
+    """Policies compared after a detected spike (seed 004 playbook A-E, PaLM's rollback, plus
+    OLMo-core's skip-step); each is a branch with the same injection, fired by the detector alone.
+    Every cause runs every policy: ``swap_data`` on a cause with no data source to exclude records
+    that and continues (model/spike/policies.py: SwapData), a branch equal to ``continue``."""
     skip_batches: int = 10
-    """``skip_batch``: batches skipped from the detected step on (PaLM: 5-20); ``rollback`` skips
-    the same window past the detected step as well as the batches it goes back over (PaLM §5.1:
-    restart ~100 steps early, skip 200-500 batches). At least ``spike.data_batches`` where a data
-    cause meets either policy (tasks/config.py), so the window covers the poisoned stretch."""
+    """``skip_batch``: batches skipped from the detected step on; ``rollback`` and
+    ``rollback_lower_lr`` skip the same window past the detected step as well as the batches they
+    go back over (PaLM §5.1: restart ~100 steps early, skip 200-500 batches). Fixed here, never
+    sized to the poison: a data injection's length is drawn apart (``spike.poison_batches_range``);
+    tasks/config.py asks only that the window not be shorter than the longest draw where a data
+    cause meets skip_batch or rollback."""
     rollback_steps: int = 50
-    """``rollback``: restart from the newest checkpoint at least this many steps before the
-    detected step (the n-th retry: n+1 times as far), skipping the batches from there to the end
-    of the skip window (``skip_batches`` from the detected step on)."""
+    """``rollback`` and ``rollback_lower_lr``: restart from the newest checkpoint at least this many
+    steps before the detected step (the n-th retry: n+1 times as far), skipping the batches from
+    there to the end of the skip window (``skip_batches`` from the detected step on)."""
     lr_factor: float = 0.5
-    """``rollback`` (per attempt, compounding) and ``lower_lr``: LR multiplier from then on."""
+    """``rollback_lower_lr`` (per attempt, compounding) and ``lower_lr``: LR multiplier from then on.
+    ``rollback`` keeps the LR, as PaLM's restarts did."""
     max_retries: int = 2
-    """``rollback``: rollbacks after the first before the branch gives up (status ``stopped``)."""
+    """``skip_batch``, ``rollback`` and ``rollback_lower_lr``: restarts after the first before the
+    branch gives up (status ``stopped``)."""
     max_consecutive_vetoes: int = 4
     """``skip_step``: flagged steps vetoed in a row; the next flagged one is taken as a level shift
     (the loss settled higher): its update goes through and the detector restarts its window from

@@ -17,15 +17,19 @@ import numpy as np
 import torch
 
 from model.data import Tokens
+from tasks.data.unigram import unigram_baseline
 from tasks.pretrain.figures import PANEL, draw
 from tasks.runtime.files import staged, write_json
-from tasks.runtime.outputs import POSTMORTEMS, SPIKE_FIGURES, SPIKE_METRICS
+from tasks.runtime.outputs import MANIFEST, POSTMORTEMS, SPIKE_FIGURES, SPIKE_METRICS
 from tasks.spike.curves import trailing_mean
 from tasks.spike.study import CAUSES, Study, summary_metrics, symptoms
 
 TYPE_NAMES = {1: "recoverable", 2: "lingering", 3: "divergent"}
 OUTCOME_RANK = {"recovered": 0, "gap": 1, "gave_up": 2}
 """Which outcome a recommendation prefers: back in time, then completed with a gap, then gave up."""
+RESTORING = ("skip_batch", "rollback", "rollback_lower_lr", "swap_data")
+"""Policies that take the cause away (skip or swap the batches, go back to a clean state): the ones
+a lesson recommends automating where ``continue`` did not recover and one of them did."""
 SECTIONS = ("Symptoms", "Evidence", "Classification", "Recovery action", "Outcome", "Lessons / followups")
 """The template's sections, in order."""
 
@@ -72,7 +76,7 @@ def lessons(study: Study, kind: str) -> list[str]:
             f"the offending batches alone reproduce the spike."
         )
     keep_going = scores.get("continue")
-    fixes = [p for p in ("skip_batch", "rollback") if p in scores and scores[p]["type"] == 1]
+    fixes = [p for p in RESTORING if p in scores and scores[p]["type"] == 1]
     if keep_going and keep_going["type"] >= 2 and fixes:
         out.append(
             f"Automate {' / '.join(fixes)} for this kind of spike: `continue` was type "
@@ -97,8 +101,9 @@ def lessons(study: Study, kind: str) -> list[str]:
         )
     if collapse_flags(study, kind):
         out.append("Add per-layer attention-entropy alerts: the spike came with a collapse sign (see Classification).")
-    if kind in ("lr", "grad") and "lower_lr" in scores and scores["lower_lr"]["type"] == 1:
-        out.append("Check the LR schedule and scaling around this step; lower_lr recovered it.")
+    lowered = [p for p in ("lower_lr", "rollback_lower_lr") if p in scores and scores[p]["type"] == 1]
+    if kind in ("lr", "grad") and lowered:
+        out.append(f"Check the LR schedule and scaling around this step; {' / '.join(lowered)} recovered it.")
     return out or ["No follow-up: every policy recovered within the window at no extra cost."]
 
 
@@ -294,8 +299,10 @@ def publish(
 ) -> dict[str, Any]:
     """The stage's outputs, atomically: metrics/spike.json (the matrix, every seed, and ``numerics``:
     the arithmetic that trained them, model/provenance.py), the figures and post-mortems (the first
-    seed's). Returns the metrics."""
-    metrics = {**summary_metrics(studies), "provenance": numerics}
+    seed's). The plateau gate reads the unigram baseline of the project's tokens at the origins'
+    context length, the one the report reads. Returns the metrics."""
+    unigram = unigram_baseline(project / MANIFEST, studies[0].cfg.model.seq_len)["unigram_val_loss"]
+    metrics = {**summary_metrics(studies, float(unigram)), "provenance": numerics}
     with staged(project / SPIKE_METRICS, project / SPIKE_FIGURES, project / POSTMORTEMS) as (json_out, figs, pms):
         spike_figures(studies[0], figs)
         write_postmortems(studies[0], train_tokens, pms, run_uris)

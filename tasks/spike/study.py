@@ -1,9 +1,11 @@
 """The spike study: per seed, an origin run trained cleanly at the ablation arm scale
 (:func:`origin_config`), then from its scheduled checkpoint a clean control and, per cause
 (injection kind), one branch per recovery policy; each spike classified, each branch given its
-outcome (recovered, gap, gave up) and scored against its seed's control; the PaLM replay test; the
-collapse check. Plain functions over model/spike/ (the flow fans the seeds out and adds tracking);
-post-mortems and figures: tasks/spike/postmortem.py.
+outcome (recovered, gap, gave up) and scored against its seed's control (a branch that gave up
+too: :func:`unreached_loss`); the PaLM replay test; the collapse check. The study's summary keeps
+only the origins past the plateau (:func:`plateau_gate`) and says how often the detector caught
+each cause (:func:`detection`). Plain functions over model/spike/ (the flow fans the seeds out and
+adds tracking); post-mortems and figures: tasks/spike/postmortem.py.
 
 Every branch of a seed starts bitwise from one state: the origin checkpoint continued cleanly for
 ``spike.warm_steps`` (the detector's warm-up), with the origin run's data order. Scores compare
@@ -37,9 +39,10 @@ from model.telemetry import record_forward_stats, to_floats
 from model.train import Load, Trainer
 from model.typed_config import InputError
 from tasks.config import Config
+from tasks.report.design import design
 from tasks.runtime.files import read_json
 from tasks.runtime.outputs import MANIFEST
-from tasks.spike.config import RecoveryConfig
+from tasks.spike.config import RecoveryConfig, SpikeConfig
 from tasks.spike.curves import trailing_mean
 
 CAUSES = {
@@ -86,8 +89,44 @@ def origin_config(cfg: Config, seed: int) -> Config:
 TIED_TO: dict[str, TiedTo] = {"data": "stream", "param": "once", "adam": "once"}
 """What each injection kind follows (model/spike/injections.py: Injection). Poisoned data stays
 with its batches: skipping them is a fair recovery. A corrupted weight or optimizer state is a
-transient fault (``once``): restoring a clean state clears it. The rest (lr, grad) are tied to
-optimizer steps, a spike of the dynamics that no policy removes by skipping batches."""
+transient fault (``once``): restoring a clean state clears it. The rest (lr, grad) are tied to the
+step count (``step``): they strike the same absolute steps on every pass, so a restart that
+replays those steps (skip_batch, rollback) meets them again, as the playbook's recurring spikes
+do, and only a policy that changes the LR or the update itself can change what they do."""
+
+POISON_LENGTH_STREAM = 1
+"""Beside the origin's seed, the key of the poisoned stretch's length draw: a stream of its own
+(the poison windows and the origin's data order draw from the seed alone)."""
+
+
+def branch_recovery(policy: str, r: RecoveryConfig) -> tuple[str, RecoveryConfig]:
+    """The branch driver's policy and settings for a study policy (model/spike/branch.py:
+    run_branch). ``rollback`` is PaLM's (§5.1: restart ~100 steps before the spike, skip 200-500
+    batches, the LR as it was): the driver's rollback at LR factor 1. ``rollback_lower_lr`` is the
+    same restart at LR x ``recovery.lr_factor`` per attempt, compounding (playbook D's "drop the LR
+    and restart"). Every other policy runs as configured."""
+    if policy == "rollback":
+        return "rollback", dataclasses.replace(r, lr_factor=1.0)
+    if policy == "rollback_lower_lr":
+        return "rollback", r
+    return policy, r
+
+
+def poison_length(spike: SpikeConfig, seed: int) -> int:
+    """The origin's poisoned stretch in batches: drawn uniformly from ``spike.poison_batches_range``
+    (both ends included), seeded by the origin's seed alone, so a rerun draws it again and no
+    policy, worker or outcome can move it."""
+    shortest, longest = spike.poison_batches_range
+    return int(np.random.default_rng([seed, POISON_LENGTH_STREAM]).integers(shortest, longest + 1))
+
+
+def make_injection(kind: str, cfg: Config, fork_step: int, position: int) -> Injection:
+    """The injection of ``kind`` right after the fork, tied as TIED_TO says; a data injection as long
+    as the origin's drawn stretch (:func:`poison_length`), any other as ``spike`` configures it."""
+    injection = Injection.from_config(kind, cfg.spike, fork_step, position, TIED_TO.get(kind, "step"))
+    if kind != "data":
+        return injection
+    return dataclasses.replace(injection, duration=poison_length(cfg.spike, cfg.train.seed))
 
 
 def window(cfg: Config) -> tuple[int, int]:
@@ -175,21 +214,42 @@ def classify(
     return Classification(2, None, final, f"settled {final:+.1%} from the control (> {epsilon:.0%})")
 
 
+def capped(loss: float | None, cap: float) -> float:
+    """A loss as the scores read it: at most ``cap`` (ln V), and the cap where it is not finite."""
+    return min(loss, cap) if loss is not None and math.isfinite(loss) else cap
+
+
+def unreached_loss(branch: Branch, cap: float) -> float:
+    """What a step the branch never ran counts at. A branch that gave up (the retry cap) is left
+    where its policy left it: the model that had just spiked again, trained no further, so every
+    step after it counts at the loss of the step it gave up at (capped). That is the branch's own
+    number, borrowed from no other branch or seed, so each seed's pair stays a pair; it scores the
+    give-up in the same comparison as every other branch, where dropping it would favour the
+    policies that give up. Any other stop (diverged) counts at the cap, as a diverged arm's loss
+    is its loss at init (tasks/ablate/stats.py: capped_loss)."""
+    if branch.status == "stopped" and branch.rows:
+        return capped(branch.rows[-1]["loss"], cap)
+    return cap
+
+
 def window_curves(branch: Branch, control: Branch, smooth: int, cap: float) -> tuple[np.ndarray, np.ndarray]:
     """The branch's and the control's smoothed losses over the control's steps (the injection to
-    the window's end). Every loss is capped at ``cap`` (ln V, the loss of a uniform guess), and a
-    step the branch never reached because it diverged, or whose loss is not finite, counts at the
-    cap, as a diverged arm's loss is its loss at init (tasks/ablate/stats.py: capped_loss). Not for
-    a branch that gave up: that is its own outcome, with no curve to score (:func:`outcome`)."""
+    the window's end). Every loss is capped at ``cap`` (ln V, the loss of a uniform guess), a loss
+    that is not finite counts at the cap, and a step the branch never reached at
+    :func:`unreached_loss`."""
     mine = {r["step"]: r["loss"] for r in branch.rows}
-
-    def capped(loss: float | None) -> float:
-        return min(loss, cap) if loss is not None and math.isfinite(loss) else cap
-
+    missing = unreached_loss(branch, cap)
     steps = [r["step"] for r in control.rows]
-    b = np.array([capped(mine.get(s)) for s in steps])
-    c = np.array([capped(r["loss"]) for r in control.rows])
+    b = np.array([capped(mine[s], cap) if s in mine else missing for s in steps])
+    c = np.array([capped(r["loss"], cap) for r in control.rows])
     return trailing_mean(b, smooth), trailing_mean(c, smooth)
+
+
+def detected(branch: Branch, injection: Injection, within: int) -> bool:
+    """Whether the detector caught the injected spike: a flag from the injection's first step to
+    ``within`` steps after its last (``spike.detect_within``)."""
+    last = injection.start + injection.duration - 1 + within
+    return any(injection.start <= step <= last for step in branch.detections)
 
 
 def outcome(status: str, spike_type: int) -> str:
@@ -226,16 +286,26 @@ class Costs:
 
 
 def score(
-    branch: Branch, control: Branch, injection: Injection, r: RecoveryConfig, costs: Costs, cap: float
+    branch: Branch,
+    control: Branch,
+    injection: Injection,
+    r: RecoveryConfig,
+    costs: Costs,
+    cap: float,
+    detect_within: int,
 ) -> dict[str, Any]:
-    """A policy's scores against the control (seed 004's incident cost included). ``final_gap``
-    (relative, at the window's end) and ``excess_area`` read the capped curves of
-    :func:`window_curves`, and are None for a branch that gave up (never imputed); the type
-    describes the raw losses of the steps it ran."""
+    """A policy's scores against the control (seed 004's incident cost included). ``scored_gap``
+    (relative, at the window's end) reads the capped curves of :func:`window_curves`, a branch that
+    gave up included (:func:`unreached_loss`): what the paired comparison reads, so no seed drops
+    out. ``final_gap`` and ``excess_area`` are the same reading for a branch that ran its window
+    out, None for one that gave up (its ``outcome`` says so); the type describes the raw losses of
+    the steps it ran. ``detected``: whether the detector caught the injected spike
+    (:func:`detected`); a missed spike's branch is scored all the same (its policy never acted)."""
     losses, control_losses = aligned_losses(branch, control)
     kind = classify(losses, control_losses, r.recover_epsilon, r.recover_steps, r.smooth_steps)
     result = outcome(branch.status, kind.type)
     smooth_branch, smooth_clean = window_curves(branch, control, r.smooth_steps, cap)
+    gap = float(smooth_branch[-1] / smooth_clean[-1] - 1.0)
     scored = result != "gave_up"
     smooth_control = trailing_mean(np.asarray(control_losses), r.smooth_steps)
     peak = max(losses[i] / smooth_control[i] for i in range(len(losses))) if losses else float("nan")
@@ -244,7 +314,7 @@ def score(
     # Steps off the control's track (a recoverable branch, type 1, always came back at a step).
     spent = kind.steps_to_recover if kind.type == 1 and kind.steps_to_recover is not None else r.eval_steps
     wasted = max(0, rerun) + vetoed + spent
-    detected = [d for d in branch.detections if d >= injection.start]
+    flagged = [d for d in branch.detections if d >= injection.start]
     return {
         "outcome": result,
         "type": kind.type,
@@ -254,14 +324,16 @@ def score(
         "peak_loss": max(losses) if losses else float("nan"),
         "grad_norm_peak": max((row["grad_norm"] for row in branch.rows), default=float("nan")),
         "final_loss": float(np.mean(losses[-r.smooth_steps :])) if losses else float("nan"),
-        "final_gap": float(smooth_branch[-1] / smooth_clean[-1] - 1.0) if scored else None,
+        "scored_gap": gap,
+        "final_gap": gap if scored else None,
         "excess_area": excess_area(smooth_branch, smooth_clean) if scored else None,
         "val_loss": branch.val_loss,
         "val_gap": (
             branch.val_loss - control.val_loss if branch.val_loss is not None and control.val_loss is not None else None
         ),
-        "detected_at": detected[0] if detected else None,
-        "latency": detected[0] - injection.start if detected else None,
+        "detected": detected(branch, injection, detect_within),
+        "detected_at": flagged[0] if flagged else None,
+        "latency": flagged[0] - injection.start if flagged else None,
         "status": branch.status,
         "stop_reason": branch.stop_reason,
         "steps_run": branch.steps_run,
@@ -409,24 +481,26 @@ def run_branches(study: StudyRun, checkpoint: Path, origin_run: dict[str, Any]) 
         cfg.spike.gpu_hour_usd,
     )
     cap = math.log(cfg.tokenizer.vocab_size)
-    poison = poison_batches(study.project, cfg, cfg.spike.data_batches) if "data" in cfg.spike.kinds else []
+    injections: dict[str, Injection] = {k: make_injection(k, cfg, fork_step, position) for k in cfg.spike.kinds}
+    poison = poison_batches(study.project, cfg, injections["data"].duration) if "data" in injections else []
     branches: dict[str, dict[str, Branch]] = {}
-    injections: dict[str, Injection] = {}
     scores: dict[str, dict[str, dict[str, Any]]] = {}
     replays: dict[str, dict[str, Any]] = {}
     stats: dict[str, dict[str, dict[str, float]]] = {}
-    for kind in cfg.spike.kinds:
-        injection = Injection.from_config(kind, cfg.spike, fork_step, position, TIED_TO.get(kind, "step"))
-        injections[kind], branches[kind], scores[kind] = injection, {}, {}
+    for kind, injection in injections.items():
+        branches[kind], scores[kind] = {}, {}
         for policy in r.policies:
+            driver, settings = branch_recovery(policy, r)
             name = branch_name(study.seed, kind, policy)
-            identities[name] = study.identity({"injection": injection.spec(), "policy": policy})
+            identities[name] = study.identity(
+                {"injection": injection.spec(), "policy": policy, "recovery": dataclasses.asdict(settings)}
+            )
             branch = run_branch(
                 study.maker(identities[name]),
                 origin,
                 end,
-                policy,
-                r,
+                driver,
+                settings,
                 cfg.spike,
                 injection,
                 poison,
@@ -436,7 +510,7 @@ def run_branches(study: StudyRun, checkpoint: Path, origin_run: dict[str, Any]) 
             )
             branches[kind][policy] = branch
             scores[kind][policy] = {
-                **score(branch, control, injection, r, costs, cap),
+                **score(branch, control, injection, r, costs, cap, cfg.spike.detect_within),
                 "collapse": branch.probe.get("collapse", {}),
             }
         observed = branches[kind].get("continue") or next(iter(branches[kind].values()))
@@ -511,10 +585,18 @@ def examine(study: StudyRun, warm: Warm, origin, injection: Injection, poison, o
     return result, stats
 
 
+def observed_policy(policies: Iterable[str]) -> str:
+    """The branch that shows a spike with nobody intervening: ``continue``, else the first. Every
+    branch of a cause runs the same steps up to the detector's first flag (the policies act on
+    flags alone), so its detection is every branch's."""
+    names = list(policies)
+    return "continue" if "continue" in names else names[0]
+
+
 def symptoms(study: Study, kind: str) -> dict[str, Any]:
-    """What the spike looked like with nobody intervening (the ``continue`` branch, else the first)."""
+    """What the spike looked like with nobody intervening (:func:`observed_policy`)."""
     r, injection = study.cfg.recovery, study.injections[kind]
-    policy = "continue" if "continue" in study.branches[kind] else next(iter(study.branches[kind]))
+    policy = observed_policy(study.branches[kind])
     rows = study.branches[kind][policy].rows
     after = [row for row in rows if row["step"] >= injection.start]
     before = [row["loss"] for row in study.warm.rows][-r.smooth_steps :]
@@ -563,13 +645,28 @@ def origin_metrics(study: Study) -> dict[str, Any]:
     return out
 
 
-MATRIX_FIELDS = ("outcome", "final_gap", "excess_area", "type", "status", "restarts", "steps_run")
+MATRIX_FIELDS = (
+    "outcome",
+    "scored_gap",
+    "final_gap",
+    "excess_area",
+    "detected",
+    "type",
+    "status",
+    "restarts",
+    "steps_run",
+)
 """What the matrix keeps of a branch's scores: what the finding and the report's table read."""
 
+Matrix = dict[str, dict[str, dict[str, dict[str, Any]]]]
+"""cause -> policy -> seed -> a branch's MATRIX_FIELDS."""
 
-def matrix(studies: Sequence[Study]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
-    """cause -> policy -> seed -> the branch's outcome and scores (MATRIX_FIELDS)."""
-    out: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+
+def matrix(studies: Sequence[Study], cfg: Config) -> Matrix:
+    """cause -> policy -> seed -> the branch's outcome and scores (MATRIX_FIELDS), over ``studies``;
+    every cause of ``spike.kinds`` and every policy has its cell, if empty, so a reader finds the
+    grid whatever origins it holds."""
+    out: Matrix = {kind: {p: {} for p in cfg.recovery.policies} for kind in cfg.spike.kinds}
     for study in studies:
         for kind, by_policy in study.scores.items():
             for policy, scores in by_policy.items():
@@ -578,15 +675,84 @@ def matrix(studies: Sequence[Study]) -> dict[str, dict[str, dict[str, dict[str, 
     return out
 
 
-def summary_metrics(studies: Sequence[Study]) -> dict[str, Any]:
-    """``metrics/spike.json``: the cause x policy x seed matrix (and its causes and policies in the
-    config's order: the file's keys are sorted), every seed's entry (its origin run and details),
-    which seeds discover and which confirm, and the totals."""
+def plateau_gate(studies: Sequence[Study], unigram: float, margin: float) -> dict[str, Any]:
+    """The plateau gate, one origin at a time (method: plateau): an origin whose validation loss at
+    its checkpoint is not ``margin`` nats below the unigram baseline has learned no more than
+    unigram statistics, a spike on it tests nothing, and it leaves the study, its seed named in
+    ``excluded`` (a mean over origins would let one past the bound carry one that is not). ``why``:
+    the half of the seeds (discovery, confirmation; one with no seeds aside) that keeps fewer than
+    ``spike.min_origins_per_half`` origins, with which the finding is not tested; None if none."""
+    spike = studies[0].cfg.spike
+    bound = unigram - margin
+
+    def passed(loss: float | None) -> bool:
+        return loss is not None and math.isfinite(loss) and loss <= bound
+
+    origins = {str(s.seed): {"role": s.origin_run["role"], "val_loss": s.origin_run["val_loss"]} for s in studies}
+    for entry in origins.values():
+        entry["passed"] = passed(entry["val_loss"])
+    halves = {"discovery": spike.seeds, "confirmation": spike.confirm_seeds}
+    short = [
+        f"{half}: {kept} of {len(seeds)} origins past the plateau (needs >= {spike.min_origins_per_half})"
+        for half, seeds in halves.items()
+        if seeds and (kept := sum(origins[str(seed)]["passed"] for seed in seeds)) < spike.min_origins_per_half
+    ]
+    return {
+        "unigram_val_loss": unigram,
+        "margin": margin,
+        "bound": bound,
+        "origins": origins,
+        "excluded": [int(seed) for seed, entry in origins.items() if not entry["passed"]],
+        "min_origins_per_half": spike.min_origins_per_half,
+        "why": "; ".join(short) or None,
+    }
+
+
+def detection(cells: Matrix) -> dict[str, dict[str, Any]]:
+    """Per cause, how often the detector caught the injected spike over the matrix's origins (each
+    cause's observed branch, :func:`observed_policy`), and the seeds it missed; a missed spike's
+    branches stay in the matrix, scored (their policies never acted)."""
+    out = {}
+    for cause, by_policy in cells.items():
+        by_seed = by_policy[observed_policy(by_policy)] if by_policy else {}
+        missed = [int(seed) for seed, cell in by_seed.items() if not cell["detected"]]
+        injected = len(by_seed)
+        out[cause] = {
+            "injected": injected,
+            "detected": injected - len(missed),
+            "rate": (injected - len(missed)) / injected if injected else None,
+            "missed_seeds": missed,
+        }
+    return out
+
+
+def give_ups(cells: Matrix) -> dict[str, dict[str, int]]:
+    """Per cause and policy, the branches that gave up (the retry cap) over the matrix's origins:
+    scored like every branch (:func:`unreached_loss`), and counted apart."""
+    return {
+        cause: {p: sum(c["outcome"] == "gave_up" for c in by_seed.values()) for p, by_seed in by_policy.items()}
+        for cause, by_policy in cells.items()
+    }
+
+
+def summary_metrics(studies: Sequence[Study], unigram: float) -> dict[str, Any]:
+    """``metrics/spike.json``: the cause x policy x seed matrix over the origins past the plateau
+    (``plateau``: every origin's gate, the excluded seeds, and why the finding is not tested if a
+    half keeps too few), its causes and policies in the config's order (the file's keys are sorted),
+    the detection rate and the give-ups per cause, every seed's entry (its origin run, drawn poison
+    length and details, excluded origins too), which seeds discover and which confirm, and the
+    totals."""
     cfg = studies[0].cfg
+    gate = plateau_gate(studies, unigram, design()["plateau_margin"])
+    cells = matrix([s for s in studies if s.seed not in gate["excluded"]], cfg)
     out = {
-        "matrix": matrix(studies),
+        "matrix": cells,
         "causes": cfg.spike.kinds,
         "policies": cfg.recovery.policies,
+        "plateau": gate,
+        "detection": detection(cells),
+        "give_ups": give_ups(cells),
+        "poison_batches": {str(s.seed): s.injections["data"].duration for s in studies if "data" in s.injections},
         "seeds": {str(s.seed): origin_metrics(s) for s in studies},
         "discovery_seeds": cfg.spike.seeds,
         "confirm_seeds": cfg.spike.confirm_seeds,
