@@ -89,6 +89,13 @@ def badge(verdict: str) -> str:
     return f"`{verdict.upper()}`"
 
 
+def shown_verdict(out: Outputs, key: str) -> str:
+    """A finding's verdict, or a check of the machinery's outcome (``check passed``)."""
+    report = out.metrics("report")
+    verdict: str = (report.get("checks") or {}).get(key, report["findings"][key]["verdict"])
+    return verdict
+
+
 def counts_line(out: Outputs) -> str:
     counts = out.metrics("report")["counts"]
     total = sum(counts.values())
@@ -125,8 +132,7 @@ def findings_block(out: Outputs) -> str:
         f = findings[key]
         claims = f.get("claims") or []
         held = sum(1 for c in claims if c.get("holds"))
-        shown = (out.metrics("report").get("checks") or {}).get(key, f["verdict"])
-        rows.append(f"| `{key}` | {f['claim']} | {badge(shown)} | {held} of {len(claims)} |")
+        rows.append(f"| `{key}` | {f['claim']} | {badge(shown_verdict(out, key))} | {held} of {len(claims)} |")
     return "\n".join(rows) + "\n"
 
 
@@ -175,11 +181,12 @@ def claims_block(out: Outputs) -> str:
             ok = bool((f.get("powered") or {}).get(c["what"]))
             lo, hi = c.get("ci95") or (None, None)
             state = "holds" if c.get("holds") else ("contradicted" if c.get("contradicted") else "does not hold")
+            state = "negligible" if state == "does not hold" and c.get("negligible") else state
             mde = f"{num(c.get('mde'), sign=False)} ({'yes' if ok else 'no'})"
             rows.append(
                 f"| `{key}` | {c['what']} | {num(c.get('estimate'))} [{num(lo)}, {num(hi)}] "
                 f"| {pvalue(c.get('p'))} | {num(c['sesoi'], sign=False)} {c.get('unit', '')} | {mde} | {state} "
-                f"| {badge(f['verdict'])} |"
+                f"| {badge(shown_verdict(out, key))} |"
             )
     lead = (
         f"{counts_line(out)} {total} claims; {powered} of them are powered "

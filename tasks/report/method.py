@@ -76,7 +76,8 @@ class Finding:
             "mde": {c.what: c.mde for c in self.claims},
             "powered": {c.what: c.powered for c in self.claims},
             "claims": [
-                {**dataclasses.asdict(c), "holds": c.holds, "contradicted": c.contradicted} for c in self.claims
+                {**dataclasses.asdict(c), "holds": c.holds, "contradicted": c.contradicted, "negligible": c.negligible}
+                for c in self.claims
             ],
             "halves": self.halves,
             "numbers": self.numbers,
