@@ -42,16 +42,20 @@ def test_a_study_against_its_copy_agrees_on_every_verdict_and_names_the_cpu_of_e
     assert "verdicts all agree" in capsys.readouterr().out
 
 
-def test_a_study_that_lacks_the_search_differs_on_mu_transfer_alone_and_exits_1(tmp_path, capsys):
+def test_a_study_whose_beta2_arms_never_spiked_differs_on_beta2_alone_and_exits_1(tmp_path, capsys):
     there = finished_study(tmp_path / "there")
-    (there / "metrics/search.json").unlink()  # its search never ran: mu_transfer is not tested there
+    ablate = json.loads((there / "metrics/ablate.json").read_text())
+    for arm in ablate["arms"]:
+        if arm["family"] == "beta2" and arm.get("metrics"):
+            arm["metrics"]["spikes_per_1k"] = 0.0  # its mechanism gate fails there: beta2 is not tested
+    (there / "metrics/ablate.json").write_text(json.dumps(ablate))
     out = tmp_path / "against.json"
     assert check(finished_study(tmp_path / "here"), there, out) == 1
     rows = json.loads(out.read_text())["findings"]
-    assert rows["mu_transfer"]["second"] == "not tested" != rows["mu_transfer"]["first"]
-    assert [k for k, r in rows.items() if not r["agree"]] == ["mu_transfer"]
+    assert rows["beta2"]["second"] == "not tested" != rows["beta2"]["first"]
+    assert [k for k, r in rows.items() if not r["agree"]] == ["beta2"]
     differ = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.endswith(" DIFFER")]
-    assert differ == ["mu_transfer"]
+    assert differ == ["beta2"]
 
 
 def test_a_folder_without_a_finished_study_exits_2_naming_the_file_and_writes_nothing(tmp_path, capsys):
