@@ -64,9 +64,12 @@ def declared_finding(
     tested = {c.statement: test(arms, family, c, halves) for c in family.claims}
     claims = [to_claim(c, tested[c.statement], halves, arms, family) for c in family.claims]
     text, details = notes
-    failed = next((why for c in family.claims if (why := gates(arms, family, c, unigram))), details.pop("failed", None))
-    compared = {c.statement: sides(arms, family, c) for c in family.claims}
     measured = {c.name: gate_value(arms, family, c, unigram) for c in family.claims if c.gate}
+    failed = next(
+        (why for c in family.claims if (why := gates(arms, family, c, unigram, measured.get(c.name)))),
+        details.pop("failed", None),
+    )
+    compared = {c.statement: sides(arms, family, c) for c in family.claims}
     lines = [
         claims_numbers({c.statement: tested[c.statement]}, c.unit) + side_text(compared[c.statement])
         for c in family.claims
@@ -273,10 +276,12 @@ def to_claim(claim: DeclaredClaim, tested: dict[str, Any], halves: Halves, arms:
     )
 
 
-def gates(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram: float | None) -> str | None:
+def gates(
+    arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram: float | None, g: dict[str, Any] | None
+) -> str | None:
     """Why the claim cannot be tested: a compared variant (each grid point it reads, mean over its
     seeds) on the plateau, ``may_fail`` aside, as for the built-in findings; or its mechanism gate
-    not met. None when it can."""
+    not met (``g``: the gate's measured value, :func:`gate_value`). None when it can."""
     compared = compared_variants(family, claim)
     if claim.kind == "sensitivity":  # it reads the whole grid, whose worst points are its effect
         compared = best_per_slice(arms, family, claim, compared)
@@ -287,9 +292,8 @@ def gates(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram: flo
         if failed := plateau_gate(loss, unigram, f"the compared variant {variant_name(variant)}"):
             return failed
     gate = claim.gate
-    if gate is None:
+    if gate is None or g is None:
         return None
-    g = gate_value(arms, family, claim, unigram)
     if not g["met"]:
         measured = "no finite value" if g["measured"] is None else f"{g['measured']:.4g}"
         at = "".join(f" (at {k} {shown(v)}, the nearest)" for k, v in (g.get("at") or {}).items())
