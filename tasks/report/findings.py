@@ -230,8 +230,14 @@ def spike_gaps(matrix: dict[str, Any], cause: str, policy: str) -> dict[tuple, f
     the loss it gave up at, never dropped (tasks/spike/study.py). Version 2's matrices carry only
     the final gap, which a give-up lacks. The halves are split later (pooled_and_halves)."""
     cells = matrix.get(cause, {}).get(policy, {})
-    gaps = {(int(seed),): cell.get("scored_gap", cell["final_gap"]) for seed, cell in cells.items()}
+    gaps = {(int(seed),): scored_gap(cell) for seed, cell in cells.items()}
     return {unit: gap for unit, gap in gaps.items() if gap is not None}
+
+
+def scored_gap(cell: dict[str, Any]) -> float | None:
+    """A branch's scored gap (version 3), or a version-2 branch's final gap (None for a give-up)."""
+    gap: float | None = cell.get("scored_gap", cell["final_gap"])
+    return gap
 
 
 def spike_precondition(spike: dict[str, Any], epsilon: float) -> str | None:

@@ -35,7 +35,7 @@ from typing import Any
 from tasks.ablate.stats import ALPHA
 from tasks.config import Config
 from tasks.report.design import DESIGN_CODE, design, design_hash
-from tasks.report.findings import FAMILY_OF
+from tasks.report.findings import FAMILY_OF, scored_gap
 from tasks.report.method import Finding, number
 from tasks.report.verdict import (
     CONTRADICTED,
@@ -728,7 +728,7 @@ def _spike_counts(by_seed: dict[str, dict[str, Any]]) -> str:
 def _spike_gap(by_seed: dict[str, dict[str, Any]]) -> str:
     """The mean scored gap (a give-up scored at the loss it gave up at; version 2: the final gap of
     the branches that have one)."""
-    gaps = [g for c in by_seed.values() if (g := c.get("scored_gap", c["final_gap"])) is not None]
+    gaps = [g for c in by_seed.values() if (g := scored_gap(c)) is not None]
     return f"{fmean(gaps):+.1%}" if gaps else "-"
 
 
