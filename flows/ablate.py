@@ -47,13 +47,15 @@ from tasks.ablate.grid import (
     families,
     read_result,
 )
+from tasks.ablate.rounds import Schedule
 from tasks.ablate.stats import variant_table
 from tasks.config import Config, project_config
 from tasks.data.unigram import unigram_baseline
 from tasks.report.design import design
+from tasks.report.findings import family_finding, family_state
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import write_json
-from tasks.runtime.outputs import ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST
+from tasks.runtime.outputs import ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST, TOKENS_DIR
 from tasks.runtime.progress import Progress
 from tasks.runtime.tracking import child_run, log_params, log_summary, numerics_tags, run_url, stage_run
 from tasks.runtime.workers import Executor, clean_state, executor
@@ -69,8 +71,9 @@ def arm_command(
     stage_overrides: dict[str, Any],
     loss_shift: int,
     family: DeclaredFamily,
+    data: Path = TOKENS_DIR,
 ) -> list[str]:
-    """The command that trains ``arm`` by itself: the stage's own overrides, then the arm's."""
+    """The command that trains ``arm`` by itself (on ``data``): the stage's own overrides, then the arm's."""
     sets = {**stage_overrides, **family.overrides(cfg.ablation, arm.factors, arm.seed, loss_shift)}
     probe = family.range_probe_every
     return [
@@ -82,6 +85,7 @@ def arm_command(
         str(directory.relative_to(project)),
         *(["--spike", arm.spike] if arm.spike != "none" else []),
         *([f"--range-probe-every={probe}"] if probe else []),
+        *(["--data", str(data)] if data != TOKENS_DIR else []),
         *[f"--set={k}={_yaml(v)}" for k, v in sets.items()],
     ]
 
@@ -150,17 +154,21 @@ def plan(
     stage_overrides: dict[str, Any],
     loss_shift: int,
     declared_families: Sequence[DeclaredFamily] = (),
+    data_dir: Path = TOKENS_DIR,
+    arms_dir: Path = ABLATE_ARMS,
 ) -> list[dict[str, Any]]:
     """Every arm with its key, directory, command, and its result where one is stored. Arms of two
-    families that are the same run (same key) share one directory and train once."""
-    data, code = data_hashes(project / MANIFEST), code_digest()
+    families that are the same run (same key) share one directory and train once. ``data_dir``:
+    the tokenize output they train on; ``arms_dir``: where their directories are (the sensitivity
+    stage's perturbed arms: flows/sensitivity.py)."""
+    data, code = data_hashes(project / data_dir / MANIFEST.name), code_digest()
     every = families(cfg, declared_families)
     rows = []
     for arm in expand(cfg, declared_families):
         family = every[arm.family]
         arm_cfg = arm_config(cfg, arm, family, loss_shift)
         key = arm_key(arm_cfg, data, code, arm.spike, family.range_probe_every)
-        directory = project / ABLATE_ARMS / key
+        directory = project / arms_dir / key
         stored = read_result(directory)
         rows.append(
             {
@@ -171,7 +179,7 @@ def plan(
                 "factors": arm.factors,
                 "key": key,
                 "directory": directory,
-                "command": arm_command(arm, cfg, project, directory, stage_overrides, loss_shift, family),
+                "command": arm_command(arm, cfg, project, directory, stage_overrides, loss_shift, family, data_dir),
                 "config": arm_cfg,
                 "cached": stored is not None and stored.get("key") == key,
                 "result": stored if stored is not None and stored.get("key") == key else None,
@@ -208,29 +216,33 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         "loss shift for the precision family: k = %s (tasks/ablate/conditions.py)", conditions["loss_shift"]["k"]
     )
     rows = plan(cfg, project, overrides or {}, conditions["loss_shift"]["k"] or 0, declared)
-    todo = runs_to_train(rows)
-    units = executor(cfg, cfg.ablation.workers, len(todo))
-    cached = sum(row["cached"] for row in rows)
+    units = executor(cfg, cfg.ablation.workers, len(runs_to_train(rows)))
     logger.info(
-        "%d arms (%d runs): %d stored, %d to train, %d at a time (%s)",
+        "%d arms (%d runs) at most: %d stored, %d at a time (%s)%s",
         len(rows),
         len({row["key"] for row in rows}),
-        cached,
-        len(todo),
+        sum(row["cached"] for row in rows),
         units.workers,
         units.address or "local workers",
+        f"; seeds in rounds of {cfg.ablation.rounds}" if cfg.ablation.rounds else "",
     )
     numerics = config_provenance(cfg)
+    evidence = Evidence(cfg, project, conditions, declared)
     with stage_run(cfg, "ablate", numerics=numerics) as run:
-        log_summary({"arms": len(rows), "arms_cached": cached, "workers": units.workers})
-        fan_out(cfg, project, rows, todo, units, run.info.run_id)
+        log_summary({"arms_planned": len(rows), "workers": units.workers})
+        if cfg.ablation.rounds:
+            rows, sequence = train_in_rounds(cfg, rows, units, run.info.run_id, evidence)
+        else:
+            fan_out(cfg, project, rows, runs_to_train(rows), units, run.info.run_id)
+            sequence = None
+        cached = sum(row["cached"] for row in rows)
         for row in rows:
             if row["cached"]:
                 row["mlflow"] = track_arm(row, row["result"], run.info.run_id)
-        metrics = write_outputs(cfg, project, rows, time.perf_counter() - started, numerics, conditions, declared)
+        metrics = write_outputs(project, rows, time.perf_counter() - started, numerics, evidence, sequence)
         headline = {
             "arms": len(rows),
-            "trained now": len(todo),
+            "trained now": len(rows) - cached,
             "stored (not rerun)": cached,
             "diverged": metrics["counts"]["diverged"],
             "failed (crashed after retries)": metrics["counts"]["failed"],
@@ -244,6 +256,70 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         publish_summary("ablate", run, headline, figures)
     if metrics["counts"]["failed"]:
         logger.warning("arms that failed after %d retries: %s", cfg.ablation.retries, metrics["failed"])
+
+
+class Evidence:
+    """What the findings read besides the arms (the probes' conditions, the depth probe, the unigram
+    baseline), computed once, and the ablate-like record of any set of finished arms."""
+
+    def __init__(self, cfg: Config, project: Path, conditions: dict[str, Any], declared: Sequence[DeclaredFamily]):
+        self.cfg, self.project, self.conditions, self.declared = cfg, project, conditions, declared
+        self.depth_probe = depth_probe(cfg)
+        self.unigram = unigram_baseline(project / MANIFEST, cfg.ablation.seq_len)["unigram_val_loss"]
+
+    def of(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        arms = arm_records(rows)
+        return {
+            "arms": [{k: v for k, v in a.items() if k not in TRACES} for a in arms],
+            "variants": variant_table(arms),
+            "depth_probe": self.depth_probe,
+            "unigram_val_loss": self.unigram,
+            "conditions": self.conditions,
+        }
+
+
+def train_in_rounds(
+    cfg: Config, rows: list[dict[str, Any]], units: Executor, parent_id: str, evidence: Evidence
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Train the families' seeds round by round (tasks/ablate/rounds.py): after each round every
+    family still open is judged as the report will judge it (tasks/report/findings.py:
+    family_finding) and stops once decided; returns the rows of the seeds each family trained and
+    the schedule's record, look by look."""
+    logger = get_run_logger()
+    every = families(cfg, evidence.declared)
+    index = {(name, s): i for name, f in every.items() for i, s in enumerate(f.all_seeds)}
+    per_seed = {name: sum(r["config"].train.steps for r in rows if r["family"] == name) for name in every}
+    schedule = Schedule(
+        tuple(cfg.ablation.rounds),
+        {n: c // len(every[n].all_seeds) for n, c in per_seed.items()},
+        cfg.ablation.budget_seeds,
+    )
+    going, looks = list(every), []
+    for look, seeds in enumerate(schedule.rounds):
+        admitted = schedule.admit(look, going)
+        chosen = [r for r in rows if r["family"] in admitted and index[r["family"], r["seed"]] < seeds]
+        logger.info("round %d (%d seeds): %s", look + 1, seeds, ", ".join(admitted) or "no family")
+        fan_out(cfg, evidence.project, chosen, runs_to_train(chosen), units, parent_id)
+        used = [r for r in rows if index[r["family"], r["seed"]] < schedule.seeds.get(r["family"], 0)]
+        record = evidence.of(used)
+        found = {f: family_finding(cfg, record, evidence.unigram, every[f]) for f in admitted}
+        states = {f: family_state(finding) for f, finding in found.items()}
+        going = schedule.close(look, states)
+        looks.append(
+            {
+                "look": look,
+                "seeds": seeds,
+                "arm_steps": schedule.spent,
+                "families": {
+                    f: {
+                        "state": states[f],
+                        "claims": {c.what: (c.sequential or {}).get("outcome") for c in finding.claims},
+                    }
+                    for f, finding in found.items()
+                },
+            }
+        )
+    return used, {**schedule.record(), "looks": looks}
 
 
 def fan_out(
@@ -304,21 +380,9 @@ def arm_numerics(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return paths
 
 
-def write_outputs(
-    cfg: Config,
-    project: Path,
-    rows: list[dict[str, Any]],
-    wall_s: float,
-    numerics: dict[str, Any],
-    conditions: dict[str, Any],
-    declared: Sequence[DeclaredFamily] = (),
-) -> dict[str, Any]:
-    """metrics/ablate.json and the figures (one more per ``declared`` family), from every arm
-    (failed ones are listed, not dropped).
-    ``provenance``: the stage process's arithmetic (the depth probe's); ``arm_numerics``: the
-    arithmetic of each numeric path the arms were trained on (each arm names its own);
-    ``conditions``: what the probes measured before the arms (tasks/ablate/conditions.py)."""
-    arms = [
+def arm_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each arm as metrics/ablate.json lists it, with its traces (TRACES) for the figures."""
+    return [
         {
             k: (str(v) if isinstance(v, Path) else v)
             for k, v in row.items()
@@ -328,30 +392,42 @@ def write_outputs(
         | {t: (row["result"] or {}).get(t, []) for t in TRACES}
         for row in rows
     ]
+
+
+def write_outputs(
+    project: Path,
+    rows: list[dict[str, Any]],
+    wall_s: float,
+    numerics: dict[str, Any],
+    evidence: Evidence,
+    sequence: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """metrics/ablate.json and the figures (one more per declared family), from every arm
+    (failed ones are listed, not dropped).
+    ``provenance``: the stage process's arithmetic (the depth probe's); ``arm_numerics``: the
+    arithmetic of each numeric path the arms were trained on (each arm names its own);
+    ``conditions``: what the probes measured before the arms (tasks/ablate/conditions.py);
+    ``sequential``: the rounds each family trained and why it stopped (tasks/ablate/rounds.py)."""
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("completed", "diverged", "stopped", "failed")}
     metrics = {
-        "arms": [{k: v for k, v in a.items() if k not in TRACES} for a in arms],
-        "variants": variant_table(arms),
+        **evidence.of(rows),
         "counts": counts,
         "failed": [r["name"] for r in rows if r["status"] == "failed"],
         "cached": sum(1 for r in rows if r["cached"]),
         "wall_s": wall_s,
-        "depth_probe": depth_probe(cfg),
-        "unigram_val_loss": unigram_baseline(project / MANIFEST, cfg.ablation.seq_len)["unigram_val_loss"],
         "provenance": numerics,
         "arm_numerics": arm_numerics(rows),
-        "conditions": conditions,
+        "sequential": sequence,
     }
     write_json(project / ABLATE_METRICS, metrics)
-    registered = design()
     family_figures(
-        cfg,
-        arms,
+        evidence.cfg,
+        arm_records(rows),
         metrics["depth_probe"],
         metrics["unigram_val_loss"],
         project / ABLATE_FIGURES,
-        plateau_margin=registered["plateau_margin"],
+        plateau_margin=design()["plateau_margin"],
         underflow_threshold=underflow_threshold(),
-        declared=declared,
+        declared=evidence.declared,
     )
     return metrics

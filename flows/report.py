@@ -40,11 +40,12 @@ from tasks.runtime.outputs import (
     REPORT_MD,
     REPORT_METRICS,
     SEARCH_METRICS,
+    SENSITIVITY_METRICS,
     SPIKE_METRICS,
 )
 from tasks.runtime.tracking import git_lineage, latest_stage_runs, log_summary, stage_run
 
-STAGES_REPORTED = ["search", "pretrain", "spike", "ablate"]
+STAGES_REPORTED = ["search", "pretrain", "spike", "ablate", "sensitivity"]
 
 
 def optional(path: Path) -> dict[str, Any] | None:
@@ -66,6 +67,7 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         raise InputError(f"{project / ABLATE_METRICS}: missing; run the ablate stage first (dvc repro ablate)")
     ablate = read_json(project / ABLATE_METRICS)
     search, spike, pretrain = (optional(project / p) for p in (SEARCH_METRICS, SPIKE_METRICS, PRETRAIN_METRICS))
+    sensitivity = optional(project / SENSITIVITY_METRICS)  # the sensitivity stage's, when it ran
     numerics = config_provenance(cfg)
     with stage_run(cfg, "report", numerics=numerics) as run:
         unigram = ablate.get("unigram_val_loss")
@@ -78,7 +80,9 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         runs = latest_stage_runs(cfg.tracking.experiment, STAGES_REPORTED)
         with staged(project / REPORT_FOREST) as (forest,):
             forest_plot(forest_rows(findings), forest)
-        text = render_markdown(cfg, project, findings, ablate, search, spike, pretrain, origin, runs, arithmetic)
+        text = render_markdown(
+            cfg, project, findings, ablate, search, spike, pretrain, origin, runs, arithmetic, sensitivity
+        )
         arms_page = (project / REPORT_MD).parent / ARMS_PAGE  # in the reports/report output
         with staged(project / REPORT_MD, project / REPORT_HTML, arms_page) as (md, page, arms):
             md.write_text(text, encoding="utf-8")

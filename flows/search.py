@@ -57,7 +57,7 @@ def stage_time(wall_start: float, cpu_start: float) -> dict[str, float]:
 
 def headline(metrics: dict) -> dict[str, float]:
     """The findings in one flat table: slopes with their spread, the transfer's LR, loss gap and
-    compute ratio, the trial counts and the time taken."""
+    compute ratio, the trial counts, the steps pruning saved and the time taken."""
     out: dict[str, Any] = {}
     for p in ("sp", "mup"):
         if p in metrics:
@@ -65,5 +65,7 @@ def headline(metrics: dict) -> dict[str, float]:
     transfer = metrics["transfer"]
     out.update({f"transfer/{k}": transfer[k] for k in ("lr", "loss_gap", "loss_gap_std", "compute_ratio")})
     out.update({f"trials/{k}": v for k, v in metrics["trials"].items()})
+    pruning = metrics.get("pruning", {})
+    out.update({f"pruning/{k}": pruning[k] for k in ("steps_saved", "steps_saved_share") if k in pruning})
     out.update({f"time/{k}": v for k, v in metrics["time"].items()})
     return {k: float(v) for k, v in out.items() if v is not None}

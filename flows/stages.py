@@ -60,6 +60,12 @@ STAGES = {
         ),
         Stage("spike", "flows.spike:spike_flow", (o.SPIKE_METRICS, o.SPIKE_FIGURES, o.POSTMORTEMS), fans_out=True),
         Stage("ablate", "flows.ablate:ablate_flow", (o.ABLATE_ARMS, o.ABLATE_METRICS, o.ABLATE_FIGURES), fans_out=True),
+        Stage(
+            "sensitivity",
+            "flows.sensitivity:sensitivity_flow",
+            (o.PERTURBED_DIR, o.SENSITIVITY_ARMS, o.SENSITIVITY_METRICS),
+            fans_out=True,
+        ),
         Stage("report", "flows.report:report_flow", (o.REPORT_MD, o.REPORT_HTML, o.REPORT_METRICS, o.REPORT_FIGURES)),
     )
 }

@@ -329,7 +329,7 @@ def _read_yaml(path: Path, what: str) -> dict[str, Any]:
     try:
         node, data = loader.get_single_node(), None
         if node is not None:  # a file of comments only has none
-            _reject_duplicate_keys(node, path)
+            reject_duplicate_keys(node, path)
             data = loader.construct_document(node)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
@@ -342,7 +342,13 @@ def _read_yaml(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
-def _reject_duplicate_keys(node: yaml.Node, path: Path, prefix: str = "") -> None:
+def reject_duplicate_keys(node: yaml.Node, path: Path | str, prefix: str = "") -> None:
+    """Refuse a key written twice at any depth (in lists' entries too), naming it and its lines:
+    PyYAML would keep only the last without a word."""
+    if isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            reject_duplicate_keys(item, path, f"{prefix.rstrip('.')}[{index}].")
+        return
     if not isinstance(node, yaml.MappingNode):
         return
     first_line: dict[str, int] = {}
@@ -354,7 +360,7 @@ def _reject_duplicate_keys(node: yaml.Node, path: Path, prefix: str = "") -> Non
                 f"YAML would silently keep only the last"
             )
         first_line[key] = line
-        _reject_duplicate_keys(value_node, path, f"{key}.")
+        reject_duplicate_keys(value_node, path, f"{key}.")
 
 
 def _typecheck(cls: type, raw: Any, prefix: str, source: str, partial: bool) -> None:

@@ -1,6 +1,8 @@
 """Pruned search (issue #47): the unpruned LR search's trials replayed through Optuna's
 MedianPruner (tasks/search/pruning.py), the optima and slopes from complete trials only against
-the unpruned ones.
+the unpruned ones. The evidence the search's live rule was chosen on (tasks/search/groups.py);
+a search that prunes live keeps no curve past a stopped trial's step, so record or replay one
+run with ``search.prune_median: false``.
 
     python scripts/search_pruning.py replay --storage journal:.spikelab/optuna.journal
     python scripts/search_pruning.py record --out trials.jsonl     # retrain the sweep, no storage
@@ -94,7 +96,8 @@ def summary(report: dict) -> list[str]:
             )
     edge = report["at_edge"]
     lines.append(
-        f"optima at the edge of the points fitted: unpruned {edge['unpruned']}, complete-only {edge['complete_only']}"
+        f"optima at the grid's edge (its smallest or largest LR): unpruned {edge['unpruned']}, "
+        f"complete-only {edge['complete_only']}"
     )
     for p, s in report["slopes"].items():
         lines.append(f"slope {p}: unpruned {slope_text(s['unpruned'])}; complete-only {slope_text(s['complete_only'])}")

@@ -8,6 +8,7 @@ Where each section is declared, with its checks beside its fields:
   spike recovery                                                  tasks/spike/config.py
   search                                                          tasks/search/config.py
   ablation                                                        tasks/ablate/config.py
+  sensitivity                                                     tasks/sensitivity/config.py
   tracking executor                                               tasks/runtime/config.py
 
 The rules across them (:meth:`Config.check_across`) are the study's, not the trainer's: a bare
@@ -28,6 +29,7 @@ from tasks.data.config import DataConfig, FilterConfig
 from tasks.runtime.config import ExecutorConfig, TrackingConfig
 from tasks.runtime.paths import project_dir
 from tasks.search.config import SearchConfig
+from tasks.sensitivity.config import SensitivityConfig
 from tasks.spike.config import RecoveryConfig, SpikeConfig
 
 
@@ -41,6 +43,7 @@ class Config(TrainingConfig):
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     ablation: AblationConfig = field(default_factory=AblationConfig)
+    sensitivity: SensitivityConfig = field(default_factory=SensitivityConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 

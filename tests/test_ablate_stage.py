@@ -223,3 +223,55 @@ def test_the_report_has_a_verdict_on_every_finding_and_every_figure_it_links_exi
     assert images and all((project / "reports" / i).is_file() for i in images)
     page = (project / "reports" / "report.html").read_text()
     assert "<img" in page and not re.search(r'<img[^>]+src="(?!data:)', page), "every figure is embedded"
+
+
+def test_in_rounds_a_family_still_open_trains_the_next_round_and_a_decided_one_stops(first_run, project):
+    """Rounds of 3 then 6 seeds: after the first look only beta2 is left open (the others decided;
+    the decision itself is the report engine's, pinned in tests/test_rounds.py and
+    tests/test_sequential.py), so only beta2's arms train seeds 3-5, and metrics/ablate.json lists
+    no arm of a seed its family did not train."""
+    import flows.ablate as stage
+    from tasks.ablate.rounds import DECIDED, LAST_ROUND
+
+    looked: list[str] = []
+
+    def state(finding):
+        looked.append(finding.key)
+        return None if finding.key == "beta2" else DECIDED
+
+    rounds = {**GRID, "ablation.seeds": [0, 1, 2], "ablation.confirm_seeds": [3, 4, 5], "ablation.rounds": [3, 6]}
+    with pytest.MonkeyPatch.context() as patch, on_test_servers(project):
+        patch.setattr(stage, "family_state", state)
+        assert stage.ablate_flow(profile="smoke", overrides=rounds, return_state=True).is_completed()
+    metrics = json.loads((project / "metrics" / "ablate.json").read_text())
+    sequence = metrics["sequential"]
+    assert sequence["families"]["beta2"] == {"look": 1, "seeds": 6, "why": LAST_ROUND}
+    assert {f: s["seeds"] for f, s in sequence["families"].items() if f != "beta2"} == dict.fromkeys(
+        ("xiong", "precision", "overflow", "wortsman"), 3
+    )
+    assert [sorted(look["families"]) for look in sequence["looks"]] == [
+        ["beta2", "overflow", "precision", "wortsman", "xiong"],
+        ["beta2"],
+    ]
+    seeds = {}
+    for arm in metrics["arms"]:
+        seeds.setdefault(arm["family"], set()).add(arm["seed"])
+    assert seeds["beta2"] == set(range(6)) and all(s == {0, 1, 2} for f, s in seeds.items() if f != "beta2")
+    assert looked.count("beta2") == 2 and looked.count("wortsman") == 1
+
+
+def test_the_report_of_a_study_in_rounds_shows_each_familys_seeds_and_each_claims_sequential_outcome(project):
+    """Runs after the study in rounds above (its metrics/ablate.json)."""
+    from flows.report import report_flow
+
+    rounds = {**GRID, "ablation.seeds": [0, 1, 2], "ablation.confirm_seeds": [3, 4, 5], "ablation.rounds": [3, 6]}
+    with on_test_servers(project):
+        assert report_flow(profile="smoke", overrides=rounds, return_state=True).is_completed()
+    text = (project / "reports" / "REPORT.md").read_text()
+    assert "## Seeds in rounds" in text and "| beta2 | 6 | 2 | last round |" in text
+    report = json.loads((project / "metrics" / "report.json").read_text())
+    claims = [c for f in ("beta2", "wortsman") for c in report["findings"][f]["claims"]]
+    assert claims and all(
+        c["sequential"]["outcome"] in ("continue", "inconclusive", "reproduced", "negligible", "contradicted")
+        for c in claims
+    )

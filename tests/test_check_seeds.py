@@ -19,22 +19,22 @@ from checks.arithmetic import main, unseen_seed_sets  # noqa: E402
 
 
 def test_unseen_seeds_start_just_past_the_studys_and_keep_each_kinds_count():
-    cfg = load_config(REPO / "params.yaml", "default")  # every stage's seeds: 0-7 or 0-3
-    assert unseen_seed_sets(cfg, ["ablate", "search", "spike"], 8) == [
-        "ablation.seeds=[8, 9, 10, 11]",
-        "ablation.confirm_seeds=[12, 13, 14, 15]",
-        "search.seeds=[8, 9]",
-        "search.confirm_seeds=[10, 11]",
-        "spike.seeds=[8, 9, 10, 11]",
-        "spike.confirm_seeds=[12, 13, 14, 15]",
+    cfg = load_config(REPO / "params.yaml", "default")  # every stage's seeds from 16: to 27, 23 or 19
+    assert unseen_seed_sets(cfg, ["ablate", "search", "spike"], 28) == [
+        "ablation.seeds=[28, 29, 30, 31]",
+        "ablation.confirm_seeds=[32, 33, 34, 35, 36, 37, 38, 39]",
+        "search.seeds=[28, 29]",
+        "search.confirm_seeds=[30, 31]",
+        "spike.seeds=[28, 29, 30, 31]",
+        "spike.confirm_seeds=[32, 33, 34, 35]",
     ]
 
 
 def test_a_start_that_renumbers_onto_a_study_seed_is_refused():
     cfg = load_config(REPO / "params.yaml", "default")
-    with pytest.raises(ConfigError, match=r"--seeds-from 7: \[7\] are ablation\.seeds or ablation\.confirm_seeds"):
-        unseen_seed_sets(cfg, ["ablate"], 7)
-    assert unseen_seed_sets(cfg, ["search"], 4)[0] == "search.seeds=[4, 5]"  # search's seeds end at 3
+    with pytest.raises(ConfigError, match=r"--seeds-from 27: \[27\] are ablation\.seeds or ablation\.confirm_seeds"):
+        unseen_seed_sets(cfg, ["ablate"], 27)
+    assert unseen_seed_sets(cfg, ["search"], 20)[0] == "search.seeds=[20, 21]"  # search's seeds end at 19
 
 
 def test_the_check_refuses_sizing_seeds_as_unseen_ones_before_running_anything(tmp_path, capsys):

@@ -381,6 +381,32 @@ def test_a_gate_at_some_level_is_met_where_one_level_meets_it_and_the_report_nam
         )
 
 
+@pytest.mark.parametrize(("trained", "met"), [(False, True), (True, False)])
+def test_a_gate_that_reads_only_trained_levels_ignores_a_level_stuck_on_the_plateau(tmp_path, trained, met):
+    """The z-loss gate's form: coupled decay at LR 0.01 sits on the plateau (5.8, the bound 5.5) and
+    only there meets the gate's at_least 4.1; read where it trained, no level does."""
+    gate = {"metric": "capped_loss", "variant": {"optim.weight_decay_mode": "coupled"}, "at_least": 4.1}
+    gate |= {"at_some": "optim.lr", "trained": trained, "justification": "the mechanism, where the arm trained"}
+    body = edited("claims/lower_sensitivity/gate", gate)
+
+    def loss(f, seed):
+        if f["optim.weight_decay_mode"] == "coupled" and f["optim.lr"] == 0.01:
+            return 5.8 + noise(seed, f, 0.001)
+        return 4.0 + 0.1 * abs(np.log10(f["optim.lr"]) + 2.5) + noise(seed, f, 0.001)
+
+    finding = judged(tmp_path, body, loss, unigram=6.0)
+    assert finding.details["gates"]["lower_sensitivity"]["met"] is met
+    if not met:
+        assert finding.verdict == "not tested"
+        assert "at least 4.1 at some optim.lr where it trained" in (finding.precondition_failed or "")
+
+
+def test_a_gate_reading_trained_levels_needs_a_factor_to_read(tmp_path, cfg):
+    gate = {"metric": "capped_loss", "variant": {}, "at_least": 1, "trained": True, "justification": "j"}
+    with pytest.raises(ConfigError, match="gate.trained: reads the levels of at_some"):
+        declare(tmp_path, cfg, edited("claims/lower_sensitivity/gate", gate))
+
+
 def test_a_compared_variant_on_the_unigram_plateau_leaves_the_claim_not_tested(tmp_path):
     finding = judged(tmp_path, FAMILY, lambda f, seed: 5.8 + noise(seed, f), unigram=6.0)  # 0.2 below, margin 0.5
     assert finding.verdict == "not tested" and "unigram baseline" in (finding.precondition_failed or "")
@@ -426,6 +452,21 @@ def test_nested_factors_read_as_their_dotted_keys(tmp_path, cfg):
     assert declare(tmp_path, cfg, family)[0].factors == FAMILY["factors"]
 
 
+COMMITTED_STUDY = {
+    "ablation.seeds": [0, 1, 2, 3],
+    "ablation.confirm_seeds": [4, 5, 6, 7],
+    "ablation.rounds": [],
+    "ablation.budget_seeds": 0,
+    "ablation.xiong_lrs": [0.001, 0.0005],
+    "search.seeds": [0, 1],
+    "search.confirm_seeds": [2, 3],
+    "spike.seeds": [0, 1, 2, 3],
+    "spike.confirm_seeds": [4, 5, 6, 7],
+}
+"""The conditions of the committed metrics (version 2's arms, read by version 3's rules) where
+version 3 changed them: its seeds, fixed design and xiong grid. Gone with version 3's rerun."""
+
+
 def test_the_committed_findings_are_recomputed_number_for_number_from_the_committed_metrics():
     """The report's code on the committed metrics gives every committed verdict, failed
     precondition, base loss, estimate, interval, p and MDE again (the guard for the built-in
@@ -434,7 +475,7 @@ def test_the_committed_findings_are_recomputed_number_for_number_from_the_commit
 
     from tasks.report.findings import evaluate
 
-    cfg = load_config(REPO / "params.yaml")
+    cfg = load_config(REPO / "params.yaml", overrides=COMMITTED_STUDY)
     ablate, search, spike = (
         json.loads((REPO / f"metrics/{n}.json").read_text()) for n in ("ablate", "search", "spike")
     )

@@ -50,6 +50,8 @@ VERDICT_FILES = (
     "tasks/spike/study.py",
     "tasks/spike/sizing.py",
     "tasks/ablate/sizing.py",
+    "tasks/seed_registry.py",  # which seeds a study may train on
+    "tasks/seed_registry.yaml",
 )
 """Every file that decides a verdict, written here: one dropped from DESIGN_CODE fails its case."""
 

@@ -177,7 +177,7 @@ def test_dvc_repro_runs_every_flow_then_is_a_no_op_and_a_filter_change_reruns_on
     params = project / "params.yaml"
     params.write_text(params.read_text().replace("  min_chars: 64\n", "  min_chars: 100\n", 1))
     output = repro(project, live_services)
-    assert ran(output) == {"filter", "tokenize", "search", "pretrain", "spike", "ablate", "report"}
+    assert ran(output) == {"filter", "tokenize", "search", "pretrain", "spike", "ablate", "sensitivity", "report"}
     assert "Stage 'prepare' didn't change" in output
     assert (project / "data/raw/00000-docs.jsonl").stat().st_mtime_ns == raw_mtime
     assert "and starting run" in output, "new data must not resume the old run's checkpoints"
@@ -336,7 +336,7 @@ def assert_a_declared_value_added_trains_only_its_arms(project: Path, env: dict[
     before = json.loads((project / "metrics/ablate.json").read_text())["arms"]
     studies = project / "studies.yaml"
     studies.write_text(studies.read_text().replace("[0.003, 0.3]", "[0.003, 0.3, 0.03]"))
-    assert ran(repro(project, env)) == {"ablate", "report"}
+    assert ran(repro(project, env)) == {"ablate", "sensitivity", "report"}  # sensitivity reads metrics/ablate.json
     after = json.loads((project / "metrics/ablate.json").read_text())
     assert len(after["arms"]) == len(before) + 2 * 2 and after["cached"] == len(before)
     assert (project / "reports/report.html").stat().st_size > 10_000  # figures embedded
@@ -355,6 +355,7 @@ def test_stages_run_in_dependency_order_and_a_target_brings_only_its_ancestors()
         "pretrain",
         "spike",
         "ablate",
+        "sensitivity",
         "report",
     ]
     # the spike stage trains its own origin runs: it needs the tokens, not pretrain's milestones

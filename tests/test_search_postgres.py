@@ -4,8 +4,9 @@ goes stale, which the surviving worker fails and trains again, so the grid still
 a storage URL carrying a password is refused.
 
 The workers are plain subprocesses running the search's per-worker step
-(``train_queued_trial.fn``: the Prefect task's function, what a Dask worker runs) in a loop until
-nothing is queued or running; the password reaches them through PGPASSWORD, never argv."""
+(``train_queued_group.fn``: the Prefect task's function, what a Dask worker runs: a group's
+trials in LR order) in a loop until nothing is queued or running; the password reaches them
+through PGPASSWORD, never argv."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ WORKER = """
 import json, pathlib, sys, time
 from tasks.config import config_from_dict
 from tasks.search.spec import StudySpec
-from tasks.search.trial import train_queued_trial
+from tasks.search.trial import train_queued_group
 cfg, project = config_from_dict(json.loads(sys.argv[1])), pathlib.Path(sys.argv[2])
 specs = [StudySpec(**{**s, "points": tuple(map(tuple, s["points"]))}) for s in json.loads(sys.argv[3])]
 ready = pathlib.Path(sys.argv[4])
@@ -46,8 +47,9 @@ ready.joinpath(sys.argv[5]).touch()
 deadline = time.monotonic() + 120
 while len(list(ready.iterdir())) < int(sys.argv[6]) and time.monotonic() < deadline:
     time.sleep(0.05)  # start claiming together (imports take seconds)
-while (done := train_queued_trial.fn(cfg, project, specs, None)).status != "none":
-    print(done.name, done.status, sep=": ", flush=True)
+while done := train_queued_group.fn(cfg, project, specs, None):
+    for trained in done:
+        print(trained.name, trained.status, sep=": ", flush=True)
 """
 
 

@@ -143,11 +143,13 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def run_arm(cfg: Config, project: Path, out: Path, spike: str = "none", range_every: int = 0) -> dict[str, Any]:
-    """Train the arm ``cfg`` describes into ``out``, with ``spike`` (tasks/ablate/grid.py:
-    injection_spec) and the fp16 range probe every ``range_every`` steps (0: none); returns (and
-    writes) its result."""
-    manifest = project / MANIFEST
+def run_arm(
+    cfg: Config, project: Path, out: Path, spike: str = "none", range_every: int = 0, data: Path = MANIFEST.parent
+) -> dict[str, Any]:
+    """Train the arm ``cfg`` describes into ``out`` on the tokenize output in ``data`` (relative to
+    ``project``), with ``spike`` (tasks/ablate/grid.py: injection_spec) and the fp16 range probe
+    every ``range_every`` steps (0: none); returns (and writes) its result."""
+    manifest = project / data / MANIFEST.name
     key = arm_key(cfg, data_hashes(manifest), code_digest(), spike, range_every)
     spec = injection_spec(spike, cfg.ablation)
     detector = make_detector(cfg.spike)
@@ -235,6 +237,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the arm's directory: checkpoints/ and result.json")
     p.add_argument("--spike", default="none", choices=SPIKES, help="the injected spike (ablation.inject_*)")
     p.add_argument("--range-probe-every", type=int, default=0, help="steps between fp16 range probes (0: none)")
+    p.add_argument(
+        "--data", default=str(MANIFEST.parent), help="the tokenize output to train on (data/perturbed: sensitivity's)"
+    )
     add_config_arguments(p)
     return p
 
@@ -247,7 +252,9 @@ def run_command(arguments: list[str], project: Path | None = None) -> dict[str, 
     project = project or Path.cwd()
     params = project / args.params
     cfg = load_config(params, args.profile, parse_sets(args.sets))
-    return run_arm(cfg, params.resolve().parent, project / args.out, args.spike, args.range_probe_every)
+    return run_arm(
+        cfg, params.resolve().parent, project / args.out, args.spike, args.range_probe_every, Path(args.data)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,13 +100,16 @@ class Gate:
     ``bounds`` (BOUNDS: one, or a band of ``at_least`` and ``at_most``), or the claim's mechanism
     did not occur and it is not tested. With ``at_some`` (a factor the family crosses), the mean is
     taken at each level of that factor and the gate is met where some level meets every bound: the
-    mechanism occurs somewhere on the grid (an LR at which Post-LN fails, one at which logits grow)."""
+    mechanism occurs somewhere on the grid (an LR at which Post-LN fails, one at which logits grow).
+    With ``trained: true`` only the levels at which the variant trained count (its mean capped loss
+    past the plateau): a drift measured in an arm stuck on the unigram plateau is the plateau's."""
 
     metric: str
     variant: dict[str, Any]
     bounds: tuple[tuple[str, float], ...]
     justification: str
     at_some: str | None = None
+    trained: bool = False
 
     def met(self, mean: float | None, unigram: float | None = None, margin: float = 0.0) -> bool:
         if mean is None:
@@ -122,7 +125,8 @@ class Gate:
     @property
     def needs(self) -> str:
         words = " and ".join(BOUNDS[b] if b == "on_plateau" else f"{BOUNDS[b]} {v:g}" for b, v in self.bounds)
-        return f"{words} at some {self.at_some}" if self.at_some else words
+        where = f" at some {self.at_some}{' where it trained' if self.trained else ''}"
+        return f"{words}{where}" if self.at_some else words
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,6 +278,11 @@ def parse_family(name: str, body: Any, cfg: Config, where: str, builtin: bool = 
     if twice := sorted(set(seeds) & set(confirm)):
         raise ConfigError(
             f"{where}.confirm_seeds: seed {twice[0]} is also a discovery seed (seeds); a seed is used once"
+        )
+    if a.rounds and len(seeds) + len(confirm) != a.rounds[-1]:
+        raise ConfigError(
+            f"{where}.seeds: {len(seeds) + len(confirm)} seeds with confirm_seeds, but the study trains in rounds "
+            f"up to {a.rounds[-1]} (ablation.rounds): a family's seeds fill the last round"
         )
     warmup = body.get("warmup_fraction", a.warmup_fraction)
     if not isinstance(warmup, (int, float)) or isinstance(warmup, bool) or not 0 <= warmup < 1:
@@ -608,7 +617,7 @@ def _gate(raw: Any, family: DeclaredFamily, where: str) -> Gate | None:
         return None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a mapping (metric, variant, a bound, at_some, justification)")
-    _only(raw, {"metric", "variant", *BOUNDS, "at_some", "justification"}, where)
+    _only(raw, {"metric", "variant", *BOUNDS, "at_some", "trained", "justification"}, where)
     metric = _metric(_required(raw, "metric", str, where), f"{where}.metric")
     bounds = tuple((k, _bound(k, raw[k], f"{where}.{k}")) for k in BOUNDS if raw.get(k) is not None)
     if {k for k, _ in bounds} not in ({"at_least"}, {"above"}, {"at_most"}, {"on_plateau"}, {"at_least", "at_most"}):
@@ -622,7 +631,12 @@ def _gate(raw: Any, family: DeclaredFamily, where: str) -> Gate | None:
     variant = _variant(raw.get("variant") or {}, family, f"{where}.variant")
     if at_some in variant:
         raise ConfigError(f"{where}.at_some: {at_some} is fixed by the gate's variant")
-    return Gate(metric, variant, bounds, justification, at_some)
+    trained = raw.get("trained", False)
+    if not isinstance(trained, bool):
+        raise ConfigError(f"{where}.trained: true or false, got {trained!r}")
+    if trained and at_some is None:
+        raise ConfigError(f"{where}.trained: reads the levels of at_some, and the gate names none")
+    return Gate(metric, variant, bounds, justification, at_some, trained)
 
 
 def _bound(key: str, value: Any, where: str) -> float:

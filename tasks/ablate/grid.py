@@ -138,8 +138,16 @@ def arm_key(cfg: Config, data: dict[str, str], code: str, spike: str, range_ever
 
 
 def data_hashes(manifest: Path) -> dict[str, str]:
-    splits = json.loads(manifest.read_text())["splits"]
-    return {s: splits[s]["sha256"] for s in ("train", "val")}
+    """The train and val splits' hashes; with a perturbed copy's (tasks/data/perturb.py) its
+    perturbation too, so no arm on it shares a key with one on the full data, even at share 0."""
+    info = json.loads(manifest.read_text())
+    splits, perturbation = info["splits"], info.get("perturbation")
+    hashes = {s: splits[s]["sha256"] for s in ("train", "val")}
+    if perturbation is not None:
+        hashes["perturbation"] = json.dumps(
+            {k: perturbation[k] for k in ("kind", "drop_share", "seed")}, sort_keys=True
+        )
+    return hashes
 
 
 def read_result(directory: Path) -> dict[str, Any] | None:

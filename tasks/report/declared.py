@@ -21,6 +21,8 @@ A claim is not tested when a compared variant ends on the unigram plateau (those
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from typing import Any
 
@@ -45,6 +47,7 @@ from tasks.report.method import (
     smaller_than,
     subtract,
 )
+from tasks.report.sequential import Outcome, SequentialDesign, run_sequential
 from tasks.report.verdict import EQUIVALENCE, Claim
 
 
@@ -63,6 +66,9 @@ def declared_finding(
     arms, halves = Arms(ablate), halves_for(family.seeds, family.confirm_seeds)
     tested = {c.statement: test(arms, family, c, halves) for c in family.claims}
     claims = [to_claim(c, tested[c.statement], halves, arms, family) for c in family.claims]
+    if (rounds := looks(cfg, family)) is not None:
+        for claim, declared in zip(claims, family.claims):
+            claim.sequential = dataclasses.asdict(walk(per_seed(arms, family, declared), family, declared, rounds))
     text, details = notes
     measured = {c.name: gate_value(arms, family, c, unigram) for c in family.claims if c.gate}
     failed = next(
@@ -91,6 +97,26 @@ def declared_finding(
     if key is None:
         finding.declared = registration(family)
     return finding
+
+
+def looks(cfg: Config, family: DeclaredFamily) -> SequentialDesign | None:
+    """The registered group-sequential design of a family that trains in rounds: ``ablation.rounds``
+    with preregistration.yaml's ``sequential`` spending, for a family whose seeds fill the last
+    round (tasks/ablate/declared.py refuses any other); None for the fixed design (no rounds)."""
+    rounds = cfg.ablation.rounds
+    if not rounds:
+        return None
+    return SequentialDesign.from_mapping({"rounds": list(rounds), **design()["sequential"]})
+
+
+def walk(values: dict[tuple, float], family: DeclaredFamily, claim: DeclaredClaim, rounds: SequentialDesign) -> Outcome:
+    """The claim's sequential outcome over its per-seed values in the family's seed order, up to the
+    first seed with none (a failed arm ends the walk there: the next look is never full). An
+    equivalence claim is walked as expecting +1: negligible is what it predicts, beyond ±SESOI on
+    either side contradicts it."""
+    ordered = list(itertools.takewhile(lambda v: v is not None, (values.get((s,)) for s in family.all_seeds)))
+    expected = 1 if claim.kind == "equivalence" else claim.expected
+    return run_sequential([float(v) for v in ordered if v is not None], rounds, claim.sesoi, expected)
 
 
 def sides(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim) -> dict[str, float | None]:
@@ -134,6 +160,8 @@ def gate_value(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram
     assert gate is not None
     margin = design()["plateau_margin"]
     levels = family.factors[gate.at_some] if gate.at_some else [None]
+    if gate.trained:  # only where the variant left the plateau
+        levels = [lv for lv in levels if trained_at(arms, family, gate.variant, gate.at_some, lv, unigram, margin)]
     means = {level: _mean_at(arms, family, gate.metric, gate.variant, gate.at_some, level) for level in levels}
     met = [level for level, m in means.items() if gate.met(m, unigram, margin)]
     finite = [(level, m) for level, m in means.items() if m is not None]
@@ -152,6 +180,20 @@ def gate_value(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram
         "needs": needs,
         "met": bool(met),
     }
+
+
+def trained_at(
+    arms: Arms,
+    family: DeclaredFamily,
+    variant: dict[str, Any],
+    factor: str | None,
+    level: Any,
+    unigram: float | None,
+    margin: float,
+) -> bool:
+    """The variant at ``level`` of ``factor`` ended past the plateau, as a mean over its seeds."""
+    loss = _mean_at(arms, family, "capped_loss", variant, factor, level)
+    return loss is not None and unigram is not None and loss <= unigram - margin
 
 
 def _mean_at(

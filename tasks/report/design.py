@@ -31,11 +31,14 @@ DESIGN_CODE = (
     "tasks/spike/study.py",
     "tasks/spike/sizing.py",
     "tasks/ablate/sizing.py",
+    "tasks/seed_registry.py",
+    "tasks/seed_registry.yaml",
 )
 """The files whose content decides a verdict, relative to the checkout (the design hash's input:
 the method, the declared claims' tests and the declared families' arms among them);
 tasks/spike/sizing.py and tasks/ablate/sizing.py hold the rules that size the spike and xiong
-findings' conditions, as tasks/ablate/conditions.py does the other ablation families'."""
+findings' conditions, as tasks/ablate/conditions.py does the other ablation families'; the seed
+registry and its rule decide which seeds a study may train on (clean confirmation)."""
 
 
 @cache

@@ -21,6 +21,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from tasks.ablate.declared import DeclaredFamily, builtin_families, builtin_names
+from tasks.ablate.rounds import DECIDED, GATED
 from tasks.ablate.stats import divergence_rates
 from tasks.config import Config
 from tasks.report.declared import declared_finding
@@ -46,6 +47,7 @@ from tasks.report.method import (
     sesoi,
     subtract,
 )
+from tasks.report.sequential import CONTINUE
 from tasks.spike.config import OUTCOMES
 
 FAMILY_OF = {finding: family for family, finding in builtin_names().items()}
@@ -484,3 +486,19 @@ def builtin_finding(
         return _missing(key, family.missing or "the config crosses none of the variants its claims compare")
     notes = NOTES[key](Arms(ablate), cfg, ablate)
     return declared_finding(cfg, ablate, unigram, family, key=key, notes=notes)
+
+
+def family_finding(cfg: Config, ablate: dict[str, Any], unigram: float | None, family: DeclaredFamily) -> Finding:
+    """The finding of one family of arms, built-in or declared, as the report stage judges it."""
+    key = builtin_names().get(family.name)
+    return builtin_finding(key, family, cfg, ablate, unigram) if key else declared_finding(cfg, ablate, unigram, family)
+
+
+def family_state(finding: Finding) -> str | None:
+    """Whether a family trained in rounds stops after this look: GATED when a precondition or gate
+    failed, DECIDED when every claim's sequential outcome is final, None while one is still open."""
+    if finding.precondition_failed:
+        return GATED
+    if finding.claims and all((c.sequential or {}).get("outcome", CONTINUE) != CONTINUE for c in finding.claims):
+        return DECIDED
+    return None

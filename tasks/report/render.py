@@ -37,6 +37,7 @@ from tasks.config import Config
 from tasks.report.design import DESIGN_CODE, design, design_hash
 from tasks.report.findings import FAMILY_OF, scored_gap
 from tasks.report.method import Finding, number
+from tasks.report.sequential import CONTINUE
 from tasks.report.verdict import (
     CONTRADICTED,
     EQUIVALENCE,
@@ -195,6 +196,8 @@ SHORTFALLS = ("other way", "no test", "not significant", "not equivalent", "halv
 def why(c: Claim, brief: bool = False) -> str:
     """Which of the verdict rule's tests (tasks/report/verdict.py) the claim passed or failed, in
     words: every failure, or with ``brief`` the most telling in a few words."""
+    if c.sequential is not None:
+        return _sequential_why(c, brief)
     if c.holds:
         return "holds" if brief else _holds(c)
     if c.negligible:
@@ -209,6 +212,70 @@ def why(c: Claim, brief: bool = False) -> str:
         return "no estimate: the comparison could not be made"
     failed = shortfalls(c)
     return failed[0][1] if brief else "; ".join(full for _, _, full in failed)
+
+
+def _sequential_why(c: Claim, brief: bool) -> str:
+    """A claim decided in rounds (tasks/report/sequential.py): the boundary it crossed, at which look
+    and seeds, or that it crossed none before its family stopped."""
+    s = c.sequential or {}
+    outcome, seeds, boundary = s["outcome"], s["seeds"], s["boundary"]
+    if outcome in (CONTINUE, INCONCLUSIVE):
+        if brief:
+            return "no boundary crossed"
+        end = "by the last look" if outcome == INCONCLUSIVE else "when its family stopped (out of budget)"
+        return f"no boundary crossed at {seeds} seeds {end}"
+    shown = {REPRODUCED: "holds", NEGLIGIBLE: "negligible", CONTRADICTED: "contradicted"}[outcome]
+    if c.kind == EQUIVALENCE:
+        shown = {NEGLIGIBLE: "holds"}.get(outcome, "contradicted: beyond the margin")
+    if brief:
+        return f"{shown} at {seeds} seeds"
+    bound = (
+        f"±{c.sesoi:g}"
+        if outcome == NEGLIGIBLE
+        else f"{c.sesoi:+g}"
+        if c.kind == EQUIVALENCE
+        else f"{c.expected * c.sesoi:+g}"
+    )
+    return (
+        f"{shown}: at look {s['look'] + 1} ({seeds} seeds) the one-sided test against {bound} crossed its "
+        f"boundary, p < {boundary:.2g}"
+    )
+
+
+def _rounds_section(ablate: dict[str, Any], findings: list[Finding]) -> list[str]:
+    """The seeds each family trained in rounds, why it stopped, and the study's arm-steps against its cap."""
+    sequence = ablate.get("sequential")
+    if not sequence:
+        return []
+    by_family = {FAMILY_OF[f.key]: f for f in findings if f.key in FAMILY_OF} | {
+        f.key: f for f in findings if f.declared is not None
+    }
+    rows = []
+    for family, stop in sequence["families"].items():
+        f = by_family.get(family)
+        outcomes = "; ".join(f"{c.what}: {why(c, brief=True)}" for c in f.claims) if f else "-"
+        rows.append(
+            [
+                family,
+                str(stop["seeds"]),
+                str(stop["look"] + 1) if "look" in stop else "-",
+                stop.get("why", "-"),
+                outcomes,
+            ]
+        )
+    spent, cap = sequence["arm_steps"], sequence["cap_arm_steps"]
+    return [
+        "## Seeds in rounds",
+        "",
+        f"Each family trained its seeds in rounds of {', '.join(map(str, sequence['rounds']))} and stopped at the first "
+        "look where every claim crossed a registered boundary (O'Brien-Fleming spending, looks combined by "
+        "Bonferroni: tasks/report/sequential.py) or a gate failed; the rest went on while the study's arm-steps "
+        f"stayed within its cap ({sequence['budget_seeds']} seeds of every family). Arm-steps: **{spent:,}** of "
+        f"the cap's {cap:,} ({spent / cap:.0%}).",
+        "",
+        *_table(["family", "seeds", "stopped at look", "why", "claims"], rows),
+        "",
+    ]
 
 
 def _holds(c: Claim) -> str:
@@ -405,6 +472,7 @@ def render_markdown(
     provenance: dict[str, str],
     stage_runs: dict[str, str],
     arithmetic: dict[str, Any],
+    sensitivity: dict[str, Any] | None = None,
 ) -> str:
     counts = ", ".join(f"{sum(f.verdict == v for f in proper(findings))} {v}" for v in VERDICTS)
     checks = [f for f in findings if f.check]
@@ -437,9 +505,11 @@ def render_markdown(
         "",
         *_findings_table(findings),
         "",
+        *_rounds_section(ablate, findings),
     ]
     for f in findings:
         lines += _finding_section(project, f)
+    lines += _sensitivity_section(sensitivity)
     lines += [
         *_changes_section(),
         *_arms_section(cfg, ablate),
@@ -469,6 +539,18 @@ def _method_section(ablate: dict[str, Any]) -> list[str]:
         f"Unigram baseline on validation: **{number(ablate.get('unigram_val_loss'), '{:.3f}')} nats**; every "
         f"variant a claim compares must end {design()['plateau_margin']:g} nats below it (those predicted to "
         "fail aside).",
+        *(
+            [
+                "",
+                "Version 3: the families' seeds came in rounds, so a claim of a family of arms is decided by the "
+                "group-sequential rule instead: after each round its one-sided tests against ±SESOI (the same "
+                "holds / contradicted / negligible) at the level the registered spending leaves that look, which "
+                "keeps the fixed design's error rates over all looks ([Seeds in rounds](#seeds-in-rounds)); the "
+                "halves are shown, not required.",
+            ]
+            if ablate.get("sequential")
+            else []
+        ),
         "",
     ]
 
@@ -655,7 +737,66 @@ def _search_section(project: Path, search: dict[str, Any] | None) -> list[str]:
             f"target width {transfer.get('loss_gap', float('nan')):+.4f} nats; compute ratio "
             f"{transfer.get('compute_ratio', float('nan')):.2f}.",
         ]
-    return [*lines, ""]
+    return [*lines, *_search_pruning_lines(search.get("pruning")), ""]
+
+
+def _search_pruning_lines(pruning: dict[str, Any] | None) -> list[str]:
+    """Which trials the search's pruner stopped, at which step: a line, then a row per parametrization
+    and width (per seed, log₂ LR @ step). None for a search that recorded no pruning."""
+    if not pruning:
+        return []
+    rule = pruning["rule"]
+    if rule.get("median"):
+        warmup = rule["n_warmup_steps"]
+        how = (
+            f"Optuna's MedianPruner within each parametrization × width × seed, its LRs in ascending order, the "
+            f"first {rule['n_startup_trials']} always to the end, a trial judged at each report"
+            + (f" from step {warmup}" if warmup else "")
+            + f" but its last; and the loss bound {rule['prune_above']:.3g} nats"
+        )
+    else:
+        how = f"the loss bound {rule['prune_above']:.3g} nats only (search.prune_median: false)"
+    lines = [
+        "",
+        f"Pruning ({how}): **{pruning['pruned']} of {pruning['trials']} trials stopped**, "
+        f"{pruning['steps_saved']:,} of {pruning['steps']:,} steps saved ({pruning['steps_saved_share']:.1%}). "
+        "The optima and slopes above are fitted from the trials that ran to the end; an optimum is at the "
+        "grid's edge only at its smallest or largest LR.",
+    ]
+    rows: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for g in pruning["groups"]:
+        rows.setdefault((g["kind"], g["parametrization"], g["width"]), []).append(g)
+    table = []
+    for (kind, p, w), groups in rows.items():
+        stopped = sum(len(g["pruned"]) for g in groups)
+        if kind != "sweep" and not stopped:
+            continue
+        where = "; ".join(
+            f"seed {g['seed']}: "
+            + ", ".join(
+                f"{t['log2_lr']:.2f}@{t['step']}" + ("" if t["by"] == "median" else f" ({t['by']})")
+                for t in g["pruned"]
+            )
+            for g in groups
+            if g["pruned"]
+        )
+        table.append(
+            [
+                p if kind == "sweep" else f"{p} ({kind})",
+                str(w),
+                f"{stopped} / {sum(g['trials'] for g in groups)}",
+                f"{sum(g['steps_saved'] for g in groups):,}",
+                where or "none",
+            ]
+        )
+    if table:
+        lines += [
+            "",
+            *_table(
+                ["parametrization", "width", "stopped / trials", "steps saved", "stopped at (log₂ LR @ step)"], table
+            ),
+        ]
+    return lines
 
 
 def spike_section(project: Path, spike: dict[str, Any] | None) -> list[str]:
@@ -937,3 +1078,48 @@ def provenance(project: Path, resolved: Path, commit: str | None) -> dict[str, s
         "config_hash": config_hash(project, resolved),
         "built": time.strftime("%Y-%m-%d %H:%M %Z"),
     }
+
+
+def _sensitivity_section(sensitivity: dict[str, Any] | None) -> list[str]:
+    """Data sensitivity (metrics/sensitivity.json, the sensitivity stage's): each built-in finding's
+    estimate at the discovery seeds with a registered share of the training documents dropped, beside
+    its estimate on the full data at the same seeds, and their per-seed difference with its interval.
+    Nothing when the stage has not run."""
+    if not sensitivity:
+        return []
+    p, found = sensitivity["perturbation"], sensitivity["findings"]
+    rows, notes = [], []
+    for key in sorted(found, key=lambda k: [*design()["findings"], k].index(k)):  # the pre-registration's order
+        entry, name = found[key], LABELS.get(key, key)
+        if not entry["claims"]:
+            notes.append(f"- {name}: not in this grid ({entry.get('missing')}).")
+        for i, c in enumerate(entry["claims"]):
+            unit, d = UNITS.get(c.get("unit") or "", ""), c["difference"]
+            rows.append(
+                [
+                    f"[{name}](#{key})" if i == 0 else "",
+                    c["statement"],
+                    f"{number(c['main']['estimate'], SIGNED)}{unit}",
+                    f"{number(c['perturbed']['estimate'], SIGNED)}{unit}",
+                    f"{number(d['estimate'], SIGNED)} [{_interval(d['ci95'])}] (n {d['n']})",
+                ]
+            )
+        failed = entry.get("precondition_failed") or {}
+        if bool(failed.get("main")) != bool(failed.get("perturbed")):
+            side, why = ("full data", failed["main"]) if failed.get("main") else ("perturbed data", failed["perturbed"])
+            notes.append(f"- {name}: its precondition failed on the {side} only: {why}.")
+    return [
+        "## Data sensitivity",
+        "",
+        f"Each finding's estimate at the discovery seeds ({', '.join(str(s) for s in sensitivity['seeds'])}) "
+        f"trained again with {p['drop_share']:.0%} of the training documents dropped ({p['dropped']:,} of "
+        f"{p['documents']:,}, drawn with seed {p['seed']}; validation unchanged), beside its estimate on the full "
+        "data at the same seeds. The difference is per seed, perturbed − full, with its 95 % t-interval (none "
+        "below 2 seeds). A registered perturbation, read by no verdict: it shows how far an estimate moves "
+        "when the data does.",
+        "",
+        *_table(["finding", "claim", "full data", "perturbed", "difference [95 % interval]"], rows),
+        "",
+        *notes,
+        *([""] if notes else []),
+    ]

@@ -23,7 +23,7 @@ an early crossing makes a later one less likely). An explicit ``nominal`` list o
 two-sided levels is the same rule with levels chosen by hand.
 
 One claim's rule at each look mirrors tasks/report/verdict.py (a direction claim with registered
-SESOI s > 0 and expected sign e; ``alpha`` two-sided, as ALPHA is):
+SESOI s >= 0 (at 0 nothing is negligible) and expected sign e; ``alpha`` two-sided, as ALPHA is):
   reproduced    H0: e·δ <= s rejected (one-sided, at the look's direction level): the one-sided
                 interval clears +s on the expected side, as a fixed claim's 95 % interval must
   contradicted  H0: e·δ >= -s rejected the other way, at the same level
@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 from scipy import optimize, stats
 
+from tasks.ablate.config import MIN_FIRST_ROUND
 from tasks.ablate.stats import ALPHA
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NEGLIGIBLE, REPRODUCED
 
@@ -64,8 +65,6 @@ OUTCOMES = (REPRODUCED, CONTRADICTED, NEGLIGIBLE, INCONCLUSIVE)
 _CODES = (CONTINUE, CONTRADICTED, REPRODUCED, NEGLIGIBLE, INCONCLUSIVE)
 """Outcome by integer code in the vectorised looks (0: undecided so far)."""
 
-MIN_FIRST_ROUND = 3
-"""The first look needs a t-test with at least 2 degrees of freedom."""
 
 _KEYS = ("rounds", "spending", "alpha", "nominal", "combine")
 JOINT, BONFERRONI = "joint", "bonferroni"
@@ -284,8 +283,8 @@ def fixed_decision(values: Sequence[float], sesoi: float, expected: int, alpha: 
 
 
 def _checked_values(values: Sequence[float], sesoi: float, expected: int) -> np.ndarray:
-    if not (sesoi > 0 and math.isfinite(sesoi)):
-        raise ValueError(f"a direction claim's SESOI is > 0 and finite, got {sesoi!r}")
+    if not (sesoi >= 0 and math.isfinite(sesoi)):
+        raise ValueError(f"a direction claim's SESOI is >= 0 and finite, got {sesoi!r}")
     if expected not in (1, -1):
         raise ValueError(f"a direction claim expects +1 or -1, got {expected!r}")
     x = np.asarray(values, dtype=float)

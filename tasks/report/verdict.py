@@ -9,6 +9,10 @@
                 smaller than the claim's smallest effect of interest, halves that disagree, no
                 claims, a claim with no test (p None)
 
+A family whose seeds came in rounds (version 3) has each claim decided by its group-sequential
+outcome instead (``Claim.sequential``; tasks/report/sequential.py): reproduced / contradicted /
+negligible where a look's boundary was crossed, inconclusive where none was.
+
 The order is the rule. A failed precondition comes first: the comparison the claim needs was not
 made as intended (e.g. the control broke too), so its numbers neither support nor contradict it.
 A contradiction then outranks the claims that hold: one result shown against the finding is
@@ -47,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from tasks.ablate.stats import ALPHA, POWER
 
@@ -88,6 +93,10 @@ class Claim:
     """An equivalence claim's TOST power at no true difference, at its seeds and measured SD."""
     seeds_needed: int | None = None
     """An equivalence claim's seeds for 80 % TOST power at the measured SD (None: beyond the search)."""
+    sequential: dict[str, Any] | None = None
+    """Version 3's group-sequential outcome (tasks/report/sequential.py: Outcome, as a dict) of a
+    claim whose family trained in rounds: when set it decides the claim in place of the fixed rule
+    below (the boundaries keep its error rates), and the halves are shown, not required."""
 
     def __post_init__(self) -> None:
         allowed = {DIRECTION: (1, -1), EQUIVALENCE: (0,)}
@@ -116,8 +125,13 @@ class Claim:
         near = min(self.ci95) if sign > 0 else max(self.ci95)
         return sign * near > self.sesoi
 
+    def _ended(self, *outcomes: str) -> bool:
+        return self.sequential is not None and self.sequential["outcome"] in outcomes
+
     @property
     def holds(self) -> bool:
+        if self.sequential is not None:
+            return self._ended(NEGLIGIBLE if self.kind == EQUIVALENCE else REPRODUCED)
         if self.kind == EQUIVALENCE:
             inside = all(h is not None and abs(h) < self.sesoi for h in self.halves.values())
             return significant(self.p) and inside
@@ -131,6 +145,8 @@ class Claim:
 
     @property
     def negligible(self) -> bool:
+        if self.sequential is not None:
+            return self._ended(NEGLIGIBLE)
         if self.kind == EQUIVALENCE:
             return self.holds
         inside = all(h is not None and abs(h) < self.sesoi for h in self.halves.values())
@@ -138,6 +154,8 @@ class Claim:
 
     @property
     def contradicted(self) -> bool:
+        if self.sequential is not None:  # an equivalence claim is walked as expecting +1: beyond either side
+            return self._ended(CONTRADICTED, *((REPRODUCED,) if self.kind == EQUIVALENCE else ()))
         if self.kind == EQUIVALENCE:
             return any(self._clears(s) and self._halves_point(s) for s in (1, -1))
         return (

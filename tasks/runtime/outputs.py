@@ -91,6 +91,16 @@ SD and 95 % interval of each figure over seeds (a DVC metric)."""
 ABLATE_FIGURES = Path("reports/ablate")
 """ablate: one figure per family: loss curves with seeds as bands, LR sensitivity (PNG)."""
 
+PERTURBED_DIR = Path("data/perturbed")
+"""sensitivity: a copy of TOKENS_DIR whose training split drops a registered share of its documents
+(tasks/data/perturb.py); its validation split is TOKENS_DIR's, unchanged."""
+SENSITIVITY_ARMS = Path("runs/sensitivity/arms")
+"""sensitivity: one directory per arm trained on PERTURBED_DIR, named by its key (a persistent out,
+as ABLATE_ARMS)."""
+SENSITIVITY_METRICS = Path("metrics/sensitivity.json")
+"""sensitivity: per finding and claim, the estimate on the full and on the perturbed data at the
+discovery seeds, and their per-seed difference (a DVC metric)."""
+
 REPORT_MD = Path("reports/REPORT.md")
 """report: the findings table with verdicts, the stages' key results, links to every run."""
 REPORT_HTML = Path("reports/report.html")
@@ -102,9 +112,18 @@ REPORT_FOREST = REPORT_FIGURES / "forest.png"
 REPORT_METRICS = Path("metrics/report.json")
 """report: each finding's verdict, numbers and test (a DVC metric)."""
 
-RESUMED = (PRETRAIN_CHECKPOINTS, PRETRAIN_PLOTS, ABLATE_ARMS)
+RESUMED = (PRETRAIN_CHECKPOINTS, PRETRAIN_PLOTS, ABLATE_ARMS, SENSITIVITY_ARMS)
 """Persistent outs a rerun continues (``persist: true``, ``cache: false``): never moved aside."""
-CACHED = (RAW_DIR, CLEAN_DIR, POISON_DIR, TOKENS_DIR, SEARCH_REPORTS, PRETRAIN_MODEL, PRETRAIN_MILESTONES)
+CACHED = (
+    RAW_DIR,
+    CLEAN_DIR,
+    POISON_DIR,
+    TOKENS_DIR,
+    SEARCH_REPORTS,
+    PRETRAIN_MODEL,
+    PRETRAIN_MILESTONES,
+    PERTURBED_DIR,
+)
 """Outs in DVC's cache (git-ignored): DVC removes them before their stage runs."""
 KEPT_DIR = Path(".spikelab/kept")
 """Where :class:`KeptOutputs` sets a stage's versioned outputs aside while it runs, relative to the

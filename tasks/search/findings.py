@@ -1,6 +1,6 @@
 """What the search stage reports from finished studies: points per study, optima per width, the
-slopes, the transfer check and the counts (metrics/search.json), the transferred LR
-(search/lr.yaml) and the figures."""
+slopes, the transfer check, the counts and which trials the pruner stopped where
+(metrics/search.json), the transferred LR (search/lr.yaml) and the figures."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from tasks.config import Config
 from tasks.runtime.files import staged, write_json
 from tasks.runtime.outputs import SEARCH_LR, SEARCH_METRICS, SEARCH_REPORTS
 from tasks.search.fit import Point, counts, slope, transfer_check, width_summary
-from tasks.search.queue import open_storage, optuna_storage
-from tasks.search.spec import StudySpec, proxy_widths, swept_widths, uniform_loss
+from tasks.search.groups import grid_point
+from tasks.search.queue import open_storage, optuna_storage, pruner
+from tasks.search.spec import StudySpec, lr_grid, proxy_widths, swept_widths, uniform_loss
 
 
 def points_of(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple[list[Point], int]:
@@ -57,9 +58,56 @@ def sweep_optima(cfg: Config, sweeps: list[StudySpec]) -> dict[int, dict]:
     """The fitted optimum per width of the transferred parametrization's finished sweeps."""
     storage = open_storage(optuna_storage(cfg))
     return {
-        spec.width: width_summary(points_of(storage, spec)[0])
+        spec.width: width_summary(points_of(storage, spec)[0], lr_grid(cfg))
         for spec in sweeps
         if spec.parametrization == cfg.mup.parametrization
+    }
+
+
+def pruned_trials(cfg: Config, storage: optuna.storages.BaseStorage, specs: list[StudySpec]) -> dict[str, Any]:
+    """Which finished trials the pruner stopped, at which step and by which rule, per group
+    (parametrization, width, seed) in LR order, and the steps that saved: a stopped trial did
+    not train its last ``search.steps`` minus the step it stopped at."""
+    steps = cfg.search.steps
+    groups, trials, ran = [], 0, 0
+    for spec in specs:
+        finished = optuna.load_study(study_name=spec.name, storage=storage).get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)
+        )
+        for seed in sorted({grid_point(t)[1] for t in finished}):
+            group = sorted((t for t in finished if grid_point(t)[1] == seed), key=lambda t: grid_point(t)[0])
+            stopped = [
+                {
+                    "log2_lr": grid_point(t)[0],
+                    "step": int(t.user_attrs.get("pruned_at", t.last_step or 0)),
+                    "by": t.user_attrs.get("pruned_by", "threshold"),
+                }
+                for t in group
+                if t.state == TrialState.PRUNED
+            ]
+            groups.append(
+                {
+                    "kind": spec.kind,
+                    "parametrization": spec.parametrization,
+                    "width": spec.width,
+                    "seed": seed,
+                    "trials": len(group),
+                    "pruned": stopped,
+                    "steps_saved": sum(steps - p["step"] for p in stopped),
+                }
+            )
+            trials += len(group)
+            ran += sum(int(t.user_attrs.get("steps", steps)) for t in group)
+    saved = sum(g["steps_saved"] for g in groups)
+    return {
+        "rule": pruner(cfg).settings(),
+        "trials": trials,
+        "pruned": sum(len(g["pruned"]) for g in groups),
+        "steps": trials * steps,
+        "steps_trained": ran,
+        "steps_saved": saved,
+        "steps_saved_share": saved / (trials * steps) if trials else 0.0,
+        "groups": groups,
     }
 
 
@@ -68,8 +116,13 @@ def summarize(cfg: Config, sweeps: list[StudySpec], transfer: StudySpec) -> Find
     storage = open_storage(optuna_storage(cfg))
     collected = {spec: points_of(storage, spec) for spec in [*sweeps, transfer]}
     points = {spec: pts for spec, (pts, _) in collected.items()}
+    grid = lr_grid(cfg)
     by_width = {
-        p: {s.width: width_summary(pts) for s, pts in points.items() if s.kind == "sweep" and s.parametrization == p}
+        p: {
+            s.width: width_summary(pts, grid)
+            for s, pts in points.items()
+            if s.kind == "sweep" and s.parametrization == p
+        }
         for p in cfg.search.parametrizations
     }
     sweep_of = {(s.parametrization, s.width): pts for s, pts in points.items() if s.kind == "sweep"}
@@ -88,6 +141,7 @@ def summarize(cfg: Config, sweeps: list[StudySpec], transfer: StudySpec) -> Find
             **check,
         },
         "trials": counts([p for pts in points.values() for p in pts], sum(r for _, r in collected.values())),
+        "pruning": pruned_trials(cfg, storage, [*sweeps, transfer]),
         "studies": sorted(spec.name for spec in points),
         "storage": optuna_storage(cfg),
     }

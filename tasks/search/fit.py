@@ -3,7 +3,10 @@ the best grid point and its neighbours), its spread over seeds, the slope of log
 width per parametrization, and the transfer check. Plain numpy/scipy over plain records.
 
 A point is ``(log2_lr, seed, value, status, flops)``; only ``completed`` points enter the fits
-(pruned ones have no final loss, diverged ones the loss of a uniform guess).
+(pruned ones have no final loss, diverged ones the loss of a uniform guess). Whether an optimum
+is at the grid's edge is judged against the grid, every LR the seed was swept at, pruned and
+diverged ones included: a best point whose grid neighbour was stopped (it was losing) is inside
+the grid; only one at the grid's smallest or largest LR is at its edge.
 """
 
 from __future__ import annotations
@@ -32,19 +35,28 @@ class Point:
 
 @dataclass(frozen=True)
 class Optimum:
-    log2_lr: float  # vertex of the parabola (or the best grid point at the grid's edge)
+    log2_lr: float  # vertex of the parabola (or the best grid point, when it has no point on one side)
     loss: float  # the parabola's value there (or the best grid loss)
-    at_edge: bool  # the best grid point is the smallest or largest LR: the optimum may lie outside
+    at_edge: bool  # the best grid point is the grid's smallest or largest LR: the optimum may lie outside
 
 
-def fit_optimum(log2_lrs: Sequence[float], losses: Sequence[float]) -> Optimum:
-    """The minimum of the parabola through the best grid point and its two neighbours; the best
-    grid point itself when it lies on the grid's edge (or the three do not curve upwards)."""
+GRID_TOL = 1e-9
+"""Two log2 LRs closer than this are the same grid point."""
+
+
+def fit_optimum(log2_lrs: Sequence[float], losses: Sequence[float], grid: Sequence[float] | None = None) -> Optimum:
+    """The minimum of the parabola through the best point and its two neighbours among the points;
+    the best point itself when it has no point on one side (or the three do not curve upwards).
+    ``at_edge`` when the best point is the smallest or largest LR of ``grid`` (default: of the
+    points): with the LRs the pruner stopped in the grid, a best point whose neighbour was stopped
+    is not at the edge."""
     order = np.argsort(log2_lrs)
     x, y = np.asarray(log2_lrs, float)[order], np.asarray(losses, float)[order]
     best = int(np.argmin(y))
+    swept = np.asarray(grid if grid is not None and len(grid) else x, float)
+    at_edge = bool(abs(x[best] - swept.min()) <= GRID_TOL or abs(x[best] - swept.max()) <= GRID_TOL)
     if best == 0 or best == len(x) - 1:
-        return Optimum(float(x[best]), float(y[best]), True)
+        return Optimum(float(x[best]), float(y[best]), at_edge)
     a, b, c = np.polyfit(x[best - 1 : best + 2], y[best - 1 : best + 2], 2)
     if a <= 0:
         return Optimum(float(x[best]), float(y[best]), False)
@@ -52,13 +64,16 @@ def fit_optimum(log2_lrs: Sequence[float], losses: Sequence[float]) -> Optimum:
     return Optimum(float(vertex), float(c - b * b / (4 * a)), False)
 
 
-def optima_per_seed(points: Sequence[Point]) -> dict[int, Optimum]:
-    """One fitted optimum per seed, from that seed's completed points (at least one needed)."""
+def optima_per_seed(points: Sequence[Point], grid: Sequence[float] | None = None) -> dict[int, Optimum]:
+    """One fitted optimum per seed, from that seed's completed points (at least one needed);
+    ``at_edge`` against ``grid``, the LRs swept (default: every LR of that seed's points,
+    whatever their status)."""
     out = {}
     for seed in sorted({p.seed for p in points}):
         done = [p for p in points if p.seed == seed and p.status == "completed"]
+        swept = grid if grid is not None else [p.log2_lr for p in points if p.seed == seed]
         if done:
-            out[seed] = fit_optimum([p.log2_lr for p in done], [p.completed_value for p in done])
+            out[seed] = fit_optimum([p.log2_lr for p in done], [p.completed_value for p in done], swept)
     return out
 
 
@@ -67,9 +82,10 @@ def spread(values: Sequence[float]) -> float:
     return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
-def width_summary(points: Sequence[Point]) -> dict:
-    """Optimum (mean over seeds of the fitted log2 η*) and its spread at one width."""
-    optima = optima_per_seed(points)
+def width_summary(points: Sequence[Point], grid: Sequence[float] | None = None) -> dict:
+    """Optimum (mean over seeds of the fitted log2 η*) and its spread at one width; ``at_edge``
+    when any seed's optimum is at the edge of ``grid`` (:func:`optima_per_seed`)."""
+    optima = optima_per_seed(points, grid)
     lrs = [o.log2_lr for o in optima.values()]
     return {
         "log2_lr_opt": float(np.mean(lrs)) if lrs else None,

@@ -1,5 +1,7 @@
 """Pruned search (issue #47): the unpruned LR search's trials replayed through a real Optuna pruner,
 to measure what pruning would save and whether it moves the fitted optima and the μ-transfer slopes.
+This replay is the evidence the rule was chosen on; the search now prunes live by the same rule
+and settings (tasks/search/groups.py, ``search.prune_*``), in the same order within each group.
 
 What is replayed. Each sweep trial's validation losses, as :class:`tasks.search.trial.ReportToOptuna`
 reported them (``trial.report(val_loss, step)`` every ``search.eval_every`` steps), and its final
@@ -7,7 +9,8 @@ value and status. They live in the search's Optuna storage (``trial.intermediate
 :func:`records_from_storage`), which is state, not a committed output: ``metrics/search.json``
 keeps only the per-seed fitted optima. :func:`record_search` retrains the same grid with the
 search's own objective (same config, same queue order, the search's ThresholdPruner) into a JSON
-lines file, for when the storage is gone.
+lines file, for when the storage is gone (with ``search.prune_median: false``: a search that
+prunes live keeps no curve past the step it stopped a trial at).
 
 The replay (:func:`replay`). One group per (parametrization, width, seed), in the order the queue
 runs it (tasks/search/queue.py: the study's points are queued LR-major with the seeds inner, so a
@@ -43,8 +46,15 @@ stopped when it trails the middle one of them; then the best grid point is the l
 LR, which fit.py takes as is (``at_edge``): at most half a grid step from the parabola's vertex
 through it and its neighbours (further only if the best grid point itself is stopped). And
 the rule compares with the trials that finished first, so in a parallel search what it stops
-depends on the finish order (why the search itself uses a ThresholdPruner; queue.py: pruner).
-Here the order is the queue's.
+would depend on the finish order: the live search runs each group's trials in this order, each
+after the ones before it (tasks/search/groups.py), so it stops what the replay stops. Here the
+order is the queue's. (The live rule does not judge a trial's last report, its final value: a
+replay that stops a trial there saves nothing; the measurement below had none.)
+
+How ``at_edge`` reads now: :func:`tasks.search.fit.optima_per_seed` judges it against every LR of
+the group, stopped ones included, so a complete-only optimum whose upper neighbour was stopped is
+inside the grid (the measurement's "11 of 24 at the edge" was by the earlier rule, against the
+complete points).
 """
 
 from __future__ import annotations
@@ -179,14 +189,15 @@ def records_from_storage(cfg: Config, project: Path, storage: optuna.storages.Ba
 
 def _train_point(cfg: Config, project: Path, spec: StudySpec, log2_lr: float, seed: int, order: int) -> TrialRecord:
     """In a worker process: the search's objective at one point, in an in-memory study with the
-    search's own pruner (queue.py: pruner), as tasks/search/trial.py: run_trial tells it."""
+    unpruned search's own pruner (queue.py: threshold_pruner), as tasks/search/trial.py: run_trial
+    tells it."""
     from tasks.runtime.workers import clean_state
-    from tasks.search.queue import pruner
+    from tasks.search.queue import threshold_pruner
     from tasks.search.trial import objective, worker_tokens
 
     clean_state()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(storage=None, direction="minimize", pruner=pruner(cfg))
+    study = optuna.create_study(storage=None, direction="minimize", pruner=threshold_pruner(cfg))
     study.set_user_attr("log2_lr_range", list(spec.log2_lr_range))
     study.enqueue_trial({"log2_lr": log2_lr, "seed": seed})
     trial = study.ask()
@@ -464,7 +475,7 @@ def compare(cfg: Config, replayed: Sequence[Replayed]) -> dict[str, Any]:
         ],
         "per_group": [g.to_json() for g in optima],
         "optima": counts,
-        "at_edge": {  # fit.py's flag: the best point is the last (or first) of the points fitted
+        "at_edge": {  # fit.py's flag: the best point is the grid's smallest or largest LR, stopped ones counted
             "unpruned": sum(g.unpruned is not None and g.unpruned.at_edge for g in optima),
             "complete_only": sum(g.complete_only is not None and g.complete_only.at_edge for g in optima),
         },

@@ -20,6 +20,13 @@ holds a lock on the state directory the journal lives in, so any RUNNING trial i
 a killed search: it is marked FAIL (kept, tagged ``interrupted``) and its point queued again.
 Points with a finished trial are never queued again, so a finished study is not rerun.
 
+Order within a group (the median rule, tasks/search/groups.py). A queued trial is claimed only when
+every lower LR of its (parametrization, width, seed) group has a finished trial, so a group's
+trials run one at a time in ascending LR, and each is compared with final curves only. A worker
+takes a group's trials in a row (:func:`claim` with ``seed``); another finds the group's next
+trial not yet claimable and takes another group. A point whose trial died waits for its retry
+(the journal: the next round; an RDB storage: its stale copy) before the group goes on.
+
 What Optuna does here: the queue (``enqueue_trial``), the atomic claim (``set_trial_state_values``,
 as ``Study.ask`` does first), heartbeats, ``fail_stale_trials`` and the requeue callback, ``tell``.
 What is ours, and why: :func:`claim` (``ask`` would sample a point off the grid when the queue is
@@ -42,7 +49,8 @@ from optuna.trial import TrialState
 from model.checkpoint import RunLock
 from tasks.config import Config
 from tasks.runtime.paths import state
-from tasks.search.spec import StudySpec, prune_bound
+from tasks.search.groups import SearchPruner, grid_point, unfinished_below
+from tasks.search.spec import StudySpec, median_rule, prune_bound
 
 
 def optuna_storage(cfg: Config) -> str:
@@ -89,10 +97,16 @@ def quiet_experimental() -> Iterator[None]:
         yield
 
 
-def pruner(cfg: Config) -> optuna.pruners.BasePruner:
-    """A bound on the reported loss: unlike the median rule, its verdict depends on the trial
-    alone, not on which other trials happened to finish first, so the worker count cannot
-    change what is pruned."""
+def pruner(cfg: Config) -> SearchPruner:
+    """The search's pruner (tasks/search/groups.py): a bound on the reported loss, which depends on
+    the trial alone, and, with ``search.prune_median``, Optuna's MedianPruner over the trial's
+    group's earlier trials, which the queue's order (:func:`claim`) has finished before it starts:
+    neither depends on the worker count or on which trials finished first."""
+    return SearchPruner(prune_bound(cfg), median_rule(cfg), cfg.search.steps)
+
+
+def threshold_pruner(cfg: Config) -> optuna.pruners.BasePruner:
+    """The bound alone (``search.prune_above``): the unpruned search's own pruner."""
     return optuna.pruners.ThresholdPruner(upper=prune_bound(cfg))
 
 
@@ -151,19 +165,32 @@ def fail_stale(study: optuna.Study) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
-def grid_point(trial: optuna.trial.FrozenTrial) -> tuple[float, int]:
-    # A trial killed between its two suggestions holds only log2_lr; its queued point holds both.
-    params = {**trial.system_attrs.get("fixed_params", {}), **trial.params}
-    return params["log2_lr"], params["seed"]
+def pending_groups(storage: optuna.storages.BaseStorage, spec: StudySpec) -> int:
+    """How many of the study's groups (seeds) have a trial queued or running: the units of work
+    (a worker trains a group's trials in a row)."""
+    study = optuna.load_study(study_name=spec.name, storage=storage)
+    pending = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+    return len({grid_point(t)[1] for t in pending})
 
 
-def claim(storage: optuna.storages.BaseStorage, study: optuna.Study) -> tuple[int, optuna.Trial] | None:
-    """The next queued trial (its storage id and the trial), now RUNNING and ours alone, or None
-    when the queue is empty. The
+def claim(
+    storage: optuna.storages.BaseStorage, study: optuna.Study, seed: int | None = None
+) -> tuple[int, optuna.Trial] | None:
+    """The next claimable queued trial (of the group ``seed`` when given), with its storage id,
+    now RUNNING and ours alone; None when none is claimable. A queued trial is claimable when
+    every lower LR of its group has finished (module docstring: order within a group). The
     storage lets exactly one process move a trial out of WAITING (on an RDB storage a conditional
     UPDATE; what ``Study.ask`` does first; unlike ``ask`` this never creates a trial outside the
     queue). Its first heartbeat is recorded at once: a trial without any never goes stale."""
-    for trial_id in trial_ids(storage, study, (TrialState.WAITING,)):
+    trials = study.get_trials(deepcopy=False)
+    study_id = storage.get_study_id_from_name(study.study_name)
+    for t in trials:
+        if t.state != TrialState.WAITING:
+            continue
+        log2_lr, group = grid_point(t)
+        if (seed is not None and group != seed) or unfinished_below(trials, log2_lr, group):
+            continue
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
         try:
             if storage.set_trial_state_values(trial_id, TrialState.RUNNING):
                 if has_heartbeats(storage):
@@ -177,9 +204,11 @@ def claim(storage: optuna.storages.BaseStorage, study: optuna.Study) -> tuple[in
 def next_trial(
     storage: optuna.storages.BaseStorage, studies: list[tuple[StudySpec, optuna.Study]]
 ) -> tuple[StudySpec, optuna.Study, tuple[int, optuna.Trial]] | None:
-    """Claim the first queued trial of ``studies`` (in order). With heartbeats, when none is queued
-    but some run elsewhere, wait: one whose worker dies goes stale, is queued again, and is
-    claimed here. None when nothing is queued (or, with heartbeats, running)."""
+    """Claim the first claimable trial of ``studies`` (in order; :func:`claim`). With heartbeats,
+    when none is claimable but some run elsewhere, wait: one whose worker dies goes stale, is
+    queued again, and is claimed here (and a group's next LR becomes claimable when the trial
+    before it ends). None when nothing is claimable and (with heartbeats) nothing runs; on the
+    journal a group's queued trials behind a running one are left to the worker training it."""
     while True:
         for spec, study in studies:
             if has_heartbeats(storage):

@@ -20,6 +20,7 @@ from model.config import CheckpointConfig, Parametrization
 from model.flops import training_flops
 from model.typed_config import ConfigError
 from tasks.config import Config
+from tasks.search.groups import MedianRule
 
 
 def lr_grid(cfg: Config) -> list[float]:
@@ -89,8 +90,16 @@ def prune_bound(cfg: Config) -> float:
     return cfg.search.prune_above or uniform_loss(cfg) + 1.0
 
 
+def median_rule(cfg: Config) -> MedianRule | None:
+    """The median rule's settings (``search.prune_*``), None when ``search.prune_median`` is off."""
+    s = cfg.search
+    return MedianRule(s.prune_startup_trials, s.prune_warmup_steps) if s.prune_median else None
+
+
 def search_digest(cfg: Config, data: dict[str, str]) -> str:
-    """What decides a trial's numbers besides its width, parametrization, LR and seed."""
+    """What decides a trial's numbers besides its width, parametrization, LR and seed. The median
+    rule's settings are in it when the rule is on (which trials end, and so the fits, depend on
+    them); without it the digest is that of the studies of before the rule."""
     base = trial_config(cfg, "sp", 0, 0.0, 0).to_flat_dict()
     varied = {"model.d_model", "mup.parametrization", "optim.lr", "train.seed"}
     spec = {
@@ -100,7 +109,12 @@ def search_digest(cfg: Config, data: dict[str, str]) -> str:
             if k.split(".")[0] in ("tokenizer", "model", "mup", "optim", "schedule", "precision", "train")
             and k not in varied
         },
-        "search": {"grid": lr_grid(cfg), "seeds": cfg.search.all_seeds, "prune_above": prune_bound(cfg)},
+        "search": {
+            "grid": lr_grid(cfg),
+            "seeds": cfg.search.all_seeds,
+            "prune_above": prune_bound(cfg),
+            **({"median": dataclasses.asdict(rule)} if (rule := median_rule(cfg)) else {}),
+        },
         "data": data,
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:8]

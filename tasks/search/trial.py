@@ -2,9 +2,14 @@
 worker that claims it from the queue.
 
 A trial is a short run of :class:`model.train.Trainer` without checkpoints, scored by its final
-validation loss; intermediate validation losses go to Optuna's ThresholdPruner. A diverged run is
-a result: its value is ln(vocab_size), the loss of a uniform guess (the loss at init, as in
-Wortsman et al.'s LR sensitivity), with ``status: diverged`` among its user attributes.
+validation loss; intermediate validation losses go to the search's pruner (tasks/search/groups.py:
+the ThresholdPruner, and the median rule within the trial's group). A pruned trial records the
+step it was stopped at (``pruned_at``) and the rule (``pruned_by``: threshold | median). A
+diverged run is a result: its value is ln(vocab_size), the loss of a uniform guess (the loss at
+init, as in Wortsman et al.'s LR sensitivity), with ``status: diverged`` among its user attributes.
+
+A worker trains one group's trials in a row (:func:`train_queued_group`): the queue lets a
+group's next LR start only after the one before it has ended (tasks/search/queue.py: claim).
 
 What MLflow and optuna-dashboard show of a trial: its MLflow run carries its point and size as
 params (:func:`trial_params`), so runs compare and plot by LR, width and seed; in Optuna the seed
@@ -35,7 +40,8 @@ from model.train import Trainer
 from tasks.config import Config
 from tasks.runtime.outputs import MANIFEST
 from tasks.runtime.workers import clean_state
-from tasks.search.queue import heartbeats, load_study, next_trial, open_storage, optuna_storage
+from tasks.search.groups import SearchPruner
+from tasks.search.queue import claim, heartbeats, load_study, next_trial, open_storage, optuna_storage
 from tasks.search.spec import StudySpec, trial_config, trial_cost, uniform_loss
 
 
@@ -54,7 +60,12 @@ class ReportToOptuna(Callback):
     def on_eval(self, step: int, val_loss: float) -> None:
         self.trial.report(val_loss, step)
         if self.trial.should_prune() and self.trainer is not None:  # an eval follows a step
-            self.trainer.request_stop(f"pruned by Optuna at step {step}: val loss {val_loss:.4g} above the bound")
+            pruner = self.trial.study.pruner
+            rule = (pruner.last if isinstance(pruner, SearchPruner) else None) or "threshold"
+            self.trial.set_user_attr("pruned_at", step)
+            self.trial.set_user_attr("pruned_by", rule)
+            why = "above the bound" if rule == "threshold" else "worse than its group's median"
+            self.trainer.request_stop(f"pruned by Optuna ({rule}) at step {step}: val loss {val_loss:.4g} {why}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,23 +145,25 @@ class Trained(NamedTuple):
     cost: float = 0.0
 
 
-NOTHING_LEFT = Trained("", "none")
-"""What a worker returns when other workers took the last queued trials."""
-
-
 @task
-def train_queued_trial(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> Trained:
-    """In a worker: claim the first queued trial of ``specs`` (in order; :func:`next_trial`) and
-    train it, recording its heartbeats; :data:`NOTHING_LEFT` when other workers took the last ones."""
+def train_queued_group(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> list[Trained]:
+    """In a worker: claim the first claimable trial of ``specs`` (in order; :func:`next_trial`),
+    train it, recording its heartbeats, then its group's next LRs in a row while they are
+    claimable (each once the one before has ended: tasks/search/queue.py: claim). Returns what it
+    trained, in order; empty when other workers hold or took what is left."""
     clean_state()
     storage = worker_storage(optuna_storage(cfg), cfg.search.heartbeat_s)
     claimed = next_trial(storage, [(spec, load_study(storage, spec, cfg)) for spec in specs])
-    if claimed is None:
-        return NOTHING_LEFT
-    spec, study, (trial_id, trial) = claimed
-    with heartbeats(storage, trial_id):
-        status = run_trial(study, trial, spec, cfg, worker_tokens(project), parent_run)
-    return Trained(trial_name(spec, *suggest_point(trial, cfg)), status, trial_cost(cfg, spec))
+    done: list[Trained] = []
+    while claimed is not None:
+        spec, study, (trial_id, trial) = claimed
+        with heartbeats(storage, trial_id):
+            status = run_trial(study, trial, spec, cfg, worker_tokens(project), parent_run)
+        log2_lr, seed = suggest_point(trial, cfg)
+        done.append(Trained(trial_name(spec, log2_lr, seed), status, trial_cost(cfg, spec)))
+        following = claim(storage, study, seed)  # the group's next LR, now that this one has ended
+        claimed = (spec, study, following) if following is not None else None
+    return done
 
 
 def run_trial(

@@ -1,0 +1,1 @@
+"""The sensitivity stage: each finding's estimate under a registered data perturbation."""
