@@ -122,3 +122,20 @@ def test_an_equivalence_claim_walked_as_expecting_plus_one_is_contradicted_beyon
 def test_without_a_sequential_outcome_the_fixed_rule_still_needs_both_halves():
     fixed = dataclasses.replace(claim(), sequential=None, estimate=0.5, p=1e-6, ci95=[0.3, 0.7])
     assert not fixed.holds  # the confirmation half points the other way
+
+
+def test_a_family_whose_claim_ended_inconclusive_is_not_called_decided():
+    """After the last look an inconclusive claim crossed no boundary: the family stops because the
+    rounds ran out (LAST_ROUND), not because it was decided."""
+    from tasks.report.findings import family_state
+    from tasks.report.method import decide
+
+    found = lambda *outcomes: decide("f", [claim(outcome=o) for o in outcomes], "", [])  # noqa: E731
+    assert family_state(found(REPRODUCED, NEGLIGIBLE)) == DECIDED
+    assert family_state(found(REPRODUCED, "inconclusive")) is None
+    assert family_state(found(REPRODUCED, CONTINUE)) is None
+    s = Schedule((4, 8), {"a": 10})
+    s.admit(0, ["a"])
+    s.admit(1, s.close(0, {"a": None}))
+    assert s.close(1, {"a": family_state(found(REPRODUCED, "inconclusive"))}) == []
+    assert s.stopped["a"]["why"] == LAST_ROUND

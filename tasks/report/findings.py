@@ -47,7 +47,7 @@ from tasks.report.method import (
     sesoi,
     subtract,
 )
-from tasks.report.sequential import CONTINUE
+from tasks.report.verdict import CONTRADICTED, NEGLIGIBLE, REPRODUCED
 from tasks.spike.config import OUTCOMES
 
 FAMILY_OF = {finding: family for family, finding in builtin_names().items()}
@@ -494,11 +494,16 @@ def family_finding(cfg: Config, ablate: dict[str, Any], unigram: float | None, f
     return builtin_finding(key, family, cfg, ablate, unigram) if key else declared_finding(cfg, ablate, unigram, family)
 
 
+CROSSED = (REPRODUCED, CONTRADICTED, NEGLIGIBLE)
+"""The sequential outcomes that end a claim's walk at a boundary."""
+
+
 def family_state(finding: Finding) -> str | None:
     """Whether a family trained in rounds stops after this look: GATED when a precondition or gate
-    failed, DECIDED when every claim's sequential outcome is final, None while one is still open."""
+    failed, DECIDED when every claim crossed a boundary, None while one has not (after the last look
+    the schedule then says it stopped at the last round)."""
     if finding.precondition_failed:
         return GATED
-    if finding.claims and all((c.sequential or {}).get("outcome", CONTINUE) != CONTINUE for c in finding.claims):
+    if finding.claims and all((c.sequential or {}).get("outcome") in CROSSED for c in finding.claims):
         return DECIDED
     return None
