@@ -267,8 +267,8 @@ class Evidence:
         self.depth_probe = depth_probe(cfg)
         self.unigram = unigram_baseline(project / MANIFEST, cfg.ablation.seq_len)["unigram_val_loss"]
 
-    def of(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        arms = arm_records(rows)
+    def of(self, arms: list[dict[str, Any]]) -> dict[str, Any]:
+        """``arms``: finished arms as arm_records gives them."""
         return {
             "arms": [{k: v for k, v in a.items() if k not in TRACES} for a in arms],
             "variants": variant_table(arms),
@@ -301,7 +301,7 @@ def train_in_rounds(
         logger.info("round %d (%d seeds): %s", look + 1, seeds, ", ".join(admitted) or "no family")
         fan_out(cfg, evidence.project, chosen, runs_to_train(chosen), units, parent_id)
         used = [r for r in rows if index[r["family"], r["seed"]] < schedule.seeds.get(r["family"], 0)]
-        record = evidence.of(used)
+        record = evidence.of(arm_records(used))
         found = {f: family_finding(cfg, record, evidence.unigram, every[f]) for f in admitted}
         states = {f: family_state(finding) for f, finding in found.items()}
         going = schedule.close(look, states)
@@ -408,9 +408,10 @@ def write_outputs(
     arithmetic of each numeric path the arms were trained on (each arm names its own);
     ``conditions``: what the probes measured before the arms (tasks/ablate/conditions.py);
     ``sequential``: the rounds each family trained and why it stopped (tasks/ablate/rounds.py)."""
+    arms = arm_records(rows)
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("completed", "diverged", "stopped", "failed")}
     metrics = {
-        **evidence.of(rows),
+        **evidence.of(arms),
         "counts": counts,
         "failed": [r["name"] for r in rows if r["status"] == "failed"],
         "cached": sum(1 for r in rows if r["cached"]),
@@ -422,7 +423,7 @@ def write_outputs(
     write_json(project / ABLATE_METRICS, metrics)
     family_figures(
         evidence.cfg,
-        arm_records(rows),
+        arms,
         metrics["depth_probe"],
         metrics["unigram_val_loss"],
         project / ABLATE_FIGURES,

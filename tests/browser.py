@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 
 from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -67,8 +68,14 @@ def page_text(driver: webdriver.Chrome) -> str:
 
 
 def wait_for_text(driver: webdriver.Chrome, *needles: str, timeout: float = 60) -> str:
-    """Wait until the page shows every needle; returns the page text."""
-    WebDriverWait(driver, timeout).until(lambda d: all(n in page_text(d) for n in needles))
+    """Wait until the page shows every needle; returns the page text. A timeout names the needles
+    the page never showed, and the page's text, so a failure says what the UI showed instead."""
+    try:
+        WebDriverWait(driver, timeout).until(lambda d: all(n in page_text(d) for n in needles))
+    except TimeoutException:
+        shown = page_text(driver)
+        missing = [n for n in needles if n not in shown]
+        raise TimeoutException(f"{driver.current_url} never showed {missing}; it showed:\n{shown[:3000]}") from None
     return page_text(driver)
 
 

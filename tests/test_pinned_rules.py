@@ -50,6 +50,8 @@ VERDICT_FILES = (
     "tasks/spike/study.py",
     "tasks/spike/sizing.py",
     "tasks/ablate/sizing.py",
+    "tasks/report/sequential.py",  # the boundaries a look is tested against
+    "tasks/ablate/rounds.py",  # which seeds each family is given, and when it stops
     "tasks/seed_registry.py",  # which seeds a study may train on
     "tasks/seed_registry.yaml",
 )

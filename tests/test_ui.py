@@ -375,8 +375,14 @@ def test_the_prefect_ui_lists_the_deployments_and_shows_a_pipeline_run_with_its_
 
     ui = served[1]["PREFECT_API_URL"].removesuffix("/api")
     browser_kit.log_in_to_prefect(fresh_browser, ui, served[1]["PREFECT_API_AUTH_STRING"])  # its login page
-    fresh_browser.get(f"{ui}/deployments")
-    wait_for_text(fresh_browser, "spikelab-pipeline", *(f"spikelab-{s}" for s in STAGES))
+    deployments = {d["name"]: d["id"] for d in prefect(served[1], "deployments/filter", {})}
+    ours = ["spikelab-pipeline", *(f"spikelab-{s}" for s in STAGES)]
+    assert set(ours) <= set(deployments)
+    fresh_browser.get(f"{ui}/deployments")  # a page of ten: the count says every one is listed
+    wait_for_text(fresh_browser, f"{len(deployments)} Deployments", "spikelab-pipeline")
+    for name in ours:  # each one's own page
+        fresh_browser.get(f"{ui}/deployments/deployment/{deployments[name]}")
+        wait_for_text(fresh_browser, name)
     fresh_browser.get(f"{ui}/runs/flow-run/{pipeline_run['id']}")
     text = wait_for_text(fresh_browser, "spikelab-pipeline", "Completed", "$ dvc repro --single-item prepare")
     assert "Can't connect to Server API" not in text

@@ -31,6 +31,8 @@ DESIGN_CODE = (
     "tasks/spike/study.py",
     "tasks/spike/sizing.py",
     "tasks/ablate/sizing.py",
+    "tasks/report/sequential.py",
+    "tasks/ablate/rounds.py",
     "tasks/seed_registry.py",
     "tasks/seed_registry.yaml",
 )
@@ -38,7 +40,9 @@ DESIGN_CODE = (
 the method, the declared claims' tests and the declared families' arms among them);
 tasks/spike/sizing.py and tasks/ablate/sizing.py hold the rules that size the spike and xiong
 findings' conditions, as tasks/ablate/conditions.py does the other ablation families'; the seed
-registry and its rule decide which seeds a study may train on (clean confirmation)."""
+registry and its rule decide which seeds a study may train on (clean confirmation); under rounds,
+tasks/report/sequential.py draws the boundaries a look is tested against and tasks/ablate/rounds.py
+decides which seeds each family is given."""
 
 
 @cache
