@@ -22,6 +22,7 @@ from tasks.report.render import (
     HOLDS,
     LABELS,
     NOT_SHOWN,
+    _found,
     _images,
     _runs_section,
     claim_outcome,
@@ -78,6 +79,17 @@ def test_a_claim_that_holds_is_badged_holds_inside_an_inconclusive_finding():
     assert {r["verdict"] for r in rows} == {INCONCLUSIVE}  # the finding's, on its header
     header = _layout(rows)[0]
     assert header == f"{LABELS['fp16']} — finding INCONCLUSIVE"
+
+
+def test_the_opening_line_names_the_claims_that_did_not_hold_apart_from_those_that_held_at_most_most_of_each():
+    other = claim("bf16 − fp32, final loss", 0.9, (0.8, 1.0), 1e-9, halves=(0.9, 0.9))
+    finding = decide("fp16", [HOLDING, SHORT, other], "numbers", [])
+    said = _found(finding, most=1)
+    assert said.startswith("2 of 3 claims held. Did not hold: scaled fp16 ≡ fp32: ")
+    assert ". Held: unscaled − scaled fp16, final loss: +1.72 nats" in said
+    assert said.endswith("; and 1 more (below)") and "bf16" not in said
+    unlimited = _found(finding)
+    assert "more (below)" not in unlimited and all(c.what in unlimited for c in (HOLDING, SHORT, other))
 
 
 def test_every_claim_of_a_finding_whose_precondition_failed_is_badged_not_tested():

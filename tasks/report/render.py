@@ -368,18 +368,25 @@ def _shortfalls_equivalence(c: Claim) -> list[tuple[str, str, str]]:
 def _found(f: Finding, most: int | None = None) -> str:
     """What came out, in a sentence: how many claims held, then each claim that did not (most
     telling first) with its number and why, then those that held; ``most``: at most that many
-    claims named."""
+    claims named of each."""
     if f.precondition_failed:
         return f"not tested: {f.precondition_failed}"
     if not f.claims:
         return "no claim could be tested"
     short = sorted((c for c in f.claims if not c.holds), key=lambda c: _rank(c))
     held = [c for c in f.claims if c.holds]
-    named = [*short, *held][:most]
-    parts = [f"{c.what}: {_measured(c)}" + ("" if c.holds else f", {why(c, brief=True)}") for c in named]
+    named = [*short[:most], *held[:most]]
+    groups = [
+        (
+            label,
+            [f"{c.what}: {_measured(c)}" + ("" if c.holds else f", {why(c, brief=True)}") for c in named if c in side],
+        )
+        for label, side in (("did not hold", short), ("held", held))
+    ]
+    said = ". ".join(f"{label.capitalize()}: " + "; ".join(parts) for label, parts in groups if parts)
     rest = len(f.claims) - len(named)
     lead = "every claim held" if not short else f"{len(held)} of {len(f.claims)} claims held"
-    return f"{lead}: " + "; ".join(parts) + (f"; and {rest} more (below)" if rest else "")
+    return f"{lead}. {said}" + (f"; and {rest} more (below)" if rest else "")
 
 
 def _rank(c: Claim) -> int:
