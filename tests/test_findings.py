@@ -201,8 +201,9 @@ def test_mu_transfer_is_not_tested_where_mup_trains_worse_than_sp_at_the_base_wi
     cfg = Config()
     assert cfg.mup.base_width in (32, 64, 128)
     found = verdicts(cfg, study(cfg), transfer_search(mup_loss, cfg.mup.base_width))["mu_transfer"]
-    if tested:
+    if tested:  # a met gate prints its measured values too
         assert found.precondition_failed is None
+        assert f"gate at the base width {cfg.mup.base_width}: μP 5.100 against SP 5.000 nats" in found.numbers
     else:
         assert found.verdict == NOT_TESTED
         assert (

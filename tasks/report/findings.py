@@ -154,7 +154,7 @@ def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | Non
     numbers = (
         f"{claims_numbers(tested, 'slope')}; TOST ±{margin:g} p={number(claims[1].p, '{:.3g}')}; widths "
         f"{', '.join(sorted(search['sp']['widths'], key=int))}; optima at the grid's edge: {len(at_edge)} of "
-        f"{len(entries)}; loss at the optimum up to {worst:.3f} nats"
+        f"{len(entries)}; loss at the optimum up to {worst:.3f} nats{base_width_gate(cfg, search)}"
     )
     return decide(
         "mu_transfer",
@@ -173,6 +173,15 @@ MUP_TOLERANCE = 0.1
 optimum (version 3): at the base width μP is SP but for its readout and attention scale, so a
 μP that trains worse there is not the μP whose transfer the paper claims; a tenth of a nat is
 xiong's SESOI, 2 % of a trained arm's loss."""
+
+
+def base_width_gate(cfg: Config, search: dict[str, Any]) -> str:
+    """The μ-transfer gate's measured values beside its threshold, for the numbers line."""
+    base = str(cfg.mup.base_width)
+    if base not in search["sp"]["widths"] or base not in search["mup"]["widths"]:
+        return ""
+    sp, mup = (search[p]["widths"][base]["loss_opt"] for p in ("sp", "mup"))
+    return f"; gate at the base width {base}: μP {mup:.3f} against SP {sp:.3f} nats (at most {MUP_TOLERANCE:g} worse)"
 
 
 def mup_trains(cfg: Config, search: dict[str, Any]) -> str | None:
