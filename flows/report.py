@@ -29,6 +29,7 @@ from tasks.report.render import (
     render_markdown,
     report_json,
     shown_verdict,
+    stage_times,
 )
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import read_json, staged, write_json
@@ -80,15 +81,18 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         runs = latest_stage_runs(cfg.tracking.experiment, STAGES_REPORTED)
         with staged(project / REPORT_FOREST) as (forest,):
             forest_plot(forest_rows(findings), forest)
+        times = stage_times(
+            {"search": search, "pretrain": pretrain, "spike": spike, "ablate": ablate, "sensitivity": sensitivity}
+        )
         text = render_markdown(
-            cfg, project, findings, ablate, search, spike, pretrain, origin, runs, arithmetic, sensitivity
+            cfg, project, findings, ablate, search, spike, pretrain, origin, runs, arithmetic, sensitivity, times
         )
         arms_page = (project / REPORT_MD).parent / ARMS_PAGE  # in the reports/report output
         with staged(project / REPORT_MD, project / REPORT_HTML, arms_page) as (md, page, arms):
             md.write_text(text, encoding="utf-8")
             arms.write_text(render_arms(ablate), encoding="utf-8")
             page.write_text(render_html(text, (project / REPORT_MD).parent), encoding="utf-8")
-        summary = report_json(findings, ablate, arithmetic)
+        summary = report_json(findings, ablate, arithmetic, times)
         write_json(project / REPORT_METRICS, summary)
         log_summary({k.replace(" ", "_"): v for k, v in summary["counts"].items()})
         for path in (REPORT_MD, REPORT_HTML, REPORT_METRICS, REPORT_FOREST):

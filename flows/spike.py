@@ -107,6 +107,7 @@ def spike_flow(profile: Profile | None = None, overrides: dict[str, Any] | None 
     """Train the origin runs, inject, detect, recover and write the post-mortems, per seed."""
     cfg, project = project_config(profile, overrides)
     numerics = config_provenance(cfg)
+    start = time.monotonic()
     with stage_run(cfg, "spike", numerics=numerics) as run:
         studies = run_seeds(cfg, project)
         uris = {}
@@ -115,7 +116,8 @@ def spike_flow(profile: Profile | None = None, overrides: dict[str, Any] | None 
             for kind, by_policy in study.branches.items():
                 for policy in by_policy:
                     uris[study.branch_name(kind, policy)] = track_branch(study, kind, policy)
-        metrics = publish(project, studies, open_split(project / MANIFEST, "train"), uris, numerics)
+        train = open_split(project / MANIFEST, "train")
+        metrics = publish(project, studies, train, uris, numerics, time.monotonic() - start)
         log_summary({"false_positives": metrics["false_positives"], "cpu_seconds": metrics["cpu_seconds"]})
         mlflow.log_artifact(str(project / SPIKE_METRICS))
         mlflow.log_artifacts(str(project / POSTMORTEMS), artifact_path="postmortems")

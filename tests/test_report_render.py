@@ -24,12 +24,14 @@ from tasks.report.render import (
     NOT_SHOWN,
     _found,
     _images,
+    _provenance_section,
     _runs_section,
     claim_outcome,
     forest_rows,
     render_arms,
     render_markdown,
     shown_verdict,
+    stage_times,
     why,
 )
 from tasks.report.verdict import EQUIVALENCE, INCONCLUSIVE, NOT_TESTED, Claim
@@ -90,6 +92,25 @@ def test_the_opening_line_names_the_claims_that_did_not_hold_apart_from_those_th
     assert said.endswith("; and 1 more (below)") and "bf16" not in said
     unlimited = _found(finding)
     assert "more (below)" not in unlimited and all(c.what in unlimited for c in (HOLDING, SHORT, other))
+
+
+def test_stage_times_read_each_stages_wall_seconds_and_none_where_a_stage_recorded_none():
+    times = stage_times(
+        {
+            "search": {"time": {"wall_s": 120.0}},
+            "pretrain": {"wall_s": 60},
+            "spike": {"cpu_seconds": 5.0},
+            "ablate": None,
+        }
+    )
+    assert times == {"search": 120.0, "pretrain": 60.0, "spike": None, "ablate": None}
+    lines = _provenance_section(
+        project_config()[0], {"commit": "c", "config_hash": "h", "built": "b"}, {"inputs": {}}, times
+    )
+    assert (
+        "- wall time per stage, as each stage's metrics record it: search 2.0 min, pretrain 1.0 min, spike not recorded, ablate not recorded"
+        in lines
+    )
 
 
 def test_every_claim_of_a_finding_whose_precondition_failed_is_badged_not_tested():

@@ -272,13 +272,14 @@ def finished(tmp_path_factory):
     uris = {name: f"runs:/{name.replace('/', '-')}" for study in studies for name in study.identities}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(postmortem, "unigram_baseline", lambda manifest, seq_len: PAST_PLATEAU)
-        metrics = publish(project, studies, train, uris, provenance())
+        metrics = publish(project, studies, train, uris, provenance(), 12.5)
     return studies, project, metrics
 
 
-def test_the_spike_metrics_name_the_arithmetic_that_trained_the_branches(finished):
+def test_the_spike_metrics_name_the_arithmetic_that_trained_the_branches_and_the_stages_wall_time(finished):
     _, project, metrics = finished
     written = json.loads((project / SPIKE_METRICS).read_text())
+    assert written["wall_s"] == 12.5
     assert (
         written["provenance"]["numeric_path"] == metrics["provenance"]["numeric_path"] == provenance()["numeric_path"]
     )

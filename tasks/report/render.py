@@ -480,6 +480,7 @@ def render_markdown(
     stage_runs: dict[str, str],
     arithmetic: dict[str, Any],
     sensitivity: dict[str, Any] | None = None,
+    times: dict[str, float | None] | None = None,
 ) -> str:
     counts = ", ".join(f"{sum(f.verdict == v for f in proper(findings))} {v}" for v in VERDICTS)
     checks = [f for f in findings if f.check]
@@ -501,7 +502,7 @@ def render_markdown(
         "number: metrics/report.json.",
         "",
         *_method_section(ablate),
-        *_provenance_section(cfg, provenance, arithmetic),
+        *_provenance_section(cfg, provenance, arithmetic, times or {}),
         "## Findings",
         "",
         "Each claim is badged by its own outcome (`HOLDS`, `NEGLIGIBLE`, `NOT SHOWN`, `CONTRADICTED`, "
@@ -562,7 +563,21 @@ def _method_section(ablate: dict[str, Any]) -> list[str]:
     ]
 
 
-def _provenance_section(cfg: Config, provenance: dict[str, str], arithmetic: dict[str, Any]) -> list[str]:
+def stage_times(outputs: dict[str, dict[str, Any] | None]) -> dict[str, float | None]:
+    """Each training stage's wall seconds as its metrics file records it (the search's under
+    ``time``); None where the stage did not run or its file records no wall time (a version-3
+    spike stage recorded only its CPU seconds)."""
+    times: dict[str, float | None] = {}
+    for stage, metrics in outputs.items():
+        wall = (metrics or {}).get("wall_s", (metrics or {}).get("time", {}).get("wall_s"))
+        times[stage] = None if wall is None else float(wall)
+    return times
+
+
+def _provenance_section(
+    cfg: Config, provenance: dict[str, str], arithmetic: dict[str, Any], times: dict[str, float | None]
+) -> list[str]:
+    shown = ", ".join(f"{s} {'not recorded' if t is None else f'{t / 60:.1f} min'}" for s, t in times.items())
     return [
         "## Where the numbers come from",
         "",
@@ -571,6 +586,7 @@ def _provenance_section(cfg: Config, provenance: dict[str, str], arithmetic: dic
         f"- design hash `{design_hash()}` (sha256 of the pre-registration and the code that decides verdicts: "
         f"{', '.join(DESIGN_CODE)})",
         *_arithmetic_lines(arithmetic),
+        *([f"- wall time per stage, as each stage's metrics record it: {shown}"] if times else []),
         "",
     ]
 
@@ -1035,11 +1051,18 @@ def render_html(markdown_text: str, reports_dir: Path) -> str:
     )
 
 
-def report_json(findings: list[Finding], ablate: dict[str, Any], arithmetic: dict[str, Any]) -> dict[str, Any]:
+def report_json(
+    findings: list[Finding],
+    ablate: dict[str, Any],
+    arithmetic: dict[str, Any],
+    times: dict[str, float | None] | None = None,
+) -> dict[str, Any]:
     """metrics/report.json: per finding its verdict, test, source, smallest detectable effects and
     claims; the unigram baseline and each family's base-arm loss; counts per verdict; the
-    arithmetic of the report and of the runs it used, and its warnings (``provenance``)."""
+    arithmetic of the report and of the runs it used, and its warnings (``provenance``); each
+    stage's wall seconds (``stage_times``, :func:`stage_times`)."""
     return {
+        "stage_times": times or {},
         "provenance": arithmetic,
         "design_hash": design_hash(),
         "unigram_val_loss": ablate.get("unigram_val_loss"),

@@ -296,13 +296,14 @@ def publish(
     train_tokens: Tokens,
     run_uris: dict[str, str],
     numerics: dict[str, Any],
+    wall_s: float | None = None,
 ) -> dict[str, Any]:
-    """The stage's outputs, atomically: metrics/spike.json (the matrix, every seed, and ``numerics``:
-    the arithmetic that trained them, model/provenance.py), the figures and post-mortems (the first
-    seed's). The plateau gate reads the unigram baseline of the project's tokens at the origins'
+    """The stage's outputs, atomically: metrics/spike.json (the matrix, every seed, ``numerics``:
+    the arithmetic that trained them, model/provenance.py, and ``wall_s``: the stage's wall time
+    to here), the figures and post-mortems (the first seed's). The plateau gate reads the unigram baseline of the project's tokens at the origins'
     context length, the one the report reads. Returns the metrics."""
     unigram = unigram_baseline(project / MANIFEST, studies[0].cfg.model.seq_len)["unigram_val_loss"]
-    metrics = {**summary_metrics(studies, float(unigram)), "provenance": numerics}
+    metrics = {**summary_metrics(studies, float(unigram)), "provenance": numerics, "wall_s": wall_s}
     with staged(project / SPIKE_METRICS, project / SPIKE_FIGURES, project / POSTMORTEMS) as (json_out, figs, pms):
         spike_figures(studies[0], figs)
         write_postmortems(studies[0], train_tokens, pms, run_uris)
