@@ -17,13 +17,19 @@ put first on ``PYTHONPATH``, the same environment and servers) before this code'
 (e.g. mutual TLS against the plain-TCP clusters before it).
 
 The arms: the project's grid under ``--profile`` (default: ``default``, the study's grid) with
-``--set`` overrides on top, e.g. a fixed subset ``--set ablation.seeds=[0]``. Needs the token shards
+``--set`` overrides on top, e.g. one seed of the default grid, a seed no study uses (the seed
+registry refuses a used one; the fixed design, so one seed is a whole design). Needs the token shards
 (``dvc repro tokenize``) and this checkout's servers (``spikelab services up``: a Dask cluster is
 refused without a Prefect server). On a machine with other jobs, wall times vary by +-20 %:
 
     python benchmarks/bench_dask.py --workers 4 --out benchmarks/out/dask.json
     python benchmarks/bench_dask.py --workers 2 --profile smoke --set ablation.seeds=[0]   # a quick check
-    python benchmarks/bench_dask.py --workers 2 --set 'ablation.seeds=[0]' --baseline 2290824   # TLS vs plain TCP
+    python benchmarks/bench_dask.py --workers 2 --set 'ablation.seeds=[900]' --set 'ablation.confirm_seeds=[]' \
+        --set 'ablation.rounds=[]' --set ablation.budget_seeds=0                              # one seed, default grid
+
+``--baseline REF`` passes the same ``--set`` keys to REF's code, so REF must know them (the seed
+registry and rounds came after the TLS measurement's baseline 2290824; its command as run is in
+docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ project's own (issue 28: the same decisions on any CPU).
     python checks/arithmetic.py                       # the default study, after make repro
     python checks/arithmetic.py --profile smoke --stages ablate --rerun-first
     python checks/arithmetic.py --arms-from arms.jsonl.gz   # the arms another machine trained
-    python checks/arithmetic.py --stages ablate --seeds-from 10  # on seeds the study never saw
+    python checks/arithmetic.py --stages ablate --seeds-from 28  # on seeds no step used (past version 3's 16-27)
     python checks/arithmetic.py --against ../clone-on-intel    # a whole study run elsewhere
 
 The project's outputs are the first arithmetic (or, with ``--rerun-first``, a copy rerun on the
