@@ -7,6 +7,7 @@ import gzip
 import json
 import subprocess
 import sys
+import sysconfig
 import tracemalloc
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from model.typed_config import InputError, UserError
 from tasks.data.config import DataConfig
 from tasks.data.docs import read_docs
 from tasks.data.shards import ShardedWriter, shard_path
-from tasks.data.sources import bounded_lines, read_corpus
+from tasks.data.sources import bounded_lines, python_source_files, read_corpus
 from tasks.runtime.files import staged
 from tasks.runtime.outputs import SOURCE_FILE
 
@@ -307,3 +308,19 @@ def test_a_stage_keeps_its_scratch_only_when_it_failed_with_work_to_resume_from(
     with pytest.raises(ValueError), resumable(bad):
         raise ValueError("data.path: corpus/missing.jsonl does not exist")
     assert not (tmp_path / "bad" / "data").exists(), "a bad input leaves no trace, not even an empty folder"
+
+
+def test_python_sources_are_the_environments_py_files_stdlib_first_without_test_suites_or_the_editable_finder(
+    tmp_path,
+):
+    counts, docs = prepare(tmp_path, source="python_sources", max_docs=2)
+    assert [d["id"] for d in docs] == ["stdlib:__future__.py", "stdlib:__hello__.py"]
+    assert docs[0]["text"] == (Path(sysconfig.get_paths()["stdlib"]) / "__future__.py").read_text()
+    names = [name for name, _ in python_source_files()]
+    kinds = [name.split(":")[0] for name in names]
+    assert kinds == sorted(kinds, key=["stdlib", "site"].index)  # the standard library, then site-packages
+    assert not any(n.startswith(("stdlib:test/", "stdlib:idlelib/idle_test/")) for n in names)
+    assert not any(n.rsplit("/", 1)[-1].startswith("__editable__") for n in names)  # names this checkout
+    assert "site:torch/nn/modules/linear.py" in names  # the pinned environment's distributions
+    source = json.loads((tmp_path / "raw" / SOURCE_FILE).read_text())
+    assert source["source"] == "python_sources"

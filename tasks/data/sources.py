@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import glob
 import gzip
+import hashlib
 import io
 import itertools
 import json
@@ -150,6 +151,39 @@ def stdlib_documents(limit: int, skips: Skips) -> Iterator[Doc]:
     for topic, text in sorted(pydoc_data.topics.topics.items()):
         if _fits(topic, text, limit, skips):
             yield Doc(f"pydoc_data.topics:{topic}", text)
+
+
+def python_source_files() -> list[tuple[str, Path]]:
+    """Every ``*.py`` file of the running Python's standard library (its test suites and any
+    site-packages inside it aside) and of its installed distributions (site-packages), each with
+    its id ``<stdlib|site>:<relative path>``, in that order. An editable install's finder module
+    names the checkout's own path, so it is left out: the corpus is the environment's alone."""
+    paths = sysconfig.get_paths()
+    stdlib = Path(paths["stdlib"])
+    site = sorted({Path(paths["purelib"]).resolve(), Path(paths["platlib"]).resolve()})
+    files = [
+        (f"stdlib:{p.relative_to(stdlib).as_posix()}", p)
+        for p in sorted(stdlib.rglob("*.py"))
+        if not STDLIB_SKIP_DIRS.intersection(p.relative_to(stdlib).parts[:-1])
+    ]
+    for root in site:
+        files += [
+            (f"site:{p.relative_to(root).as_posix()}", p)
+            for p in sorted(root.rglob("*.py"))
+            if not p.name.startswith("__editable__")
+        ]
+    return files
+
+
+def python_source_documents(limit: int, skips: Skips) -> Iterator[Doc]:
+    """One document per Python source file (:func:`python_source_files`): code and its comments
+    and docstrings, written by people, each under its distribution's licence; with the pinned
+    environment (constraints.txt) the same files on every machine of one platform."""
+    for name, path in python_source_files():
+        if path.stat().st_size > limit:
+            skips.add("oversize", name, "longer than data.max_doc_bytes")
+            continue
+        yield Doc(name, decode(path.read_bytes()))
 
 
 def _fits(where: str, text: str, limit: int, skips: Skips) -> bool:
@@ -393,6 +427,8 @@ def documents(cfg: DataConfig, project: Path, skips: Skips) -> Iterator[Doc]:
     limit = cfg.max_doc_bytes
     if cfg.source == "stdlib_docs":
         docs = stdlib_documents(limit, skips)
+    elif cfg.source == "python_sources":
+        docs = python_source_documents(limit, skips)
     elif cfg.source == "hf":
         docs = hf_documents(cfg, limit, skips)
     elif cfg.source == "text":
@@ -432,6 +468,9 @@ def source_identity(cfg: DataConfig, project: Path) -> list:
     only on the same input)."""
     if cfg.source == "stdlib_docs":
         return [platform.python_version()]
+    if cfg.source == "python_sources":
+        listing = "\n".join(f"{name}\0{path.stat().st_size}" for name, path in python_source_files())
+        return [platform.python_version(), hashlib.sha256(listing.encode()).hexdigest()]
     if cfg.source == "hf" or "://" in cfg.path:
         return [cfg.path]
     path = project / cfg.path
@@ -443,6 +482,8 @@ def source_identity(cfg: DataConfig, project: Path) -> list:
 def origin(cfg: DataConfig) -> str:
     if cfg.source == "stdlib_docs":
         return f"Python {platform.python_version()} standard library docstrings and pydoc topics"
+    if cfg.source == "python_sources":
+        return f"Python {platform.python_version()} standard library and installed distributions' *.py files"
     if cfg.source == "hf":
         return "/".join(filter(None, (cfg.hf_dataset, cfg.hf_config, cfg.hf_split)))
     return cfg.path
