@@ -3,7 +3,7 @@
 ``accept`` a window's results file, ``status``. The window itself runs on the GPU box:
 tasks/gpu_study/window.py.
 
-    python -m flows.gpu_study plan | slice --window-s S --workers N | accept FILE | status | report
+    python -m flows.gpu_study plan | pack | slice --window-s S --workers N | accept FILE | status | report
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from tasks.ablate.grid import families
 from tasks.config import load_config
 from tasks.data.unigram import unigram_baseline
 from tasks.gpu_study import plan as planning
+from tasks.gpu_study.carry import CarryError, pack
 from tasks.gpu_study.report import REPORT, arms_in, findings, render
 from tasks.gpu_study.state import accept, accumulated, duplicates
 from tasks.runtime.outputs import MANIFEST
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     planned = sub.add_parser("plan", help="write gpu_study/plan.json: every arm of the gpu profile's study")
     planned.add_argument("--profile", default=planning.PROFILE)
+    sub.add_parser("pack", help="write gpu_study/carry/tokens.tar.xz: the data a window carries")
     sliced = sub.add_parser("slice", help="write the next slice that fits one GPU window")
     sliced.add_argument("--window-s", type=float, required=True)
     sliced.add_argument("--workers", type=int, required=True)
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         use_private_env()  # as every spikelab command: torch's and the engines' scratch the owner's alone
         return COMMANDS[args.command](args, project)
-    except (UserError, UnsafeFolder) as e:
+    except (UserError, UnsafeFolder, CarryError) as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return 2
 
@@ -115,6 +117,12 @@ def make_plan(args, project: Path) -> int:
     return 0
 
 
+def pack_tokens(args, project: Path) -> int:
+    target = pack(project)
+    print(f"{target.relative_to(project)}: {target.stat().st_size / 2**20:.1f} MiB (carry it to the window)")
+    return 0
+
+
 def make_slice(args, project: Path) -> int:
     plan = planning.read_plan(project)
     now = study_plan(project, plan["profile"])["plan"]
@@ -161,6 +169,7 @@ def write_report(args, project: Path) -> int:
 
 COMMANDS = {
     "plan": make_plan,
+    "pack": pack_tokens,
     "slice": make_slice,
     "accept": accept_file,
     "status": show_status,

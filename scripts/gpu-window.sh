@@ -9,6 +9,7 @@ export TMPDIR=$scratch TORCHINDUCTOR_CACHE_DIR=$scratch/inductor TRITON_CACHE_DI
 export TORCHINDUCTOR_COMPILE_THREADS=2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 "$PY" -c "import sys, torch, numpy, yaml; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.is_available(), numpy.__version__, yaml.__version__)" || exit 3
+if [ ! -d data/tokens ]; then "$PY" -m tasks.gpu_study.carry unpack || exit 4; fi  # the carried tokens
 name=$(basename "$slice" .json)
 "$PY" -m tasks.gpu_study.window "$slice" --out "$OUT/$name.jsonl.gz" --workers "$workers" --window-s "$seconds" 2>&1 | tail -n 400
 nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from model.typed_config import UserError
+from tasks.gpu_study.carry import CARRY, CarryError, pack, unpack
 from tasks.gpu_study.plan import MARGIN, next_slice
 from tasks.gpu_study.state import accept, accumulated, duplicates, read_results
 from tests.test_arithmetic_check import study_project
@@ -163,3 +165,52 @@ def test_an_unmeasured_family_makes_a_calibration_slice():
     plan = a_plan({"wortsman": 1, "xiong": 2})
     slice_ = next_slice(plan, set(), [measure("wortsman", 10.0, 1000)], window_s=100, workers=2, number=3)
     assert slice_["calibration"] and [a["estimate_s"] for a in slice_["arms"]] == [13.0, None, None]
+
+
+def tokens_dir(project: Path, payload: bytes) -> Path:
+    tokens = project / "data" / "tokens"
+    (tokens / "train").mkdir(parents=True)
+    (tokens / "manifest.json").write_text('{"vocab_size": 50304}')
+    (tokens / "train" / "00000.bin").write_bytes(payload)
+    return tokens
+
+
+def test_the_carried_tokens_unpack_on_the_gpu_box_byte_for_byte(tmp_path):
+    here, there = tmp_path / "here", tmp_path / "there"
+    tokens_dir(here, bytes(range(256)) * 64)
+    done = study(here, "pack")
+    assert done.returncode == 0, done.stderr
+    assert "gpu_study/carry/tokens.tar.xz" in done.stdout
+    (there / CARRY).parent.mkdir(parents=True)
+    (there / CARRY).write_bytes((here / CARRY).read_bytes())
+    unpacked = subprocess.run(
+        [sys.executable, "-m", "tasks.gpu_study.carry", "unpack", "--project", str(there)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert unpacked.returncode == 0, unpacked.stderr
+    for path in (here / "data" / "tokens").rglob("*"):
+        twin = there / path.relative_to(here)
+        assert twin.is_dir() if path.is_dir() else twin.read_bytes() == path.read_bytes()
+    assert unpack_refused(there, "exists already")  # never unpacked over data a window has
+
+
+def unpack_refused(project: Path, why: str) -> bool:
+    with pytest.raises(CarryError, match=why):
+        unpack(project)
+    return True
+
+
+def test_a_carry_larger_than_a_window_takes_is_refused_naming_both_sizes_and_nothing_is_left(tmp_path):
+    tokens_dir(tmp_path, os.urandom(1 << 16))  # random bytes do not compress
+    with pytest.raises(CarryError, match=r"compress to 0\.1 MiB, more than a window carries \(0 MiB\)"):
+        pack(tmp_path, limit=1 << 16)
+    assert not list((tmp_path / CARRY).parent.iterdir())
+    assert pack(tmp_path, limit=1 << 20).is_file()  # the same data under a limit it fits
+
+
+def test_a_window_without_its_carry_or_tokens_is_refused_naming_the_command_that_makes_it(tmp_path):
+    assert unpack_refused(tmp_path, "python -m flows.gpu_study pack makes it")
+    done = study(tmp_path, "pack")
+    assert done.returncode == 2 and "dvc repro tokenize" in done.stderr and "Traceback" not in done.stderr
