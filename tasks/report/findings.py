@@ -175,22 +175,33 @@ optimum (version 3): at the base width μP is SP but for its readout and attenti
 xiong's SESOI, 2 % of a trained arm's loss."""
 
 
-def base_width_gate(cfg: Config, search: dict[str, Any]) -> str:
-    """The μ-transfer gate's measured values beside its threshold, for the numbers line."""
+def base_width_losses(cfg: Config, search: dict[str, Any]) -> tuple[float, float] | None:
+    """SP's and μP's loss at the fitted optimum at the base width; None where the search did not
+    train it."""
     base = str(cfg.mup.base_width)
     if base not in search["sp"]["widths"] or base not in search["mup"]["widths"]:
+        return None
+    return search["sp"]["widths"][base]["loss_opt"], search["mup"]["widths"][base]["loss_opt"]
+
+
+def base_width_gate(cfg: Config, search: dict[str, Any]) -> str:
+    """The μ-transfer gate's measured values beside its threshold, for the numbers line."""
+    if (losses := base_width_losses(cfg, search)) is None:
         return ""
-    sp, mup = (search[p]["widths"][base]["loss_opt"] for p in ("sp", "mup"))
-    return f"; gate at the base width {base}: μP {mup:.3f} against SP {sp:.3f} nats (at most {MUP_TOLERANCE:g} worse)"
+    sp, mup = losses
+    return (
+        f"; gate at the base width {cfg.mup.base_width}: μP {mup:.3f} against SP {sp:.3f} nats "
+        f"(at most {MUP_TOLERANCE:g} worse)"
+    )
 
 
 def mup_trains(cfg: Config, search: dict[str, Any]) -> str | None:
     """The mechanism gate of μ-transfer: μP trains at least as well as SP (within MUP_TOLERANCE) at
     the base width, or the transfer it would show is of a μP that does not work here."""
-    base = str(cfg.mup.base_width)
-    if base not in search["sp"]["widths"] or base not in search["mup"]["widths"]:
+    base = cfg.mup.base_width
+    if (losses := base_width_losses(cfg, search)) is None:
         return f"the search did not train the base width {base}, where μP and SP must train alike"
-    sp, mup = (search[p]["widths"][base]["loss_opt"] for p in ("sp", "mup"))
+    sp, mup = losses
     if mup > sp + MUP_TOLERANCE:
         return (
             f"the mechanism did not occur: μP trains worse than SP at the base width {base} (loss at the fitted "
