@@ -25,6 +25,7 @@ from tasks.gpu_study import plan as planning
 from tasks.gpu_study.carry import CarryError, pack
 from tasks.gpu_study.report import REPORT, arms_in, findings, render
 from tasks.gpu_study.state import accept, accumulated, duplicates
+from tasks.runtime.files import read_json
 from tasks.runtime.outputs import MANIFEST
 from tasks.runtime.paths import UnsafeFolder
 from tasks.runtime.private_env import use_private_env
@@ -65,6 +66,7 @@ def study_plan(project: Path, profile: str = planning.PROFILE) -> dict[str, Any]
     from flows.ablate import ARM_MODULE, plan, runs_to_train  # prefect and mlflow load for `plan` alone
 
     cfg = load_config(project / "params.yaml", profile)
+    refuse_other_profiles_data(project, cfg.tokenizer.vocab_size, profile)
     # The precision family's loss shift from a one-step fp32 probe at init: made here, on the CPU
     # (the GPU box trains; the integer k it picks is in the plan, and in every arm's identity).
     probe_cfg = load_config(project / "params.yaml", profile, {"train.device": "cpu", "train.compile": False})
@@ -102,6 +104,20 @@ def study_plan(project: Path, profile: str = planning.PROFILE) -> dict[str, Any]
         "seeds": seeds,
         "arms": arms,
     }
+
+
+def refuse_other_profiles_data(project: Path, vocab_size: int, profile: str) -> None:
+    """A plan is made on the profile's own data: tokens of another vocabulary (this checkout's
+    default-profile data, say) would plan runs no window of this profile trains."""
+    manifest = project / MANIFEST
+    if not manifest.is_file():
+        raise UserError(f"{manifest}: missing; build the {profile} profile's data first (docs/gpu-study.md)")
+    found = read_json(manifest)["vocab_size"]
+    if found != vocab_size:
+        raise UserError(
+            f"{manifest}: tokens of a {found}-entry vocabulary, but the {profile} profile's tokenizer.vocab_size is "
+            f"{vocab_size}; build the {profile} profile's data in a checkout of its own (docs/gpu-study.md)"
+        )
 
 
 def make_plan(args, project: Path) -> int:

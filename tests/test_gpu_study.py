@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from model.typed_config import UserError
+from tasks.config import load_config
 from tasks.gpu_study.carry import CARRY, CarryError, pack, unpack
 from tasks.gpu_study.plan import MARGIN, next_slice
 from tasks.gpu_study.state import accept, accumulated, duplicates, read_results
@@ -53,6 +54,9 @@ def a_plan(families: dict[str, int]) -> dict:
 @pytest.mark.e2e
 def test_a_slice_trained_elsewhere_comes_back_whole_and_accumulates(tmp_path):
     project = study_project(tmp_path / "project")
+    manifest = project / "data" / "tokens" / "manifest.json"  # the tiny tokens, declared as smoke's data
+    vocab = load_config(project / "params.yaml", "smoke").tokenizer.vocab_size
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "vocab_size": vocab}))
     assert study(project, "plan", "--profile", "smoke").returncode == 0
     made = study(project, "slice", "--window-s", "300", "--workers", "2", "--family", "wortsman")
     assert made.returncode == 0, made.stderr
@@ -93,6 +97,9 @@ def test_a_slice_trained_elsewhere_comes_back_whole_and_accumulates(tmp_path):
     stale = study(project, "slice", "--window-s", "300", "--workers", "2")
     assert stale.returncode == 2 and f"is plan {old}" in stale.stderr and "make the plan again" in stale.stderr
     assert not (project / "gpu_study" / "slices" / "02.json").exists()
+    other = study(project, "plan", "--profile", "gpu")  # this checkout's tokens are smoke's, not gpu's
+    assert other.returncode == 2 and "the gpu profile's tokenizer.vocab_size is 50304" in other.stderr
+    assert json.loads((project / "gpu_study" / "plan.json").read_text())["plan"] == old  # nothing moved aside
     replanned = study(project, "plan", "--profile", "smoke")
     assert f"moved to gpu_study/superseded/{old}" in replanned.stdout, replanned.stderr
     assert (project / "gpu_study" / "superseded" / old / "results" / "01.jsonl.gz").is_file()
