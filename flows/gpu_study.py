@@ -144,10 +144,11 @@ def make_slice(args, project: Path) -> int:
     now = study_plan(project, plan["profile"])["plan"]
     if now != plan["plan"]:  # the window would train other runs than the planned ones, and refuse each
         raise UserError(
-            f"gpu study: {planning.PLAN} is plan {plan['plan']}, but the code, data or config here now plan {now}. "
-            "If data/tokens here is not the gpu profile's, build it in a checkout of its own (`spikelab run "
-            "prepare`, `filter`, `tokenize`, each with --profile gpu: docs/gpu-study.md); if the code or config changed, make the plan again (`python -m flows.gpu_study "
-            "plan`; its results so far are kept aside)"
+            f"gpu study: {planning.PLAN} is plan {plan['plan']}, but the code, data or config here now plan "
+            f"{now}. If data/tokens here is not the gpu profile's, build it in a checkout of its own "
+            "(`spikelab run prepare`, `filter`, `tokenize`, each with --profile gpu: docs/gpu-study.md); if the "
+            "code or config changed, make the plan again (`python -m flows.gpu_study plan`; its results so far "
+            "are kept aside)"
         )
     state = accumulated(plan, project)
     number = len(state["windows"]) + 1

@@ -375,18 +375,16 @@ def _found(f: Finding, most: int | None = None) -> str:
         return "no claim could be tested"
     short = sorted((c for c in f.claims if not c.holds), key=lambda c: _rank(c))
     held = [c for c in f.claims if c.holds]
-    named = [*short[:most], *held[:most]]
-    groups = [
-        (
-            label,
-            [f"{c.what}: {_measured(c)}" + ("" if c.holds else f", {why(c, brief=True)}") for c in named if c in side],
-        )
-        for label, side in (("did not hold", short), ("held", held))
-    ]
-    said = ". ".join(f"{label.capitalize()}: " + "; ".join(parts) for label, parts in groups if parts)
-    rest = len(f.claims) - len(named)
+    groups = [(label, claims[:most]) for label, claims in (("Did not hold", short), ("Held", held)) if claims]
+    said = ". ".join(f"{label}: " + "; ".join(_claim_said(c) for c in claims) for label, claims in groups)
+    rest = len(f.claims) - sum(len(claims) for _, claims in groups)
     lead = "every claim held" if not short else f"{len(held)} of {len(f.claims)} claims held"
     return f"{lead}. {said}" + (f"; and {rest} more (below)" if rest else "")
+
+
+def _claim_said(c: Claim) -> str:
+    """A claim in the opening line: what it compares, its number, and why when it did not hold."""
+    return f"{c.what}: {_measured(c)}" + ("" if c.holds else f", {why(c, brief=True)}")
 
 
 def _rank(c: Claim) -> int:
