@@ -57,6 +57,7 @@ from flows.ablate import plan  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from model.optim import build_adamw  # noqa: E402
 from model.precision import resolve_precision  # noqa: E402
+from model.private import run_private  # noqa: E402
 from tasks.config import Config, load_config  # noqa: E402
 from tasks.runtime.outputs import MANIFEST  # noqa: E402
 from tasks.runtime.workers import WORKER_ENVIRONMENT, cluster_kwargs, configured_cluster, worker_count  # noqa: E402
@@ -388,4 +389,4 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_private(main))

@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.chdir(ROOT)
 
+from model.private import run_private  # noqa: E402
 from tasks.runtime import credentials  # noqa: E402
 from tasks.runtime.paths import state_dir  # noqa: E402
 from tasks.runtime.services import STATE_ENV  # noqa: E402
@@ -189,4 +190,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_private(main))

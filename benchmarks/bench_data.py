@@ -48,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from model.private import run_private  # noqa: E402
 from tasks.config import Config, load_config  # noqa: E402
 from tasks.data.config import FilterConfig  # noqa: E402
 from tasks.data.docs import read_docs, repair_undecodable  # noqa: E402
@@ -562,4 +563,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_private(main))

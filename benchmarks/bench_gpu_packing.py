@@ -38,6 +38,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from benchmarks.bench_seed_batch import attention_as_matmuls, vectorised  # noqa: E402
 from model.gpt import GPT  # noqa: E402
+from model.private import run_private  # noqa: E402
 from tasks.config import load_config  # noqa: E402
 
 VOCAB = 50304  # the gpu profile's tokenizer
@@ -225,4 +226,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_private(main))

@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from model.numerics import MODE_ENV, MODES  # noqa: E402
+from model.private import run_private  # noqa: E402
 from model.provenance import cpu_record  # noqa: E402
 from tasks.config import load_config  # noqa: E402
 from tasks.runtime.outputs import MANIFEST  # noqa: E402
@@ -265,4 +266,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_private(main))

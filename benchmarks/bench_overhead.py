@@ -145,4 +145,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(ROOT))
+    from model.private import run_private
+
+    sys.exit(run_private(main))

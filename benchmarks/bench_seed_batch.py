@@ -32,6 +32,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap  # noqa: E402
 
 from model.gpt import GPT  # noqa: E402
+from model.private import run_private  # noqa: E402
 from tasks.config import Config, load_config  # noqa: E402
 
 
@@ -134,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_private(main))

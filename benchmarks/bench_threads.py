@@ -27,6 +27,7 @@ import torch  # noqa: E402
 
 from model.callbacks import Callback  # noqa: E402
 from model.config import TrainingConfig, load_training_config  # noqa: E402
+from model.private import run_private  # noqa: E402
 from model.train import Trainer  # noqa: E402
 
 
@@ -103,4 +104,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_private(main))

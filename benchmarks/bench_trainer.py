@@ -49,6 +49,7 @@ from model.flops import mfu, model_flops_per_token, peak_flops  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from model.optim import build_adamw, lr_at, set_lr  # noqa: E402
 from model.precision import resolve_precision  # noqa: E402
+from model.private import run_private  # noqa: E402
 from model.step import TrainModule  # noqa: E402
 from model.train import Trainer, resolve_device, train  # noqa: E402
 from tasks.config import Config, load_config  # noqa: E402
@@ -358,4 +359,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_private(main))

@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from checks.arms_elsewhere import stored_results  # noqa: E402
+from model.private import run_private  # noqa: E402
 from model.typed_config import ConfigError, parse_sets  # noqa: E402
 from tasks.ablate.grid import read_result  # noqa: E402
 from tasks.config import Config, load_config  # noqa: E402
@@ -266,4 +267,4 @@ def publish(result: dict[str, Any], out: Path, first_label: str, second_label: s
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_private(main))

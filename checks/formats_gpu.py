@@ -27,6 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from model.private import run_private  # noqa: E402
 from tasks.ablate.arm import run_arm  # noqa: E402
 from tasks.ablate.conditions import loss_shift_probe  # noqa: E402
 from tasks.ablate.grid import Arm, arm_config, expand, families, range_extremes  # noqa: E402
@@ -116,4 +117,4 @@ def show(rows: list[dict[str, Any]]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_private(main))

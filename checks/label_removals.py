@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_data  # noqa: E402
 
+from model.private import run_private  # noqa: E402
 from tasks.config import Config, load_config  # noqa: E402
 from tasks.data.shards import shard_pool  # noqa: E402
 
@@ -245,4 +246,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_private(main))

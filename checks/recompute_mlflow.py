@@ -37,6 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from model.private import run_private  # noqa: E402
 from model.typed_config import ConfigError, parse_sets  # noqa: E402
 from tasks.config import Config, load_config  # noqa: E402
 from tasks.report.findings import evaluate  # noqa: E402
@@ -256,4 +257,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_private(main))

@@ -15,12 +15,13 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from model.private import USER_ERROR_EXIT, keep_others_from_writing
+
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import State
 
     from model.stops import RunEnded
 
-USER_ERROR_EXIT = 2
 NEXT_STEP = {
     "preempted": "a checkpoint was saved; run the same command again to resume",
     "diverged": "no model was published; see the run's curves for where it went wrong",
@@ -566,13 +567,6 @@ def run_cluster(args: argparse.Namespace) -> None:
         print("\n".join(f"cluster: stopped {what}" for what in cluster.down()) or "cluster: nothing to stop")
     else:
         print("\n".join(cluster.status()))
-
-
-def keep_others_from_writing() -> None:
-    """Nothing this process or its children create (data, runs/, checkpoints, stores, logs) is
-    writable by other users, whatever umask the user's shell had (002 and 000 are common on shared
-    machines): the files are read back as the project's owner."""
-    os.umask(os.umask(0) | 0o022)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,6 +53,7 @@ from tqdm import tqdm
 
 from model.checkpoint import checkpoint_path, list_checkpoints, remove_checkpoint, save_checkpoint
 from model.config import CheckpointConfig
+from model.private import create_exclusive, private_run_dir
 
 if TYPE_CHECKING:
     import torch
@@ -148,7 +149,7 @@ class CSVLogger(Callback):
         self.headers: dict[Path, list[str]] = {}
 
     def on_train_start(self, config: dict[str, Any], run: RunInfo) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_run_dir(self.directory, "plot folder")
         for path in sorted(self.directory.glob("*.csv")):
             header, rows = _read_csv(path)
             _rewrite_csv(path, header, [r for r in rows if int(r["step"]) <= run.start_step])
@@ -170,7 +171,8 @@ class CSVLogger(Callback):
             header = old_header + [k for k in row if k not in old_header]
             _rewrite_csv(path, header, rows)
             self.headers[path] = header
-        with path.open("a", newline="") as f:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "a", newline="") as f:
             csv.DictWriter(f, fieldnames=header, restval="").writerow(row)
 
 
@@ -183,7 +185,7 @@ def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 
 def _rewrite_csv(path: Path, header: list[str], rows: list[dict[str, Any]]) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
+    with os.fdopen(create_exclusive(tmp), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=header, restval="")
         if header:
             writer.writeheader()

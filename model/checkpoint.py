@@ -22,6 +22,7 @@ from typing import IO, Any, BinaryIO, TypeVar, cast
 import numpy as np
 import torch
 
+from model.private import UnsafeFolder, create_exclusive, private_run_dir
 from model.typed_config import UserError
 
 _NAME = re.compile(r"step_(\d+)\.pt")
@@ -76,7 +77,7 @@ def _write_atomically(
     ``path``, fsync the directory; on any failure the temp file is removed and ``path`` untouched."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with tmp.open("wb") as f:
+        with os.fdopen(create_exclusive(tmp), "wb") as f:
             result = write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -99,7 +100,7 @@ def _fsync_dir(directory: Path) -> None:
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> str:
     """Write ``payload`` atomically with its sha256 sidecar; returns the hex digest."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_run_dir(path.parent, "checkpoint folder")
 
     def write_payload(f: BinaryIO) -> str:
         writer = _HashingWriter(f)
@@ -114,12 +115,14 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> str:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Verify the sidecar and load on the CPU with ``weights_only=True``; raises CheckpointError."""
+    """Verify the sidecar and load on the CPU with ``weights_only=True``; raises CheckpointError.
+    A payload or sidecar that is a link, or that another user owns, is never read: whoever could
+    write it could hand this run any weights (and any step, data position and identity)."""
     sidecar = _sidecar(path)
     if not sidecar.exists():
         raise CheckpointError(path, "no sha256 sidecar (incomplete write)")
-    data = path.read_bytes()
-    expected = sidecar.read_text().split()[0] if sidecar.stat().st_size else ""
+    data, vouched = _read_own(path), _read_own(sidecar).decode(errors="replace")
+    expected = vouched.split()[0] if vouched.strip() else ""
     if hashlib.sha256(data).hexdigest() != expected:
         raise CheckpointError(path, f"sha256 mismatch ({len(data)} bytes; truncated or corrupt)")
     try:
@@ -127,6 +130,20 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         return payload
     except Exception as e:  # a matching checksum over an unloadable file: wrong format or version
         raise CheckpointError(path, f"unreadable: {e}") from e
+
+
+def _read_own(path: Path) -> bytes:
+    """The bytes of ``path`` (a checkpoint or its sidecar): a regular file this user owns, opened
+    without following a link; else CheckpointError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise CheckpointError(path, f"{e.strerror} (a link is never followed)") from None
+    with os.fdopen(fd, "rb") as f:
+        owner = os.fstat(fd).st_uid
+        if owner != os.getuid():
+            raise CheckpointError(path, f"{path.name} is owned by another user (uid {owner}): never loaded")
+        return f.read()
 
 
 def load_latest(directory: Path, identity: str, before: int | None = None) -> tuple[Path, dict[str, Any]] | None:
@@ -180,8 +197,11 @@ class RunLock:
         self.fd: int | None = None
 
     def __enter__(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        private_run_dir(self.path.parent)  # before anything is written there: this user's alone
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:  # a link where the lock goes: never opened through it
+            raise UnsafeFolder(f"run lock {self.path}: {e.strerror}; remove it") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import os
 
-from model.typed_config import ConfigError
-
 MODE_ENV = "SPIKELAB_NUMERICS"
 """The mode of a process started without a launcher that read the config."""
 DEFAULT_MODE = "native"
@@ -45,6 +43,8 @@ def check_mode(mode: str, device_type: str = "cpu") -> None:
     on the CPU, whose ATen kernels are not the mode's: portable needs AVX2's (a setting given by
     hand, or torch ops run before the mode's settings were made, would keep another path while
     the process still names itself portable; a CPU without AVX2 has no portable path)."""
+    from model.typed_config import ConfigError  # here: model/private.py, under the system Python, imports this package
+
     if mode != process_mode():
         raise ConfigError(
             f"precision.numerics: {mode!r}, but this process runs {process_mode()!r} numerics, fixed when "

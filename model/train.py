@@ -59,6 +59,7 @@ from model.identity import LOADABLE, RESUMABLE, check_loadable, run_identity
 from model.numerics import check_mode
 from model.optim import build_adamw, lr_at, set_lr
 from model.precision import resolve_precision
+from model.private import UnsafeFolder, private_run_dir, run_private
 from model.step import Batch, StepResult, TrainModule
 from model.stops import Preempted, RunStatus
 from model.telemetry import Telemetry, optimizer_norms, record_forward_stats, to_floats
@@ -617,6 +618,7 @@ def train(
     with RunLock(out_dir) if out_dir is not None and main_rank else contextlib.nullcontext():
         checkpoint_dir = Path(out_dir) / "checkpoints" if out_dir is not None else None
         if checkpoint_dir is not None and main_rank:
+            private_run_dir(checkpoint_dir, "checkpoint folder")  # as the run directory: this user's alone
             remove_orphans(checkpoint_dir)
         trainer = Trainer(cfg, train_tokens, val_tokens, callbacks, checkpoint_dir, identity)
         if not trainer.resume() and init_from is not None:
@@ -651,7 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             out,
             [ProgressBar(), CSVLogger(out / "plots")] if world.is_main else [],
         )
-    except UserError as e:
+    except (UserError, UnsafeFolder) as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return 2
     finally:
@@ -662,4 +664,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_private(main))

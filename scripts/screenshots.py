@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from model.private import run_private  # noqa: E402
 
 MAX_BYTES = 200_000
 TIDY = {
@@ -232,4 +233,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_private(main))

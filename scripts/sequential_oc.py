@@ -15,6 +15,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from model.private import run_private
 from tasks.report.sequential import OBRIEN_FLEMING, SPENDINGS, SequentialDesign, simulate  # noqa: E402
 
 
@@ -41,4 +42,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_private(main))

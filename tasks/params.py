@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from model.private import run_private
 from model.typed_config import UserError
 from tasks.ablate.declared import builtin_families, read_studies
 from tasks.config import check_runtime, resolve_study
@@ -65,4 +66,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_private(main))

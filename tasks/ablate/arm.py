@@ -31,6 +31,7 @@ from model.callbacks import Callback
 from model.collapse import collapse_stats, sample
 from model.data import open_split
 from model.detect import make_detector
+from model.private import UnsafeFolder, run_private
 from model.probes import RangeProbe
 from model.provenance import provenance
 from model.spike.injections import Injection
@@ -260,7 +261,7 @@ def run_command(arguments: list[str], project: Path | None = None) -> dict[str, 
 def main(argv: list[str] | None = None) -> int:
     try:
         summary = run_command(sys.argv[1:] if argv is None else argv)["summary"]
-    except UserError as e:
+    except (UserError, UnsafeFolder) as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps({k: summary[k] for k in ("status", "diverged_at", "steps", "final_loss", "val_loss")}))
@@ -268,4 +269,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_private(main))

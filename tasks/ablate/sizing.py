@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from model.private import run_private
 from model.typed_config import add_config_arguments, parse_sets
 from tasks.ablate.arm import run_arm
 from tasks.ablate.declared import matches
@@ -130,4 +132,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_private(main))

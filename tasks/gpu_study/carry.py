@@ -17,6 +17,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from model.private import run_private
+
 TOKENS = Path("data") / "tokens"
 CARRY = Path("gpu_study") / "carry" / "tokens.tar.xz"
 CARRY_LIMIT = 60 * 2**20
@@ -89,4 +91,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_private(main))

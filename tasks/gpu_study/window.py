@@ -30,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from model.private import run_private
+
 ARM = ["-m", "tasks.ablate.arm"]
 MARGIN = 1.3
 """An arm is not started unless the window has this times its estimate left (tasks/gpu_study/plan.py)."""
@@ -199,4 +201,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_private(main))

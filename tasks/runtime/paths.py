@@ -9,15 +9,19 @@ Two roots:
 
 Ports and URLs of this checkout's servers (on 127.0.0.1 unless ``SPIKELAB_HOST`` says otherwise).
 Which server a stage uses (its own, or the local stores) is decided in tasks/runtime/services.py.
-A leaf: imports nothing of the project.
+Where the state directory is and how folders are made private: model/private.py (shared with the
+bare entry points, which run without this package); the names are re-exported here.
 """
 
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from model.private import STATE_ENV, UnsafeFolder, private_folder, project_dir, repo_root, state_dir
+
+__all__ = ["STATE_ENV", "UnsafeFolder", "private_folder", "project_dir", "repo_root", "state_dir"]
 
 HOST = os.environ.get("SPIKELAB_HOST", "127.0.0.1")
 """The interface the servers (``spikelab services``, ``spikelab cluster``) bind and their URLs name:
@@ -47,9 +51,6 @@ def exposed_warning(host: str | None = None) -> str | None:
     )
 
 
-STATE_ENV = "SPIKELAB_STATE"
-EXPS_MARKER = (".dvc", "tmp", "exps")
-
 # What the pipeline flow tells the stages it runs under DVC (flows/pipeline.py):
 PIPELINE_RUN_ENV = "SPIKELAB_PIPELINE_RUN"
 """The pipeline's Prefect flow-run id (an MLflow lineage tag of every stage run)."""
@@ -62,80 +63,6 @@ MLFLOW_ARTIFACT_ROOTS_ENV = "SPIKELAB_MLFLOW_ARTIFACT_ROOTS"
 ``services up``, read by tasks/runtime/mlflow_app.py."""
 MLFLOW_PARENT_ENV = "SPIKELAB_MLFLOW_PARENT_RUN"
 """The pipeline's MLflow run: each stage's run is nested under it."""
-
-
-def project_dir() -> Path:
-    """The nearest directory at or above the working directory holding ``params.yaml``."""
-    cwd = Path.cwd().resolve()
-    for d in (cwd, *cwd.parents):
-        if (d / "params.yaml").is_file():
-            return d
-    return cwd
-
-
-def repo_root(project: Path | None = None) -> Path:
-    """The original repository, also from inside a DVC experiment copy (``<repo>/.dvc/tmp/exps/...``)."""
-    project = (project or project_dir()).resolve()
-    parts = project.parts
-    for i in range(len(parts) - len(EXPS_MARKER)):
-        if parts[i : i + len(EXPS_MARKER)] == EXPS_MARKER:
-            return Path(*parts[:i])
-    return project
-
-
-class UnsafeFolder(PermissionError):
-    """A folder spikelab would write into that another local user owns or can write: the message
-    names it and what to do. The CLI prints it without a traceback and exits with code 2."""
-
-
-def state_dir() -> Path:
-    """Created 0700, and made so when another mode let other users in: it holds the login, the
-    cluster's keys, every store and every engine's scratch (tasks/runtime/private_env.py). One another
-    user owns (made before us, say under /tmp), or inside a folder another user may rename things
-    in, is refused, root's own runs included: its owner could read the stores and swap the records,
-    the keys, the servers' settings and the scratch that this process then trusts."""
-    path = Path(os.environ.get(STATE_ENV) or repo_root() / ".spikelab").resolve()
-    for parent in (p for p in path.parents if p.exists()):  # before making anything in them
-        refuse_if_others_may_rename_in(parent, path)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    refuse_unless_owned(path, "state directory", "choose another SPIKELAB_STATE")
-    if path.stat().st_mode & 0o077:
-        path.chmod(0o700)
-    return path
-
-
-def private_folder(path: Path, what: str) -> Path:
-    """``path`` made (0700) or adopted as a folder its owner alone can write: one another user owns,
-    or that others may write, is refused (whatever they left in it may be planted)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    mode = refuse_unless_owned(path, what, f"remove it (or choose another {STATE_ENV})")
-    if mode & 0o022:
-        raise UnsafeFolder(
-            f"{what} {path}: other users may write it (mode {mode:04o}); remove it (or choose another {STATE_ENV})"
-        )
-    return path
-
-
-def refuse_unless_owned(path: Path, what: str, remedy: str) -> int:
-    """``path``'s mode, when it is a folder (not a link to one) this user owns; else UnsafeFolder."""
-    info = path.lstat()
-    if not stat.S_ISDIR(info.st_mode):
-        raise UnsafeFolder(f"{what} {path}: not a folder (a link?); {remedy}")
-    if info.st_uid != os.getuid():
-        raise UnsafeFolder(f"{what} {path}: owned by another user (uid {info.st_uid}); {remedy}")
-    return stat.S_IMODE(info.st_mode)
-
-
-def refuse_if_others_may_rename_in(parent: Path, path: Path) -> None:
-    """A folder above the state directory that another user could swap it out of: owned by a user
-    other than this one or root, or writable by others without the sticky bit (which /tmp has)."""
-    info = parent.stat()
-    open_to_others = info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX
-    if info.st_uid not in (0, os.getuid()) or open_to_others:
-        raise UnsafeFolder(
-            f"state directory {path}: {parent} above it is another user's or writable by others "
-            f"(uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}), who could swap it; choose another {STATE_ENV}"
-        )
 
 
 @dataclass(frozen=True)

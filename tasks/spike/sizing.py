@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 
 from model.detect import SpikeDetector
+from model.private import run_private
 from model.spike.branch import run_branch, warm_up
 from model.typed_config import add_config_arguments, parse_sets
 from tasks.config import Config, load_config
@@ -125,4 +127,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_private(main))
