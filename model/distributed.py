@@ -5,7 +5,9 @@
                  agreement on host flags, a broadcast of a path. With one process every method is
                  the identity and nothing is initialised, so a single-process run is unchanged.
     init_world   read torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and
-                 join the default process group: NCCL for CUDA, gloo for CPU.
+                 join the default process group: NCCL for CUDA, gloo for CPU, after check_store.
+    check_store  refuse a rendezvous store this user did not start (TCPStore has no login: whoever
+                 runs it steers the ranks, and what they exchange is unpickled).
 
 What makes N ranks train like one process with the same config (docs/pretrain.md, "DDP"):
 ``train.batch_size`` is the global micro-batch and each rank takes its equal slice of every batch
@@ -19,11 +21,16 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from model.typed_config import UserError
 
 TIMEOUT = datetime.timedelta(minutes=10)
 """How long a collective waits for a missing rank before it raises (instead of hanging for good)."""
@@ -127,11 +134,118 @@ def init_world(device_name: str) -> World:
     otherwise. ``device_name`` is ``train.device`` as resolved (``cpu`` or ``cuda``)."""
     if int(os.environ.get("WORLD_SIZE", 1)) <= 1:
         return World()
+    check_store(os.environ)
     cuda = device_name.startswith("cuda")
     if cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=TIMEOUT)
     return World.current()
+
+
+TRUSTED_STORE_ENV = "SPIKELAB_TRUSTED_STORE"
+"""``MASTER_ADDR:MASTER_PORT`` of a store on another machine that the user vouches for (the head
+node of their own multi-node run): nothing on this machine can tell who runs a remote store."""
+
+FIX = (
+    "on one node launch with `torchrun --standalone --nnodes 1 --nproc-per-node N -m model.train ...` "
+    "(torchrun then hosts its own store on a port the kernel picks); across nodes follow docs/pretrain.md, "
+    '"Data-parallel pretraining (torchrun DDP)"'
+)
+
+
+def check_store(environ: Mapping[str, str]) -> None:
+    """Refuse (UserError) to join the store at MASTER_ADDR:MASTER_PORT unless this user runs it.
+
+    torch's TCPStore has no login and no TLS, and the ranks trust it completely: it tells each rank
+    where its peers are, and the object collectives unpickle what arrives. Another local user who
+    listens on the port first gets every rank as a client (torchrun's c10d rendezvous even falls back
+    to being a client when its own bind fails). So on this machine the socket listening on the port
+    (``/proc/net/tcp``, ``tcp6``) must be this uid's; a store elsewhere cannot be checked and is
+    joined only when :data:`TRUSTED_STORE_ENV` names it. A rank that hosts the store itself (rank 0
+    without torchrun's agent store) fails to bind rather than connect, so it needs only no other
+    listener; the other ranks wait, as the store's client would, for the store to appear."""
+    host, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
+    if not host or not port:
+        return  # init_process_group names what is missing
+    hosts_itself = environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and environ.get("RANK") == "0"
+    local = is_this_machine(host)
+    owners = local_listeners(int(port)) if local else set()
+    deadline = time.monotonic() + TIMEOUT.total_seconds()
+    while local and not owners and not hosts_itself and time.monotonic() < deadline:
+        time.sleep(0.1)
+        owners = local_listeners(int(port))
+    refusal = store_refusal(
+        f"{host}:{port}",
+        local=local,
+        owners=owners,
+        uid=os.getuid(),
+        trusted=environ.get(TRUSTED_STORE_ENV),
+        hosts_itself=hosts_itself,
+    )
+    if refusal:
+        raise UserError(refusal)
+
+
+def store_refusal(
+    store: str, *, local: bool, owners: set[int], uid: int, trusted: str | None, hosts_itself: bool
+) -> str | None:
+    """Why this process must not join ``store`` (``host:port``), or None: ``local``, whether it is on
+    this machine; ``owners``, the uids listening on its port here; ``trusted``, the user's
+    :data:`TRUSTED_STORE_ENV`; ``hosts_itself``, whether this process is to start it."""
+    refuse = f"refusing to join the rendezvous store {store}"
+    if not local:
+        if trusted == store:
+            return None
+        return (
+            f"{refuse}: it is on another machine, where nothing here can tell who runs it; if it is the head "
+            f"node of your own multi-node run, set {TRUSTED_STORE_ENV}={store}; {FIX}"
+        )
+    if others := owners - {uid}:
+        uids = ", ".join(map(str, sorted(others)))
+        return f"{refuse}: the socket listening there belongs to uid {uids}, not to you (uid {uid}); {FIX}"
+    if not owners and not hosts_itself:
+        return f"{refuse}: nothing of yours listens there (waited {TIMEOUT.total_seconds():.0f} s); {FIX}"
+    return None
+
+
+def local_listeners(port: int, tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")) -> set[int]:
+    """The uids of the sockets listening on TCP ``port`` on this machine (any address)."""
+    uids: set[int] = set()
+    for table in tables:
+        try:
+            with open(table) as f:
+                uids |= listening_uids(f.read(), port)
+        except FileNotFoundError:  # no IPv6
+            continue
+    return uids
+
+
+def listening_uids(table: str, port: int) -> set[int]:
+    """The uids in a ``/proc/net/tcp`` or ``tcp6`` table whose sockets listen (state 0A) on ``port``."""
+    uids = set()
+    for row in table.splitlines()[1:]:
+        fields = row.split()  # sl local_address rem_address st queues timer retransmits uid ...
+        if len(fields) > 7 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            uids.add(int(fields[7]))
+    return uids
+
+
+def is_this_machine(host: str) -> bool:
+    """Whether every address ``host`` resolves to is this machine's (one it can bind to)."""
+    try:
+        addresses = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False  # unresolvable: not checkable here
+    return all(_can_bind(family, address) for family, _, _, _, address in addresses)
+
+
+def _can_bind(family: int, address: tuple[Any, ...]) -> bool:
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((address[0], 0, *address[2:]))
+        return True
+    except OSError:
+        return False
 
 
 def leave_world() -> None:
