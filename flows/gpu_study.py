@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from model.private import run_private
 from model.typed_config import UserError
 from tasks.ablate.conditions import loss_shift_probe
 from tasks.ablate.declared import read_studies
@@ -28,7 +29,6 @@ from tasks.gpu_study.state import accept, accumulated, duplicates
 from tasks.runtime.files import read_json
 from tasks.runtime.outputs import MANIFEST
 from tasks.runtime.paths import UnsafeFolder
-from tasks.runtime.private_env import use_private_env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     project = args.project.resolve()
     try:
-        use_private_env()  # as every spikelab command: torch's and the engines' scratch the owner's alone
         return COMMANDS[args.command](args, project)
     except (UserError, UnsafeFolder, CarryError) as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
@@ -196,4 +195,4 @@ COMMANDS = {
 }
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_private(main))

@@ -47,9 +47,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import optuna
 
-    from tasks.runtime.private_env import use_private_env
-
-    use_private_env()  # as every spikelab command: torch's and the engines' scratch the owner's alone
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg = load_config(args.project / "params.yaml")
     if args.command == "record":
@@ -118,4 +115,6 @@ def slope_text(s: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from model.private import run_private
+
+    sys.exit(run_private(main))
