@@ -3,8 +3,12 @@ with the config's own field docs, choices keeping params.yaml's value unless set
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
 import typing
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 from pydantic import ValidationError
@@ -13,6 +17,7 @@ from flows.forms import (
     FORM_KEYS,
     KEEP,
     LOADS_CACHED_CODE,
+    OUTSIDE_BOUNDS,
     Overrides,
     ProfileChoice,
     carries_text,
@@ -21,8 +26,10 @@ from flows.forms import (
     field_docs,
 )
 from model.config import ModelConfig, OptimConfig
-from model.typed_config import ConfigError, annotation
-from tasks.config import Config
+from model.typed_config import ConfigError, annotation, flatten
+from tasks.config import Config, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_profile_is_a_choice_among_the_overlays_present_or_params_yaml_s_own():
@@ -180,9 +187,17 @@ def test_a_file_url_glob_outside_the_project_is_refused(project):
 
 @pytest.mark.parametrize(
     "url",
-    ["http://127.0.0.1:1/x.jsonl", "simplecache::http://127.0.0.1:1/x.jsonl", "memory://x", "remote://storage/x.jsonl"],
+    [
+        "http://127.0.0.1:1/x.jsonl",
+        "simplecache::http://127.0.0.1:1/x.jsonl",
+        "memory://x",
+        "remote://storage/x.jsonl",
+        "simplecache::/etc/passwd",
+    ],
 )
 def test_a_url_or_a_chain_of_file_systems_is_refused_before_anything_is_fetched(project, url):
+    """``simplecache::/etc/passwd`` holds no ``://``: only the ``::`` mark refuses it (without it,
+    fsspec's answer for it is the local file system, and a path inside the project)."""
     with pytest.raises(ConfigError, match=refused_path("a URL or a chain of file systems")):
         check_from_outside({"data.path": url}, project)
 
@@ -248,3 +263,238 @@ def test_the_form_offers_no_key_a_run_from_outside_is_refused():
     offered = [f"{section}.{key}" for section, keys in FORM_KEYS.items() for key in keys]
     assert not set(offered) & set(LOADS_CACHED_CODE)
     assert not [key for key in offered if carries_text(annotation(Config, key))]
+
+
+# --------------------------------------------------------------------------------------------
+# Bounds on every whole number and list a run from outside may set (issue #55)
+# --------------------------------------------------------------------------------------------
+
+TWICE_THE_CORES = 2 * len(os.sched_getaffinity(0))
+"""Workers and threads from outside: two per core this process may run on."""
+PER_CORE = (
+    "train.num_workers",
+    "train.cpu_threads",
+    "data.workers",
+    "spike.workers",
+    "search.workers",
+    "ablation.workers",
+    "sensitivity.workers",
+)
+NUMBER_BOUNDS = {
+    "tokenizer.vocab_size": 201_216,
+    "tokenizer.min_frequency": 8,
+    "model.n_layer": 48,
+    "model.n_head": 48,
+    "model.d_model": 3072,
+    "model.seq_len": 4096,
+    "mup.base_width": 3072,
+    "schedule.warmup_steps": 400,
+    "precision.growth_interval": 8000,
+    "precision.loss_shift": 40,
+    "train.steps": 20_000,
+    "train.batch_size": 128,
+    "train.grad_accum": 16,
+    "train.seed": 9999,
+    "train.log_every": 40,
+    "train.layer_stats_every": 400,
+    "train.eval_every": 2000,
+    "train.eval_batches": 32,
+    "train.num_workers": TWICE_THE_CORES,
+    "train.cpu_threads": TWICE_THE_CORES,
+    "train.diverge_after": 80,
+    "checkpoint.every_steps": 4000,
+    "checkpoint.keep_last": 8,
+    "data.max_docs": 1_000_000,
+    "data.max_doc_bytes": 16 * 2**20,
+    "data.seed": 9999,
+    "data.shard_bytes": 256 * 2**20,
+    "data.workers": TWICE_THE_CORES,
+    "data.tokenizer_sample_bytes": 2**30,
+    "filter.min_chars": 256,
+    "filter.max_chars": 800_000,
+    "filter.max_char_run": 800,
+    "filter.ngram_max_period": 52,
+    "filter.ngram_min_repeats": 128,
+    "filter.dedup_num_perm": 512,
+    "filter.dedup_shingle": 20,
+    "filter.perplexity_sample_bytes": 256 * 2**20,
+    "filter.poison_generated": 256,
+    "filter.poison_max_bytes": 64 * 2**20,
+    "spike.run_steps": 4000,
+    "spike.origin_step": 2400,
+    "spike.warm_steps": 512,
+    "spike.workers": TWICE_THE_CORES,
+    "spike.duration": 12,
+    "spike.param_block": 15,
+    "spike.detect_window": 512,
+    "spike.detect_warmup": 256,
+    "spike.detect_within": 400,
+    "spike.min_origins_per_half": 8,
+    "spike.sample_prompts": 16,
+    "spike.sample_tokens": 128,
+    "recovery.skip_batches": 800,
+    "recovery.rollback_steps": 400,
+    "recovery.max_retries": 8,
+    "recovery.max_consecutive_vetoes": 16,
+    "recovery.checkpoint_every": 40,
+    "recovery.eval_steps": 1200,
+    "recovery.recover_steps": 400,
+    "recovery.smooth_steps": 40,
+    "search.lr_points": 48,
+    "search.steps": 4800,
+    "search.batch_size": 16,
+    "search.eval_every": 400,
+    "search.prune_startup_trials": 12,
+    "search.prune_warmup_steps": 4799,
+    "search.workers": TWICE_THE_CORES,
+    "search.heartbeat_s": 40,
+    "ablation.budget_seeds": 32,
+    "ablation.d_model": 1024,
+    "ablation.n_layer": 16,
+    "ablation.n_head": 16,
+    "ablation.seq_len": 1024,
+    "ablation.batch_size": 128,
+    "ablation.steps": 12_000,
+    "ablation.xiong_depth": 48,
+    "ablation.xiong_steps": 8000,
+    "ablation.range_probe_every": 400,
+    "ablation.beta2_steps": 16_000,
+    "ablation.beta2_batch_size": 16,
+    "ablation.wortsman_steps": 8000,
+    "ablation.workers": TWICE_THE_CORES,
+    "ablation.retries": 4,
+    "sensitivity.seed": 9999,
+    "sensitivity.workers": TWICE_THE_CORES,
+}
+"""The largest value a run from outside may set each whole number to, pinned: 4x the largest the
+profiles set, seeds up to 9,999, workers and threads two per core, ``precision.loss_shift`` fp16's
+40 binades, a key kept below another's bound one less than it."""
+LIST_BOUNDS = {
+    "checkpoint.milestones": (20_000, 24),
+    "spike.seeds": (9999, 16),
+    "spike.confirm_seeds": (9999, 32),
+    "spike.poison_batches_range": (800, 8),
+    "spike.sizing_seeds": (9999, 16),
+    "spike.sizing_zscores": (None, 40),
+    "search.widths": (3072, 12),
+    "search.seeds": (9999, 12),
+    "search.confirm_seeds": (9999, 12),
+    "ablation.seeds": (9999, 16),
+    "ablation.confirm_seeds": (9999, 32),
+    "ablation.rounds": (48, 12),
+    "ablation.xiong_warmups": (None, 8),
+    "ablation.xiong_lrs": (None, 8),
+    "ablation.sizing_seeds": (9999, 16),
+    "ablation.sizing_xiong_steps": (6400, 16),
+    "ablation.probe_depths": (96, 28),
+    "ablation.beta2s": (None, 8),
+    "ablation.beta2_lr_mults": (None, 8),
+    "ablation.lrs": (None, 28),
+}
+"""Each list's largest entry (None: a list of floats, its entries unbounded) and most entries, pinned."""
+
+
+def from_the_ui(sets: dict[str, Any], project: Path) -> None:
+    """What the pipeline flow does with a filled-in form: the form's own fields through
+    ``Overrides``, any other key as a free-form override, then :func:`check_from_outside`."""
+    form: dict[str, dict[str, Any]] = {}
+    free_form = {}
+    for key, value in sets.items():
+        section, name = key.split(".", 1)
+        if name in FORM_KEYS.get(section, []):
+            form.setdefault(section, {})[name] = value
+        else:
+            free_form[key] = value
+    check_from_outside(dotted(Overrides(**form), free_form), project)
+
+
+def beyond(key: str, what: str) -> str:
+    """The one-line refusal of ``key``: ``what`` names the value and the bound."""
+    return rf"^{re.escape(key)}: refused from a run started in the Prefect UI or API \({re.escape(what)}: [^\n]*$"
+
+
+def bounded_keys() -> set[str]:
+    """Every whole number and list (of numbers) of the config that a run from outside may set."""
+    keys = set()
+    for key in flatten(dataclasses.asdict(Config())):
+        hint = annotation(Config, key)
+        listed = typing.get_origin(hint) is list
+        if key == "profile" or key in LOADS_CACHED_CODE or carries_text(hint):
+            continue
+        if hint is int or (listed and typing.get_origin(typing.get_args(hint)[0]) is not Literal):
+            keys.add(key)
+    return keys
+
+
+def test_every_whole_number_and_list_from_outside_has_a_bound_and_each_is_pinned():
+    assert set(OUTSIDE_BOUNDS) == bounded_keys() == set(NUMBER_BOUNDS) | set(LIST_BOUNDS)
+
+
+@pytest.mark.parametrize(("key", "most"), NUMBER_BOUNDS.items(), ids=list(NUMBER_BOUNDS))
+def test_a_whole_number_from_outside_passes_at_its_bound_and_is_refused_one_beyond(tmp_path, key, most):
+    from_the_ui({key: most}, tmp_path)
+    with pytest.raises(ConfigError, match=beyond(key, f"{most + 1} is above its bound {most}")):
+        from_the_ui({key: most + 1}, tmp_path)
+
+
+@pytest.mark.parametrize(("key", "bounds"), LIST_BOUNDS.items(), ids=list(LIST_BOUNDS))
+def test_a_list_from_outside_passes_at_its_bounds_and_is_refused_one_beyond(tmp_path, key, bounds):
+    most, entries = bounds
+    entry = 1.5 if most is None else most
+    from_the_ui({key: [entry] * entries}, tmp_path)
+    with pytest.raises(ConfigError, match=beyond(key, f"{entries + 1} entries, above its bound {entries}")):
+        from_the_ui({key: [entry] * (entries + 1)}, tmp_path)
+    if most is not None:
+        with pytest.raises(ConfigError, match=beyond(key, f"entry {most + 1} is above its bound {most}")):
+            from_the_ui({key: [1, most + 1]}, tmp_path)
+
+
+CHOICE_LISTS = [
+    key
+    for key in flatten(dataclasses.asdict(Config()))
+    if typing.get_origin(annotation(Config, key)) is list
+    and typing.get_origin(typing.get_args(annotation(Config, key))[0]) is Literal
+]
+
+
+@pytest.mark.parametrize("key", CHOICE_LISTS)
+def test_a_list_of_choices_from_outside_holds_at_most_one_entry_per_choice(tmp_path, key):
+    (choice,) = typing.get_args(annotation(Config, key))
+    choices = list(typing.get_args(choice))
+    from_the_ui({key: choices}, tmp_path)
+    with pytest.raises(ConfigError, match=beyond(key, f"{len(choices) + 1} entries, above its bound {len(choices)}")):
+        from_the_ui({key: [*choices, choices[0]]}, tmp_path)
+
+
+def test_a_hundred_thousand_workers_from_outside_are_refused_naming_the_key_the_value_and_the_bound(tmp_path):
+    """Issue #55: ``ablation.workers=100000`` passed; given as text too, as the config reads it."""
+    for value in (100_000, "100000"):
+        with pytest.raises(ConfigError) as refused:
+            from_the_ui({"ablation.workers": value}, tmp_path)
+        assert str(refused.value) == (
+            "ablation.workers: refused from a run started in the Prefect UI or API (100000 is above its bound "
+            f"{TWICE_THE_CORES}: 2 per core this process may run on); only up to its bound, more set in "
+            "params.yaml from a shell"
+        )
+
+
+def test_a_form_field_beyond_its_bound_is_refused_as_a_free_form_key_is(tmp_path):
+    """``train.steps`` is one of the form's own fields: through ``Overrides`` it is bounded all the same."""
+    assert "steps" in FORM_KEYS["train"]
+    with pytest.raises(ConfigError, match=beyond("train.steps", "20001 is above its bound 20000")):
+        check_from_outside(dotted(Overrides(train={"steps": 20_001})), Path("."))
+
+
+def test_a_whole_number_with_no_bound_is_refused_from_outside(tmp_path, monkeypatch):
+    """A key added to the config later is refused from outside until it is given a bound."""
+    monkeypatch.delitem(OUTSIDE_BOUNDS, "ablation.retries")
+    with pytest.raises(ConfigError, match=r"^ablation\.retries: refused .*no bound for a run from outside"):
+        from_the_ui({"ablation.retries": 1}, tmp_path)
+
+
+@pytest.mark.parametrize("profile", ["default", "extended", "gpu", "smoke"])
+def test_every_number_a_profile_sets_fits_the_bounds(tmp_path, profile):
+    """The bounds are generous multiples of what the profiles set: a run from outside may set any
+    profile's value (workers aside: theirs depend on this machine's cores)."""
+    values = flatten(dataclasses.asdict(load_config(ROOT / "params.yaml", profile=profile)))
+    from_the_ui({k: v for k, v in values.items() if k in OUTSIDE_BOUNDS and k not in PER_CORE}, tmp_path)

@@ -25,7 +25,7 @@ import pytest
 
 from tasks.runtime import paths
 from tasks.runtime.paths import UnsafeFolder
-from tasks.runtime.private_env import ENGINE_FOLDERS, NO_TELEMETRY, private_env
+from tasks.runtime.private_env import ENGINE_FOLDERS, private_env
 from tests.other_user import OTHER, readable_packages, run_as_other_user, skip_reason
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,18 +120,37 @@ def test_a_scratch_folder_that_is_a_link_is_refused(tmp_path):
         private_env(tmp_path / "scratch")
 
 
-@pytest.mark.parametrize(("parent_mode", "refused"), [(0o1777, False), (0o777, True), (0o755, False)])
+@pytest.mark.parametrize(
+    ("owner", "parent_mode", "refused"),
+    [
+        (None, 0o1777, False),
+        (None, 0o777, True),
+        (None, 0o755, False),
+        (OTHER, 0o755, True),
+        ("root", 0o755, False),
+    ],
+)
 def test_a_state_directory_in_a_folder_others_may_rename_things_in_is_refused(
-    tmp_path, monkeypatch, parent_mode, refused
+    tmp_path, monkeypatch, owner, parent_mode, refused
 ):
     """/tmp's sticky bit keeps others from renaming the owner's entries; without it they could swap
-    the whole state directory."""
+    the whole state directory. A folder another user owns is theirs to rename things in whatever
+    its mode (``nobody``'s, 0755); root's (/, /home) is not another user's. ``owner`` None: this user."""
     parent = tmp_path / "shared"
     parent.mkdir()
+    uid = os.getuid()
+    if owner is not None:
+        if reason := skip_reason():
+            pytest.skip(reason)
+        uid = pwd.getpwnam(owner).pw_uid
+        os.chown(parent, uid, -1)
     parent.chmod(parent_mode)
     monkeypatch.setenv("SPIKELAB_STATE", str(parent / "state"))
     if refused:
-        with pytest.raises(UnsafeFolder, match=f"{parent} above it is another user's or writable by others"):
+        with pytest.raises(
+            UnsafeFolder,
+            match=rf"{parent} above it is another user's or writable by others \(uid {uid}, mode {parent_mode:04o}\)",
+        ):
             paths.state_dir()
         assert not any(parent.iterdir())  # nothing made in it
     else:
@@ -158,7 +177,43 @@ def test_makes_recipes_run_with_the_clis_umask_and_every_engines_scratch_private
     assert {var: env[var] for var in ENGINE_FOLDERS} == {
         var: str(state / "scratch" / folder) for var, folder in ENGINE_FOLDERS.items()
     }
-    assert {var: env[var] for var in NO_TELEMETRY} == NO_TELEMETRY
+
+
+TELEMETRY_OFF = {
+    "DO_NOT_TRACK": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "true",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+}
+"""Every engine's switch for its usage reports, by value: written out here, not read from
+tasks/runtime/private_env.py, so that a switch dropped there fails the test below."""
+SPIKELABS_CHILD = """
+import contextlib, io, subprocess, sys
+from flows.__main__ import main
+with contextlib.redirect_stdout(io.StringIO()):
+    assert main(["ui"]) == 0
+sys.exit(subprocess.run(["env"]).returncode)
+"""
+"""``spikelab ui`` run as the console script runs it (flows/__main__.py: main), then a child it
+starts, which prints the environment it was given."""
+
+
+@pytest.mark.parametrize("entry", ["make's shell", "a spikelab command"])
+def test_makes_shell_and_a_spikelab_command_turn_every_engines_telemetry_off_for_their_children(
+    tmp_path, monkeypatch, entry
+):
+    for var in TELEMETRY_OFF:  # a user's shell sets none of them (this session's does): the entry point must
+        monkeypatch.delenv(var, raising=False)
+    state = tmp_path / "state"
+    if entry == "make's shell":
+        done = in_makes_shell("env", state)
+    else:
+        command = [sys.executable, "-c", SPIKELABS_CHILD]
+        done = subprocess.run(command, cwd=ROOT, env=users_shell(state), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    env = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    assert {var: env.get(var) for var in TELEMETRY_OFF} == TELEMETRY_OFF
 
 
 def test_makes_shell_stops_naming_a_scratch_folder_another_user_made(tmp_path):
