@@ -32,8 +32,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from model.private import run_private
-
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(
     r"(?P<open><!-- doc-numbers:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(?P<close><!-- /doc-numbers -->)",
@@ -279,4 +277,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_private(main))
+    sys.exit(main())

@@ -2,8 +2,9 @@
 the machine's shared folders: measured with strace, not guessed.
 
     python scripts/trace_shared_paths.py [--out trace.txt] -- make repro
+    python scripts/trace_shared_paths.py --commands docs/traced-commands.txt
 
-Runs the command under ``strace -f`` (file and socket-bind calls only) and prints, for each path
+Runs the command (or each line of ``--commands``, by bash, in turn, from the checkout) under ``strace -f`` (file and socket-bind calls only) and prints, for each path
 outside the checkout and its state directory that a process created, wrote or opened in a shared
 folder (/tmp, /var/tmp, /dev/shm, /run/lock), the calls seen and its owner and mode afterwards
 (``gone`` when removed by the end). Writes elsewhere outside the checkout (the user's home, the
@@ -128,29 +129,46 @@ def report(seen: dict[str, set[str]], keep: tuple[str, ...]) -> tuple[list[str],
     return lines, sorted(elsewhere)
 
 
+def commands_in(listing: Path) -> list[list[str]]:
+    """The commands of a ``--commands`` file: one a line, for bash; blank lines and ``#`` comments skipped."""
+    lines = (line.strip() for line in listing.read_text().splitlines())
+    return [["bash", "-c", line] for line in lines if line and not line.startswith("#")]
+
+
+def trace_and_report(command: list[str], keep: tuple[str, ...], out: Path | None) -> bool:
+    """Trace ``command`` and print what it did outside ``keep``; whether it made or wrote anything
+    other than a semaphore in a shared folder."""
+    with tempfile.TemporaryDirectory() as scratch:
+        trace_file = out or Path(scratch) / "trace.txt"
+        rc = trace(command, trace_file)
+        shared, elsewhere = report(touched(trace_file), keep)
+    shown = command[2] if command[:2] == ["bash", "-c"] else shlex.join(command)
+    print(f"traced: {shown} (exit {rc}); outside {', '.join(keep)}")
+    print(f"shared folders ({len(shared)}):", *shared or ["(none)"], sep="\n  ")
+    print(f"written elsewhere, by folder ({len(elsewhere)}):", *elsewhere or ["(none)"], sep="\n  ", flush=True)
+    return any(not line.startswith(SEMAPHORES) and {"write", "mkdir", "bind"} & kinds(line) for line in shared)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="keep the raw trace here (default: a temporary file, removed)")
     p.add_argument("--keep", action="append", default=[], help="another folder whose writes are expected")
+    p.add_argument("--commands", type=Path, help="a file of commands to trace in turn, one a line (bash)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        p.error("give the command to trace after --")
+    if bool(command) == bool(args.commands):
+        p.error("give one command to trace after --, or --commands FILE")
     checkout = str(Path.cwd().resolve())
     state = os.environ.get("SPIKELAB_STATE", "")
     keep = tuple(filter(None, (checkout, state, *args.keep)))
-    with tempfile.TemporaryDirectory() as scratch:
-        out = args.out or Path(scratch) / "trace.txt"
-        rc = trace(command, out)
-        shared, elsewhere = report(touched(out), keep)
-    print(f"traced: {shlex.join(command)} (exit {rc}); outside {', '.join(keep)}")
-    print(f"shared folders ({len(shared)}):", *shared or ["(none)"], sep="\n  ")
-    print(f"written elsewhere, by folder ({len(elsewhere)}):", *elsewhere or ["(none)"], sep="\n  ")
-    written = [
-        line for line in shared if not line.startswith(SEMAPHORES) and ({"write", "mkdir", "bind"} & kinds(line))
-    ]
-    return 1 if written else 0
+    commands = commands_in(args.commands) if args.commands else [command]
+    wrote = [c[-1] for c in commands if trace_and_report(c, keep, args.out)]
+    if args.commands:
+        print(
+            f"{len(commands)} commands traced; {len(wrote)} made or wrote a name in a shared folder", *wrote, sep="\n  "
+        )
+    return 1 if wrote else 0
 
 
 def kinds(line: str) -> set[str]:

@@ -184,3 +184,33 @@ def test_the_readme_stays_short() -> None:
         f"README.md has {words} words, over its budget of {README_WORD_BUDGET}: "
         "move detail to docs/ and link it (issue 45)"
     )
+
+
+TRACED = ROOT / "docs" / "traced-commands.txt"
+COMMAND = re.compile(
+    r"^(?:\w+=\S+ )*(python3? -m [\w.]+|python3? [\w/.-]+\.py|make \w+|spikelab \w+|dvc \w+|torchrun|"
+    r"bash [\w/.-]+\.sh|scripts/[\w.-]+\.sh|\.ci/run|mlflow server|prefect server|optuna-dashboard)"
+)
+"""A command a user types, as the docs show it (in a code span or a shell block), to its kind: the
+program and its subcommand or module (``python -m model.train``, ``dvc exp``, ``make demo``)."""
+
+
+def documented_commands() -> dict[str, str]:
+    """Each kind of command README.md and docs/*.md show, with one document that shows it."""
+    found: dict[str, str] = {}
+    for doc in documents():
+        text = doc.read_text(encoding="utf-8")
+        blocks = re.findall(r"^```(?:bash|sh|console)\n(.*?)^```", text, flags=re.S | re.M)
+        for line in re.findall(r"`([^`\n]+)`", unfenced(text)) + [x for b in blocks for x in b.splitlines()]:
+            if match := COMMAND.match(line.strip().removeprefix("$ ")):
+                found.setdefault(match.group(1), doc.name)
+    return found
+
+
+def test_every_command_the_docs_show_is_traced_or_says_why_not() -> None:
+    """docs/traced-commands.txt (scripts/trace_shared_paths.py --commands) names each kind of
+    command a user is shown, either as a line it traces or under "Not traced" with the reason."""
+    listed = TRACED.read_text(encoding="utf-8")
+    missing = {kind: doc for kind, doc in documented_commands().items() if kind not in listed}
+    assert not missing, f"shown in the docs but neither traced nor said why not in {TRACED.name}: {missing}"
+    assert {"python -m model.train", "torchrun", "make setup", "dvc checkout"} <= documented_commands().keys()

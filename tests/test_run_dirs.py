@@ -201,7 +201,7 @@ ENTRY_POINTS = [
     ["-m", "tasks.params"],
     *([str(path.relative_to(ROOT))] for path in sorted((ROOT / "checks").glob("*.py"))),
     *([str(path.relative_to(ROOT))] for path in sorted((ROOT / "benchmarks").glob("bench_*.py"))),
-    *([f"scripts/{name}.py"] for name in ("search_pruning", "doc_numbers", "sequential_oc", "screenshots")),
+    *([f"scripts/{name}.py"] for name in ("search_pruning", "sequential_oc", "screenshots")),
 ]
 """Every command docs/ shows a user typing with ``python`` (the spikelab CLI and make's recipes
 are tested in tests/test_private_env.py)."""
