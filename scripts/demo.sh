@@ -22,27 +22,8 @@ say "1/4 this checkout's servers (Prefect, MLflow, optuna-dashboard), started on
 spikelab services up
 
 say "2/4 a copy of the checkout's code in $project, profile smoke"
-fresh=$demo/project.new
-rm -rf "$fresh"
-mkdir -p "$fresh"
-# tracked and untracked files, as they are in the working tree (ignored ones left out: .venv, .spikelab, caches)
-git ls-files -z -co --exclude-standard | while IFS= read -r -d '' file; do
-  if [ -e "$file" ] || [ -L "$file" ]; then printf '%s\0' "$file"; fi
-done | xargs -0 cp -P --parents -t "$fresh"
-if [ -d "$project" ]; then  # the previous demo's results and cache: DVC reruns only what changed
-  for kept in dvc.lock params data metrics models plots reports runs search .dvc/cache .spikelab; do
-    if [ -e "$project/$kept" ]; then
-      rm -rf "${fresh:?}/$kept"
-      mv "$project/$kept" "$fresh/$kept"
-    fi
-  done
-  rm -rf "$project"
-fi
-mv "$fresh" "$project"
+scripts/demo-copy.sh "$project"  # its .dvc/config.local keeps DVC's site cache private, as setup's does
 cd "$project"
-sed -i -E 's/^profile: .*/profile: smoke/' params.yaml
-grep -q '^profile: smoke$' params.yaml || { echo "demo: params.yaml has no top-level profile key" >&2; exit 2; }
-dvc config --local core.no_scm true  # a copy, not a git repository: DVC leaves git alone
 copied=$SECONDS
 
 say "3/4 dvc repro: every stage at the smoke profile's sizes (about 5 min on 2 cores; a rerun: seconds)"

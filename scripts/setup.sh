@@ -6,18 +6,73 @@
 #               On a GPU machine install a CUDA build of torch 2.13 into .venv first, then
 #               run with TORCH_SPEC=skip.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
-source scripts/private-env.sh  # the CLI's umask; pip's temporary files under .spikelab/, not /tmp
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 started=$SECONDS
 step_started=$SECONDS
 say() { echo "setup: $*"; }
 step() { say "$*"; step_started=$SECONDS; }
 took() { say "  done in $((SECONDS - step_started)) s"; }
+# The folder $1 (its physical path) and each folder above it, nearest first: "uid mode folder".
+folders_up() {
+  local dir
+  dir=$(cd "$1" && pwd -P)
+  while :; do
+    echo "$(stat -c '%u %a' "$dir") $dir"
+    [ "$dir" = / ] && return 0
+    dir=$(dirname "$dir")
+  done
+}
+others() {  # $1 add|rename, $2 uid, $3 mode (octal): may users other than us and root do that there?
+  [ "$2" != 0 ] && [ "$2" != "$(id -u)" ] && return 0
+  (($3 & 8#022)) || return 1
+  [ "$1" = add ] || ! (($3 & 8#1000))  # the sticky bit keeps them from renaming what is ours
+}
+# A checkout in a folder another user may rename things in could be swapped for theirs while pip
+# installs it; refused before anything is made (the state directory's check, model/private.py:
+# state_dir, covers the checkout only while SPIKELAB_STATE is left at its default).
+while read -r uid mode folder; do
+  if others rename "$uid" "8#$mode"; then
+    printf "setup: error: checkout %s: %s is another user's or writable by others (uid %s, mode %04d), who could swap it; move the checkout\n" "$PWD" "$folder" "$uid" "$mode" >&2
+    exit 2
+  fi
+done < <(folders_up .)
+source scripts/private-env.sh  # the CLI's umask; pip's temporary files under .spikelab/, not /tmp
+# pip's user agent runs `rustc --version` (and a package built from source may run cargo) through
+# rustup's proxy, which obeys a rust-toolchain(.toml) in ANY folder above the working directory: one
+# planted in /tmp (`path = "<a folder of theirs>"`) ran another user's bin/rustc as us. RUSTUP_TOOLCHAIN
+# outranks every toolchain file, so setup pins rustup's default toolchain (asked from /, where no
+# toolchain file applies; none configured: a name that fails), and RUSTUP_AUTO_INSTALL=0 keeps a
+# pinned name from downloading. Chosen over keeping rustup off pip's PATH, which would break a
+# dependency that has to be built from Rust source; pinned, it builds with the user's default toolchain.
+if [ -z "${RUSTUP_TOOLCHAIN:-}" ] && command -v rustup >/dev/null; then
+  RUSTUP_TOOLCHAIN=$(cd / && rustup default 2>/dev/null | awk 'NR == 1 { print $1 }') || true
+  export RUSTUP_TOOLCHAIN=${RUSTUP_TOOLCHAIN:-none}
+fi
+export RUSTUP_AUTO_INSTALL=0
+# Cargo reads .cargo/config.toml in every folder above where it runs (pip builds in $TMPDIR), and no
+# setting stops that walk; its settings can name programs to run (build.rustc-wrapper). Where a folder
+# above the checkout or its scratch lets other users add files (/tmp, sticky or not), setup's cargo
+# refuses, saying why; elsewhere a Rust build runs as usual.
+open_folder=
+while read -r uid mode folder; do
+  if others add "$uid" "8#$mode"; then open_folder=$folder && break; fi
+done < <(folders_up .; folders_up "$TMPDIR")
+if [ -n "$open_folder" ]; then
+  refusing_bin=$TMPDIR/setup-bin  # private: $TMPDIR is <state>/scratch/tmp, 0700
+  mkdir -p "$refusing_bin"
+  printf '#!/bin/sh\necho "$SPIKELAB_CARGO_REFUSED" >&2\nexit 1\n' >"$refusing_bin/cargo"
+  chmod 700 "$refusing_bin/cargo"
+  export SPIKELAB_CARGO_REFUSED="setup: cargo refused: other users may add files to $open_folder, and cargo would read their $open_folder/.cargo/config.toml; to build from Rust source, move the checkout (and SPIKELAB_STATE) out of it"
+  export PATH="$refusing_bin:$PATH" CARGO=$refusing_bin/cargo
+fi
+unset uid mode folder open_folder refusing_bin
 # -qq: errors only (a machine's pip config may add index folders it lacks, a warning per package)
 pip() { .venv/bin/python -m pip --disable-pip-version-check -qq "$@"; }
 installed() { .venv/bin/python -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$1" 2>/dev/null; }
+# Sourced (tests/test_setup_safety.py): the environment and pip() above, nothing installed.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
 if [ ! -x .venv/bin/python ]; then
   say "first run: 3-8 min on a 2-core machine, by how fast packages download (torch 0.5-3 min,"
