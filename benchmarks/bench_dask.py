@@ -120,6 +120,9 @@ def worktree(ref: str):
     with tempfile.TemporaryDirectory(prefix="bench-baseline-") as tmp:
         path = Path(tmp) / "code"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(path), ref], cwd=ROOT, check=True)
+        # git leaves .dvc/config.local behind: a dvc run there keeps its site cache private too
+        site_cache = ["dvc", "config", "--local", "core.site_cache_dir", os.environ["DVC_SITE_CACHE_DIR"]]
+        subprocess.run(site_cache, cwd=path, check=True)
         try:
             yield path
         finally:

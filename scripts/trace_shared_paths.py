@@ -15,6 +15,7 @@ a semaphore was made or written in a shared folder. Needs strace (``apt-get inst
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shlex
@@ -138,7 +139,7 @@ def commands_in(listing: Path) -> list[list[str]]:
 def trace_and_report(command: list[str], keep: tuple[str, ...], out: Path | None) -> bool:
     """Trace ``command`` and print what it did outside ``keep``; whether it made or wrote anything
     other than a semaphore in a shared folder."""
-    with tempfile.TemporaryDirectory() as scratch:
+    with contextlib.nullcontext(out.parent) if out else tempfile.TemporaryDirectory() as scratch:
         trace_file = out or Path(scratch) / "trace.txt"
         rc = trace(command, trace_file)
         shared, elsewhere = report(touched(trace_file), keep)
@@ -151,7 +152,11 @@ def trace_and_report(command: list[str], keep: tuple[str, ...], out: Path | None
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, help="keep the raw trace here (default: a temporary file, removed)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="keep the raw trace here (default: a temporary file, removed); with --commands, the last one's",
+    )
     p.add_argument("--keep", action="append", default=[], help="another folder whose writes are expected")
     p.add_argument("--commands", type=Path, help="a file of commands to trace in turn, one a line (bash)")
     p.add_argument("command", nargs=argparse.REMAINDER)
