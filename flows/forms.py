@@ -29,7 +29,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from model.config import MAX_LOSS_SHIFT
-from model.typed_config import PROFILES_DIR, ConfigError, _override_value, annotation, flatten
+from model.typed_config import PROFILES_DIR, ConfigError, annotation, flatten, override_value
 from tasks.config import Config
 from tasks.data.config import DataConfig
 from tasks.runtime.paths import project_dir, state_dir
@@ -355,7 +355,7 @@ def out_of_bounds(key: str, hint: Any, value: Any) -> str | None:
     is_list = typing.get_origin(hint) is list
     if not (hint is int or is_list):
         return None  # a flag, a choice, a float, an unknown key
-    value = _override_value(Config, key, value)
+    value = override_value(Config, key, value)
     if is_list and is_choice(typing.get_args(hint)[0]):
         choices = len(typing.get_args(typing.get_args(hint)[0]))
         if isinstance(value, list) and len(value) > choices:

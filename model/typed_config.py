@@ -279,12 +279,12 @@ def _read_overlay(schema: type, path: Path, keep: set[str] | None) -> dict[str, 
 
 
 def _read_overrides(schema: type, overrides: dict[str, Any]) -> dict[str, Any]:
-    nested = _unflatten({key: _override_value(schema, key, value) for key, value in overrides.items()})
+    nested = _unflatten({key: override_value(schema, key, value) for key, value in overrides.items()})
     _typecheck(schema, nested, "", "overrides", partial=True)
     return nested
 
 
-def _override_value(schema: type, key: str, value: Any) -> Any:
+def override_value(schema: type, key: str, value: Any) -> Any:
     """A command-line string as the key's type reads it: ``"100"`` -> 100, ``"[16, 32]"`` -> a list."""
     if not isinstance(value, str) or _declared_type(schema, key) in (str, None):
         return value
