@@ -17,8 +17,6 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from model.private import run_private
-
 TOKENS = Path("data") / "tokens"
 CARRY = Path("gpu_study") / "carry" / "tokens.tar.xz"
 CARRY_LIMIT = 60 * 2**20
@@ -90,5 +88,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(run_private(main))
+if __name__ == "__main__":  # on the GPU box, through scripts/gpu-window.sh: its own private scratch first
+    sys.exit(main())

@@ -30,8 +30,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from model.private import run_private
-
 ARM = ["-m", "tasks.ablate.arm"]
 MARGIN = 1.3
 """An arm is not started unless the window has this times its estimate left (tasks/gpu_study/plan.py)."""
@@ -200,5 +198,5 @@ def main(argv: list[str] | None = None) -> int:
     return run(slice_, args.project.resolve(), args.out.resolve(), args.workers, args.window_s)
 
 
-if __name__ == "__main__":
-    sys.exit(run_private(main))
+if __name__ == "__main__":  # on the GPU box, through scripts/gpu-window.sh: its own private scratch first
+    sys.exit(main())
