@@ -10,6 +10,8 @@ folder (/tmp, /var/tmp, /dev/shm, /run/lock), the calls seen and its owner and m
 (``gone`` when removed by the end). Writes elsewhere outside the checkout (the user's home, the
 package caches) are listed apart: only the owner can write there. Exit 1 when something other than
 a semaphore was made or written in a shared folder. Needs strace (``apt-get install strace``).
+strace follows every process a command starts until it ends: a command that leaves a server
+running is traced until the server stops (so a traced line that starts servers stops them too).
 """
 
 from __future__ import annotations
