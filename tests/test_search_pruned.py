@@ -251,7 +251,9 @@ def test_a_pruned_trial_is_recorded_with_its_step_and_never_enters_the_fit(tmp_p
     complete = [p for p in points if p.status == "completed"]
     summary = width_summary(points, GRID)
     assert summary["per_seed"]["0"] == fit_optimum([p.log2_lr for p in complete], [p.value for p in complete]).log2_lr
-    assert summary["loss_opt"] > 5.0 and not summary["at_edge"]
+    # the completed trials' curve has its minimum 5.0 exactly; the pruned 4.0, fitted, would pull it
+    # well below (the fit lands within rounding of 5.0: 4.999999999999998 on an AMD EPYC)
+    assert summary["loss_opt"] == pytest.approx(5.0, abs=1e-9) and not summary["at_edge"]
     record = pruned_trials(cfg, storage, [spec])
     (group,) = record["groups"]
     assert group["pruned"] == [{"log2_lr": GRID[4], "step": 300, "by": "median"}]
