@@ -40,6 +40,18 @@ def skip_reason() -> str | None:
     return None
 
 
+def give_to(path: Path, owner: str | None) -> int:
+    """Make ``path`` ``owner``'s (None: leave it this user's); the uid that owns it now. Skips,
+    saying why, where another user cannot be acted as."""
+    if owner is None:
+        return os.getuid()
+    if reason := skip_reason():
+        pytest.skip(reason)
+    uid = pwd.getpwnam(owner).pw_uid
+    os.chown(path, uid, -1)
+    return uid
+
+
 def run_as_other_user(code: str, *args: str, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
     """``code`` run by the system Python as ``nobody`` with ``args``, from ``/``, with a bare
     environment; what it prints comes back. ``stdin``: what the code reads (a login, never on its

@@ -26,7 +26,7 @@ import pytest
 from tasks.runtime import paths
 from tasks.runtime.paths import UnsafeFolder
 from tasks.runtime.private_env import ENGINE_FOLDERS, private_env
-from tests.other_user import OTHER, readable_packages, run_as_other_user, skip_reason
+from tests.other_user import OTHER, give_to, readable_packages, run_as_other_user, skip_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -138,12 +138,7 @@ def test_a_state_directory_in_a_folder_others_may_rename_things_in_is_refused(
     its mode (``nobody``'s, 0755); root's (/, /home) is not another user's. ``owner`` None: this user."""
     parent = tmp_path / "shared"
     parent.mkdir()
-    uid = os.getuid()
-    if owner is not None:
-        if reason := skip_reason():
-            pytest.skip(reason)
-        uid = pwd.getpwnam(owner).pw_uid
-        os.chown(parent, uid, -1)
+    uid = give_to(parent, owner)
     parent.chmod(parent_mode)
     monkeypatch.setenv("SPIKELAB_STATE", str(parent / "state"))
     if refused:

@@ -26,7 +26,7 @@ from model.callbacks import CSVLogger
 from model.checkpoint import CheckpointError, RunLock, list_checkpoints, load_checkpoint, load_latest
 from model.private import ENGINE_FOLDERS, UnsafeFolder, private_run_dir
 from model.train import train
-from tests.other_user import OTHER, SESSION_ENV, run_as_other_user, skip_reason
+from tests.other_user import OTHER, SESSION_ENV, give_to, run_as_other_user, skip_reason
 from tests.test_private_env import mode, users_shell
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,11 +137,9 @@ def test_an_out_folder_others_may_write_is_refused(tmp_path, folder_mode, refuse
 
 
 def test_an_out_folder_inside_a_folder_another_user_owns_is_refused(tmp_path):
-    if reason := skip_reason():
-        pytest.skip(reason)
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o755)
-    os.chown(theirs, pwd.getpwnam(OTHER).pw_uid, -1)
+    give_to(theirs, OTHER)
     with pytest.raises(UnsafeFolder, match=rf"{theirs} above it is another user's"):
         private_run_dir(theirs / "run")
     assert not (theirs / "run").exists()
@@ -166,12 +164,10 @@ def trained_run(out: Path) -> list[tuple[int, Path]]:
 
 
 def test_a_checkpoint_another_user_owns_is_never_loaded_and_the_run_falls_back_to_its_own(tmp_path, capsys):
-    if reason := skip_reason():
-        pytest.skip(reason)
     (step2, older), (step4, newest) = trained_run(tmp_path / "run")
     identity = load_checkpoint(newest)["identity"]  # the control: one's own newest loads
     for path in (newest, newest.with_name(newest.name + ".sha256")):
-        os.chown(path, pwd.getpwnam(OTHER).pw_uid, -1)  # as if swapped in by another user
+        give_to(path, OTHER)  # as if swapped in by another user
     with pytest.raises(CheckpointError, match=rf"{newest.name} is owned by another user \(uid \d+\): never loaded"):
         load_checkpoint(newest)
     path, state = load_latest(tmp_path / "run" / "checkpoints", identity)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import os
-import pwd
 import shlex
 import shutil
 import stat
@@ -30,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests import test_private_env
-from tests.other_user import OTHER, SESSION_ENV, readable_packages, run_as_other_user, skip_reason
+from tests.other_user import OTHER, SESSION_ENV, give_to, readable_packages, run_as_other_user, skip_reason
 from tests.test_private_env import BIN, PICKLED_PAYLOAD, ROOT, dvc_repo_cache_name, users_shell
 
 planted = test_private_env.planted
@@ -295,12 +294,7 @@ def test_setup_refuses_a_checkout_in_a_folder_another_user_may_rename_things_in(
     already; with SPIKELAB_STATE elsewhere only setup's own check of the checkout does."""
     parent = tmp_path / "parent"
     checkout = setup_copy(parent / "checkout", venv=False)
-    uid = os.getuid()
-    if owner is not None:
-        if reason := skip_reason():
-            pytest.skip(reason)
-        uid = pwd.getpwnam(owner).pw_uid
-        os.chown(parent, uid, -1)
+    uid = give_to(parent, owner)
     parent.chmod(parent_mode)
     env = users_terminal(**({"SPIKELAB_STATE": str(tmp_path / "state")} if state == "elsewhere" else {}))
     done = subprocess.run(
