@@ -189,11 +189,12 @@ def keep_others_from_writing() -> None:
 def run_private(main: Callable[[], int | None]) -> int:
     """Run an entry point typed in a shell (``if __name__ == "__main__": sys.exit(run_private(main))``)
     as every ``spikelab`` command runs: the umask above, the engines' scratch private and their
-    telemetry off, before anything is imported lazily or started. An unsafe folder: one line, exit 2."""
+    telemetry off, before anything is imported lazily or started. An unsafe folder, here or anywhere
+    the entry point writes (a run directory): one line, exit 2."""
     keep_others_from_writing()
     try:
         use_private_env()
+        return main() or 0
     except UnsafeFolder as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return USER_ERROR_EXIT
-    return main() or 0

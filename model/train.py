@@ -59,7 +59,7 @@ from model.identity import LOADABLE, RESUMABLE, check_loadable, run_identity
 from model.numerics import check_mode
 from model.optim import build_adamw, lr_at, set_lr
 from model.precision import resolve_precision
-from model.private import UnsafeFolder, private_run_dir, run_private
+from model.private import private_run_dir, run_private
 from model.step import Batch, StepResult, TrainModule
 from model.stops import Preempted, RunStatus
 from model.telemetry import Telemetry, optimizer_norms, record_forward_stats, to_floats
@@ -653,7 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             out,
             [ProgressBar(), CSVLogger(out / "plots")] if world.is_main else [],
         )
-    except (UserError, UnsafeFolder) as e:
+    except UserError as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return 2
     finally:

@@ -31,7 +31,7 @@ from model.callbacks import Callback
 from model.collapse import collapse_stats, sample
 from model.data import open_split
 from model.detect import make_detector
-from model.private import UnsafeFolder, run_private
+from model.private import run_private
 from model.probes import RangeProbe
 from model.provenance import provenance
 from model.spike.injections import Injection
@@ -261,7 +261,7 @@ def run_command(arguments: list[str], project: Path | None = None) -> dict[str, 
 def main(argv: list[str] | None = None) -> int:
     try:
         summary = run_command(sys.argv[1:] if argv is None else argv)["summary"]
-    except (UserError, UnsafeFolder) as e:
+    except UserError as e:
         print(f"spikelab: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps({k: summary[k] for k in ("status", "diverged_at", "steps", "final_loss", "val_loss")}))
