@@ -35,8 +35,8 @@ def plan_arms(project: Path, profile: str | None) -> list[dict[str, Any]]:
     """The stage's runs (one per run identity), its command's arguments after the module."""
     from flows.ablate import ARM_MODULE, plan, runs_to_train  # here: prefect is not on a bare box
     from tasks.ablate.conditions import loss_shift_probe
-    from tasks.ablate.declared import read_studies
     from tasks.config import load_config
+    from tasks.design.studies import read_studies
 
     cfg = load_config(project / "params.yaml", profile)
     shift = loss_shift_probe(cfg, project)["k"] or 0

@@ -2,7 +2,7 @@
 trained twice from the same config and data, once as the study trains it (every matmul's rounding
 emulated in fp32 on the CPU, ``precision.emulate: always``) and once on a CUDA device with the
 hardware's own formats (autocast, ``emulate: never``). The study decides its fp16 findings on the
-emulation (the precision family's `fixed` keys in tasks/report/preregistration.yaml); this shows whether what decides them — which arms go
+emulation (the precision family's `fixed` keys in tasks/design/preregistration.yaml); this shows whether what decides them — which arms go
 non-finite, how far each ends from fp32, the probe-sized excursion, the fp16 range probe's shares —
 holds where the formats are real.
 

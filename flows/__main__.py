@@ -110,14 +110,14 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
     from model.numerics import apply_numerics
     from model.stops import RunEnded
     from tasks.config import project_config
+    from tasks.design.seed_registry import check_stage
     from tasks.runtime import paths, services
     from tasks.runtime.outputs import KeptOutputs
     from tasks.runtime.startup import imports_without_gc
-    from tasks.seed_registry import check_stage
 
     started = time.perf_counter()
     cfg, project = project_config(profile, sets)  # fail fast, before any import cost
-    check_stage(stage, cfg)  # a study trains on seeds no earlier step used (tasks/seed_registry.yaml)
+    check_stage(stage, cfg)  # a study trains on seeds no earlier step used (tasks/design/seed_registry.yaml)
     apply_numerics(cfg.precision.numerics)  # before torch loads, here and in the workers this starts
     where = services.configure_environment()  # before prefect is imported
     if STAGES[stage].fans_out:

@@ -33,7 +33,6 @@ from model.provenance import config_provenance
 from model.typed_config import ConfigError
 from tasks.ablate.arm import run_command
 from tasks.ablate.conditions import loss_shift_probe
-from tasks.ablate.declared import DeclaredFamily, read_studies
 from tasks.ablate.depth import depth_probe
 from tasks.ablate.figures import family_figures
 from tasks.ablate.grid import (
@@ -48,10 +47,11 @@ from tasks.ablate.grid import (
     read_result,
 )
 from tasks.ablate.rounds import Schedule
-from tasks.ablate.stats import variant_table
 from tasks.config import Config, project_config
 from tasks.data.unigram import unigram_baseline
-from tasks.report.design import design
+from tasks.design.preregistration import design
+from tasks.design.stats import variant_table
+from tasks.design.studies import DeclaredFamily, read_studies
 from tasks.report.findings import family_finding, family_state
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import write_json

@@ -10,8 +10,8 @@ from prefect import serve
 
 from flows.pipeline import pipeline_flow, study_flow
 from flows.stages import STAGES
-from tasks.ablate.declared import read_studies
 from tasks.config import project_config
+from tasks.design.studies import read_studies
 
 THROUGH_DVC = (
     "Runs through DVC (`dvc repro --single-item`, one task per stage, logs live): cached and "

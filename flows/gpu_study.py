@@ -18,10 +18,10 @@ from typing import Any
 from model.private import run_private
 from model.typed_config import UserError
 from tasks.ablate.conditions import loss_shift_probe
-from tasks.ablate.declared import read_studies
 from tasks.ablate.grid import families
 from tasks.config import load_config
 from tasks.data.unigram import unigram_baseline
+from tasks.design.studies import read_studies
 from tasks.gpu_study import plan as planning
 from tasks.gpu_study.carry import CarryError, pack
 from tasks.gpu_study.report import REPORT, arms_in, findings, render

@@ -34,8 +34,8 @@ from prefect.context import FlowRunContext, TaskRunContext
 from flows.forms import KEEP, Overrides, ProfileChoice, check_from_outside, dotted
 from flows.stages import STAGES
 from model.typed_config import ConfigError
-from tasks.ablate.declared import STUDIES, read_studies
 from tasks.config import project_config
+from tasks.design.studies import STUDIES, read_studies
 from tasks.runtime.artifacts import publish_pipeline_summary
 from tasks.runtime.outputs import PRETRAIN_CHECKPOINTS
 from tasks.runtime.paths import DVC_EXP_ENV, MLFLOW_PARENT_ENV, PARENT_TASK_RUN_ENV, PIPELINE_RUN_ENV, project_dir

@@ -13,8 +13,8 @@ from prefect import flow
 from flows.forms import Profile
 from model.provenance import config_provenance
 from model.typed_config import InputError
-from tasks.ablate.declared import read_studies
 from tasks.config import project_config
+from tasks.design.studies import read_studies
 from tasks.params import RESOLVED
 from tasks.report.arithmetic import committed_outputs, numeric_paths, warnings
 from tasks.report.declared import declared_finding

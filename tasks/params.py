@@ -24,8 +24,8 @@ import yaml
 
 from model.private import run_private
 from model.typed_config import UserError
-from tasks.ablate.declared import builtin_families, read_studies
 from tasks.config import check_runtime, resolve_study
+from tasks.design.studies import builtin_families, read_studies
 from tasks.runtime.paths import project_dir
 
 RESOLVED = Path("params/resolved.yaml")

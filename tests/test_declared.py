@@ -1,4 +1,4 @@
-"""A researcher's own ablation declared in studies.yaml (tasks/ablate/declared.py): every bad
+"""A researcher's own ablation declared in studies.yaml (tasks/design/studies.py): every bad
 declaration refused before any training, naming its key; declared arms built like the built-in
 ones; each kind of claim tested and judged by the study's one rule (tasks/report/declared.py)."""
 
@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from model.typed_config import ConfigError
-from tasks.ablate.declared import STUDIES, Gate, builtin_families, read_studies
 from tasks.ablate.grid import arm_config, expand
 from tasks.config import Config, load_config
+from tasks.design.studies import STUDIES, Gate, builtin_families, read_studies
 from tasks.report.declared import declared_finding
 
 REPO = Path(__file__).resolve().parents[1]

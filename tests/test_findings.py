@@ -10,7 +10,7 @@ import pytest
 
 from tasks.ablate.grid import expand
 from tasks.config import Config
-from tasks.report.design import design
+from tasks.design.preregistration import design
 from tasks.report.findings import FAMILY_OF, evaluate
 from tasks.report.render import forest_rows, report_json
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED

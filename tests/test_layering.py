@@ -1,7 +1,7 @@
 """The import graph, drawn from the source (ast): no cycles anywhere in flows/, tasks/, model/,
-not even through imports only a type checker follows; imports point down the layers (flows ->
-tasks -> model, never back); model/ stays importable on a bare GPU box; tasks/runtime/ builds on
-no stage; a stage's config section builds on model/ only.
+not even through imports only a type checker follows; every import points down the house's layers
+(LAYERS, bottom first), never up and never sideways between two stages of one floor; model/ stays
+importable on a bare GPU box.
 
 Imports under ``if TYPE_CHECKING:`` are for type checkers and never run: the layer rules leave them
 out, the cycle rule counts them (a typing-only circle still ties two modules into one)."""
@@ -118,24 +118,104 @@ def test_the_cycle_check_finds_a_circle_closed_only_by_a_type_checking_import(tm
     assert find_cycle(import_graph(tmp_path, typing=True)) == ["model.hooks", "model.loop", "model.hooks"]
 
 
-@pytest.mark.parametrize("lower, upper", [("model", "tasks"), ("model", "flows"), ("tasks", "flows")])
-def test_imports_point_down_the_layers(lower, upper):
-    upward = {
-        name: sorted(t for t in targets if t.split(".")[0] == upper)
-        for name, targets in import_graph().items()
-        if name.split(".")[0] == lower
-    }
-    assert not {k: v for k, v in upward.items() if v}
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("model",),
+    ("tasks",),  # the package's __init__
+    ("tasks.runtime",),  # plumbing: paths, servers, tracking, atomic files (its own config section too)
+    ("config",),  # tasks/config.py and each stage's config section: the typed params
+    ("tasks.design",),  # the pre-registration, declared studies, seed registry, statistics
+    ("tasks.params",),
+    ("tasks.data",),
+    ("tasks.pretrain",),
+    ("tasks.search", "tasks.spike", "tasks.ablate"),  # siblings: none imports another
+    ("tasks.report",),
+    ("tasks.sensitivity",),
+    ("tasks.gpu_study",),
+    ("flows",),
+)
+"""The house, bottom floor first: a module imports only from its own room or a lower floor. What two
+stages of one floor share lives below both (tasks/design/curves.py for spike and ablate)."""
 
 
-def test_runtime_builds_on_no_stage_and_no_study_config():
-    graph = import_graph()
-    bad = {
-        name: sorted(t for t in targets if t.startswith("tasks.") and not t.startswith("tasks.runtime"))
+def room(module: str) -> str:
+    """The room a module lives in: its package under tasks/ (stages' config sections apart), else its
+    top package."""
+    parts = module.split(".")
+    if module == "tasks.config" or (len(parts) == 3 and parts[::2] == ["tasks", "config"] and parts[1] != "runtime"):
+        return "config"
+    if parts[0] == "tasks" and len(parts) > 1:
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+FLOOR = {name: floor for floor, rooms in enumerate(LAYERS) for name in rooms}
+
+
+def floor(module: str) -> int:
+    """Its room's floor; a room on no floor counts as the top (test_every_room_of_the_tree_has_a_floor
+    names it)."""
+    return FLOOR.get(room(module), len(LAYERS))
+
+
+def imports_against_the_order(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that goes up a floor or sideways into another room of the same floor."""
+    return sorted(
+        f"{name} -> {target} ({room(name)} imports {room(target)})"
         for name, targets in graph.items()
-        if name.startswith("tasks.runtime")
+        for target in targets
+        if room(target) != room(name) and floor(target) >= floor(name)
+    )
+
+
+def test_every_room_of_the_tree_has_a_floor():
+    assert {room(name) for name in source_files()} == set(FLOOR), "add the new package to LAYERS"
+
+
+def test_every_import_points_down_the_house():
+    assert imports_against_the_order(import_graph()) == []
+
+
+@pytest.mark.parametrize(
+    "importer, imported",
+    [
+        ("tasks/ablate/declared.py", "from tasks.report.design import design"),  # a stage reads the report
+        ("tasks/ablate/figures.py", "from tasks.spike.curves import trailing_mean"),  # sideways on one floor
+        ("model/gpt.py", "from tasks.config import Config"),  # model/ reads the study
+        ("tasks/runtime/files.py", "from tasks.data import sources"),  # plumbing reads a stage
+        ("tasks/design/studies.py", "from tasks.data.sources import read"),  # the design reads a stage
+    ],
+)
+def test_an_upward_or_sideways_import_is_found(tmp_path, importer, imported):
+    modules = {
+        importer,
+        "tasks/report/design.py",
+        "tasks/spike/curves.py",
+        "tasks/config.py",
+        "tasks/data/sources.py",
+        "tasks/runtime/paths.py",
+        "model/gpt.py",
     }
-    assert not {k: v for k, v in bad.items() if v}
+    for path in modules:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(imported + "\n" if path == importer else "")
+    (tmp_path / "flows").mkdir()
+    found = imports_against_the_order(import_graph(tmp_path))
+    assert len(found) == 1 and found[0].startswith(module_name(tmp_path / importer, tmp_path)), found
+
+
+def test_an_import_within_one_room_or_down_a_floor_is_allowed(tmp_path):
+    for path, text in {
+        "tasks/ablate/figures.py": "from tasks.ablate.grid import arms\nfrom tasks.design.curves import f\n",
+        "tasks/ablate/grid.py": "from tasks.ablate.config import AblationConfig\nfrom model.gpt import GPT\n",
+        "tasks/ablate/config.py": "from model.gpt import GPT\n",
+        "tasks/design/curves.py": "from tasks.config import Config\n",
+        "tasks/config.py": "from tasks.ablate.config import AblationConfig\n",
+        "model/gpt.py": "",
+    }.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    (tmp_path / "flows").mkdir()
+    assert imports_against_the_order(import_graph(tmp_path)) == []
 
 
 def test_each_stage_config_section_builds_on_model_only():

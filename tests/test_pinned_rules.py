@@ -1,8 +1,8 @@
 """Four rules pinned against values written here, not read back from the code under test:
 
-1. the design hash (tasks/report/design.py) changes when any verdict-deciding file changes by one
+1. the design hash (tasks/design/preregistration.py) changes when any verdict-deciding file changes by one
    byte: every entry of DESIGN_CODE, and the declared families' files, which decide verdicts too;
-2. an equivalence claim (tasks/report/verdict.py) and a paired TOST (tasks/ablate/stats.py) need
+2. an equivalence claim (tasks/report/verdict.py) and a paired TOST (tasks/design/stats.py) need
    p < ALPHA strictly: p exactly at ALPHA is not equivalence, the next float below it is;
 3. ``precision.numerics: portable`` pins the CPU libraries to MKL's COMPATIBLE branch, oneDNN and
    ATen at AVX2 (model/numerics.py), in a process that takes the mode before torch loads;
@@ -24,12 +24,12 @@ import pytest
 import torch
 from trainer_kit import markov_tokens, tiny_config
 
-import tasks.report.design as design_mod
+import tasks.design.preregistration as design_mod
 from model.numerics import MODE_ENV, MODES, apply_numerics, check_mode
 from model.precision import cpu_flags
 from model.train import Trainer
 from model.typed_config import ConfigError
-from tasks.ablate.stats import ALPHA, tost_paired
+from tasks.design.stats import ALPHA, tost_paired
 from tasks.report.verdict import EQUIVALENCE, INCONCLUSIVE, REPRODUCED, Claim, verdict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,13 +37,13 @@ REPO = Path(__file__).resolve().parents[1]
 # 1. The design hash -------------------------------------------------------------------------------
 
 VERDICT_FILES = (
-    "tasks/report/preregistration.yaml",  # the design, and the built-in families' declarations
+    "tasks/design/preregistration.yaml",  # the design, and the built-in families' declarations
     "tasks/report/verdict.py",
     "tasks/report/findings.py",
     "tasks/report/method.py",  # the one method every finding and declared family shares
     "tasks/report/declared.py",  # the declared families' findings: their claims and tests
-    "tasks/ablate/declared.py",  # the declared families and their claims, as they are read
-    "tasks/ablate/stats.py",
+    "tasks/design/studies.py",  # the declared families and their claims, as they are read
+    "tasks/design/stats.py",
     "tasks/ablate/grid.py",
     "tasks/ablate/conditions.py",
     "tasks/search/fit.py",
@@ -52,8 +52,8 @@ VERDICT_FILES = (
     "tasks/ablate/sizing.py",
     "tasks/report/sequential.py",  # the boundaries a look is tested against
     "tasks/ablate/rounds.py",  # which seeds each family is given, and when it stops
-    "tasks/seed_registry.py",  # which seeds a study may train on
-    "tasks/seed_registry.yaml",
+    "tasks/design/seed_registry.py",  # which seeds a study may train on
+    "tasks/design/seed_registry.yaml",
 )
 """Every file that decides a verdict, written here: one dropped from DESIGN_CODE fails its case."""
 
@@ -83,7 +83,7 @@ def test_a_one_byte_change_to_any_verdict_deciding_file_changes_the_design_hash(
     data[len(data) // 2] ^= 0x01  # one bit of one byte, the length unchanged
     path.write_bytes(bytes(data))
     assert design_mod.design_hash() != before, (
-        f"{name} decides verdicts, but tasks/report/design.py: DESIGN_CODE does not cover it"
+        f"{name} decides verdicts, but tasks/design/preregistration.py: DESIGN_CODE does not cover it"
     )
 
 

@@ -304,15 +304,15 @@ families:
         sesoi: 0.05
         justification: a twentieth of a nat is the least that would make anyone add qk-norm
 """
-"""A family and claim declared in studies.yaml alone (tasks/ablate/declared.py), as docs/ablate.md shows."""
+"""A family and claim declared in studies.yaml alone (tasks/design/studies.py), as docs/ablate.md shows."""
 
 
 def assert_ablate_and_report(project: Path, runs: dict, found: list) -> None:
     """The smoke grid's arms and the declared family's, each a child run of the ablate stage's run;
     a verdict per finding, the declared one's included, and the declared family's figure."""
-    from tasks.ablate.declared import read_studies
     from tasks.ablate.grid import expand
     from tasks.config import load_config
+    from tasks.design.studies import read_studies
 
     cfg = load_config(project / "params.yaml", "smoke")
     ablate = json.loads((project / "metrics/ablate.json").read_text())

@@ -1,4 +1,4 @@
-"""Clean confirmation (issue #46, item 6; tasks/seed_registry.py): a study seed (``seeds`` or
+"""Clean confirmation (issue #46, item 6; tasks/design/seed_registry.py): a study seed (``seeds`` or
 ``confirm_seeds`` of ablation, spike, search) that the seed registry lists, under any section, is
 refused naming the key, the seed and its earlier use; only the profiles the registry exempts pass
 unchecked; a malformed registry is refused naming its key; the committed registry parses, lists
@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from model.typed_config import ConfigError, InputError
-from tasks import seed_registry
 from tasks.config import Config, load_config
-from tasks.seed_registry import (
+from tasks.design import seed_registry
+from tasks.design.seed_registry import (
     STUDY_KEYS,
     STUDY_SECTIONS,
     Registry,
@@ -37,7 +37,7 @@ def entry(seeds: str, used_by: str, what: str, read: str = "true") -> str:
         f'    what: "{what}"\n'
         '    when: "2026-11-25, pre-registration v2"\n'
         f"    read_before_design_decision: {read}\n"
-        '    source: "tasks/report/preregistration.yaml"\n'
+        '    source: "tasks/design/preregistration.yaml"\n'
     )
 
 
@@ -86,7 +86,7 @@ def test_a_reused_confirmation_seed_is_refused_naming_the_key_the_seed_and_its_e
         "ablation.confirm_seeds: seed 12 was used by the ablation check: the held-out check (2026-11-25"
     )
     # as many fresh seeds as the key lists, none a discovery seed of the section (30, 31)
-    assert "\n" not in message and message.endswith("(tasks/seed_registry.yaml), e.g. [8, 9, 14]")
+    assert "\n" not in message and message.endswith("(tasks/design/seed_registry.yaml), e.g. [8, 9, 14]")
 
 
 def test_a_reused_discovery_seed_is_refused_too(registry):

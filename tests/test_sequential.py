@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tasks.ablate.stats import ALPHA, paired, tost_paired, tost_power
+from tasks.design.stats import ALPHA, paired, tost_paired, tost_power
 from tasks.report.sequential import (
     CONTINUE,
     JOINT,
@@ -199,7 +199,7 @@ def test_simulate_counts_what_run_sequential_decides_on_the_same_draws():
 
 @pytest.mark.parametrize("effect", [SESOI, 1.0, 0.0])
 def test_the_simulated_fixed_design_matches_its_exact_rates(effect):
-    # P(reproduced) = noncentral t tail; P(negligible) = tasks/ablate/stats.py: tost_power (Owen).
+    # P(reproduced) = noncentral t tail; P(negligible) = tasks/design/stats.py: tost_power (Owen).
     rates = simulate(SequentialDesign((8,)), effect, SESOI, 1, N_SIMS, np.random.default_rng(5))
     reproduced = stats.nct.sf(stats.t.isf(ALPHA / 2, 7), 7, (effect - SESOI) * math.sqrt(8))
     negligible = tost_power(8, 1.0, SESOI, delta=effect)

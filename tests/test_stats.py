@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tasks.ablate.stats import (
+from tasks.design.stats import (
     divergence_rates,
     mde_paired,
     paired,

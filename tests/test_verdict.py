@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.ablate.stats import ALPHA
+from tasks.design.stats import ALPHA
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NEGLIGIBLE, NOT_TESTED, REPRODUCED, Claim, verdict
 
 AGREE = {"discovery": 1.0, "confirmation": 1.2}

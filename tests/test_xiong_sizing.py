@@ -12,7 +12,7 @@ import pytest
 from trainer_kit import tiny_config
 
 from tasks.ablate.sizing import choose_steps, gated_arms, plateau_bound, probe, summary
-from tasks.report.design import design
+from tasks.design.preregistration import design
 from tests.test_search import tiny_project
 
 BOUND = 5.5

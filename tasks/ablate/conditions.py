@@ -1,5 +1,5 @@
 """The conditions two findings need before their mechanism can operate, each measured by a probe
-as tasks/report/preregistration.yaml registers it (fp16: ``condition``; overflow: ``condition``):
+as tasks/design/preregistration.yaml registers it (fp16: ``condition``; overflow: ``condition``):
 
   loss shift   fp16 underflow (Micikevicius et al. 2017) needs activation gradients in fp16's
                subnormal range, and this study's small models had 0.046 % of them there. The

@@ -1,5 +1,5 @@
 """The ablate stage's section of the study config: the values the built-in families read, one family
-of arms per finding, each in the conditions its source names (tasks/report/preregistration.yaml
+of arms per finding, each in the conditions its source names (tasks/design/preregistration.yaml
 declares each family and what it tests, referencing these keys; tasks/ablate/grid.py expands them).
 
 Every arm trains from scratch at the arm scale (``d_model`` ... ``batch_size``) on the study's
@@ -43,7 +43,7 @@ class AblationConfig(Section):
     """Discovery seeds of every arm (``train.seed``: init and data order)."""
     confirm_seeds: list[int] = field(default_factory=lambda: [4, 5, 6, 7])
     """Confirmation seeds, trained exactly like the discovery seeds: a verdict holds only where both
-    halves point the same way (tasks/report/preregistration.yaml, ``method: replication``)."""
+    halves point the same way (tasks/design/preregistration.yaml, ``method: replication``)."""
     rounds: list[int] = field(default_factory=list)
     """Group-sequential looks (issue #47): cumulative counts of ``seeds`` + ``confirm_seeds``, in
     that order, after which a family's claims are tested against the registered boundaries

@@ -1,7 +1,7 @@
 """The depth probe: Xiong et al.'s Theorem 1 checked directly, without training. Per block layout,
 depth and seed, the gradient norm of each block's weight matrices after one backward pass at
 initialisation (model/probes.py: gradient_norms_at_init), at the arm scale of the study, under the
-paper's init (the xiong family's model keys, tasks/report/preregistration.yaml) and, for comparison, this project's GPT-2 init.
+paper's init (the xiong family's model keys, tasks/design/preregistration.yaml) and, for comparison, this project's GPT-2 init.
 Post-LN's last-layer gradient is predicted to exceed Pre-LN's by a factor that grows like √L.
 """
 

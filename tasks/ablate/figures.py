@@ -10,7 +10,7 @@ trajectories.png  wortsman family: largest attention logit, output log Z, lowest
 
 Curves are the mean over seeds as a line and the seeds' min..max as a band. Every loss axis shows the
 unigram baseline and the plateau threshold below it: a run above the threshold has learned no more
-than unigram statistics and tests nothing (tasks/report/preregistration.yaml: plateau_margin).
+than unigram statistics and tests nothing (tasks/design/preregistration.yaml: plateau_margin).
 Drawn on matplotlib's Figure directly (no pyplot state), so figures can be drawn from any thread.
 """
 
@@ -28,10 +28,10 @@ from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from tasks.ablate.declared import DeclaredFamily, builtin_names, shown, variant_name
-from tasks.ablate.stats import capped_loss, derived
 from tasks.config import Config
-from tasks.spike.curves import trailing_mean
+from tasks.design.curves import trailing_mean
+from tasks.design.stats import capped_loss, derived
+from tasks.design.studies import DeclaredFamily, builtin_names, shown, variant_name
 
 Arm = dict[str, Any]
 Trace = list[tuple[int, float | None]]

@@ -2,12 +2,12 @@
 confirmation seed) and blind to the claim: it trains only the variants the finding's plateau gate
 reads, never Post-LN without warmup (the variant the finding predicts to fail, ``may_fail``).
 
-One registered rule (tasks/report/preregistration.yaml, the xiong finding's ``condition``):
+One registered rule (tasks/design/preregistration.yaml, the xiong finding's ``condition``):
 
   steps   ``ablation.xiong_steps`` is the smallest of ``ablation.sizing_xiong_steps`` at which every
           gated variant (block x warmup x LR of the family, less ``may_fail``) ends at least the
           method's ``plateau_margin`` below the unigram baseline at every sizing seed, its capped
-          validation loss read as the gate reads it (tasks/ablate/stats.py: capped_loss). Version 2
+          validation loss read as the gate reads it (tasks/design/stats.py: capped_loss). Version 2
           trained 400 steps, and Post-LN with warmup ended on the plateau at both LRs: the family
           was never tested.
 
@@ -31,12 +31,12 @@ from typing import Any
 from model.private import run_private
 from model.typed_config import add_config_arguments, parse_sets
 from tasks.ablate.arm import run_arm
-from tasks.ablate.declared import matches
 from tasks.ablate.grid import Arm, arm_config, arm_metrics, families, family_arm
-from tasks.ablate.stats import capped_loss
 from tasks.config import Config, load_config
 from tasks.data.unigram import unigram_baseline
-from tasks.report.design import design
+from tasks.design.preregistration import design
+from tasks.design.stats import capped_loss
+from tasks.design.studies import matches
 from tasks.runtime.files import write_json
 from tasks.runtime.outputs import MANIFEST
 from tasks.runtime.workers import clean_state

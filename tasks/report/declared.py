@@ -1,4 +1,4 @@
-"""The findings of the declared families (studies.yaml, tasks/ablate/declared.py): each family one
+"""The findings of the declared families (studies.yaml, tasks/design/studies.py): each family one
 finding, each of its claims tested by the study's one method and judged by its one verdict rule
 (tasks/report/verdict.py), exactly as the built-in findings are.
 
@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
-from tasks.ablate.declared import STUDIES, DeclaredClaim, DeclaredFamily, matches, shown, variant_name
-from tasks.ablate.stats import derived, seed_means, tost_paired
 from tasks.config import Config
-from tasks.report.design import design
+from tasks.design.preregistration import design
+from tasks.design.stats import derived, seed_means, tost_paired
+from tasks.design.studies import STUDIES, DeclaredClaim, DeclaredFamily, matches, shown, variant_name
 from tasks.report.method import (
     Arms,
     Finding,
@@ -102,7 +102,7 @@ def declared_finding(
 def looks(cfg: Config, family: DeclaredFamily) -> SequentialDesign | None:
     """The registered group-sequential design of a family that trains in rounds: ``ablation.rounds``
     with preregistration.yaml's ``sequential`` spending, for a family whose seeds fill the last
-    round (tasks/ablate/declared.py refuses any other); None for the fixed design (no rounds)."""
+    round (tasks/design/studies.py refuses any other); None for the fixed design (no rounds)."""
     rounds = cfg.ablation.rounds
     if not rounds:
         return None

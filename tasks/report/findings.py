@@ -1,5 +1,5 @@
 """The findings the study tests, each read off the stages' outputs as its pre-registered design
-says (tasks/report/preregistration.yaml), with its verdict from the one rule
+says (tasks/design/preregistration.yaml), with its verdict from the one rule
 (tasks/report/verdict.py) and the one method (tasks/report/method.py).
 
 Five findings are declared: their families and claims are data in preregistration.yaml, tested
@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
-from tasks.ablate.declared import DeclaredFamily, builtin_families, builtin_names
 from tasks.ablate.rounds import DECIDED, GATED
-from tasks.ablate.stats import divergence_rates
 from tasks.config import Config
+from tasks.design.preregistration import design
+from tasks.design.stats import divergence_rates
+from tasks.design.studies import DeclaredFamily, builtin_families, builtin_names
 from tasks.report.declared import declared_finding
-from tasks.report.design import design
 from tasks.report.method import (
     Arms,
     Finding,

@@ -4,10 +4,10 @@ registered half, claims with their registered SESOI, the plateau gate, the findi
 
 The seed is the unit: arms of one seed share initialisation, data order and validation batches,
 so a finding takes per-seed differences (a family crossing an LR grid averages its per-(seed, LR)
-differences within each seed first, tasks/ablate/stats.py: seed_means) and tests them with the
+differences within each seed first, tasks/design/stats.py: seed_means) and tests them with the
 paired t-test, pooled over every seed and, beside it, within each registered half (discovery,
 confirmation). A diverged arm is a result: its loss is the loss at initialisation
-(tasks/ablate/stats.py: capped_loss), and divergence is reported apart as a rate. Every variant a
+(tasks/design/stats.py: capped_loss), and divergence is reported apart as a rate. Every variant a
 claim compares must end ``plateau_margin`` nats below the unigram baseline (those the finding
 predicts to fail aside, ``may_fail``): an arm that learned no more than unigram statistics tests nothing.
 """
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from tasks.ablate.stats import derived, paired, seed_means, seeds_for_tost_power, tost_paired, tost_power
 from tasks.config import Config
-from tasks.report.design import design
+from tasks.design.preregistration import design
+from tasks.design.stats import derived, paired, seed_means, seeds_for_tost_power, tost_paired, tost_power
 from tasks.report.verdict import EQUIVALENCE, Claim, verdict
 
 Halves = dict[str, list[int]]

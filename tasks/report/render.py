@@ -32,9 +32,9 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from tasks.ablate.stats import ALPHA
 from tasks.config import Config
-from tasks.report.design import DESIGN_CODE, design, design_hash
+from tasks.design.preregistration import DESIGN_CODE, design, design_hash
+from tasks.design.stats import ALPHA
 from tasks.report.findings import FAMILY_OF, scored_gap
 from tasks.report.method import Finding, number
 from tasks.report.sequential import CONTINUE
@@ -531,7 +531,7 @@ def _method_section(ablate: dict[str, Any]) -> list[str]:
     return [
         "## How a verdict is reached",
         "",
-        "Each finding was tested as its pre-registered design says (tasks/report/preregistration.yaml), with "
+        "Each finding was tested as its pre-registered design says (tasks/design/preregistration.yaml), with "
         f"one rule for all: {badge(NOT_TESTED)} when a named precondition failed; {badge(CONTRADICTED)} when a "
         f"claim is shown the other way (p < {ALPHA:g}, the 95 % interval beyond its smallest effect of interest, "
         f"both halves of the seeds that way); {badge(REPRODUCED)} when every claim holds: significant the "
@@ -916,7 +916,7 @@ def _changes_section() -> list[str]:
         "## Changes made after a result was seen",
         "",
         f"Design hash `{design_hash()}`. Every change to the design, the arms, sizes, seeds, thresholds or tests "
-        "made after any of its results was seen (tasks/report/preregistration.yaml, `changes_after_results`):",
+        "made after any of its results was seen (tasks/design/preregistration.yaml, `changes_after_results`):",
         "",
         *([f"{i}. {c}" for i, c in enumerate(changes, 1)] or ["None."]),
         "",

@@ -38,7 +38,7 @@ by the same function (exact joint distribution again) is chosen over doubling th
 which only approximates it (Pocock's first look is the same; O'Brien-Fleming's early looks differ
 severalfold, e.g. 6.9e-4 against 2.1e-4 at 4 of 12 seeds); with ``nominal`` levels, the equivalence
 level of a look is exactly twice its direction level. Significant is p < level, strictly, as everywhere in the study; a look whose values have no
-spread tests nothing (tasks/ablate/stats.py: paired), so it continues.
+spread tests nothing (tasks/design/stats.py: paired), so it continues.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from tasks.ablate.config import MIN_FIRST_ROUND
-from tasks.ablate.stats import ALPHA
+from tasks.design.stats import ALPHA
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NEGLIGIBLE, REPRODUCED
 
 CONTINUE = "continue"

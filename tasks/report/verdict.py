@@ -32,7 +32,7 @@ It is **contradicted** by the mirror image: significant, the interval beyond the
 side, and every half pointing the other way.
 
 An equivalence claim predicts no effect beyond a margin fixed beforehand (``expected`` 0; the
-margin is its ``sesoi``): ``p`` is its TOST p (tasks/ablate/stats.py: tost_paired) and it
+margin is its ``sesoi``): ``p`` is its TOST p (tasks/design/stats.py: tost_paired) and it
 holds when that is significant and every half's estimate lies inside the margin; it is contradicted
 when the 95 % interval of the difference (``ci95``) lies wholly outside the margin, on one side,
 with every half on that side (a difference too small to matter is what the claim allows).
@@ -53,7 +53,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from tasks.ablate.stats import ALPHA, POWER
+from tasks.design.stats import ALPHA, POWER
 
 REPRODUCED, CONTRADICTED, NOT_TESTED, INCONCLUSIVE = "reproduced", "contradicted", "not tested", "inconclusive"
 NEGLIGIBLE = "negligible"

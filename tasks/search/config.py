@@ -36,7 +36,7 @@ class SearchConfig(Section):
     seeds (the μ-transfer finding's unit: one seed's slope over the widths)."""
     confirm_seeds: list[int] = field(default_factory=lambda: [2, 3])
     """Confirmation seeds, trained exactly like the discovery seeds: the finding holds only where
-    both halves point the same way (tasks/report/preregistration.yaml, ``method: replication``)."""
+    both halves point the same way (tasks/design/preregistration.yaml, ``method: replication``)."""
     steps: int = 800
     """Training steps per trial (warmup: ``schedule.warmup_steps``, capped at a fifth of these):
     800 steps of batch 2 left the unigram plateau in the sizing runs (140 did not: every optimum of

@@ -8,7 +8,7 @@ The findings compared are the built-in ones the report reads through its declare
 the discovery seeds (``ablation.seeds``): on the full data, metrics/ablate.json's arms at those
 seeds; on the perturbed data, the arms trained on it. The difference is taken seed by seed
 (perturbed − full, each seed's value of the claim as the engine computes it), with its mean and
-t-interval (tasks/ablate/stats.py: paired): the seed is the unit, as everywhere in the study.
+t-interval (tasks/design/stats.py: paired): the seed is the unit, as everywhere in the study.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tasks.ablate.declared import DeclaredFamily, builtin_families
-from tasks.ablate.stats import paired
 from tasks.config import Config
-from tasks.report.design import design
+from tasks.design.preregistration import design
+from tasks.design.stats import paired
+from tasks.design.studies import DeclaredFamily, builtin_families
 from tasks.report.findings import FAMILY_OF, builtin_finding
 from tasks.report.method import Finding
 from tasks.report.verdict import Claim

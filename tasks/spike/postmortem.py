@@ -18,10 +18,10 @@ import torch
 
 from model.data import Tokens
 from tasks.data.unigram import unigram_baseline
+from tasks.design.curves import trailing_mean
 from tasks.pretrain.figures import PANEL, draw
 from tasks.runtime.files import staged, write_json
 from tasks.runtime.outputs import MANIFEST, POSTMORTEMS, SPIKE_FIGURES, SPIKE_METRICS
-from tasks.spike.curves import trailing_mean
 from tasks.spike.study import CAUSES, Study, summary_metrics, symptoms
 
 TYPE_NAMES = {1: "recoverable", 2: "lingering", 3: "divergent"}

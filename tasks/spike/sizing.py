@@ -1,7 +1,7 @@
 """The spike study's sizing probe, run on ``spike.sizing_seeds`` (never a discovery or confirmation
 seed) and blind to the recovery policies and the injections: it reads only clean stretches.
 
-One registered rule (tasks/report/preregistration.yaml, the spike finding's ``conditions``):
+One registered rule (tasks/design/preregistration.yaml, the spike finding's ``conditions``):
 
   detector   ``spike.detect_zscore`` is the smallest of ``spike.sizing_zscores`` at which the
              detector, replayed over each sizing seed's clean stretch (the warm-up and the clean

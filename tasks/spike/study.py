@@ -39,11 +39,11 @@ from model.telemetry import record_forward_stats, to_floats
 from model.train import Load, Trainer
 from model.typed_config import InputError
 from tasks.config import Config
-from tasks.report.design import design
+from tasks.design.curves import trailing_mean
+from tasks.design.preregistration import design
 from tasks.runtime.files import read_json
 from tasks.runtime.outputs import MANIFEST
 from tasks.spike.config import RecoveryConfig, SpikeConfig
-from tasks.spike.curves import trailing_mean
 
 CAUSES = {
     "data": "rare-token gradient (a batch of spike-causing poison: {reasons})",
@@ -226,7 +226,7 @@ def unreached_loss(branch: Branch, cap: float) -> float:
     number, borrowed from no other branch or seed, so each seed's pair stays a pair; it scores the
     give-up in the same comparison as every other branch, where dropping it would favour the
     policies that give up. Any other stop (diverged) counts at the cap, as a diverged arm's loss
-    is its loss at init (tasks/ablate/stats.py: capped_loss)."""
+    is its loss at init (tasks/design/stats.py: capped_loss)."""
     if branch.status == "stopped" and branch.rows:
         return capped(branch.rows[-1]["loss"], cap)
     return cap

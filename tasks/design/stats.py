@@ -146,7 +146,7 @@ def mde_paired(n: int, sd: float, alpha: float = ALPHA, power: float = POWER) ->
 
 
 def paired(a: dict[Unit, float], b: dict[Unit, float]) -> dict[str, Any]:
-    """Arm ``a`` against arm ``b`` over the units both ran (the seed: tasks/report/preregistration.yaml,
+    """Arm ``a`` against arm ``b`` over the units both ran (the seed: tasks/design/preregistration.yaml,
     ``method``): the per-unit differences a - b, their mean, SD, dz (mean / SD), the t-interval of the
     mean difference, the paired t-test's two-sided p and the smallest mean difference that test
     detects at ``POWER``: one test, so the estimate, its interval, p and the MDE describe one number.

@@ -28,7 +28,7 @@ profile scales a declared family as it scales the built-in ones. A declaration i
 full before any arm trains; each error names the file and the key.
 
 The built-in families are declared in the same form, each beside its finding in
-tasks/report/preregistration.yaml (``family``, and its claims' ``kind``, ``metric``, ...), with two
+tasks/design/preregistration.yaml (``family``, and its claims' ``kind``, ``metric``, ...), with two
 things a profile needs:
 
   references   ``"${ablation.xiong_lrs}"`` (a list for a factor's values, a number elsewhere) and
@@ -54,9 +54,9 @@ import yaml
 
 from model.typed_config import ConfigError, annotation, flatten
 from tasks.ablate.config import AblationConfig
-from tasks.ablate.stats import FIGURES
 from tasks.config import Config
-from tasks.report.design import DESIGN_FILE, design
+from tasks.design.preregistration import DESIGN_FILE, design
+from tasks.design.stats import FIGURES
 
 STUDIES = Path("studies.yaml")
 """The declared families, beside params.yaml (a DVC params file of the ablate and report stages)."""

@@ -1,5 +1,5 @@
 """Clean confirmation (issue #46, item 6): the registry of every seed a design step, sizing probe,
-pilot, check or earlier study of this project has used (tasks/seed_registry.yaml, edited by hand),
+pilot, check or earlier study of this project has used (tasks/design/seed_registry.yaml, edited by hand),
 and the rule that a study trains on none of them.
 
 Why: a result confirms only what was fixed before its seeds were seen. Version 2 changed the spike
@@ -37,9 +37,9 @@ import yaml
 from model.typed_config import ConfigError, InputError, reject_duplicate_keys
 from tasks.config import Config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = Path(__file__).with_name("seed_registry.yaml")
-SHOWN = "tasks/seed_registry.yaml"
+SHOWN = "tasks/design/seed_registry.yaml"
 """The registry as a refusal names it."""
 
 STUDY_SECTIONS = ("ablation", "spike", "search")

@@ -1,4 +1,4 @@
-"""The study's pre-registered design (tasks/report/preregistration.yaml), read in one place: the
+"""The study's pre-registered design (tasks/design/preregistration.yaml), read in one place: the
 findings read it for their tests and thresholds, the ablate stage's figures for the lines they
 draw (the plateau margin, the fp16 underflow threshold), the report prints its hash.
 
@@ -18,13 +18,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DESIGN_FILE = Path(__file__).with_name("preregistration.yaml")
 DESIGN_CODE = (
-    "tasks/report/preregistration.yaml",
+    "tasks/design/preregistration.yaml",
     "tasks/report/verdict.py",
     "tasks/report/findings.py",
     "tasks/report/method.py",
     "tasks/report/declared.py",
-    "tasks/ablate/declared.py",
-    "tasks/ablate/stats.py",
+    "tasks/design/studies.py",
+    "tasks/design/stats.py",
     "tasks/ablate/grid.py",
     "tasks/ablate/conditions.py",
     "tasks/search/fit.py",
@@ -33,8 +33,8 @@ DESIGN_CODE = (
     "tasks/ablate/sizing.py",
     "tasks/report/sequential.py",
     "tasks/ablate/rounds.py",
-    "tasks/seed_registry.py",
-    "tasks/seed_registry.yaml",
+    "tasks/design/seed_registry.py",
+    "tasks/design/seed_registry.yaml",
 )
 """The files whose content decides a verdict, relative to the checkout (the design hash's input:
 the method, the declared claims' tests and the declared families' arms among them);
