@@ -1,6 +1,6 @@
 """The operating characteristics of a group-sequential design against fixed designs, by simulation
 (tasks/report/sequential.py: simulate): for true effects from 0 to well past the SESOI, the rate of
-each outcome and the mean seeds used. docs/report.md quotes its output:
+each outcome and the mean seeds used. docs/report-statistics.md quotes its output:
 
     python scripts/sequential_oc.py --rounds 4 8 12 --fixed 8 12
 """

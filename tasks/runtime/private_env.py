@@ -2,7 +2,7 @@
 ``export`` lines, for scripts/private-env.sh to ``eval`` in make's recipes, scripts/setup.sh and
 .ci/run. Every engine's scratch under ``<state>/scratch`` (0700, checked to be this user's alone) and
 every engine's telemetry off; Python entry points apply it themselves (flows/__main__.py, the
-bare entry points' ``run_private``, tests/conftest.py). docs/services.md lists what a trace of the
+bare entry points' ``run_private``, tests/conftest.py). docs/results.md lists what a trace of the
 documented commands found outside the checkout (scripts/trace_shared_paths.py).
 
 Standard library only: scripts/private-env.sh runs it with the system Python before .venv exists.

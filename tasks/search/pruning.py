@@ -92,7 +92,7 @@ N_WARMUP_STEPS = 0
 ``schedule.warmup_steps`` <= 20 steps): in queue order a trial is compared with smaller LRs only,
 which learn more slowly, so a trial behind them at its first report is not slow but unstable.
 (The replay found a counterexample, SP w32 seed 0's best LR, slow over its first 100 steps:
-docs/search.md. Left at 0: the settings are not tuned on the outcome.)"""
+docs/search-reference.md. Left at 0: the settings are not tuned on the outcome.)"""
 
 INTERVAL_STEPS = 1
 """Every report is a pruning check (reports come every ``search.eval_every`` steps already)."""
