@@ -94,13 +94,19 @@ def state_dir() -> Path:
     return path
 
 
-def private_folder(path: Path, what: str, remedy: str = f"remove it (or choose another {STATE_ENV})") -> Path:
+def private_folder(
+    path: Path, what: str, remedy: str = f"remove it (or choose another {STATE_ENV})", *, secret: bool = False
+) -> Path:
     """``path`` made (0700) or adopted as a folder its owner alone can write: one another user owns,
-    or that others may write, is refused (whatever they left in it may be planted)."""
+    or that others may write, is refused (whatever they left in it may be planted). A ``secret``
+    folder (keys) is made 0700 even where it was there open to others' reads (a half-made one, a
+    copy): the rest (run folders, scratch) keeps the mode its owner gave it."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     mode = refuse_unless_owned(path, what, remedy)
     if mode & 0o022:
         raise UnsafeFolder(f"{what} {path}: other users may write it (mode {mode:04o}); {remedy}")
+    if secret and mode != 0o700:
+        path.chmod(0o700)
     return path
 
 

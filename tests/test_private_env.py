@@ -111,6 +111,7 @@ def test_a_scratch_folder_of_ones_own_is_refused_once_others_may_write_it(tmp_pa
             private_env(scratch)
     else:
         assert private_env(scratch)["TMPDIR"] == str(scratch / "tmp")
+        assert scratch.stat().st_mode & 0o777 == folder_mode  # not a secret folder: its owner's mode is kept
 
 
 def test_a_scratch_folder_that_is_a_link_is_refused(tmp_path):

@@ -192,6 +192,20 @@ def test_a_half_made_certificate_folder_is_made_again_with_the_key_private(state
     assert b"PRIVATE KEY" in (folder / "key.pem").read_bytes()
 
 
+@pytest.mark.parametrize("folder_mode", [0o775, 0o757])
+def test_a_certificate_folder_others_may_write_is_refused_not_adopted(state, folder_mode):
+    """What another user left in it (a key.pem linked elsewhere) would be written through: the
+    folder is refused as it is, where 0755 (the half-made case above) is closed and used."""
+    from tasks.runtime import tls
+
+    folder = state / "tls"
+    folder.mkdir(parents=True)
+    folder.chmod(folder_mode)
+    with pytest.raises(UnsafeFolder, match=f"cluster TLS folder {folder}: other users may write it.*SPIKELAB_TLS_DIR"):
+        tls.ensure_certificates()
+    assert mode(folder) == folder_mode and not any(folder.iterdir())
+
+
 def test_a_node_without_the_certificates_or_with_an_open_key_is_told_what_to_copy(state, tmp_path, monkeypatch):
     from tasks.runtime import tls
 

@@ -44,6 +44,7 @@ FILES = ("ca.pem", "cert.pem", "key.pem")
 SERVERS_CA = "servers-ca.pem"
 """In :func:`tls_dir`: the CA the HTTPS servers' certificate comes from, that their clients verify it with."""
 VALID_DAYS = 3650
+FOLDER_REMEDY = f"remove it, or set {TLS_DIR_ENV} to a folder of your own"
 
 
 def tls_dir() -> Path:
@@ -56,16 +57,11 @@ def ensure_certificates(directory: Path | None = None) -> Path:
     directory = directory or tls_dir()
     if all((directory / name).exists() for name in FILES):
         return check_certificates(directory)
-    _private_folder(directory)
+    paths.private_folder(directory, "cluster TLS folder", FOLDER_REMEDY, secret=True)
     ca_pem, cert_pem, key_pem = _generate()
     for name, content, mode in (("ca.pem", ca_pem, 0o644), ("cert.pem", cert_pem, 0o644), ("key.pem", key_pem, 0o600)):
         _write(directory / name, content, mode)
     return directory
-
-
-def _private_folder(directory: Path) -> None:
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    directory.chmod(0o700)  # a half-made folder keeps the mode it was made with
 
 
 def _write(path: Path, content: bytes, mode: int) -> None:
@@ -97,7 +93,7 @@ def ensure_server_certificate(host: str) -> bool:
     if key_path.is_file() and cert_path.is_file() and ca_path.is_file() and _issued_for(host, cert_path, ca_path):
         return False
     ca_pem, cert_pem, key_pem = _generate_server(host)
-    _private_folder(ca_path.parent)
+    paths.private_folder(ca_path.parent, "cluster TLS folder", FOLDER_REMEDY, secret=True)
     key_path.parent.mkdir(parents=True, exist_ok=True)  # in the state directory, 0700
     _write(cert_path, cert_pem, 0o644)
     _write(key_path, key_pem, 0o600)
