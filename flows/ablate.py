@@ -49,9 +49,10 @@ from tasks.ablate.grid import (
 from tasks.ablate.rounds import Schedule
 from tasks.config import Config, project_config
 from tasks.data.unigram import unigram_baseline
+from tasks.design.families import DeclaredFamily
 from tasks.design.preregistration import design
 from tasks.design.stats import variant_table
-from tasks.design.studies import DeclaredFamily, read_studies
+from tasks.design.studies import read_studies
 from tasks.report.findings import family_finding, family_state
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import write_json

@@ -17,7 +17,8 @@ import yaml
 from model.typed_config import ConfigError
 from tasks.ablate.grid import arm_config, expand
 from tasks.config import Config, load_config
-from tasks.design.studies import STUDIES, Gate, builtin_families, read_studies
+from tasks.design.families import Gate
+from tasks.design.studies import STUDIES, builtin_families, read_studies
 from tasks.report.declared import declared_finding
 
 REPO = Path(__file__).resolve().parents[1]

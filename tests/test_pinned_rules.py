@@ -43,6 +43,7 @@ VERDICT_FILES = (
     "tasks/report/method.py",  # the one method every finding and declared family shares
     "tasks/report/declared.py",  # the declared families' findings: their claims and tests
     "tasks/design/studies.py",  # the declared families and their claims, as they are read
+    "tasks/design/families.py",  # a family's factors and the config keys each arm takes from them
     "tasks/design/stats.py",
     "tasks/ablate/grid.py",
     "tasks/ablate/conditions.py",

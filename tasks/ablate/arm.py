@@ -43,7 +43,7 @@ from model.typed_config import UserError, add_config_arguments, parse_sets
 from tasks.ablate.conditions import OverflowProbeSpike, probe_batch
 from tasks.ablate.grid import arm_key, code_digest, data_hashes, injection_spec
 from tasks.config import Config, load_config
-from tasks.design.studies import SPIKES
+from tasks.design.families import SPIKES
 
 MANIFEST = Path("data/tokens/manifest.json")
 SPIKE_PROBE_STEPS = 10

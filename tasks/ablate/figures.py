@@ -30,8 +30,9 @@ from matplotlib.figure import Figure
 
 from tasks.config import Config
 from tasks.design.curves import trailing_mean
+from tasks.design.families import DeclaredFamily, shown, variant_name
 from tasks.design.stats import capped_loss, derived
-from tasks.design.studies import DeclaredFamily, builtin_names, shown, variant_name
+from tasks.design.studies import builtin_names
 
 Arm = dict[str, Any]
 Trace = list[tuple[int, float | None]]

@@ -2,7 +2,7 @@
 lives, and what is read off its trace. Plain functions, no orchestration (flows/ablate.py fans the
 arms out, tasks/ablate/arm.py is the command that trains one).
 
-An arm is one training run from scratch, in the conditions its family declares (tasks/design/studies.py). Its
+An arm is one training run from scratch, in the conditions its family declares (tasks/design/families.py). Its
 cache key is its run identity (config, data, injection, probes) plus a digest of the training
 code, so an arm reruns when and only when one of those changes: adding a value to a factor list
 runs the new arms alone, and two families that ask for the same run (the overflow family's
@@ -24,7 +24,8 @@ import numpy as np
 from model.identity import run_identity
 from tasks.ablate.config import AblationConfig
 from tasks.config import Config
-from tasks.design.studies import DeclaredFamily, builtin_families, variant_name
+from tasks.design.families import DeclaredFamily, variant_name
+from tasks.design.studies import builtin_families
 
 CODE_ROOT = Path(__file__).resolve().parents[2]
 """The checkout this module runs from (tasks/ablate/grid.py is two folders below it)."""
@@ -43,7 +44,7 @@ class Arm:
     names: tuple[str, ...]
     """The family's factors, in its declaration's order."""
     spike: str = "none"
-    """The spike the arm takes (``none``: a clean arm; tasks/design/studies.py: an injection factor)."""
+    """The spike the arm takes (``none``: a clean arm; tasks/design/families.py: an injection factor)."""
 
     @property
     def factors(self) -> dict[str, Any]:

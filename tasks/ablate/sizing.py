@@ -34,9 +34,9 @@ from tasks.ablate.arm import run_arm
 from tasks.ablate.grid import Arm, arm_config, arm_metrics, families, family_arm
 from tasks.config import Config, load_config
 from tasks.data.unigram import unigram_baseline
+from tasks.design.families import matches
 from tasks.design.preregistration import design
 from tasks.design.stats import capped_loss
-from tasks.design.studies import matches
 from tasks.runtime.files import write_json
 from tasks.runtime.outputs import MANIFEST
 from tasks.runtime.workers import clean_state

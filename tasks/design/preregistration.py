@@ -24,6 +24,7 @@ DESIGN_CODE = (
     "tasks/report/method.py",
     "tasks/report/declared.py",
     "tasks/design/studies.py",
+    "tasks/design/families.py",
     "tasks/design/stats.py",
     "tasks/ablate/grid.py",
     "tasks/ablate/conditions.py",

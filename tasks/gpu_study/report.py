@@ -17,7 +17,8 @@ from typing import Any
 from model.typed_config import parse_sets
 from tasks.ablate.grid import arm_metrics
 from tasks.config import Config, load_config
-from tasks.design.studies import DeclaredFamily, builtin_families, read_studies
+from tasks.design.families import DeclaredFamily
+from tasks.design.studies import builtin_families, read_studies
 from tasks.gpu_study.plan import STUDY
 from tasks.report.declared import declared_finding
 from tasks.report.findings import FAMILY_OF, builtin_finding

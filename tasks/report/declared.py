@@ -30,9 +30,10 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from tasks.config import Config
+from tasks.design.families import DeclaredClaim, DeclaredFamily, matches, shown, variant_name
 from tasks.design.preregistration import design
 from tasks.design.stats import derived, seed_means, tost_paired
-from tasks.design.studies import STUDIES, DeclaredClaim, DeclaredFamily, matches, shown, variant_name
+from tasks.design.studies import STUDIES
 from tasks.report.method import (
     Arms,
     Finding,

@@ -22,9 +22,10 @@ from scipy import stats as scipy_stats
 
 from tasks.ablate.rounds import DECIDED, GATED
 from tasks.config import Config
+from tasks.design.families import DeclaredFamily
 from tasks.design.preregistration import design
 from tasks.design.stats import divergence_rates
-from tasks.design.studies import DeclaredFamily, builtin_families, builtin_names
+from tasks.design.studies import builtin_families, builtin_names
 from tasks.report.declared import declared_finding
 from tasks.report.method import (
     Arms,

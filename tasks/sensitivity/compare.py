@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from tasks.config import Config
+from tasks.design.families import DeclaredFamily
 from tasks.design.preregistration import design
 from tasks.design.stats import paired
-from tasks.design.studies import DeclaredFamily, builtin_families
+from tasks.design.studies import builtin_families
 from tasks.report.findings import FAMILY_OF, builtin_finding
 from tasks.report.method import Finding
 from tasks.report.verdict import Claim
