@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from flows.stages import PARAMS_STAGE, STAGES
-from tasks.runtime.credentials import basic_auth
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "prefect", "mlflow", "dvc", "optuna")
@@ -123,10 +122,8 @@ sys.exit(cli.main(["run", "pretrain", "--profile", "smoke"]))
 @pytest.mark.e2e
 @pytest.mark.parametrize("stop, code, state", [("Preempted", 75, "Cancelled"), ("Diverged", 3, "Failed")])
 def test_a_typed_stop_shows_in_prefect_as_what_it_was_with_what_to_do_next(live_services, stop, code, state, tmp_path):
-    import json
-    import urllib.request
-
     from tests.test_pipeline import copy_project
+    from tests.test_stop_keeps_outputs import newest_flow_run
 
     done = subprocess.run(
         [sys.executable, "-c", STOPPED_STAGE, stop],
@@ -137,14 +134,7 @@ def test_a_typed_stop_shows_in_prefect_as_what_it_was_with_what_to_do_next(live_
         timeout=300,
     )
     assert done.returncode == code, done.stderr[-3000:]
-    body = {"flows": {"name": {"any_": ["probe-typed-stop"]}}, "sort": "START_TIME_DESC", "limit": 1}
-    request = urllib.request.Request(
-        f"{live_services['PREFECT_API_URL']}/flow_runs/filter",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", **basic_auth(live_services["PREFECT_API_AUTH_STRING"])},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        (flow_run,) = json.load(response)
+    flow_run = newest_flow_run(live_services, "probe-typed-stop")
     assert flow_run["state"]["name"] == state, flow_run["state"]
     assert flow_run["state"]["message"].startswith(f"{stop.lower()} at step 12") and "(" in flow_run["state"]["message"]
 

@@ -36,6 +36,7 @@ from tests.other_user import (  # noqa: E402
     run_as_other_user,
 )
 from tests.test_ablate_stage import on_test_servers, task_runs  # noqa: E402
+from tests.test_arithmetic_check import study_project  # noqa: E402
 from tests.test_search import finished, search_config, tiny_project  # noqa: E402
 from tests.test_services import free_port  # noqa: E402
 
@@ -148,17 +149,6 @@ def cluster(live_services, tmp_path_factory):
         yield c
 
 
-def ablate_project(root: Path) -> Path:
-    import shutil
-
-    project = tiny_project(root)
-    manifest = project / "data" / "tokens" / "manifest.json"
-    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "eot_id": 0}))
-    shutil.copy(REPO / "params.yaml", project / "params.yaml")
-    shutil.copytree(REPO / "profiles", project / "profiles")
-    return project
-
-
 def run_ablate(project: Path, overrides: dict, on: Cluster | None = None):
     import flows.ablate as stage
 
@@ -250,8 +240,8 @@ def test_a_stage_never_connects_to_a_scheduler_without_the_clusters_certificate(
 @pytest.fixture(scope="module")
 def both_runs(cluster, tmp_path_factory):
     """The same grid on the local runner and on the 2-worker cluster, in two projects."""
-    local = ablate_project(tmp_path_factory.mktemp("local"))
-    on_dask = ablate_project(tmp_path_factory.mktemp("dask"))
+    local = study_project(tmp_path_factory.mktemp("local"))
+    on_dask = study_project(tmp_path_factory.mktemp("dask"))
     _, local_arms = run_ablate(local, GRID)
     state, dask_arms = run_ablate(on_dask, GRID, cluster)
     return (local, local_arms), (on_dask, dask_arms, state)
@@ -307,7 +297,7 @@ def test_a_worker_killed_mid_grid_its_arm_trains_elsewhere_and_finished_arms_are
 
 
 def test_the_stage_refuses_a_cluster_when_no_prefect_server_answers(cluster, live_services, tmp_path):
-    project = ablate_project(tmp_path / "project")
+    project = study_project(tmp_path / "project")
     env = {**live_services, workers.SCHEDULER_ENV: cluster.address}
     dead = {**env, "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
     done = spikelab("run", "ablate", "--profile", "smoke", env=dead, cwd=project, timeout=120)
@@ -324,7 +314,7 @@ def test_the_stage_refuses_a_cluster_when_no_prefect_server_answers(cluster, liv
     [({"SPIKELAB_SCHEDULER": "127.0.0.1:8786"}, "SPIKELAB_SCHEDULER"), ({}, "executor.scheduler")],
 )
 def test_a_malformed_scheduler_address_is_an_error_naming_its_key(live_services, tmp_path, setting, key):
-    project = ablate_project(tmp_path / "project")
+    project = study_project(tmp_path / "project")
     env = {k: v for k, v in live_services.items() if k != workers.SCHEDULER_ENV} | setting
     args = [] if setting else ["--set", "executor.scheduler=tcp://nowhere"]
     done = spikelab("run", "ablate", "--profile", "smoke", *args, env=env, cwd=project, timeout=120)
