@@ -1,6 +1,7 @@
 """The report stage as a Prefect flow: the findings (tasks/report/findings.py) and the report
-(tasks/report/render.py) from the stages' outputs, written atomically, logged to MLflow and linked from
-the stage's Prefect artifact; ends by printing where the report is."""
+(tasks/report/render.py, one module per part in tasks/report/sections/) from the stages' outputs,
+written atomically, logged to MLflow and linked from the stage's Prefect artifact; ends by printing
+where the report is."""
 
 from __future__ import annotations
 
@@ -20,17 +21,11 @@ from tasks.report.arithmetic import committed_outputs, numeric_paths, warnings
 from tasks.report.declared import declared_finding
 from tasks.report.figures import forest_plot
 from tasks.report.findings import evaluate
-from tasks.report.render import (
-    ARMS_PAGE,
-    forest_rows,
-    provenance,
-    render_arms,
-    render_html,
-    render_markdown,
-    report_json,
-    shown_verdict,
-    stage_times,
-)
+from tasks.report.render import render_html, render_markdown, report_json, report_sections
+from tasks.report.sections.checks import shown_verdict
+from tasks.report.sections.findings import forest_rows
+from tasks.report.sections.method import provenance, stage_times
+from tasks.report.sections.runs import ARMS_PAGE, render_arms
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import read_json, staged, write_json
 from tasks.runtime.outputs import (
@@ -84,14 +79,14 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         times = stage_times(
             {"search": search, "pretrain": pretrain, "spike": spike, "ablate": ablate, "sensitivity": sensitivity}
         )
-        text = render_markdown(
+        sections = report_sections(
             cfg, project, findings, ablate, search, spike, pretrain, origin, runs, arithmetic, sensitivity, times
         )
         arms_page = (project / REPORT_MD).parent / ARMS_PAGE  # in the reports/report output
         with staged(project / REPORT_MD, project / REPORT_HTML, arms_page) as (md, page, arms):
-            md.write_text(text, encoding="utf-8")
+            md.write_text(render_markdown(sections, project), encoding="utf-8")
             arms.write_text(render_arms(ablate), encoding="utf-8")
-            page.write_text(render_html(text, (project / REPORT_MD).parent), encoding="utf-8")
+            page.write_text(render_html(sections, project), encoding="utf-8")
         summary = report_json(findings, ablate, arithmetic, times)
         write_json(project / REPORT_METRICS, summary)
         log_summary({k.replace(" ", "_"): v for k, v in summary["counts"].items()})

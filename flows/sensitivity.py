@@ -13,8 +13,8 @@ the key this config and code give it, or the stage stops (run the ablate stage f
 
 Outputs: ``metrics/sensitivity.json`` (the perturbation, the arms, and per finding and claim the
 estimate on each side and their per-seed difference: tasks/sensitivity/compare.py); MLflow: the
-stage's run with a child per perturbed arm. The report shows it (tasks/report/render.py:
-_sensitivity_section).
+stage's run with a child per perturbed arm. The report shows it (tasks/report/sections/stages.py:
+sensitivity_section).
 """
 
 from __future__ import annotations

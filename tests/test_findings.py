@@ -12,7 +12,8 @@ from tasks.ablate.grid import expand
 from tasks.config import Config
 from tasks.design.preregistration import design
 from tasks.report.findings import FAMILY_OF, evaluate
-from tasks.report.render import forest_rows, report_json
+from tasks.report.render import report_json
+from tasks.report.sections.findings import forest_rows
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, REPRODUCED
 
 UNIGRAM = 5.97

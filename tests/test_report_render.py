@@ -7,7 +7,9 @@ The findings themselves (numbers, verdicts) are tests/test_findings.py's."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -17,23 +19,13 @@ from tasks.config import project_config
 from tasks.report.figures import _layout
 from tasks.report.findings import evaluate
 from tasks.report.method import decide
-from tasks.report.render import (
-    ARMS_PAGE,
-    HOLDS,
-    LABELS,
-    NOT_SHOWN,
-    _found,
-    _images,
-    _provenance_section,
-    _runs_section,
-    claim_outcome,
-    forest_rows,
-    render_arms,
-    render_markdown,
-    shown_verdict,
-    stage_times,
-    why,
-)
+from tasks.report.render import render_html, render_markdown, report_sections
+from tasks.report.sections.checks import shown_verdict
+from tasks.report.sections.findings import forest_rows
+from tasks.report.sections.method import provenance_section, stage_times
+from tasks.report.sections.runs import ARMS_PAGE, render_arms, runs_section
+from tasks.report.sections.section import Figures, Section
+from tasks.report.sections.words import HOLDS, LABELS, NOT_SHOWN, claim_outcome, what_was_found, why
 from tasks.report.verdict import EQUIVALENCE, INCONCLUSIVE, NOT_TESTED, Claim
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,8 +61,9 @@ def committed() -> dict:
     findings = evaluate(cfg, ablate, search, spike, ablate.get("unigram_val_loss"))
     arithmetic = read("report")["provenance"]
     origin = {"commit": "0" * 40, "config_hash": "c" * 16, "built": "today"}
-    text = render_markdown(cfg, project, findings, ablate, search, spike, pretrain, origin, {}, arithmetic)
-    return {"findings": findings, "text": text, "ablate": ablate}
+    sections = report_sections(cfg, project, findings, ablate, search, spike, pretrain, origin, {}, arithmetic)
+    text = render_markdown(sections, project)
+    return {"findings": findings, "sections": sections, "text": text, "ablate": ablate, "project": project}
 
 
 def test_a_claim_that_holds_is_badged_holds_inside_an_inconclusive_finding():
@@ -86,11 +79,11 @@ def test_a_claim_that_holds_is_badged_holds_inside_an_inconclusive_finding():
 def test_the_opening_line_names_the_claims_that_did_not_hold_apart_from_those_that_held_at_most_most_of_each():
     other = claim("bf16 − fp32, final loss", 0.9, (0.8, 1.0), 1e-9, halves=(0.9, 0.9))
     finding = decide("fp16", [HOLDING, SHORT, other], "numbers", [])
-    said = _found(finding, most=1)
+    said = what_was_found(finding, most=1)
     assert said.startswith("2 of 3 claims held. Did not hold: scaled fp16 ≡ fp32: ")
     assert ". Held: unscaled − scaled fp16, final loss: +1.72 nats" in said
     assert said.endswith("; and 1 more (below)") and "bf16" not in said
-    unlimited = _found(finding)
+    unlimited = what_was_found(finding)
     assert "more (below)" not in unlimited and all(c.what in unlimited for c in (HOLDING, SHORT, other))
 
 
@@ -104,9 +97,9 @@ def test_stage_times_read_each_stages_wall_seconds_and_none_where_a_stage_record
         }
     )
     assert times == {"search": 120.0, "pretrain": 60.0, "spike": None, "ablate": None}
-    lines = _provenance_section(
+    lines = provenance_section(
         project_config()[0], {"commit": "c", "config_hash": "h", "built": "b"}, {"inputs": {}}, times
-    )
+    ).lines
     assert (
         "- wall time per stage, as each stage's metrics record it: search 2.0 min, pretrain 1.0 min, spike not recorded, ablate not recorded"
         in lines
@@ -169,7 +162,7 @@ def test_the_arms_commands_are_on_their_own_page_and_the_report_stays_readable(c
 def test_no_mlflow_link_points_at_another_machines_server(committed):
     assert "](http://127.0.0.1" not in committed["text"]
     assert "](http://127.0.0.1" not in render_arms(committed["ablate"])
-    lines = _runs_section({"search": STUDY_RUN})
+    lines = runs_section({"search": STUDY_RUN}).lines
     assert "- search: run `b1e9df4018ad4a2c8126527ab8b1387d`" in lines
     assert any("the machine that ran it" in x and "/#/experiments/1/runs/<run ID>" in x for x in lines)
     assert not any("](http" in x for x in lines)
@@ -182,9 +175,28 @@ def test_figures_git_ignores_are_named_not_embedded(tmp_path):
         (reports / figure).write_bytes(b"\x89PNG\r\n\x1a\n")
     (reports / ".gitignore").write_text("/search\n")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    lines = _images(tmp_path, ["ablate/*.png", "search/*.png"])
+    lines = figures_markdown(tmp_path, "ablate/*.png", "search/*.png")
     assert "![xiong](ablate/xiong.png)" in lines
     assert not any("](search/" in x for x in lines)
     assert any("not in git" in x and "`reports/search/mu_transfer.png`" in x for x in lines)
     (reports / "search/mu_transfer.png").unlink()  # a checkout without the DVC outputs still says where they go
-    assert any("not in git" in x and "`reports/search/*.png`" in x for x in _images(tmp_path, ["search/*.png"]))
+    assert any("not in git" in x and "`reports/search/*.png`" in x for x in figures_markdown(tmp_path, "search/*.png"))
+    assert "data:image/png;base64," in render_html([Section("Figures", [Figures(("ablate/*.png",))])], tmp_path)
+
+
+def figures_markdown(project: Path, *patterns: str) -> list[str]:
+    """The Markdown lines of a section that shows the figures matching ``patterns``."""
+    return render_markdown([Section("Figures", [Figures(patterns)])], project).splitlines()
+
+
+def test_the_markdown_and_the_html_are_rendered_from_the_same_sections_in_the_same_order(committed):
+    sections, project = committed["sections"], committed["project"]
+    markdown = [line for line in render_markdown(sections, project).splitlines() if line.startswith("#")]
+    page = render_html(sections, project)
+    html_headings = [re.sub(r"<[^>]+>", "", h) for h in re.findall(r"<h[12]>(.*?)</h[12]>", page)]
+    assert len(sections) > 10 and len(markdown) == len(html_headings) == len(sections)
+    for section, md, h in zip(sections, markdown, html_headings):
+        assert md.startswith(f"{'#' * section.level} {section.title}")
+        assert html.unescape(h).startswith(section.title)
+    assert [s.anchor for s in sections if s.anchor] == [f.key for f in committed["findings"]]
+    assert all(f'<a id="{f.key}"></a>' in page for f in committed["findings"])

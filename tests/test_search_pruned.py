@@ -380,7 +380,8 @@ def test_a_loaded_study_prunes_by_its_group(tmp_path):
 
 
 def test_the_reports_search_section_shows_the_trials_stopped_and_where():
-    from tasks.report.render import _search_section
+    from tasks.report.render import render_markdown
+    from tasks.report.sections.stages import search_section
 
     widths = {"16": {"log2_lr_opt": -9.0, "loss_opt": 5.0}}
     group = {"kind": "sweep", "parametrization": "sp", "width": 16, "trials": 7}
@@ -408,9 +409,10 @@ def test_the_reports_search_section_shows_the_trials_stopped_and_where():
             ],
         },
     }
-    text = "\n".join(_search_section(Path("."), search))
+    text = render_markdown([search_section(search)], Path("."))
     assert "**3 of 14 trials stopped**, 1,900 of 11,200 steps saved (17.0%)" in text
     assert "the first 3 always to the end" in text
     assert "| sp | 16 | 3 / 14 | 1,900 | seed 0: -6.33@100, -5.00@100 (threshold); seed 1: -5.00@300 |" in text
     assert "transfer" not in text.split("stopped at")[-1]  # a transfer study nothing stopped has no row
-    assert "Pruning" not in "\n".join(_search_section(Path("."), {k: v for k, v in search.items() if k != "pruning"}))
+    unpruned = search_section({k: v for k, v in search.items() if k != "pruning"})
+    assert "Pruning" not in render_markdown([unpruned], Path("."))

@@ -27,7 +27,8 @@ from model.typed_config import ConfigError, InputError
 from tasks.ablate.grid import arm_key, code_digest, data_hashes
 from tasks.config import load_config
 from tasks.data.perturb import document_lengths, drop_documents
-from tasks.report.render import _sensitivity_section
+from tasks.report.render import render_markdown
+from tasks.report.sections.stages import sensitivity_section
 from tasks.runtime.outputs import PERTURBED_DIR, SENSITIVITY_ARMS, TOKENS_DIR
 from tasks.sensitivity.compare import compared_findings, unmatched
 from tests.trainer_kit import markov_tokens
@@ -228,7 +229,7 @@ def test_full_data_arms_missing_from_or_keyed_otherwise_in_the_ablate_metrics_ar
 
 
 def test_the_report_section_is_a_table_of_both_estimates_and_their_difference_and_absent_without_the_stage():
-    assert _sensitivity_section(None) == []
+    assert sensitivity_section(None) is None
     claim = {
         "statement": "β₂ 0.999 − 0.95",
         "unit": "nats",
@@ -244,7 +245,9 @@ def test_the_report_section_is_a_table_of_both_estimates_and_their_difference_an
             "xiong": {"claims": [], "missing": "the grid crosses one block"},
         },
     }
-    text = "\n".join(_sensitivity_section(metrics))
+    section = sensitivity_section(metrics)
+    assert section is not None
+    text = render_markdown([section], Path("."))
     assert text.startswith("## Data sensitivity") and "10% of the training documents dropped (489 of 4,890" in text
     assert "| β₂ 0.999 − 0.95 | +0.25 nats | +0.2 nats | -0.05 [-0.1 to +0] (n 4) |" in text
     assert "its precondition failed on the perturbed data only: on the plateau" in text

@@ -534,11 +534,11 @@ def test_the_stage_gives_every_cause_the_same_matrix_on_one_worker_as_on_two(tmp
 
 
 def test_the_report_tables_each_cause_by_policy_with_outcome_counts_over_the_seeds(finished):
-    from tasks.report.render import spike_section
+    from tasks.report.sections.stages import spike_section
 
     studies, project, _ = finished
     policies = studies[0].cfg.recovery.policies
-    lines = spike_section(project, json.loads((project / SPIKE_METRICS).read_text()))  # keys sorted there
+    lines = spike_section(project, json.loads((project / SPIKE_METRICS).read_text())).lines  # keys sorted there
     header = next(line for line in lines if line.startswith("| cause |"))
     assert header == "| " + " | ".join(["cause", *policies]) + " |"
     rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ") and "-tied)" in line}

@@ -1,0 +1,249 @@
+"""Findings and claims in words, for every section that names them: a finding's plain label
+(:data:`LABELS`), a claim's own outcome (:func:`claim_outcome`: holds, contradicted, not shown, not
+tested), its estimate and prediction in words, which test of the verdict rule (tasks/report/verdict.py)
+it passed or failed (:func:`why`), and what came out of a finding in a sentence (:func:`what_was_found`)."""
+
+from __future__ import annotations
+
+from tasks.design.stats import ALPHA
+from tasks.report.method import Finding
+from tasks.report.sections.section import interval, p_value, signed, unit
+from tasks.report.sequential import CONTINUE
+from tasks.report.verdict import (
+    CONTRADICTED,
+    EQUIVALENCE,
+    INCONCLUSIVE,
+    NEGLIGIBLE,
+    NOT_TESTED,
+    REPRODUCED,
+    Claim,
+    significant,
+)
+
+HOLDS, NOT_SHOWN = "holds", "not shown"
+"""A claim's own outcomes besides contradicted and not tested (:func:`claim_outcome`)."""
+
+LABELS = {
+    "xiong_init": "Post-LN vs Pre-LN gradients at initialisation (Xiong et al. 2020)",
+    "xiong": "Post-LN needs warmup (Xiong et al. 2020)",
+    "fp16": "fp16 needs loss scaling (Micikevicius et al. 2017)",
+    "overflow": "fp16 overflows where bf16 does not (Micikevicius et al. 2017)",
+    "beta2": "Adam's β₂ and loss spikes (Shazeer & Stern 2018; Wortsman et al. 2023)",
+    "wortsman": "LR sensitivity with qk-layernorm and z-loss (Wortsman et al. 2023)",
+    "mu_transfer": "μP learning-rate transfer across width (Yang & Hu 2021)",
+    "spike": "Spike recovery by cause (PaLM; the recovery playbook)",
+}
+"""Each built-in finding in plain words, with its source; a declared finding uses its ``title``
+or its key and source (:func:`label`)."""
+
+
+def label(f: Finding) -> str:
+    """The finding in plain words: its registered ``title``, the built-in label, or its key and source."""
+    r = f.registered
+    if r.get("title"):
+        return str(r["title"])
+    return LABELS.get(f.key) or f"{f.key.replace('_', ' ')} ({_short_source(str(r.get('source', '')))})"
+
+
+def _short_source(source: str) -> str:
+    return source.split(" (")[0].split(";")[0].strip() or "no source"
+
+
+def claim_outcome(f: Finding, c: Claim) -> str:
+    """The claim's own outcome, by the verdict rule's tests on it alone: not tested (the finding's
+    precondition failed), contradicted, holds, negligible (shown smaller than its SESOI), else not shown."""
+    if f.precondition_failed:
+        return NOT_TESTED
+    if c.contradicted:
+        return CONTRADICTED
+    if c.holds:
+        return HOLDS
+    return NEGLIGIBLE if c.negligible else NOT_SHOWN
+
+
+def measured(c: Claim) -> str:
+    """The estimate in words: number, unit, 95 % interval, p."""
+    if c.estimate is None:
+        return "no estimate"
+    test = "TOST p" if c.kind == EQUIVALENCE else "p"
+    parts = [
+        f"95 % CI {interval(c.ci95)}" if c.ci95 else "",
+        f"{test} = {p_value(c.p)}" if c.p is not None else "no test",
+    ]
+    return f"{signed(c.estimate)}{unit(c)} ({', '.join(x for x in parts if x)})"
+
+
+def predicted(c: Claim) -> str:
+    if c.kind == EQUIVALENCE:
+        return f"within ±{c.sesoi:g}"
+    return f"{'>' if c.expected > 0 else '<'} 0, beyond {c.expected * c.sesoi:+g}"
+
+
+SHORTFALLS = ("other way", "no test", "not significant", "not equivalent", "halves", "too small")
+"""The ways a claim falls short of the rule, most telling first (the summary names those first)."""
+
+
+def why(c: Claim, brief: bool = False) -> str:
+    """Which of the verdict rule's tests (tasks/report/verdict.py) the claim passed or failed, in
+    words: every failure, or with ``brief`` the most telling in a few words."""
+    if c.sequential is not None:
+        return _sequential_why(c, brief)
+    if c.holds:
+        return "holds" if brief else _holds(c)
+    if c.negligible:
+        return "smaller than the SESOI" if brief else _negligible(c)
+    if c.contradicted:
+        return (
+            "contradicted"
+            if brief
+            else "shown the other way: significant, beyond the smallest effect of interest, both halves agreeing"
+        )
+    if c.estimate is None:
+        return "no estimate: the comparison could not be made"
+    failed = shortfalls(c)
+    return failed[0][1] if brief else "; ".join(full for _, _, full in failed)
+
+
+def _sequential_why(c: Claim, brief: bool) -> str:
+    """A claim decided in rounds (tasks/report/sequential.py): the boundary it crossed, at which look
+    and seeds, or that it crossed none before its family stopped."""
+    s = c.sequential or {}
+    outcome, seeds, boundary = s["outcome"], s["seeds"], s["boundary"]
+    if outcome in (CONTINUE, INCONCLUSIVE):
+        if brief:
+            return "no boundary crossed"
+        end = "by the last look" if outcome == INCONCLUSIVE else "when its family stopped (out of budget)"
+        return f"no boundary crossed at {seeds} seeds {end}"
+    shown = {REPRODUCED: "holds", NEGLIGIBLE: "negligible", CONTRADICTED: "contradicted"}[outcome]
+    if c.kind == EQUIVALENCE:
+        shown = {NEGLIGIBLE: "holds"}.get(outcome, "contradicted: beyond the margin")
+    if brief:
+        return f"{shown} at {seeds} seeds"
+    bound = (
+        f"±{c.sesoi:g}"
+        if outcome == NEGLIGIBLE
+        else f"{c.sesoi:+g}"
+        if c.kind == EQUIVALENCE
+        else f"{c.expected * c.sesoi:+g}"
+    )
+    return (
+        f"{shown}: at look {s['look'] + 1} ({seeds} seeds) the one-sided test against {bound} crossed its "
+        f"boundary, p < {boundary:.2g}"
+    )
+
+
+def _holds(c: Claim) -> str:
+    if c.kind == EQUIVALENCE:
+        return f"holds: TOST p = {p_value(c.p)} < {ALPHA:g} and each half of the seeds inside ±{c.sesoi:g}"
+    return (
+        f"holds: p = {p_value(c.p)} < {ALPHA:g}, the 95 % interval clears {c.expected * c.sesoi:+g}, "
+        "and each half of the seeds points the predicted way"
+    )
+
+
+def _negligible(c: Claim) -> str:
+    return (
+        f"negligible: smaller than the smallest effect of interest either way (TOST against ±{c.sesoi:g}: "
+        f"p = {p_value(c.tost_p)} < {ALPHA:g}), each half of the seeds inside ±{c.sesoi:g}"
+    )
+
+
+def shortfalls(c: Claim) -> list[tuple[str, str, str]]:
+    """How a claim that does not hold falls short, test by test of the rule, most telling first:
+    (kind from :data:`SHORTFALLS`, a few words, a sentence)."""
+    found = _shortfalls_equivalence(c) if c.kind == EQUIVALENCE else _shortfalls_direction(c)
+    return sorted(found, key=lambda f: SHORTFALLS.index(f[0])) or [
+        ("too small", "short of the rule", "short of the rule")
+    ]
+
+
+def _shortfalls_direction(c: Claim) -> list[tuple[str, str, str]]:
+    """A direction claim's: its sign, significance, the interval against the SESOI (the rule's
+    Claim._clears), each half's sign (Claim._halves_point)."""
+    assert c.estimate is not None
+    sign = c.expected
+    direction = "> 0" if sign > 0 else "< 0"
+    if (c.estimate > 0) - (c.estimate < 0) != sign:
+        strength = "significantly" if significant(c.p) else "not significantly"
+        return [("other way", "went the other way", f"went the other way, {strength} (predicted {direction})")]
+    if c.p is None:
+        return [("no test", "no test was possible", "no test was possible")]
+    failed = []
+    if not significant(c.p):
+        failed.append(("not significant", "not significant", f"not significant (p = {p_value(c.p)} ≥ {ALPHA:g})"))
+    elif not c._clears(sign):
+        sesoi = f"{sign * c.sesoi:+g}"
+        if c.ci95 is None:
+            failed.append(("too small", "no interval", "no 95 % interval to hold against the SESOI"))
+        else:
+            near = signed(min(c.ci95) if sign > 0 else max(c.ci95))
+            failed.append(
+                (
+                    "too small",
+                    f"maybe too small to matter (the interval reaches {near}; SESOI {sesoi})",
+                    f"significant, but maybe too small to matter: the 95 % interval reaches {near}, short of "
+                    f"the smallest effect of interest (SESOI) {sesoi}",
+                )
+            )
+    if not c._halves_point(sign):
+        off = ", ".join(
+            f"{h} {'no estimate' if v is None else signed(v)}"
+            for h, v in c.halves.items()
+            if v is None or (v > 0) - (v < 0) != sign
+        )
+        failed.append(("halves", "the seed halves disagree", f"a half of the seeds points the other way ({off})"))
+    return failed
+
+
+def _shortfalls_equivalence(c: Claim) -> list[tuple[str, str, str]]:
+    """An equivalence claim's: the TOST, then each half inside the margin."""
+    failed = []
+    if c.p is None:
+        failed.append(("no test", "no test was possible", "no test was possible"))
+    elif not significant(c.p):
+        failed.append(
+            (
+                "not equivalent",
+                f"equivalence not shown (the data allow a difference beyond ±{c.sesoi:g})",
+                f"equivalence not shown (TOST p = {p_value(c.p)} ≥ {ALPHA:g}): the data do not rule out a difference "
+                f"beyond ±{c.sesoi:g}",
+            )
+        )
+    outside = ", ".join(
+        f"{h} {'no estimate' if v is None else signed(v)}"
+        for h, v in c.halves.items()
+        if v is None or abs(v) >= c.sesoi
+    )
+    if outside:
+        failed.append(
+            ("halves", "a half outside the margin", f"a half of the seeds lies outside ±{c.sesoi:g} ({outside})")
+        )
+    return failed
+
+
+def what_was_found(f: Finding, most: int | None = None) -> str:
+    """What came out, in a sentence: how many claims held, then each claim that did not (most
+    telling first) with its number and why, then those that held; ``most``: at most that many
+    claims named of each."""
+    if f.precondition_failed:
+        return f"not tested: {f.precondition_failed}"
+    if not f.claims:
+        return "no claim could be tested"
+    short = sorted((c for c in f.claims if not c.holds), key=lambda c: _rank(c))
+    held = [c for c in f.claims if c.holds]
+    groups = [(label, claims[:most]) for label, claims in (("Did not hold", short), ("Held", held)) if claims]
+    said = ". ".join(f"{label}: " + "; ".join(_claim_said(c) for c in claims) for label, claims in groups)
+    rest = len(f.claims) - sum(len(claims) for _, claims in groups)
+    lead = "every claim held" if not short else f"{len(held)} of {len(f.claims)} claims held"
+    return f"{lead}. {said}" + (f"; and {rest} more (below)" if rest else "")
+
+
+def _claim_said(c: Claim) -> str:
+    """A claim in the opening line: what it compares, its number, and why when it did not hold."""
+    return f"{c.what}: {measured(c)}" + ("" if c.holds else f", {why(c, brief=True)}")
+
+
+def _rank(c: Claim) -> int:
+    if c.contradicted or c.estimate is None:
+        return -1
+    return SHORTFALLS.index(shortfalls(c)[0][0])
