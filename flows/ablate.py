@@ -116,11 +116,13 @@ def _not_a_config_error(task, task_run, state) -> bool:
 
 
 @task(retry_condition_fn=_not_a_config_error)
-def train_arm(name: str, command: list[str], project: Path) -> dict[str, Any]:
-    """Train one arm in this worker as its command would; its result, or the exception that
-    stopped it (retried, unless a :class:`ConfigError`: a bad config fails the same way again)."""
+def train_arm(name: str, command: list[str], project: Path) -> tuple[dict[str, Any], float]:
+    """Train one arm in this worker as its command would; its result and the seconds it took here
+    (the progress line's ETA), or the exception that stopped it (retried, unless a
+    :class:`ConfigError`: a bad config fails the same way again)."""
     clean_state()
-    return run_command(command[1 + len(ARM_MODULE) :], project)
+    started = time.perf_counter()
+    return run_command(command[1 + len(ARM_MODULE) :], project), time.perf_counter() - started
 
 
 def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str) -> str | None:
@@ -329,7 +331,11 @@ def fan_out(
     """One task per arm to train, on the executor's workers; each arm tracked as it finishes."""
     logger = get_run_logger()
     cost = {row["key"]: training_flops(row["config"]) for row in todo}  # the ETA weighs arms by it
-    progress = Progress("ablate", "arm", len(todo), logger, total_cost=sum(cost.values()))
+    kept = sum(row["cached"] for row in rows)
+    what = f"{sum(cost.values()) / 1e12:.3g} TFLOP by model/flops.py"
+    progress = Progress(
+        "ablate", "arm", len(todo), logger, total_cost=sum(cost.values()), workers=units.workers, kept=kept, what=what
+    )
     arm_task = train_arm.with_options(retries=cfg.ablation.retries, retry_delay_seconds=1)
     if todo:
         with units.runner() as runner, units.placement():
@@ -341,18 +347,18 @@ def fan_out(
             for future in as_completed(list(futures)):
                 trained = futures[future]
                 try:
-                    result, error = future.result(), None
+                    (result, seconds), error = future.result(), None
                 except ConfigError:
                     raise
                 except Exception as e:  # crashed on every try: reported, the others go on
-                    result, error = None, f"{type(e).__name__}: {e}"
+                    result, seconds, error = None, 0.0, f"{type(e).__name__}: {e}"
                     logger.error("arm %s failed: %s", trained["name"], error)
                 for row in rows:
                     if row["key"] == trained["key"]:
                         row["result"], row["error"] = result, error
                         finalize(row)
                         row["mlflow"] = track_arm(row, result, parent_id)
-                progress.finished(trained["name"], trained["status"], cost[trained["key"]])
+                progress.finished(trained["name"], trained["status"], cost[trained["key"]], seconds)
     progress.close()
     for row in rows:
         if row["cached"]:

@@ -39,17 +39,20 @@ CURVE = (("loss/train", "loss"), ("train/grad_norm", "grad_norm"), ("train/skipp
 
 
 @task
-def study_seed(cfg: Config, project: Path, seed: int) -> Study:
-    """One seed's origin run and every branch from it, in this worker, from a clean global state."""
+def study_seed(cfg: Config, project: Path, seed: int) -> tuple[Study, float]:
+    """One seed's origin run and every branch from it, in this worker, from a clean global state;
+    with the seconds it took here (the progress line's ETA)."""
     clean_state()
-    return run_seed(cfg, project, seed, project / SPIKE_RUN / f"seed_{seed}")
+    started = time.perf_counter()
+    return run_seed(cfg, project, seed, project / SPIKE_RUN / f"seed_{seed}"), time.perf_counter() - started
 
 
 def run_seeds(cfg: Config, project: Path) -> list[Study]:
     """Every seed's study on the executor's workers, one task per seed; in seed order."""
     seeds = cfg.spike.all_seeds
     units = executor(cfg, cfg.spike.workers, len(seeds))
-    progress = Progress("spike", "seed", len(seeds), get_run_logger())
+    what = f"each an origin run, a control and {len(cfg.spike.kinds)} causes x {len(cfg.recovery.policies)} policies"
+    progress = Progress("spike", "seed", len(seeds), get_run_logger(), workers=units.workers, what=what)
     done: dict[int, Study] = {}
     with units.runner() as runner, units.placement():
         futures = {
@@ -60,8 +63,8 @@ def run_seeds(cfg: Config, project: Path) -> list[Study]:
         }
         for future in as_completed(list(futures)):
             seed = futures[future]
-            done[seed] = future.result()
-            progress.finished(str(seed), "completed")
+            done[seed], seconds = future.result()
+            progress.finished(str(seed), "completed", seconds=seconds)
     progress.close()
     return [done[seed] for seed in seeds]
 

@@ -371,6 +371,7 @@ def kill_a_worker_holding_a_trial(
 def test_a_worker_killed_mid_trial_leaves_no_point_of_the_grid_untrained(cluster, tmp_path, monkeypatch):
     """Dask gives the dead worker's task to another worker, which claims the next point; the trial
     the dead one held stays RUNNING until the next round fails it and trains its point again."""
+    from tasks.search.groups import grid_point
     from tasks.search.queue import open_storage, optuna_storage
     from tasks.search.spec import sweep_specs
     from tasks.search.study import run_workers
@@ -398,7 +399,7 @@ def test_a_worker_killed_mid_trial_leaves_no_point_of_the_grid_untrained(cluster
     run_workers(cfg, project, specs, None)
     killer.join(timeout=5)
     assert "killed" in seen, "the two workers were never seen holding a trial each"
-    done = sorted((t.params["log2_lr"], t.params["seed"]) for t in trials() if t.state.name in ("COMPLETE", "PRUNED"))
+    done = sorted(grid_point(t) for t in trials() if t.state.name in ("COMPLETE", "PRUNED"))
     assert done == sorted(p for spec in specs for p in spec.points)  # every point once, none left RUNNING
     failed = [t for t in trials() if t.state.name == "FAIL"]
     assert len(failed) == 1 and failed[0].user_attrs["status"] == "interrupted"

@@ -239,11 +239,10 @@ def test_records_are_read_from_the_searchs_storage_in_queue_order(tmp_path):
     (spec,) = sweep_specs(cfg, search_digest(cfg, data_hashes(project)))
     study = optuna.create_study(study_name=spec.name, storage=storage)
     for lr, seed in spec.points:
-        study.enqueue_trial({"log2_lr": lr, "seed": seed})
+        study.enqueue_trial({"log2_lr": lr}, user_attrs={"seed": seed})
     for i, (lr, _) in enumerate(spec.points):
         trial = study.ask()
         trial.suggest_float("log2_lr", -13.0, -5.0)
-        trial.suggest_categorical("seed", [0])
         for s in STEPS[: 2 if i == 6 else None]:
             trial.report(final_loss(lr) + 1 - s / 800, s)
         trial.set_user_attr("steps", 200 if i == 6 else 800)

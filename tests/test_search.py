@@ -79,9 +79,7 @@ def finished(storage, spec) -> list[tuple]:
     """(point, state, value) of every finished trial, as a sorted list."""
     trials = optuna.load_study(study_name=spec.name, storage=storage).get_trials(deepcopy=False)
     return sorted(
-        (t.params["log2_lr"], t.params["seed"], t.state.name, t.value)
-        for t in trials
-        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        (*grid_point(t), t.state.name, t.value) for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
     )
 
 
@@ -102,18 +100,18 @@ def test_objective_scores_a_trial_with_the_val_loss_of_a_plain_training_run(tmp_
     score = objective(trial, cfg, spec.parametrization, spec.width, tokens)
     log2_lr, seed = spec.points[0]
     plain = train(trial_config(cfg, spec.parametrization, spec.width, log2_lr, seed), tokens.train, tokens.val)
-    assert trial.params == {"log2_lr": log2_lr, "seed": seed}
+    assert trial.params == {"log2_lr": log2_lr} and trial.user_attrs["seed"] == seed
     assert score == plain["val_loss"]
 
 
-def test_the_study_names_its_objective_and_each_trial_records_its_seed_beside_its_unchanged_grid_point(tmp_path):
+def test_the_study_names_its_objective_and_each_trial_records_its_seed_as_an_attribute_not_a_param(tmp_path):
     cfg, project, spec, study, trial = first_trial_claimed(tmp_path)
     objective(trial, cfg, spec.parametrization, spec.width, Tokens.of(project))
     log2_lr, seed = spec.points[0]
     reread = optuna.load_study(study_name=spec.name, storage=open_storage(optuna_storage(cfg)))
     assert reread.metric_names == [OBJECTIVE_NAME]  # optuna-dashboard's label, not "Objective 0"
     frozen = reread.get_trials(deepcopy=False)[trial.number]
-    assert frozen.params == {"log2_lr": log2_lr, "seed": seed}  # the queued grid point, as before
+    assert frozen.params == {"log2_lr": log2_lr}  # the LR is the only hyperparameter
     assert frozen.user_attrs["seed"] == seed and frozen.user_attrs["lr"] == 2.0**log2_lr
 
 
@@ -229,14 +227,57 @@ def test_a_killed_search_resumes_keeping_finished_trials_and_retrying_interrupte
     assert len(optuna.load_study(study_name=specs[0].name, storage=storage).get_trials()) == len(trials)
 
 
-def test_a_trial_stopped_between_its_two_suggestions_keeps_its_queued_point():
+def test_a_trial_killed_before_its_suggestion_keeps_its_queued_point():
     study = optuna.create_study()
-    study.enqueue_trial({"log2_lr": -7.0, "seed": 1})
-    trial = study.ask()
-    trial.suggest_float("log2_lr", -9.0, -5.0)  # killed here, before the seed's suggestion
+    study.enqueue_trial({"log2_lr": -7.0}, user_attrs={"seed": 1})
+    study.ask()  # killed here, before its LR's suggestion
     (frozen,) = study.get_trials(deepcopy=False)
-    assert set(frozen.params) == {"log2_lr"}
-    assert grid_point(frozen) == (-7.0, 1)
+    assert frozen.params == {} and grid_point(frozen) == (-7.0, 1)
+
+
+def test_a_study_queued_with_the_seed_as_a_param_resumes_and_trains_each_point_once(tmp_path):
+    """The storage of a search of before issue #57: one finished trial and one queued, both with the
+    seed as a param. Resumed, the finished one is kept, the queued one trained with its seed, and
+    the only trials added are the points neither holds."""
+    cfg, project = search_config(tmp_path), tiny_project(tmp_path)
+    spec = first_spec(cfg, project)
+    storage = open_storage(optuna_storage(cfg))
+    old = optuna.create_study(study_name=spec.name, storage=storage, direction="minimize")
+    old.set_user_attr("log2_lr_range", list(spec.log2_lr_range))
+    (lr0, seed), (lr1, _), (lr2, _) = spec.points
+    old.add_trial(
+        optuna.create_trial(
+            params={"log2_lr": lr0, "seed": seed},
+            distributions={
+                "log2_lr": optuna.distributions.FloatDistribution(lr0, lr2),
+                "seed": optuna.distributions.CategoricalDistribution([seed]),
+            },
+            value=5.0,
+        )
+    )
+    old.enqueue_trial({"log2_lr": lr1, "seed": seed})
+    assert prepare_study(storage, spec) == 2  # the old queued point and the new third one
+    run_in_process(cfg, project, [spec])
+    assert [t[:3] for t in finished(storage, spec)] == [
+        (lr0, seed, "COMPLETE"),
+        (lr1, seed, "COMPLETE"),
+        (lr2, seed, "COMPLETE"),
+    ]
+    trials = optuna.load_study(study_name=spec.name, storage=storage).get_trials()
+    assert len(trials) == 3 and trials[0].value == 5.0  # kept, not trained again
+    assert [t.params for t in trials[1:]] == [{"log2_lr": lr1}, {"log2_lr": lr2}]
+
+
+def test_a_finished_search_studys_trials_have_the_lr_as_their_only_param(tmp_path):
+    """What optuna-dashboard's Hyperparameter Importance and Best Trial read: the LR, never the seed."""
+    cfg = search_config(tmp_path, **{"search.seeds": [0, 1]})
+    project = tiny_project(tmp_path)
+    spec = first_spec(cfg, project)
+    run_in_process(cfg, project, [spec])
+    trials = optuna.load_study(study_name=spec.name, storage=open_storage(optuna_storage(cfg))).get_trials()
+    assert len(trials) == 6 and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    assert all(set(t.params) == {"log2_lr"} for t in trials)
+    assert sorted(grid_point(t) for t in trials) == sorted(spec.points)
 
 
 def test_fit_finds_the_vertex_of_a_parabola_between_grid_points():

@@ -21,7 +21,7 @@ from model.typed_config import ConfigError
 from tasks.search import pruning
 from tasks.search.findings import points_of, pruned_trials, summarize, sweep_optima
 from tasks.search.fit import Point, fit_optimum, optima_per_seed, width_summary
-from tasks.search.groups import MedianRule, SearchPruner, group_view
+from tasks.search.groups import MedianRule, SearchPruner, grid_point, group_view
 from tasks.search.queue import claim, load_study, open_storage, optuna_storage, pruner
 from tasks.search.spec import lr_grid, search_digest, sweep_specs, transfer_spec
 from tasks.search.study import run_workers
@@ -56,7 +56,7 @@ def queued_study(path: Path, make_pruner) -> tuple[optuna.storages.BaseStorage, 
     study = optuna.create_study(study_name="group-order", storage=storage)
     for lr in GRID:
         for seed in SEEDS:
-            study.enqueue_trial({"log2_lr": lr, "seed": seed})
+            study.enqueue_trial({"log2_lr": lr}, user_attrs={"seed": seed})
     return storage, optuna.load_study(study_name="group-order", storage=storage, pruner=make_pruner())
 
 
@@ -74,7 +74,7 @@ def simulate(path: Path, schedule: int, make_pruner=search_pruner, gated: bool =
             claimed = claim(storage, study) if gated else ungated_claim(study)
             if claimed is not None:
                 trial_id, trial = claimed
-                lr, seed = trial.suggest_float("log2_lr", GRID[0], GRID[-1]), trial.suggest_categorical("seed", SEEDS)
+                lr, seed = trial.suggest_float("log2_lr", GRID[0], GRID[-1]), trial.user_attrs["seed"]
                 in_flight[trial_id] = (trial, lr, seed, 0)
                 continue
             if not in_flight:
@@ -125,7 +125,6 @@ def test_a_groups_next_lr_is_claimed_only_once_the_one_before_it_has_ended(tmp_p
     assert claim(storage, study) is None  # both groups' next LRs wait for them
     assert claim(storage, study, seed=0) is None
     first.suggest_float("log2_lr", GRID[0], GRID[-1])
-    first.suggest_categorical("seed", SEEDS)
     study.tell(first, 5.0)
     _, second = claim(storage, study)
     assert pruning_point(second) == (GRID[1], 0)
@@ -133,7 +132,7 @@ def test_a_groups_next_lr_is_claimed_only_once_the_one_before_it_has_ended(tmp_p
 
 def pruning_point(trial: optuna.Trial) -> tuple[float, int]:
     fixed = trial.study._storage.get_trial_system_attrs(trial._trial_id)["fixed_params"]
-    return fixed["log2_lr"], fixed["seed"]
+    return fixed["log2_lr"], trial.user_attrs["seed"]
 
 
 def test_what_the_pruner_stops_is_the_same_in_every_schedule_and_is_what_the_replay_stops(tmp_path):
@@ -170,16 +169,15 @@ def test_the_pruner_refuses_to_judge_a_trial_before_its_groups_lower_lrs_have_en
 
 
 def pruning_point_frozen(t: optuna.trial.FrozenTrial) -> tuple[float, int]:
-    return t.system_attrs["fixed_params"]["log2_lr"], t.system_attrs["fixed_params"]["seed"]
+    return grid_point(t)
 
 
 def test_the_median_never_stops_a_trial_at_its_last_report_the_bound_does():
     study = optuna.create_study(pruner=search_pruner())
     for i, lr in enumerate(GRID[:4]):
-        study.enqueue_trial({"log2_lr": lr, "seed": 0})
+        study.enqueue_trial({"log2_lr": lr}, user_attrs={"seed": 0})
         trial = study.ask()
         trial.suggest_float("log2_lr", GRID[0], GRID[-1])
-        trial.suggest_categorical("seed", SEEDS)
         if i < 3:
             for s in STEPS:
                 trial.report(5.0, s)
@@ -232,10 +230,9 @@ def test_a_pruned_trial_is_recorded_with_its_step_and_never_enters_the_fit(tmp_p
     spec = sweep_specs(cfg, "d")[0]
     study = optuna.create_study(study_name=spec.name, storage=storage)
     for i, lr in enumerate(GRID):
-        study.enqueue_trial({"log2_lr": lr, "seed": 0})
+        study.enqueue_trial({"log2_lr": lr}, user_attrs={"seed": 0})
         trial = study.ask()
         trial.suggest_float("log2_lr", GRID[0], GRID[-1])
-        trial.suggest_categorical("seed", [0])
         if i == 4:
             trial.report(4.0, 300)
             trial.set_user_attr("pruned_at", 300)
@@ -294,7 +291,7 @@ def test_the_search_stops_trials_records_where_and_fits_only_those_that_ran_to_t
             if t.state == TrialState.PRUNED:  # stopped where it says, and trained only that far
                 assert t.user_attrs["pruned_at"] == t.user_attrs["steps"] == t.last_step < cfg.search.steps
         for seed in cfg.search.seeds:
-            done = [t for t in trials if t.params["seed"] == seed and t.state == TrialState.COMPLETE]
+            done = [t for t in trials if grid_point(t)[1] == seed and t.state == TrialState.COMPLETE]
             done = [t for t in done if t.user_attrs["status"] == "completed"]
             fitted = fit_optimum([t.params["log2_lr"] for t in done], [t.value for t in done], lr_grid(cfg))
             summary = metrics["sp"]["widths"][str(spec.width)]

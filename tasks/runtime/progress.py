@@ -1,5 +1,6 @@
-"""How a fan-out stage says how far it is: one log line per finished unit (done/total, the
-outcomes so far, elapsed time and an ETA), a bar on a terminal, and a Prefect progress artifact
+"""How a fan-out stage says how far it is: a line with the work to do (and what an earlier run
+left stored), one log line per finished unit (done/total, the outcomes so far, elapsed time and an
+ETA), a bar on a terminal, and a Prefect progress artifact
 whose description carries the same counts, on the flow run's page in the UI."""
 
 from __future__ import annotations
@@ -31,30 +32,56 @@ def clock(seconds: float) -> str:
 
 
 class Progress:
-    """Counts finished units of one stage. ``total`` counts the units to run now (stored ones are
-    not). The ETA assumes the work left goes at the rate of the work done: with ``total_cost`` (the
-    units' summed cost, e.g. their training FLOPs, each finished unit passing its own), by cost, so
-    a stage that runs its widest trials first does not promise hours for the narrow ones left;
-    without, by the units' mean duration."""
+    """Counts finished units of one stage. Made, it logs the work to do: ``total`` units to run now
+    (``kept`` more were stored by an earlier run and are not rerun), ``what`` they are, ``workers``
+    at a time. Then a line per finished unit, with an ETA.
+
+    The ETA (issue #57: it began 3-25x too high) is the finished units' own durations (``seconds``,
+    measured where each ran), per unit of ``total_cost`` (e.g. training FLOPs, so the narrow
+    trials left after the widest do not inherit its time) or per unit, times the work left,
+    divided by the units that run at once. Not the wall time since the stage began: that holds
+    the start-up (a Dask cluster, its workers' imports) and counts parallel units' time once, so
+    after the first unit it overstated the rest by the start-up share times the workers."""
 
     def __init__(
-        self, stage: str, unit: str, total: int, logger: Any, plural: str | None = None, total_cost: float = 0.0
+        self,
+        stage: str,
+        unit: str,
+        total: int,
+        logger: Any,
+        plural: str | None = None,
+        total_cost: float = 0.0,
+        workers: int = 1,
+        kept: int = 0,
+        what: str = "",
     ) -> None:
         self.stage, self.unit, self.total, self.logger = stage, unit, total, logger
         self.units = plural or f"{unit}s"
-        self.total_cost, self.done_cost = total_cost, 0.0
-        self.done, self.started = 0, time.perf_counter()
+        self.total_cost, self.done_cost, self.workers = total_cost, 0.0, max(1, workers)
+        self.done, self.seconds, self.started = 0, 0.0, time.perf_counter()
+        self.last_finish = self.started
         self.outcomes: Counter[str] = Counter()
+        logger.info(self.work(kept, what))
         self.bar = _bar(total, unit) if sys.stderr.isatty() else None
         self.artifact = _artifact(stage, self.line()) if total and _in_flow_run() else None
+
+    def work(self, kept: int, what: str) -> str:
+        """``search: 2 of 24 trials kept from the last run; 22 to run (...), 2 at a time``."""
+        to_run = f"{self.total} to run" if kept else f"{self.total} {self.units} to run"
+        head = f"{kept} of {kept + self.total} {self.units} kept from the last run; " if kept else ""
+        detail = f" ({what})" if what else ""
+        pace = f", {min(self.workers, self.total)} at a time" if self.total else ""
+        return f"{self.stage}: {head}{to_run}{detail}{pace}"
 
     def eta(self) -> float | None:
         if not self.done:
             return None
-        elapsed = time.perf_counter() - self.started
+        left = self.total - self.done
         if self.total_cost > 0 and self.done_cost > 0:
-            return elapsed / self.done_cost * max(0.0, self.total_cost - self.done_cost)
-        return elapsed / self.done * (self.total - self.done)
+            work = self.seconds / self.done_cost * max(0.0, self.total_cost - self.done_cost)
+        else:
+            work = self.seconds / self.done * left
+        return work / max(1, min(self.workers, left))
 
     def line(self, name: str = "", outcome: str = "") -> str:
         counts = ", ".join(f"{n} {k}" for k, n in sorted(self.outcomes.items()))
@@ -68,11 +95,15 @@ class Progress:
             parts.insert(0, f"{self.unit} {name}: {outcome}")
         return " · ".join(parts)
 
-    def finished(self, name: str, outcome: str, cost: float = 0.0) -> None:
+    def finished(self, name: str, outcome: str, cost: float = 0.0, seconds: float | None = None) -> None:
         """One unit ended with ``outcome`` (completed, diverged, failed, ...), its ``cost`` in the
-        unit of ``total_cost``."""
+        unit of ``total_cost``, its own duration ``seconds`` where it ran (None: the time since the
+        unit before it ended, which is its duration when units run one after another here)."""
+        now = time.perf_counter()
         self.done += 1
         self.done_cost += cost
+        self.seconds += now - self.last_finish if seconds is None else seconds
+        self.last_finish = now
         self.outcomes[outcome] += 1
         line = self.line(name, outcome)
         self.logger.info(line)

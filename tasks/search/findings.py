@@ -26,8 +26,7 @@ def points_of(storage: optuna.storages.BaseStorage, spec: StudySpec) -> tuple[li
     trials = optuna.load_study(study_name=spec.name, storage=storage).get_trials(deepcopy=False)
     points = [
         Point(
-            t.params["log2_lr"],
-            t.params["seed"],
+            *grid_point(t),
             t.value,
             t.user_attrs.get("status", "completed"),
             t.user_attrs.get("flops", 0.0),

@@ -48,10 +48,12 @@ INTERVAL_STEPS = 1
 
 
 def grid_point(trial: FrozenTrial) -> tuple[float, int]:
-    """The trial's (log2 LR, seed). A trial killed between its two suggestions holds only log2_lr;
-    its queued point holds both."""
+    """The trial's (log2 LR, seed): the LR its param (or, before its suggestion, its queued value),
+    the seed its ``seed`` user attribute. The seed is no Optuna param (issue #57: optuna-dashboard
+    would rank it among the hyperparameters and crown the luckiest seed); trials queued before
+    that hold it as a param, read here so their studies resume and report unchanged."""
     params = {**trial.system_attrs.get("fixed_params", {}), **trial.params}
-    return params["log2_lr"], params["seed"]
+    return params["log2_lr"], int(trial.user_attrs["seed"] if "seed" in trial.user_attrs else params["seed"])
 
 
 def unfinished_below(trials: Iterable[FrozenTrial], log2_lr: float, seed: int) -> list[float]:

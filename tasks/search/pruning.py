@@ -71,6 +71,7 @@ from optuna.trial import TrialState
 
 from tasks.config import Config
 from tasks.search.fit import Optimum, Point, optima_per_seed, slope, width_summary
+from tasks.search.groups import grid_point
 from tasks.search.spec import StudySpec, lr_grid, search_digest, sweep_specs
 
 # --------------------------------------------------------------------------------------------
@@ -174,8 +175,8 @@ def records_from_storage(cfg: Config, project: Path, storage: optuna.storages.Ba
                 TrialRecord(
                     spec.parametrization,
                     spec.width,
-                    int(t.params["seed"]),
-                    float(t.params["log2_lr"]),
+                    grid_point(t)[1],
+                    grid_point(t)[0],
                     tuple(sorted(t.intermediate_values.items())),
                     t.value if t.state == TrialState.COMPLETE else None,  # Optuna gives a pruned one its last report
                     "pruned" if t.state == TrialState.PRUNED else str(t.user_attrs.get("status", "completed")),
@@ -199,7 +200,7 @@ def _train_point(cfg: Config, project: Path, spec: StudySpec, log2_lr: float, se
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(storage=None, direction="minimize", pruner=threshold_pruner(cfg))
     study.set_user_attr("log2_lr_range", list(spec.log2_lr_range))
-    study.enqueue_trial({"log2_lr": log2_lr, "seed": seed})
+    study.enqueue_trial({"log2_lr": log2_lr}, user_attrs={"seed": seed})
     trial = study.ask()
     try:
         study.tell(trial, objective(trial, cfg, spec.parametrization, spec.width, worker_tokens(project)))

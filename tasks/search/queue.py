@@ -1,8 +1,8 @@
 """The search's work queue over Optuna's storage: every grid point queued once, claimed by exactly
 one worker, and a dead worker's point trained again.
 
-Points. Every (log2 LR, seed) of the grid is put in the study's trial queue (``enqueue_trial``)
-by the stage before any worker starts; workers only pop queued trials, which the storage hands
+Points. Every (log2 LR, seed) of the grid is put in the study's trial queue (``enqueue_trial``:
+the LR as the trial's one param, the seed as its ``seed`` user attribute) by the stage before any worker starts; workers only pop queued trials, which the storage hands
 to exactly one of them (Optuna's WAITING -> RUNNING transition is atomic), and never ask the
 sampler for new points. So the evaluated set is the grid whatever the worker count. (Optuna's
 GridSampler alone re-evaluates a point when workers race at the end of the grid, and counts an
@@ -97,6 +97,13 @@ def quiet_experimental() -> Iterator[None]:
         yield
 
 
+def quiet_optuna() -> None:
+    """Optuna's INFO lines off the console: "A new study created in Journal ...", and one "no-name"
+    study per pruner check (tasks/search/groups.py: group_view's in-memory studies); the stage's
+    progress lines say what ran. Its warnings and errors stay."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
 def pruner(cfg: Config) -> SearchPruner:
     """The search's pruner (tasks/search/groups.py): a bound on the reported loss, which depends on
     the trial alone, and, with ``search.prune_median``, Optuna's MedianPruner over the trial's
@@ -148,6 +155,7 @@ def prepare_study(storage: optuna.storages.BaseStorage, spec: StudySpec) -> int:
         for trial_id in trial_ids(storage, study, (TrialState.RUNNING,)):
             storage.set_trial_user_attr(trial_id, "status", "interrupted")
             storage.set_trial_state_values(trial_id, TrialState.FAIL)
+    seed_queued_as_param(storage, study)
     pending = (TrialState.WAITING, TrialState.RUNNING)
     kept = {
         grid_point(t)
@@ -155,8 +163,18 @@ def prepare_study(storage: optuna.storages.BaseStorage, spec: StudySpec) -> int:
     }
     for lr, seed in spec.points:
         if (lr, seed) not in kept:
-            study.enqueue_trial({"log2_lr": lr, "seed": seed})
+            study.enqueue_trial({"log2_lr": lr}, user_attrs={"seed": seed})
     return len(study.get_trials(deepcopy=False, states=pending))
+
+
+def seed_queued_as_param(storage: optuna.storages.BaseStorage, study: optuna.Study) -> None:
+    """Give a queued trial of a search of before issue #57, whose seed is a queued param, its seed
+    as the user attribute a worker reads (tasks/search/trial.py: suggest_point)."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if "seed" not in t.user_attrs:
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+            storage.set_trial_user_attr(trial_id, "seed", grid_point(t)[1])
 
 
 def fail_stale(study: optuna.Study) -> None:

@@ -11,21 +11,25 @@ the transferred LR, then the findings.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
-from prefect.futures import as_completed
+import optuna
+from optuna.trial import TrialState
+from prefect.futures import wait
 
 from tasks.config import Config
 from tasks.pretrain.train import read_manifest
 from tasks.runtime.files import read_json
 from tasks.runtime.outputs import MANIFEST
 from tasks.runtime.progress import Progress, run_logger
-from tasks.runtime.workers import executor
+from tasks.runtime.workers import Executor, executor
 from tasks.search.findings import Findings, summarize, sweep_optima
 from tasks.search.fit import transferred_log2_lr
-from tasks.search.queue import pending_groups, prepare_study, search_lock, study_storage
+from tasks.search.groups import FINISHED, grid_point
+from tasks.search.queue import pending_groups, prepare_study, quiet_optuna, search_lock, study_storage
 from tasks.search.spec import StudySpec, proxy_widths, search_digest, sweep_specs, transfer_spec, trial_cost
-from tasks.search.trial import train_queued_group
+from tasks.search.trial import Trained, train_queued_group, trial_name
 
 ROUNDS = 3
 """How many times :func:`run_workers` queues and trains what is unfinished in one stage run."""
@@ -42,15 +46,39 @@ def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: 
     fails the trial and trains its point again; on an RDB storage its stale copy, in this round).
     Raises when a trial failed (it is queued again at the next start) or points are left after
     :data:`ROUNDS` rounds."""
+    quiet_optuna()
     storage = study_storage(cfg)
-    for _ in range(ROUNDS):
+    points = sum(len(spec.points) for spec in specs)
+    for round_ in range(ROUNDS):
         queued = {spec.name: prepare_study(storage, spec) for spec in specs}
         if not any(queued.values()):
+            if round_ == 0:
+                run_logger().info(f"search: {describe(specs)}: all {points} trials kept from the last run")
             return
         groups = sum(pending_groups(storage, spec) for spec in specs)
         cost = sum(n * trial_cost(cfg, spec) for spec, n in zip(specs, queued.values()))
-        train_round(cfg, project, specs, parent_run, sum(queued.values()), cost, groups)
+        todo = sum(queued.values())
+        units = executor(cfg, cfg.search.workers, groups)
+        what = f"{describe(specs)}; {cost / 1e12:.3g} TFLOP by model/flops.py"
+        progress = Progress(
+            "search", "trial", todo, run_logger(), total_cost=cost, workers=units.workers, kept=points - todo, what=what
+        )
+        train_round(cfg, project, specs, parent_run, units, groups, progress)
     raise RuntimeError(f"search: points still unfinished after {ROUNDS} rounds; run the stage again")
+
+
+def describe(specs: list[StudySpec]) -> str:
+    """What a set of studies trains: ``sweep: 2 parametrizations x 2 widths x 3 LRs x 1 seed``."""
+
+    def count(n: int, what: str) -> str:
+        return f"{n} {what}" + ("s" if n != 1 else "")
+
+    parametrizations = {spec.parametrization for spec in specs}
+    widths = {spec.width for spec in specs}
+    lrs = {lr for spec in specs for lr, _ in spec.points}
+    seeds = {seed for spec in specs for _, seed in spec.points}
+    sizes = [count(len(parametrizations), "parametrization"), count(len(widths), "width")]
+    return f"{specs[0].kind}: " + " x ".join([*sizes, count(len(lrs), "LR"), count(len(seeds), "seed")])
 
 
 def train_round(
@@ -58,37 +86,60 @@ def train_round(
     project: Path,
     specs: list[StudySpec],
     parent_run: str | None,
-    queued: int,
-    cost: float,
+    units: Executor,
     groups: int,
+    progress: Progress,
 ) -> None:
-    """One task per group with queued trials, one progress line per trial trained (lines come as
-    each group ends; the ETA weighed by the trials' training FLOPs, ``cost`` in all: the widest
-    run first); raises when a trial failed."""
-    progress = Progress("search", "trial", queued, run_logger(), total_cost=cost)
+    """One task per group with queued trials; a progress line per trial as it ends, read from the
+    study storage every :data:`POLL_S` (a worker returns only when its whole group has ended:
+    minutes of silence with wide trials); raises when a trial failed."""
+    storage = study_storage(cfg)
+    seen = {key for key, _ in ended_trials(cfg, storage, specs)}
     failed = []
-    units = executor(cfg, cfg.search.workers, groups)
     with units.runner() as runner, units.placement():
-        futures = [
+        running = [
             runner.submit(
                 train_queued_group.with_options(task_run_name=f"{specs[0].kind} group {i + 1}/{groups}"),
                 {"cfg": cfg, "project": project, "specs": specs, "parent_run": parent_run},
             )
             for i in range(groups)
         ]
-        for future in as_completed(futures):
-            try:
-                trained = future.result()
-            except Exception as e:
-                name = f"({type(e).__name__}: {e})"
-                failed.append(name)
-                progress.finished(name, "failed", 0.0)
-                continue
-            for name, status, done in trained:
-                progress.finished(name, status, done)
+        while running:
+            done, not_done = wait(running, timeout=POLL_S)
+            running = list(not_done)
+            for key, (name, status, cost, seconds) in ended_trials(cfg, storage, specs):
+                if key not in seen:
+                    seen.add(key)
+                    progress.finished(name, status, cost, seconds)
+            for future in done:
+                try:
+                    future.result()
+                except Exception as e:
+                    failed.append(f"({type(e).__name__}: {e})")
     progress.close()
     if failed:
         raise RuntimeError(f"search trials failed: {failed}; their trials are queued again at the next run")
+
+
+POLL_S = 2.0
+"""Seconds between the stage's looks at the storage for trials that ended."""
+
+
+def ended_trials(
+    cfg: Config, storage: optuna.storages.BaseStorage, specs: list[StudySpec]
+) -> Iterator[tuple[tuple[str, int], Trained]]:
+    """Every ended trial of ``specs`` (finished or failed), keyed by study and number: its name,
+    status, training FLOPs and the seconds from its claim to its end (its own time, not the
+    stage's start-up's)."""
+    for spec in specs:
+        cost = trial_cost(cfg, spec)
+        study = optuna.load_study(study_name=spec.name, storage=storage)
+        for t in study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.FAIL)):
+            status = {TrialState.PRUNED: "pruned", TrialState.FAIL: "failed"}.get(t.state)
+            start, end = t.datetime_start, t.datetime_complete
+            took = (end - start).total_seconds() if start and end else 0.0
+            name = trial_name(spec, *grid_point(t))
+            yield (spec.name, t.number), Trained(name, status or t.user_attrs.get("status", "completed"), cost, took)
 
 
 def data_hashes(project: Path) -> dict[str, str]:

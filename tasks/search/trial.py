@@ -12,9 +12,10 @@ A worker trains one group's trials in a row (:func:`train_queued_group`): the qu
 group's next LR start only after the one before it has ended (tasks/search/queue.py: claim).
 
 What MLflow and optuna-dashboard show of a trial: its MLflow run carries its point and size as
-params (:func:`trial_params`), so runs compare and plot by LR, width and seed; in Optuna the seed
-stays a categorical param beside ``log2_lr`` (each queued grid point is the pair, and the search's
-findings read both from ``trial.params``), and is repeated as the ``seed`` user attribute.
+params (:func:`trial_params`), so runs compare and plot by LR, width and seed; in Optuna the one
+param is ``log2_lr`` and the seed is the ``seed`` user attribute it was queued with (a seed is not a
+hyperparameter: optuna-dashboard would rank its importance and call the luckiest seed the best
+trial; tasks/search/groups.py: grid_point reads both, and the seed param of older studies).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from tasks.config import Config
 from tasks.runtime.outputs import MANIFEST
 from tasks.runtime.workers import clean_state
 from tasks.search.groups import SearchPruner
-from tasks.search.queue import claim, heartbeats, load_study, next_trial, open_storage, optuna_storage
+from tasks.search.queue import claim, heartbeats, load_study, next_trial, open_storage, optuna_storage, quiet_optuna
 from tasks.search.spec import StudySpec, trial_config, trial_cost, uniform_loss
 
 
@@ -78,10 +79,10 @@ class Tokens:
         return cls(*(open_split(project / MANIFEST, split) for split in ("train", "val")))
 
 
-def suggest_point(trial: optuna.Trial, cfg: Config) -> tuple[float, int]:
-    """The trial's (log2 LR, seed): its queued values (the same on every call)."""
+def suggest_point(trial: optuna.Trial) -> tuple[float, int]:
+    """The trial's (log2 LR, seed): its queued LR (the same on every call) and seed."""
     low, high = trial.study.user_attrs["log2_lr_range"]
-    return trial.suggest_float("log2_lr", low, high), trial.suggest_categorical("seed", cfg.search.all_seeds)
+    return trial.suggest_float("log2_lr", low, high), int(trial.user_attrs["seed"])
 
 
 def objective(
@@ -94,7 +95,7 @@ def objective(
 ) -> float:
     """Train the trial's point; returns its final validation loss (ln(vocab) when it diverged) and
     raises ``optuna.TrialPruned`` when the pruner stopped it. Records what ran as user attributes."""
-    log2_lr, seed = suggest_point(trial, cfg)
+    log2_lr, seed = suggest_point(trial)
     run_cfg = trial_config(cfg, parametrization, width, log2_lr, seed)
     started = time.process_time()
     trainer = Trainer(run_cfg, tokens.train, tokens.val, [ReportToOptuna(trial), *callbacks])
@@ -107,7 +108,6 @@ def objective(
         "flops": flops,
         "cpu_s": time.process_time() - started,
         "lr": 2.0**log2_lr,
-        "seed": seed,  # also a param (module docstring)
         "precision": summary["precision"],
     }.items():
         trial.set_user_attr(key, value)
@@ -137,12 +137,13 @@ def worker_tokens(project: Path) -> Tokens:
 
 
 class Trained(NamedTuple):
-    """What a worker did: the trial's name and status, and its training FLOPs (the progress line's
-    ETA weighs trials by them)."""
+    """A trial that ended: its name and status, its training FLOPs and the seconds it took where
+    it ran (the progress line's ETA: tasks/runtime/progress.py)."""
 
     name: str
     status: str
-    cost: float = 0.0
+    cost: float
+    seconds: float
 
 
 @task
@@ -152,15 +153,18 @@ def train_queued_group(cfg: Config, project: Path, specs: list[StudySpec], paren
     claimable (each once the one before has ended: tasks/search/queue.py: claim). Returns what it
     trained, in order; empty when other workers hold or took what is left."""
     clean_state()
+    quiet_optuna()
     storage = worker_storage(optuna_storage(cfg), cfg.search.heartbeat_s)
     claimed = next_trial(storage, [(spec, load_study(storage, spec, cfg)) for spec in specs])
     done: list[Trained] = []
     while claimed is not None:
         spec, study, (trial_id, trial) = claimed
+        started = time.perf_counter()
         with heartbeats(storage, trial_id):
             status = run_trial(study, trial, spec, cfg, worker_tokens(project), parent_run)
-        log2_lr, seed = suggest_point(trial, cfg)
-        done.append(Trained(trial_name(spec, log2_lr, seed), status, trial_cost(cfg, spec)))
+        log2_lr, seed = suggest_point(trial)
+        took = time.perf_counter() - started
+        done.append(Trained(trial_name(spec, log2_lr, seed), status, trial_cost(cfg, spec), took))
         following = claim(storage, study, seed)  # the group's next LR, now that this one has ended
         claimed = (spec, study, following) if following is not None else None
     return done
@@ -175,7 +179,7 @@ def run_trial(
     took this one's heartbeats for dead and queued its point again (its result is dropped: the
     storage refuses a finished trial's updates)."""
     try:
-        with trial_run(spec, trial, *suggest_point(trial, cfg), parent_run, cfg.search.steps) as callbacks:
+        with trial_run(spec, trial, *suggest_point(trial), parent_run, cfg.search.steps) as callbacks:
             try:
                 value = objective(trial, cfg, spec.parametrization, spec.width, tokens, callbacks)
             except optuna.TrialPruned:
