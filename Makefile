@@ -18,7 +18,7 @@ demo: setup
 	scripts/demo.sh
 
 repro: setup services
-	dvc repro
+	python -m flows.pipeline  # dvc repro under one Prefect flow run; publishes the deployments
 
 test: setup
 	python -m pytest -q

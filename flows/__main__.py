@@ -111,7 +111,7 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
     from model.stops import RunEnded
     from tasks.config import project_config
     from tasks.design.seed_registry import check_stage
-    from tasks.runtime import paths, services
+    from tasks.runtime import services
     from tasks.runtime.outputs import KeptOutputs
     from tasks.runtime.startup import imports_without_gc
 
@@ -126,7 +126,9 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
         flow = STAGES[stage].load_flow()
     params = {"profile": cfg.profile, **({"overrides": sets} if sets else {})}
     name = f"{stage} {cfg.profile}"
-    parent = os.environ.get(paths.PARENT_TASK_RUN_ENV)
+    from flows.pipeline import stage_task_run
+
+    parent = stage_task_run(stage)  # under a pipeline run: make demo, make repro, the Prefect UI's
     crashed: list[Any] = []  # the flow run Prefect marked Crashed: a typed stop is a SystemExit
     flow = flow.with_options(on_crashed=[lambda _flow, flow_run, _state: crashed.append(flow_run.id)])
     kept = KeptOutputs(project, stage, STAGES[stage].versioned)
@@ -416,6 +418,14 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "  spikelab services info                    the addresses and the login file\n"
         "  SPIKELAB_MLFLOW_PORT=5100 spikelab services up   another port, when 5000 is taken",
     ),
+    "prefect": (
+        "the Prefect CLI against this checkout's server, logged in (never printing the login)",
+        "Run Prefect's own CLI against this checkout's Prefect server: everything after `prefect` is\n"
+        "its command line. The login reaches it through its environment, never its output; a plain\n"
+        "`prefect` in a shell gets HTTP 401 from the server (docs/services.md).",
+        "  spikelab prefect deployment ls\n"
+        "  spikelab prefect deployment run pipeline/spikelab-pipeline   runs while `spikelab serve` runs",
+    ),
     "check": (
         "verify a finished study: other arithmetic, unseen seeds, MLflow, another machine, labels",
         "Run one of the scripts in checks/ that verify a finished study (they benchmark nothing):\n"
@@ -474,6 +484,9 @@ def parser() -> argparse.ArgumentParser:
     svc = command_parser(sub, "services")
     svc.add_argument("action", choices=["up", "down", "status", "info"], help="what to do (see actions above)")
     add_cluster_parser(sub)
+    command_parser(sub, "prefect").add_argument(
+        "arguments", nargs=argparse.REMAINDER, help="prefect's own command line"
+    )
     from flows.checks import CHECKS
 
     check = command_parser(sub, "check")
@@ -590,6 +603,10 @@ def main(argv: list[str] | None = None) -> int:
             serve()
         elif args.command == "cluster":
             run_cluster(args)
+        elif args.command == "prefect":
+            from tasks.runtime import services
+
+            return services.run_prefect_cli(args.arguments)
         elif args.command == "check":
             from flows.checks import run_check
 

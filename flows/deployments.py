@@ -2,7 +2,11 @@
 ``spikelab-<stage>`` per stage, and one ``spikelab-study-<family>`` per family studies.yaml
 declares (its factor values as the form). All of them run through DVC (the pipeline flow with a target),
 so a run from the UI is cached, versioned and never leaves the workspace half-changed; each has
-the pipeline's typed form (profile as a choice, the ablation keys typed and documented)."""
+the pipeline's typed form (profile as a choice, the ablation keys typed and documented).
+
+``make demo`` and ``make repro`` publish them (:func:`publish`) without serving them, so the
+Prefect UI's Deployments page lists them at once; a run of one starts while ``spikelab serve``
+runs in the project (until then it waits, Scheduled), as each description says."""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from tasks.design.studies import read_studies
 THROUGH_DVC = (
     "Runs through DVC (`dvc repro --single-item`, one task per stage, logs live): cached and "
     "versioned. Form values are written to params.yaml as `dvc exp run -S` would and the run is "
-    "saved as a DVC experiment; a failure puts params.yaml and every output back."
+    "saved as a DVC experiment; a failure puts params.yaml and every output back. "
+    "Runs start only while `spikelab serve` runs in the project (until then they wait, Scheduled)."
 )
 
 
@@ -54,6 +59,14 @@ def declared_families() -> list:
     """The families studies.yaml declares (one deployment each)."""
     cfg, project = project_config(None, {})
     return read_studies(project, cfg)
+
+
+def publish() -> list[str]:
+    """Register every deployment with the Prefect server without serving them; their names."""
+    found = deployments()
+    for deployment in found:
+        deployment.apply()  # created, or updated in place: a deployment's name is its identity
+    return [deployment.name for deployment in found]
 
 
 def serve_all() -> None:

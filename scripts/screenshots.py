@@ -1,7 +1,7 @@
 """Regenerate the docs' screenshots of the UIs (small palette PNGs in docs/screenshots/).
 
-Needs this checkout's servers up with a pipeline run in them (``spikelab services up``,
-``spikelab serve``, a run of the ``spikelab-pipeline`` deployment) and Chromium
+Needs this checkout's servers up with a pipeline run in them (``make demo``'s, which also
+publishes the deployments, or a run of the ``spikelab-pipeline`` deployment) and Chromium
 (scripts/setup.sh installs it where it can):
 
     python scripts/screenshots.py [--out docs/screenshots] [--report reports/report.html]
@@ -32,7 +32,6 @@ from model.private import run_private  # noqa: E402
 
 MAX_BYTES = 200_000
 TIDY = {
-    "mlflow": ['[data-component-id="mlflow.assistant.chat_panel.close"]'],  # the assistant panel hides the page
     "mlflow-runs": ['[data-component-id$="runnamecellrenderer.tsx_46"]'],  # unfold the newest pipeline run
     "mlflow-search-lr": ['[id$="-trigger-scatter-plot"]'],  # the compare page's scatter plot tab
 }
@@ -66,7 +65,7 @@ def newest_pipeline_run(api: str) -> dict:
         },
     )
     if not runs:
-        raise SystemExit("no completed pipeline run: trigger the spikelab-pipeline deployment first")
+        raise SystemExit("no completed pipeline run: run make demo (or the spikelab-pipeline deployment) first")
     return runs[0]
 
 

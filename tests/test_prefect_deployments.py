@@ -78,3 +78,41 @@ def test_a_work_pool_is_created_takes_the_pipeline_deployed_from_the_project_and
         for leftover in (["deployment", "delete", "pipeline/on-a-pool"], ["work-pool", "delete", POOL]):
             subprocess.run(["prefect", "--no-prompt", *leftover], env=env, capture_output=True, timeout=120)
         raise
+
+
+def test_make_repro_publishes_the_deployments_and_runs_the_stages_as_children_of_one_pipeline_run(env, tmp_path):
+    from tests.test_ui import prefect as api
+
+    project = copy_project(tmp_path)
+    assert subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=project, env=env).returncode == 0
+    done = subprocess.run(  # what `make repro` and `make demo` run, here for two stages
+        [sys.executable, "-m", "flows.pipeline", "filter"], cwd=project, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    listed = {d["name"]: d["description"] for d in api(env, "deployments/filter", {})}
+    assert {"spikelab-pipeline", *(f"spikelab-{stage}" for stage in STAGES)} <= set(listed), sorted(listed)
+    assert "`spikelab serve`" in listed["spikelab-pipeline"], "it says what its runs wait for"
+    run_id = done.stdout.split("/runs/flow-run/")[1].split()[0]
+    (run,) = api(env, "flow_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
+    assert run["state"]["type"] == "COMPLETED" and run["name"] == "dvc repro smoke", run["state"]
+    children = api(env, "flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [run_id]}}})
+    assert sorted(c["name"] for c in children) == ["filter smoke", "prepare smoke"]
+    tasks = {t["id"]: t for t in api(env, "task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})}
+    for child in children:
+        task = tasks[child["parent_task_run_id"]]
+        assert task["name"] == child["name"].split()[0] and task["state"]["type"] == "COMPLETED", task
+
+
+def test_the_prefect_cli_through_spikelab_prefect_gets_in_and_without_it_gets_401(env):
+    from tasks.runtime import credentials
+
+    shell = {k: v for k, v in env.items() if k not in credentials.SECRET_ENVS and k != credentials.MLFLOW_USER_ENV}
+    plain = subprocess.run(["prefect", "deployment", "ls"], env=shell, capture_output=True, text=True, timeout=120)
+    assert plain.returncode != 0 and "401" in plain.stdout + plain.stderr, "the server answers no one without the login"
+    shell.pop("PREFECT_API_URL")  # a fresh shell: spikelab finds this checkout's server itself
+    done = subprocess.run(
+        ["spikelab", "prefect", "deployment", "ls"], env=shell, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "spikelab-pipeline" in done.stdout  # published by the test above (or spikelab serve's)
+    assert credentials.load().password not in done.stdout + done.stderr

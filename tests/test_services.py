@@ -179,3 +179,27 @@ def test_a_server_that_fails_to_start_leaves_none_of_the_others_holding_a_port(t
         squatter.close()
     listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
     assert not listening & set(ports.values()) and not list((tmp_path / "state" / "services").glob("*.json"))
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (3, 1), (4, 2), (8, 4), (64, 4)])
+def test_mlflow_takes_a_worker_per_two_cores_one_at_least_and_four_at_most(cores, workers):
+    from tasks.runtime.services import mlflow_workers
+
+    assert mlflow_workers(cores) == workers
+
+
+def test_mlflow_serves_its_page_with_the_assistant_hidden_and_from_one_process_per_worker(live_services):
+    import urllib.request
+
+    from tasks.runtime import paths, services
+    from tasks.runtime.credentials import basic_auth
+    from tasks.runtime.mlflow_app import HIDDEN_ASSISTANT
+
+    login = f"{live_services['MLFLOW_TRACKING_USERNAME']}:{live_services['MLFLOW_TRACKING_PASSWORD']}"
+    request = urllib.request.Request(f"{paths.mlflow_url()}/", headers=basic_auth(login))
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert HIDDEN_ASSISTANT in response.read().decode()
+    server = services.started_process("mlflow")
+    assert "uvicorn" in server.cmdline(), "MLflow's CLI became its server: no supervisor beside it"
+    workers = services.mlflow_workers()
+    assert len(server.children()) == (0 if workers == 1 else workers + 1)  # uvicorn's workers, its resource tracker

@@ -7,8 +7,9 @@ pyproject.toml's ``mlflow.app`` entry points): MLflow's own basic-auth app, with
   owns, with a symlink to a folder of the owner's, would serve the owner's files. MLflow's artifact
   repository registry is the one place every route (get-artifact, list, model versions, logged
   models, traces) builds its repository, so the local repository is replaced there.
-- **The assistant's routes are removed**: they change the server's assistant configuration and
-  install skills, and spikelab has no use for them.
+- **The assistant is off**: its routes answer 404 (they change the server's assistant
+  configuration and install skills, and spikelab has no use for them), and its panel and buttons
+  are hidden (:func:`index_without_assistant`).
 - **The admin's password is the login's at every start** (:func:`admin_takes_the_login`): MLflow
   sets it only when it creates the admin, so a login made again would leave the old one in force.
 - **A malformed login gets 401, not 500** (:func:`refuse_malformed_login`): MLflow's check of the
@@ -16,12 +17,14 @@ pyproject.toml's ``mlflow.app`` entry points): MLflow's own basic-auth app, with
   (``Bearer x``) or with non-ASCII bytes, answering 500 with a traceback in the server's log.
 
 The roots come from :data:`ROOTS_ENV` (set by tasks/runtime/services.py). Imported only by the
-server process: nothing else needs MLflow's server modules.
+server process: nothing else needs MLflow's server modules. ``python -m tasks.runtime.mlflow_app
+ARGS`` is ``mlflow server ARGS`` that becomes its own uvicorn server (:func:`serve_in_place`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +93,21 @@ class WithoutAssistant:
         await self.app(scope, receive, send)
 
 
+HIDDEN_ASSISTANT = "<style>[data-assistant-ui]{display:none!important}</style>"
+"""The page's rule that hides every element MLflow's UI marks as the assistant's (its panel, its
+floating button, its buttons in the trace view)."""
+
+
+def index_without_assistant() -> Any:
+    """MLflow's page (index.html) with the assistant hidden. Its UI opens the assistant's panel, a
+    third of the page, at the first visit from a loopback address whatever the server says (MLflow
+    3.17 has no setting for it), and the panel could only show errors: its routes answer 404 here."""
+    from flask import Response, current_app
+
+    index = Path(current_app.static_folder or "", "index.html").read_text()
+    return Response(index.replace("</head>", HIDDEN_ASSISTANT + "</head>", 1), mimetype="text/html")
+
+
 def admin_takes_the_login() -> None:
     """Give the admin the password the server was started with (``MLFLOW_AUTH_ADMIN_PASSWORD``:
     the credentials file's) when the auth database holds another: after ``services down``, a
@@ -119,8 +137,8 @@ def refuse_malformed_login() -> Any:
 
 
 def create_app() -> Any:
-    """MLflow's basic-auth app with local artifacts confined, the assistant's routes off, the
-    admin's password the login's and a malformed login refused before MLflow reads it."""
+    """MLflow's basic-auth app with local artifacts confined, the assistant off, the admin's
+    password the login's and a malformed login refused before MLflow reads it."""
     from mlflow.server import app as flask_app
     from mlflow.server.auth import create_app as with_basic_auth
     from mlflow.store.artifact.artifact_repository_registry import _artifact_repository_registry
@@ -129,7 +147,28 @@ def create_app() -> Any:
         _artifact_repository_registry.register(scheme, ConfinedArtifactRepository)
     app = with_basic_auth(flask_app)
     flask_app.before_request_funcs.setdefault(None, []).insert(0, refuse_malformed_login)  # before MLflow's check
+    flask_app.view_functions["serve"] = index_without_assistant  # the route of "/" (MLflow's `serve`)
     admin_takes_the_login()
     if hasattr(app, "add_middleware"):  # FastAPI under uvicorn (MLflow's default); its Flask app has no assistant
         app.add_middleware(WithoutAssistant)
     return app
+
+
+def serve_in_place(argv: list[str]) -> None:
+    """``mlflow server ARGV``, this process then replaced by the uvicorn server MLflow's CLI starts
+    (exec, same pid, its environment given whole). The CLI would otherwise wait beside its server
+    only to forward signals, holding a copy of MLflow's imports: about 250 MB of the 1 GB MLflow
+    took on 2 cores."""
+    import mlflow.server
+    from mlflow.cli import cli
+
+    def exec_server(command: list[str], *, extra_env: dict[str, str] | None = None, **_: Any) -> None:
+        sys.stdout.flush()
+        os.execve(command[0], command, {**os.environ, **(extra_env or {})})
+
+    mlflow.server._exec_cmd = exec_server  # type: ignore[assignment]  # the one call that starts the server (MLflow 3.17's _run_server)
+    cli.main(["server", *argv], prog_name="mlflow")
+
+
+if __name__ == "__main__":
+    serve_in_place(sys.argv[1:])

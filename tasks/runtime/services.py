@@ -220,6 +220,13 @@ def mlflow_auth(login: credentials.Credentials) -> dict[str, str]:
     }
 
 
+def mlflow_workers(cores: int | None = None) -> int:
+    """MLflow's uvicorn workers: half the cores, 1 to 4 (MLflow's default, 4, took 1 GB on 2 cores).
+    One worker serves requests concurrently (its Flask routes run in a thread pool): a process per
+    core buys nothing for one user's UI and a study's few clients."""
+    return min(4, max(1, (cores or os.cpu_count() or 1) // 2))
+
+
 MLFLOW_WITHOUT_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 """The MLflow server without its job runner (GenAI jobs spikelab never submits): a huey consumer
 process whose queue lived in a folder of /dev/shm, left behind at every start."""
@@ -252,14 +259,17 @@ def services(search_storage: str = "", login: credentials.Credentials | None = N
         Service(
             "mlflow",
             [
-                str(bin_dir / "mlflow"),
-                "server",
+                sys.executable,
+                "-m",
+                "tasks.runtime.mlflow_app",  # `mlflow server` that becomes its server (serve_in_place)
                 "--host",
                 paths.HOST,
                 "--port",
                 str(paths.mlflow_port()),
                 "--app-name",
                 "spikelab",
+                "--workers",
+                str(mlflow_workers()),
                 *mlflow_stores(),
                 *(["--uvicorn-opts", shlex.join(https_options("--ssl-"))] if paths.serves_https() else []),
             ],
@@ -627,6 +637,15 @@ def configure_environment() -> dict[str, str]:
         "prefect": os.environ.get("PREFECT_API_URL", "temporary server"),
         "mlflow": os.environ["MLFLOW_TRACKING_URI"],
     }
+
+
+def run_prefect_cli(arguments: list[str]) -> int:
+    """``prefect ARGUMENTS`` against this checkout's Prefect server, logged in: the login reaches the
+    CLI through its environment (``PREFECT_API_AUTH_STRING``), never its command line or output.
+    A UserError when no server serves this checkout. The CLI's exit code."""
+    if not configure_environment()["prefect"].startswith(("http://", "https://")):
+        raise UserError("no Prefect server serves this checkout; start it with `spikelab services up`")
+    return subprocess.run([str(Path(sys.executable).with_name("prefect")), *arguments], check=False).returncode
 
 
 CLIENT_URL_ENVS = {"prefect": "PREFECT_API_URL", "mlflow": "MLFLOW_TRACKING_URI"}
