@@ -104,8 +104,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser()
-    args = p.parse_args(argv)
+    args = parser().parse_args(argv)
     project = args.project.resolve()
     try:
         return COMMANDS[args.command](args, project)
