@@ -16,7 +16,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 help: ## list these targets, one line each
 	@sed -n 's/^\([a-z][a-z-]*\):.*## \(.*\)/  \1\t\2/p' $(firstword $(MAKEFILE_LIST)) | expand -t 18
 
-setup: .venv/.installed ## create .venv with the pinned dependencies (first run: about 7 min on 2 cores)
+setup: .venv/.installed ## create .venv with the pinned dependencies (first run: about 3 min on 2 cores)
 ifeq ($(MAKECMDGOALS),setup)
 	@echo "setup: next: make demo (every stage at tiny sizes in a copy, about 4 min on 2 cores)"
 endif

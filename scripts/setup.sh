@@ -75,7 +75,7 @@ installed() { .venv/bin/python -c "import importlib.metadata as m, sys; m.versio
 # Sourced (tests/test_setup_safety.py): the environment and pip() above, nothing installed.
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
-SETUP_TIME="about 7 min on 2 cores (6.7 measured from a fresh clone with pip's downloads cached, cores shared)"
+SETUP_TIME="about 3 min on 2 cores (2.8 measured from a fresh clone, pip's downloads cached)"
 if [ ! -x .venv/bin/python ]; then
   say "first run: $SETUP_TIME; a rerun takes seconds"
   step "creating .venv with $("$PYTHON" --version 2>&1)"
