@@ -153,11 +153,32 @@ def run_stages(copy: Path, project: Path, stages: list[str], profile: str, sets:
         subprocess.run(command, cwd=copy, env=env, check=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spikelab check arithmetic",
+        description="Rerun the verdict-deciding stages on a second arithmetic and compare every finding's\n"
+        "verdict with the project's own: the other numeric path (precision.numerics: portable or\n"
+        "native), seeds the study never saw (--seeds-from), another machine's arms (--arms-from), or\n"
+        "another checkout's finished study (--against). The reruns happen in a copy under --work; the\n"
+        "project's outputs are not touched. Writes --out (JSON), prints one line per finding; exits 1\n"
+        "when a verdict differs, 2 on a bad argument or a missing input (run the data stages first).",
+        epilog="examples:\n"
+        "  spikelab check arithmetic                                 the default study, after make repro\n"
+        "  spikelab check arithmetic --profile smoke --stages ablate --rerun-first\n"
+        "  spikelab check arithmetic --stages ablate --seeds-from 28   on seeds no step used\n"
+        "  spikelab check arithmetic --arms-from arms.jsonl.gz         the arms another machine trained\n"
+        "  spikelab check arithmetic --against ../clone-on-intel       a whole study run elsewhere",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--project", type=Path, default=ROOT, help="the project whose outputs are checked")
-    p.add_argument("--profile", default="default")
-    p.add_argument("--stages", nargs="+", default=["ablate", "spike"], choices=list(STAGE_METRICS))
+    p.add_argument("--profile", default="default", help="the profile both sides run (default: %(default)s)")
+    p.add_argument(
+        "--stages",
+        nargs="+",
+        default=["ablate", "spike"],
+        choices=list(STAGE_METRICS),
+        help="the stages rerun on the second side (default: %(default)s)",
+    )
     p.add_argument("--numerics", choices=list(OTHER), help="the second arithmetic (default: the other one)")
     p.add_argument("--set", dest="sets", action="append", default=[], help="KEY=VALUE for both sides")
     p.add_argument(
@@ -182,9 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--resume", action="store_true", help="keep the arms a cut-short check trained under --work (same keys only)"
     )
-    p.add_argument("--work", type=Path, default=ROOT / "checks/out/arithmetic")
-    p.add_argument("--out", type=Path, default=ROOT / "checks/out/arithmetic.json")
-    args = p.parse_args(argv)
+    p.add_argument("--work", type=Path, default=ROOT / "checks/out/arithmetic", help="the copy the second side runs in")
+    p.add_argument("--out", type=Path, default=ROOT / "checks/out/arithmetic.json", help="the comparison, as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     project = args.project.resolve()
     if args.against is not None:
         return against(project, args.against.resolve(), args.profile, args.out)

@@ -108,19 +108,54 @@ def train(arms: list[dict[str, Any]], project: Path, out: Path, workers: int) ->
     return 1 if failed else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    planned = sub.add_parser("plan", help="write the ablate stage's arms (here, where the orchestration is)")
-    planned.add_argument("--project", type=Path, default=ROOT)
-    planned.add_argument("--profile", default=None)
-    planned.add_argument("--out", type=Path, required=True)
-    trained = sub.add_parser("train", help="train a plan's arms (on any machine with torch, numpy, pyyaml)")
-    trained.add_argument("plan", type=Path)
+EXAMPLES = (
+    "examples:\n"
+    "  spikelab check elsewhere plan --out checks/out/arms-plan.json          here\n"
+    "  spikelab check elsewhere train checks/out/arms-plan.json --out arms.jsonl.gz --workers 16   there\n"
+    "  spikelab check arithmetic --arms-from arms.jsonl.gz                    back here: the verdicts"
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spikelab check elsewhere",
+        description="Train the ablate stage's arms on another machine's CPU: `plan` writes the arms the\n"
+        "stage would train (run identities, commands, the loss shift its probe picks here); `train`\n"
+        "trains them where only torch, numpy and pyyaml are installed, appending each result to one\n"
+        "gzipped JSON-lines file as it finishes (a run cut short keeps what it trained). Then\n"
+        "`spikelab check arithmetic --arms-from FILE` decides the findings on those numbers.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="ACTION")
+    planned = sub.add_parser(
+        "plan",
+        help="write the ablate stage's arms (here, where the orchestration is)",
+        description="Write the ablate stage's arms, as this project would train them, to a JSON plan.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    planned.add_argument("--project", type=Path, default=ROOT, help="whose params and data the plan reads")
+    planned.add_argument("--profile", default=None, help="the profile planned (default: params.yaml's)")
+    planned.add_argument("--out", type=Path, required=True, help="the plan's JSON file")
+    trained = sub.add_parser(
+        "train",
+        help="train a plan's arms (on any machine with torch, numpy, pyyaml)",
+        description="Train a plan's arms, one thread each, --workers at once, appending each result.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    trained.add_argument("plan", type=Path, help="the plan `plan` wrote")
     trained.add_argument("--out", type=Path, required=True, help="a .jsonl.gz file: one result per line (appended)")
     trained.add_argument("--project", type=Path, default=ROOT, help="whose params and data the arms read")
-    trained.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    args = p.parse_args(argv)
+    trained.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="arms trained at once (default: one per core)"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.command == "plan":
         arms = plan_arms(args.project.resolve(), args.profile)
         args.out.write_text(json.dumps(arms, indent=1) + "\n")

@@ -72,12 +72,28 @@ def train_one(cfg: Config, arm: Arm, path: str, loss_shift: int, out: Path) -> d
     }
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    p.add_argument("--profile", default="default")
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spikelab check formats-gpu",
+        description="Train the precision and overflow families' arms twice from the same config and data:\n"
+        "once as the study does (fp16/bf16 rounding emulated in fp32 on the CPU) and once on a CUDA\n"
+        "device's own formats, and print both side by side: which arms go non-finite, how far each\n"
+        "ends from fp32, the excursion and the range probe's shares. Needs data/tokens\n"
+        "(`dvc repro tokenize`) and a CUDA device.",
+        epilog="example:\n  spikelab check formats-gpu --seeds 0 1 --out checks/out/formats_gpu.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="the seeds trained (default: %(default)s)")
+    p.add_argument("--profile", default="default", help="the profile whose arms train (default: %(default)s)")
     p.add_argument("--workers", type=int, default=8, help="processes for the CPU arms")
-    p.add_argument("--out", type=Path, default=ROOT / "checks" / "out" / "formats_gpu.json")
+    p.add_argument(
+        "--out", type=Path, default=ROOT / "checks" / "out" / "formats_gpu.json", help="every result, as JSON"
+    )
+    return p
+
+
+def main() -> int:
+    p = parser()
     args = p.parse_args()
     import torch
 

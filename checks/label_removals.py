@@ -224,14 +224,31 @@ def _discrimination(low: dict[str, int], total: dict[str, int]) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=["filter", "draw", "score"])
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spikelab check labels",
+        description="A blind, labelled judgement of the perplexity filter's removals: `filter` runs prepare\n"
+        "and filter on the benchmark's corpus, `draw` writes the removed prose documents and as many\n"
+        "kept ones, shuffled, as numbered items for a labeller who sees neither the key nor the filter,\n"
+        "`score` reads the labels and judges them by the rule declared before any was read\n"
+        "(docs/checks.md): labelled precision, and whether the labeller tells removals from kept ones.",
+        epilog="examples:\n"
+        "  spikelab check labels filter --size 2000 --project P                prepare + filter into P\n"
+        "  spikelab check labels draw --size 2000 --project P --out-dir D\n"
+        "  spikelab check labels score --size 2000 --project P --out-dir D     after D/labels-*.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("command", choices=["filter", "draw", "score"], help="the step: %(choices)s")
     p.add_argument("--size", type=float, default=2000, help="MB of the benchmark's corpus")
     p.add_argument("--project", type=Path, required=True, help="where prepare + filter wrote their outputs")
     p.add_argument("--out-dir", type=Path, help="the blind chunks, the key and the labels")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2, help="filter's worker processes (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="which kept documents are the controls, and the order")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser()
     args = p.parse_args(argv)
     if args.command == "filter":
         return run_filter(args.size, args.project, args.workers)

@@ -210,13 +210,28 @@ def recompute(cfg: Config, project: Path, client: Any) -> dict[str, Any]:
     return {"stages": stages, "findings": findings}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--project", type=Path, default=ROOT)
-    p.add_argument("--profile", default="default")
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spikelab check mlflow",
+        description="Read the study's numbers back from its MLflow runs (each arm's child run, the stage\n"
+        "runs' artifacts), compare each with the project's metrics/*.json, then recompute every finding\n"
+        "by the report's own code from the MLflow numbers alone and compare it with metrics/report.json.\n"
+        "Needs the project's MLflow server (`spikelab services up`); exits 1 when a number differs,\n"
+        "2 when a run or an input is missing.",
+        epilog="examples:\n"
+        "  spikelab check mlflow                                   after make repro\n"
+        "  spikelab check mlflow --profile smoke --out checks/out/recompute-smoke.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--project", type=Path, default=ROOT, help="the project whose study is recomputed")
+    p.add_argument("--profile", default="default", help="the profile the stages ran (default: %(default)s)")
     p.add_argument("--set", dest="sets", action="append", default=[], help="KEY=VALUE, as the stages ran")
-    p.add_argument("--out", type=Path, default=ROOT / "checks/out/recompute.json")
-    args = p.parse_args(argv)
+    p.add_argument("--out", type=Path, default=ROOT / "checks/out/recompute.json", help="every comparison, as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     project = args.project.resolve()
     os.chdir(project)  # the DVC inputs digest and the servers are the project's, as its stages saw them
     try:

@@ -84,7 +84,7 @@ def signals_held() -> Iterator[None]:
 
 EXAMPLES = """\
 examples:
-  make demo                               start here: every stage at tiny sizes in a copy (~5 min on 2 cores)
+  make demo                               start here: every stage at tiny sizes in a copy (~4 min on 2 cores)
   spikelab services up                    start this checkout's servers (Prefect, MLflow, optuna-dashboard)
   spikelab services info                  where each UI is and where its login is (never the password itself)
   spikelab ui                             print the address of every UI that is up
@@ -97,7 +97,9 @@ examples:
 
 exit codes: 0 done, 2 bad config or input (the message names the key or file), 3 diverged,
 4 stopped by a callback, 75 preempted or interrupted (SIGTERM, Ctrl-C: run again to resume),
-1 anything else. `spikelab COMMAND --help`: what a command does, its options and examples.
+1 anything else. Under `dvc repro` DVC exits 255 when a stage fails (the stage's line says why),
+`make repro` 2; stopped by Ctrl-C, make ends by the signal (130). `spikelab COMMAND --help`: what
+a command does, its options and examples; `make help`: the make targets.
 """
 
 
@@ -106,7 +108,7 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
     aside first and put back unless it completes (tasks/runtime/outputs.py: KeptOutputs), so an
     interrupt or an error leaves what git has; SIGTERM and SIGINT end it as interrupted (its
     Prefect flow run Cancelled, its MLflow runs KILLED) and raise :class:`Interrupted`."""
-    from flows.stages import STAGES
+    from flows.stages import STAGES, require_inputs
     from model.numerics import apply_numerics
     from model.stops import RunEnded
     from tasks.config import project_config
@@ -118,6 +120,7 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
     started = time.perf_counter()
     cfg, project = project_config(profile, sets)  # fail fast, before any import cost
     check_stage(stage, cfg)  # a study trains on seeds no earlier step used (tasks/design/seed_registry.yaml)
+    require_inputs(project, stage)  # a fresh clone's: before any server starts
     apply_numerics(cfg.precision.numerics)  # before torch loads, here and in the workers this starts
     where = services.configure_environment()  # before prefect is imported
     if STAGES[stage].fans_out:

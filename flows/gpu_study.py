@@ -30,23 +30,81 @@ from tasks.runtime.files import read_json
 from tasks.runtime.outputs import MANIFEST
 from tasks.runtime.paths import UnsafeFolder
 
+COMMAND_HELP = {
+    "plan": (
+        "write gpu_study/plan.json: every arm of the gpu profile's study",
+        "Write gpu_study/plan.json: every run the ablate stage would train under the gpu profile,\n"
+        "seed by seed, with its run identity; the plan's id digests them (docs/gpu-study.md).",
+        "python -m flows.gpu_study plan",
+    ),
+    "pack": (
+        "write gpu_study/carry/tokens.tar.xz: the data a window carries",
+        "Write gpu_study/carry/tokens.tar.xz: the token shards a GPU window takes with it (the GPU\n"
+        "machine reaches no network).",
+        "python -m flows.gpu_study pack",
+    ),
+    "slice": (
+        "write the next slice that fits one GPU window",
+        "Write gpu_study/slices/NN.json: the next arms, in plan order, that fit one GPU window at\n"
+        "--workers arms at once, each estimated from the slowest measured arm of its family (x 1.3); a\n"
+        "family with no measured arm makes a calibration slice.",
+        "python -m flows.gpu_study slice --window-s 420 --workers 5",
+    ),
+    "accept": (
+        "check a results file against the plan and add it to the study",
+        "Check a window's results file against the plan (another plan's file, or an arm not in it, is\n"
+        "refused) and add it to gpu_study/results/.",
+        "python -m flows.gpu_study accept 03.jsonl.gz",
+    ),
+    "status": (
+        "arms in, windows run, the next slice's size",
+        "Say how many arms are in, how many windows ran, which arms came back twice (their losses and\n"
+        "weights digests compared) and the next slice's size.",
+        "python -m flows.gpu_study status",
+    ),
+    "report": (
+        "write gpu_study/REPORT.md: the findings judged on the arms in so far",
+        "Write gpu_study/REPORT.md: every finding that reads arms, judged on the arms in so far by the\n"
+        "engine that judges the CPU study.",
+        "python -m flows.gpu_study report",
+    ),
+}
+"""Each command's one-line help, its description and its example (``--help``)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m flows.gpu_study",
+        description="The gpu study: the ablation's arms trained in short GPU windows, planned, sliced and\n"
+        "accumulated here (docs/gpu-study.md).",
+        epilog="examples:\n" + "\n".join(f"  {example}" for _, _, example in COMMAND_HELP.values()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--project", type=Path, default=Path.cwd(), help="the project (default: this folder)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = {
+        name: sub.add_parser(
+            name,
+            help=short,
+            description=description,
+            epilog=f"example:\n  {example}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        for name, (short, description, example) in COMMAND_HELP.items()
+    }
+    commands["plan"].add_argument(
+        "--profile", default=planning.PROFILE, help="the profile planned (default: %(default)s)"
+    )
+    sliced = commands["slice"]
+    sliced.add_argument("--window-s", type=float, required=True, help="the window's length in seconds")
+    sliced.add_argument("--workers", type=int, required=True, help="arms the window trains at once on its GPU")
+    sliced.add_argument("--family", action="append", default=[], help="only this family's arms (repeatable)")
+    commands["accept"].add_argument("file", type=Path, help="the results file a window wrote (.jsonl.gz)")
+    return p
+
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flows.gpu_study", description=__doc__.split("\n\n")[0])
-    p.add_argument("--project", type=Path, default=Path.cwd())
-    sub = p.add_subparsers(dest="command", required=True)
-    planned = sub.add_parser("plan", help="write gpu_study/plan.json: every arm of the gpu profile's study")
-    planned.add_argument("--profile", default=planning.PROFILE)
-    sub.add_parser("pack", help="write gpu_study/carry/tokens.tar.xz: the data a window carries")
-    sliced = sub.add_parser("slice", help="write the next slice that fits one GPU window")
-    sliced.add_argument("--window-s", type=float, required=True)
-    sliced.add_argument("--workers", type=int, required=True)
-    sliced.add_argument("--family", action="append", default=[], help="only this family's arms (repeatable)")
-    taken = sub.add_parser("accept", help="check a results file against the plan and add it to the study")
-    taken.add_argument("file", type=Path)
-    sub.add_parser("status", help="arms in, windows run, the next slice's size")
-    sub.add_parser("report", help="write gpu_study/REPORT.md: the findings judged on the arms in so far")
-    args = p.parse_args(argv)
+    args = parser().parse_args(argv)
     project = args.project.resolve()
     try:
         return COMMANDS[args.command](args, project)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model.typed_config import UserError
 from tasks.runtime import outputs as o
 
 
@@ -70,3 +71,42 @@ STAGES = {
     )
 }
 """Stage name -> stage, in pipeline order. dvc.yaml calls ``spikelab run <name>`` for each."""
+
+
+def tracked_by_repro() -> tuple[Path, ...]:
+    """What ``dvc repro`` changes that git tracks: dvc.lock, the params stage's resolved config and
+    every stage's versioned outputs (``make repro`` puts them back as they were when stopped)."""
+    from tasks.params import RESOLVED
+
+    return (Path("dvc.lock"), RESOLVED, *(out for stage in STAGES.values() for out in stage.versioned))
+
+
+def inputs(project: Path, stage: str) -> dict[Path, str]:
+    """What ``stage`` reads that another stage makes: each ``deps`` entry of the project's dvc.yaml
+    that is (or lies inside) a registered stage's output, with that stage's name; empty without a
+    dvc.yaml (a project that runs its stages by hand alone)."""
+    import yaml
+
+    path = project / "dvc.yaml"
+    declared = (yaml.safe_load(path.read_text()) or {}).get("stages", {}) if path.is_file() else {}
+    makers = {out: other.name for other in STAGES.values() if other.name != stage for out in other.outs}
+    found = {}
+    for dep in map(Path, (declared.get(stage) or {}).get("deps") or []):
+        maker = next((name for out, name in makers.items() if dep == out or out in dep.parents), None)
+        if maker:
+            found[dep] = maker
+    return found
+
+
+def require_inputs(project: Path, stage: str) -> None:
+    """Refuse to run ``stage`` while an input another stage makes is missing (a fresh clone, before
+    ``dvc repro``), naming it, the stage that makes it and the command that runs that stage: one
+    line, before any server, engine or flow starts (else the flow fails deep inside, twice logged)."""
+    missing: dict[str, list[str]] = {}
+    for dep, maker in inputs(project, stage).items():
+        if not (project / dep).exists():
+            missing.setdefault(maker, []).append(str(dep))
+    if missing:
+        missing = {maker: missing[maker] for maker in STAGES if maker in missing}  # pipeline order
+        needs = "; ".join(f"{', '.join(paths)}, which the {maker} stage makes" for maker, paths in missing.items())
+        raise UserError(f"{stage} needs {needs}: run `dvc repro {' '.join(missing)}` (or `make repro`)")

@@ -115,7 +115,7 @@ def stage(profile=None, overrides=None):
     raise getattr(stops, sys.argv[1])(12, "SIGTERM/SIGINT")
 
 Stage.load_flow = lambda _self: stage  # every stage runs the probe
-sys.exit(cli.main(["run", "pretrain", "--profile", "smoke"]))
+sys.exit(cli.main(["run", "prepare", "--profile", "smoke"]))  # the stage that needs no other's outputs
 """
 
 
@@ -127,7 +127,7 @@ def test_a_typed_stop_shows_in_prefect_as_what_it_was_with_what_to_do_next(live_
 
     done = subprocess.run(
         [sys.executable, "-c", STOPPED_STAGE, stop],
-        cwd=copy_project(tmp_path),  # not the checkout: its pretrain outputs would be set aside meanwhile
+        cwd=copy_project(tmp_path),  # not the checkout: its outputs would be set aside meanwhile
         capture_output=True,
         text=True,
         env={**live_services, "PYTHONPATH": str(REPO)},
@@ -199,7 +199,7 @@ def test_a_check_runs_its_script_with_the_rest_of_the_command_line_and_returns_i
         text=True,
         timeout=120,
     )
-    assert helped.returncode == 0 and helped.stdout.startswith("usage: recompute_mlflow.py"), helped.stderr
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: spikelab check mlflow [-h]"), helped.stderr
     refused = subprocess.run(
         [sys.executable, "-m", "flows", "check", "mlflow", "--no-such-option"], cwd=REPO, capture_output=True, text=True
     )

@@ -7,8 +7,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -215,3 +217,128 @@ def test_sigterm_during_a_stage_under_dvc_repro_keeps_the_committed_outputs_and_
 
     status = dvc(["status", "search"], project, live_services)  # DVC, killed too, left no lock behind
     assert status.returncode == 0 and "search" in status.stdout, status.stdout + status.stderr
+
+
+HALF_WRITTEN_STAGE = """
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import flows.__main__ as cli
+from flows.stages import Stage
+from prefect import flow
+
+@flow(name="probe-stopped-after-writing")
+def stage(profile=None, overrides=None):
+    Path("metrics/filter.json").write_text('{"half": ')  # a versioned output, half written
+    os.kill(os.getpid(), signal.SIGTERM)  # what a job scheduler sends
+    time.sleep(60)
+
+Stage.load_flow = lambda _self: stage
+sys.exit(cli.main(["run", "filter", "--profile", "smoke"]))
+"""
+
+
+@pytest.mark.e2e
+def test_a_stage_stopped_after_writing_a_versioned_output_puts_the_committed_bytes_back_and_exits_75(
+    live_services, tmp_path
+):
+    project = copy_project(tmp_path)
+    (project / "data/raw").mkdir(parents=True)  # filter's input, so the stage starts
+    (project / "metrics").mkdir()
+    committed = '{"committed": "the filter before this run"}\n'
+    (project / "metrics/filter.json").write_text(committed)
+    done = subprocess.run(
+        [sys.executable, "-c", HALF_WRITTEN_STAGE],
+        cwd=project,
+        env={**live_services, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 75, done.stderr[-3000:]
+    assert (project / "metrics/filter.json").read_text() == committed
+    assert not (project / KEPT_DIR).exists()
+    assert done.stderr.splitlines()[-1].startswith("spikelab: filter stopped by SIGTERM; "), done.stderr[-3000:]
+
+
+TWO_STAGES = """\
+stages:
+  filter:
+    cmd: python -c "open('metrics/filter.json', 'w').write('{FILTER}')"
+    metrics:
+      - metrics/filter.json:
+          cache: false
+          persist: true
+  search:
+    cmd: python -c "import time; open('search/lr.yaml', 'w').write('{LR}'); time.sleep({SLEEP})"
+    deps:
+      - metrics/filter.json
+    outs:
+      - search/lr.yaml:
+          cache: false
+          persist: true
+"""
+"""Two stages writing two of the project's versioned outputs, the second one slow: stand-ins for
+the flows (they restore nothing themselves), so what the stop leaves is the recipe's doing."""
+
+
+def git(project: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=project, capture_output=True, text=True, check=True).stdout
+
+
+def test_make_repro_stopped_by_ctrl_c_leaves_dvc_lock_and_every_tracked_output_as_committed(tmp_path):
+    project = copy_project(tmp_path / "project")
+    for name in ("Makefile", "scripts/private-shell", "scripts/private-env.sh"):
+        (project / name).parent.mkdir(exist_ok=True)
+        shutil.copy2(REPO / name, project / name)
+    (project / "metrics").mkdir()
+    (project / "search").mkdir()
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "SPIKELAB_STATE": str(tmp_path / "s")}
+    (project / "dvc.yaml").write_text(TWO_STAGES.format(FILTER="committed", LR="committed", SLEEP=0))
+    git(project, "init", "-q")
+    assert dvc(["init", "-q"], project, env).returncode == 0
+    done = dvc(["repro"], project, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    git(project, "add", "-A")
+    git(project, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "the committed study")
+    committed = {p: (project / p).read_bytes() for p in ("dvc.lock", "metrics/filter.json", "search/lr.yaml")}
+
+    (project / "dvc.yaml").write_text(TWO_STAGES.format(FILTER="new", LR="written", SLEEP=300))
+    make = subprocess.Popen(
+        ["make", "-o", "setup", "-o", "services", "repro"],  # setup and the servers: not this test's
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: what Ctrl-C in a terminal reaches
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while (project / "search/lr.yaml").read_text() != "written" and time.monotonic() < deadline:
+            time.sleep(0.2)  # filter finished (dvc.lock and its metrics changed), search wrote its output
+        assert (project / "search/lr.yaml").read_text() == "written", make.poll()
+        os.killpg(make.pid, signal.SIGINT)
+        output = make.communicate(timeout=120)[0]
+    finally:
+        if make.poll() is None:
+            os.killpg(make.pid, signal.SIGKILL)
+    assert make.returncode == -signal.SIGINT, output  # make ends by the signal, as any stopped command (130)
+    assert "make repro: stopped; dvc.lock and every output git tracks are as they were" in output, output
+    assert {p: (project / p).read_bytes() for p in committed} == committed
+    assert git(project, "status", "--porcelain", "--untracked-files=no") == " M dvc.yaml\n"
+
+
+def test_dvc_repro_exits_255_for_a_bad_declaration_and_prints_the_stages_one_line_error(tmp_path):
+    project = copy_project(tmp_path)
+    (project / "studies.yaml").write_text("families:\n  mine:\n    factors: {model: {no_such_key: [1, 2]}}\n")
+    env = {**os.environ, "SPIKELAB_STATE": str(tmp_path / "state")}
+    assert dvc(["init", "--no-scm", "-q"], project, env).returncode == 0
+    done = dvc(["repro", "params"], project, env)
+    assert done.returncode == 255, done.stdout + done.stderr  # DVC's code for any failed stage
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("spikelab: error: ")]
+    assert len(errors) == 1 and "studies.yaml" in errors[0], done.stdout + done.stderr
+    assert "exited with 2" in done.stderr, done.stderr
