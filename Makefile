@@ -24,7 +24,7 @@ endif
 demo: setup ## set up, start the servers, run every stage at tiny sizes in .spikelab/demo/
 	scripts/demo.sh
 
-# `python -m flows.pipeline` publishes the deployments, then runs `dvc repro` under one Prefect flow
+# `python -m flows.repro` publishes the deployments, then runs `dvc repro` under one Prefect flow
 # run (each stage its child). A stop (Ctrl-C, SIGTERM) leaves what git tracks as it was: the stopped
 # stage puts its own outputs back (KeptOutputs); the recipe puts back dvc.lock and the tracked outputs of stages that finished
 # before the stop (flows/stages.py: tracked_by_repro) from a snapshot of the working tree taken first
@@ -33,7 +33,7 @@ demo: setup ## set up, start the servers, run every stage at tiny sizes in .spik
 # the signal, as any command stopped so (130 after Ctrl-C, 143 after SIGTERM).
 repro: setup services ## set up, start the servers, run the whole study here (a stop changes nothing git tracks)
 	@before=$$(git stash create 2>/dev/null || true); before=$${before:-$$(git rev-parse -q --verify HEAD || true)}; \
-	trap stopped=1 INT TERM; python -m flows.pipeline; done=$$?; \
+	trap stopped=1 INT TERM; python -m flows.repro; done=$$?; \
 	if [ -n "$${stopped:-}" ] && [ -n "$$before" ]; then \
 	  git diff -z --relative --name-only "$$before" -- \
 	      $$(python -c 'from flows.stages import tracked_by_repro as t; print(*t())') \

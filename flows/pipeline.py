@@ -6,7 +6,7 @@ streams into the task's log line by line as DVC prints it. The stage's own flow 
 ``spikelab run`` under DVC) is created as a child of that task, so the UI links the two.
 
 ``make demo`` and ``make repro`` run ``dvc repro`` itself, under one ``pipeline`` flow run
-(``python -m flows.pipeline [dvc repro's arguments]``: :func:`repro_in_one_run`): each stage's
+(``python -m flows.repro``, flows/repro.py): each stage's
 ``spikelab run`` adds its task run there (:func:`stage_task_run`) and runs as its child, so one
 ``make demo`` is one run in the Prefect UI with its stages below it, not one run per stage.
 
@@ -365,80 +365,3 @@ def write_factors(project: Path, family: str, values: dict[str, list[Any]]) -> N
         node[leaf] = seq
     with open(path, "w") as f:
         rt.dump(doc, f)
-
-
-def repro_in_one_run(arguments: list[str]) -> int:
-    """``dvc repro ARGUMENTS`` (its output on this terminal) under one ``pipeline`` flow run that
-    each stage's flow run is a child of (:func:`stage_task_run`), after the deployments are
-    published; plain ``dvc repro`` when no Prefect server serves this checkout (each stage then
-    starts a temporary one: nothing would show the parent run). dvc's exit code."""
-    from tasks.runtime import services
-
-    command = [dvc_bin(), "repro", *arguments]
-    if not services.configure_environment()["prefect"].startswith(("http://", "https://")):
-        return subprocess.run(command, check=False).returncode
-    from prefect.context import SettingsContext, get_settings_context
-    from prefect.settings import Settings
-
-    # this module imported Prefect, which read its settings then, before the server was chosen
-    with SettingsContext(profile=get_settings_context().profile, settings=Settings()):
-        return repro_under_pipeline_run(command, arguments)
-
-
-def repro_under_pipeline_run(command: list[str], arguments: list[str]) -> int:
-    from prefect import get_client
-    from prefect.states import Cancelled, Completed, Failed, Pending, Running
-
-    from flows.deployments import publish
-    from tasks.runtime import paths
-
-    print(f"[spikelab] published {len(publish())} Prefect deployments (runs start while `spikelab serve` runs)")
-    cfg, _ = project_config(None, {})
-    target = arguments[0] if len(arguments) == 1 and arguments[0] in STAGES else "all"
-    with get_client(sync_client=True) as client:
-        run = client.create_flow_run(
-            pipeline_flow, name=f"dvc repro {cfg.profile}", parameters={"target": target}, state=Pending()
-        )
-        client.set_flow_run_state(run.id, Running())
-        print(f"[spikelab] this run and its stages in the Prefect UI: {paths.prefect_ui_url()}/runs/flow-run/{run.id}")
-        proc = subprocess.Popen(command, env={**os.environ, PIPELINE_RUN_ENV: str(run.id)})
-        code = wait_passing_signals(proc)
-        ended = Completed if code == 0 else Cancelled if code < 0 else Failed  # < 0: killed by a signal
-        client.set_flow_run_state(run.id, ended(message=f"dvc repro exited {code}"))  # its output says why
-    return code
-
-
-def wait_passing_signals(proc: subprocess.Popen) -> int:
-    """Wait for ``proc``; SIGTERM is passed on to it, SIGINT ignored here (a terminal's Ctrl-C
-    reaches dvc and its stage itself, and they stop as they do under plain ``dvc repro``)."""
-    import signal
-
-    previous = {
-        signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM)),
-        signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    }
-    try:
-        return proc.wait()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def main() -> int:
-    """``python -m flows.pipeline [dvc repro's arguments]``: :func:`repro_in_one_run`."""
-    from model.private import keep_others_from_writing
-    from model.typed_config import UserError
-    from tasks.runtime.paths import UnsafeFolder
-    from tasks.runtime.private_env import use_private_env
-
-    keep_others_from_writing()  # as the CLI: what the stages write is the owner's alone
-    try:
-        use_private_env()
-        return repro_in_one_run(sys.argv[1:])
-    except (UserError, UnsafeFolder) as e:
-        print(f"spikelab: error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,7 +27,7 @@ cd "$project"
 copied=$SECONDS
 
 say "3/4 dvc repro: every stage at the smoke profile's sizes (about 5 min on 2 cores; a rerun: seconds)"
-python -m flows.pipeline  # dvc repro as one Prefect flow run with the stages below it; deployments published
+python -m flows.repro  # dvc repro as one Prefect flow run with the stages below it; deployments published
 ran=$SECONDS
 
 say "4/4 what it made"

@@ -49,6 +49,8 @@ VERDICT_FILES = (
     "tasks/ablate/conditions.py",
     "tasks/search/fit.py",
     "tasks/spike/study.py",
+    "tasks/spike/scores.py",
+    "tasks/spike/summary.py",
     "tasks/spike/sizing.py",
     "tasks/ablate/sizing.py",
     "tasks/report/sequential.py",  # the boundaries a look is tested against

@@ -86,7 +86,7 @@ def test_make_repro_publishes_the_deployments_and_runs_the_stages_as_children_of
     project = copy_project(tmp_path)
     assert subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=project, env=env).returncode == 0
     done = subprocess.run(  # what `make repro` and `make demo` run, here for two stages
-        [sys.executable, "-m", "flows.pipeline", "filter"], cwd=project, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "flows.repro", "filter"], cwd=project, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     listed = {d["name"]: d["description"] for d in api(env, "deployments/filter", {})}

@@ -24,22 +24,9 @@ from tasks.runtime.outputs import SPIKE_METRICS, SPIKE_RUN
 from tasks.spike import postmortem
 from tasks.spike.config import OUTCOMES
 from tasks.spike.postmortem import SECTIONS, publish
-from tasks.spike.study import (
-    Costs,
-    classify,
-    detected,
-    detection,
-    excess_area,
-    give_ups,
-    matrix,
-    outcome,
-    plateau_gate,
-    poison_length,
-    run_seed,
-    score,
-    summary_metrics,
-    window_curves,
-)
+from tasks.spike.scores import Costs, classify, detected, excess_area, outcome, score, window_curves
+from tasks.spike.study import poison_length, run_seed
+from tasks.spike.summary import detection, give_ups, matrix, plateau_gate, summary_metrics
 from tests.trainer_kit import markov_tokens, tiny_config
 
 CONTROL = [3.0 - 0.002 * t for t in range(100)]

@@ -30,6 +30,8 @@ DESIGN_CODE = (
     "tasks/ablate/conditions.py",
     "tasks/search/fit.py",
     "tasks/spike/study.py",
+    "tasks/spike/scores.py",
+    "tasks/spike/summary.py",
     "tasks/spike/sizing.py",
     "tasks/ablate/sizing.py",
     "tasks/report/sequential.py",

@@ -250,7 +250,7 @@ just before the flagged step) may already hold a corrupted state."""
 
 def spike_gaps(matrix: dict[str, Any], cause: str, policy: str) -> dict[tuple, float]:
     """Per seed (as a pairing unit), the branch's scored gap: a branch that gave up is scored at
-    the loss it gave up at, never dropped (tasks/spike/study.py). Version 2's matrices carry only
+    the loss it gave up at, never dropped (tasks/spike/scores.py). Version 2's matrices carry only
     the final gap, which a give-up lacks. The halves are split later (pooled_and_halves)."""
     cells = matrix.get(cause, {}).get(policy, {})
     gaps = {(int(seed),): scored_gap(cell) for seed, cell in cells.items()}

@@ -22,7 +22,8 @@ from tasks.design.curves import trailing_mean
 from tasks.pretrain.figures import PANEL, draw
 from tasks.runtime.files import staged, write_json
 from tasks.runtime.outputs import MANIFEST, POSTMORTEMS, SPIKE_FIGURES, SPIKE_METRICS
-from tasks.spike.study import CAUSES, Study, summary_metrics, symptoms
+from tasks.spike.study import CAUSES, Study
+from tasks.spike.summary import summary_metrics, symptoms
 
 TYPE_NAMES = {1: "recoverable", 2: "lingering", 3: "divergent"}
 OUTCOME_RANK = {"recovered": 0, "gap": 1, "gave_up": 2}
