@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from tasks.config import project_config
+from tasks.design.families import DeclaredClaim, DeclaredFamily, default_statement
+from tasks.design.studies import builtin_families
 from tasks.report.figures import _layout
 from tasks.report.findings import evaluate
 from tasks.report.method import decide
@@ -25,8 +27,25 @@ from tasks.report.sections.findings import forest_rows
 from tasks.report.sections.method import provenance_section, stage_times
 from tasks.report.sections.runs import ARMS_PAGE, render_arms, runs_section
 from tasks.report.sections.section import Figures, Section
-from tasks.report.sections.words import HOLDS, LABELS, NOT_SHOWN, claim_outcome, what_was_found, why
-from tasks.report.verdict import EQUIVALENCE, INCONCLUSIVE, NOT_TESTED, Claim
+from tasks.report.sections.words import (
+    HOLDS,
+    LABELS,
+    NOT_SHOWN,
+    claim_outcome,
+    claim_words,
+    in_words,
+    what_was_found,
+    why,
+)
+from tasks.report.verdict import (
+    CONTRADICTED,
+    EQUIVALENCE,
+    INCONCLUSIVE,
+    NEGLIGIBLE,
+    NOT_TESTED,
+    REPRODUCED,
+    Claim,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY_RUN = "http://127.0.0.1:5320/#/experiments/1/runs/b1e9df4018ad4a2c8126527ab8b1387d?workflowType=machine_learning"
@@ -80,11 +99,115 @@ def test_the_opening_line_names_the_claims_that_did_not_hold_apart_from_those_th
     other = claim("bf16 − fp32, final loss", 0.9, (0.8, 1.0), 1e-9, halves=(0.9, 0.9))
     finding = decide("fp16", [HOLDING, SHORT, other], "numbers", [])
     said = what_was_found(finding, most=1)
-    assert said.startswith("2 of 3 claims held. Did not hold: scaled fp16 ≡ fp32: ")
+    assert said.startswith("Of 3 claims, 1 not shown, 2 held. Not shown: scaled fp16 ≡ fp32: ")
     assert ". Held: unscaled − scaled fp16, final loss: +1.72 nats" in said
     assert said.endswith("; and 1 more (below)") and "bf16" not in said
     unlimited = what_was_found(finding)
     assert "more (below)" not in unlimited and all(c.what in unlimited for c in (HOLDING, SHORT, other))
+
+
+TINY = claim("bf16 − fp32, final loss", 0.001, (-0.01, 0.012), 0.8, halves=(0.002, -0.001), tost_p=1e-4)
+REVERSED = claim("warmup − none, final loss", -0.3, (-0.4, -0.2), 1e-4, halves=(-0.3, -0.3))
+
+
+@pytest.mark.parametrize(
+    "claims, precondition, verdict, opens",
+    [
+        ([HOLDING], None, REPRODUCED, "Every claim held: unscaled − scaled fp16, final loss: +1.72 nats"),
+        (
+            [TINY],
+            None,
+            NEGLIGIBLE,
+            "Every claim shown smaller than its smallest effect of interest (SESOI): bf16 − fp32, final loss: "
+            "+0.001 nats (95 % CI -0.01 to +0.012, p = 0.8), TOST p = 1e-04 against ±0.05",
+        ),
+        (
+            [HOLDING, REVERSED],
+            None,
+            CONTRADICTED,
+            "Of 2 claims, 1 shown the other way, 1 held. Shown the other way: warmup − none, final loss: -0.3 nats",
+        ),
+        ([HOLDING, TINY], None, INCONCLUSIVE, "Of 2 claims, 1 shown smaller than its sesoi, 1 held."),
+        ([HOLDING], "no gradient underflows", NOT_TESTED, "not tested: no gradient underflows"),
+    ],
+)
+def test_the_opening_line_is_worded_by_what_the_verdict_found(claims, precondition, verdict, opens):
+    finding = decide("fp16", claims, "numbers", [], precondition_failed=precondition)
+    assert finding.verdict == verdict
+    said = what_was_found(finding)
+    assert said.startswith(opens)
+    if verdict != REPRODUCED:
+        assert "Every claim held" not in said and "claims held" not in said and "Did not hold" not in said
+
+
+def declared(kind: str, a: dict, b: dict, expected: int = 1, across=None, over=None, statement=None) -> DeclaredClaim:
+    across = across or {}
+    return DeclaredClaim(
+        "c",
+        kind,
+        "capped_loss",
+        a,
+        b,
+        over,
+        across,
+        False,
+        expected,
+        0.1,
+        "why",
+        [],
+        None,
+        statement or default_statement(kind, "capped_loss", a, b, over, across, expected),
+    )
+
+
+@pytest.mark.parametrize(
+    "c, words",
+    [
+        (
+            declared(
+                "contrast",
+                {"block": "post_ln", "warmup": 0.0, "lr": 0.001},
+                {"block": "post_ln", "warmup": 0.1, "lr": 0.001},
+            ),
+            "final loss higher for Post-LN without warmup at LR 1e-3 than with 10 % warmup",
+        ),
+        (
+            declared("interaction", {"warmup": 0.0}, {"warmup": 0.1}, across={"block": ["post_ln", "pre_ln"]}),
+            "final loss without warmup − with 10 % warmup higher for Post-LN than for Pre-LN",
+        ),
+        (
+            declared("equivalence", {"precision": "fp16"}, {"precision": "fp32"}, expected=0),
+            "final loss the same for fp16 with loss scaling as fp32",
+        ),
+        (
+            declared("sensitivity", {"stabilizer": "qk_norm"}, {"stabilizer": "none"}, expected=-1, over="lr"),
+            "final loss's sensitivity to the LR lower with qk-layernorm than with no stabiliser",
+        ),
+        (
+            declared(
+                "contrast",
+                {"model.n_layer": 4, "precision": "fp16_unscaled"},
+                {"model.n_layer": 4, "precision": "bf16"},
+            ),
+            "final loss higher for model.n_layer=4 unscaled fp16 than bf16",
+        ),
+    ],
+)
+def test_a_claim_with_no_statement_is_named_from_its_factor_values_an_unknown_factor_as_key_value(c, words):
+    assert claim_words(c) == words
+
+
+def test_a_declared_statement_is_kept_and_metrics_keep_every_claims_declared_name(committed):
+    own = declared("contrast", {"precision": "fp16"}, {"precision": "fp32"}, statement="scaled beats fp32")
+    family = DeclaredFamily("fam", "q", {"precision": ["fp16", "fp32"]}, {}, 10, [0], [1], 0.0, [own])
+    finding = decide("fam", [claim("scaled beats fp32", 0.2, (0.1, 0.3), 1e-3)], "numbers", [])
+    assert in_words([finding], [family])[0].claims[0].what == "scaled beats fp32"
+    xiong = next(f for f in committed["findings"] if f.key == "xiong")
+    worded = next(f for f in in_words(committed["findings"], builtin_families(project_config()[0])) if f.key == "xiong")
+    # the findings as tested keep the declared names: metrics/report.json's keys
+    assert all(c.what.startswith("capped_loss: ") for c in xiong.claims)
+    assert [c.estimate for c in worded.claims] == [c.estimate for c in xiong.claims]
+    assert set(worded.halves) == {c.what for c in worded.claims} and "capped_loss" not in " ".join(worded.halves)
 
 
 def test_stage_times_read_each_stages_wall_seconds_and_none_where_a_stage_recorded_none():

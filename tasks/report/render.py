@@ -28,6 +28,7 @@ from typing import Any
 
 from tasks.config import Config
 from tasks.design.preregistration import design_hash
+from tasks.design.studies import builtin_families, read_studies
 from tasks.report.findings import FAMILY_OF
 from tasks.report.method import Finding
 from tasks.report.sections.checks import FAILED, PASSED, check_outcome, proper
@@ -44,7 +45,7 @@ from tasks.report.sections.stages import (
     spike_section,
 )
 from tasks.report.sections.summary import VERDICTS, summary_section
-from tasks.report.sections.words import HOLDS, NOT_SHOWN
+from tasks.report.sections.words import HOLDS, NOT_SHOWN, in_words
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NEGLIGIBLE, NOT_TESTED, REPRODUCED
 
 
@@ -62,7 +63,9 @@ def report_sections(
     sensitivity: dict[str, Any] | None = None,
     times: dict[str, float | None] | None = None,
 ) -> list[Section]:
-    """The page's sections in order; a stage that has not run leaves out the sections only it fills."""
+    """The page's sections in order; a stage that has not run leaves out the sections only it fills.
+    A claim is named in words (sections/words.py: in_words); metrics/report.json keeps its declared name."""
+    findings = in_words(findings, builtin_families(cfg) + read_studies(project, cfg))
     sections = [
         summary_section(cfg, findings, arithmetic),
         method_section(ablate),

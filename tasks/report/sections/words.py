@@ -1,11 +1,18 @@
 """Findings and claims in words, for every section that names them: a finding's plain label
 (:data:`LABELS`), a claim's own outcome (:func:`claim_outcome`: holds, contradicted, not shown, not
 tested), its estimate and prediction in words, which test of the verdict rule (tasks/report/verdict.py)
-it passed or failed (:func:`why`), and what came out of a finding in a sentence (:func:`what_was_found`)."""
+it passed or failed (:func:`why`), what came out of a finding in a sentence (:func:`what_was_found`),
+and a declared claim with no statement of its own named from its factor values (:func:`in_words`)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from tasks.design.families import DeclaredClaim, DeclaredFamily, default_statement, shown
 from tasks.design.stats import ALPHA
+from tasks.design.studies import builtin_names
 from tasks.report.method import Finding
 from tasks.report.sections.section import interval, p_value, signed, unit
 from tasks.report.sequential import CONTINUE
@@ -221,29 +228,148 @@ def _shortfalls_equivalence(c: Claim) -> list[tuple[str, str, str]]:
     return failed
 
 
+GROUPS = (
+    (CONTRADICTED, "Shown the other way"),
+    (NOT_SHOWN, "Not shown"),
+    (NEGLIGIBLE, "Shown smaller than its SESOI"),
+    (HOLDS, "Held"),
+)
+"""Each claim outcome a finding's sentence groups its claims by, in its order, with its words."""
+
+LEADS = {
+    REPRODUCED: "Every claim held",
+    NEGLIGIBLE: "Every claim shown smaller than its smallest effect of interest (SESOI)",
+}
+"""The lead of a finding whose verdict one outcome of every claim decides; else the counts lead."""
+
+
 def what_was_found(f: Finding, most: int | None = None) -> str:
-    """What came out, in a sentence: how many claims held, then each claim that did not (most
-    telling first) with its number and why, then those that held; ``most``: at most that many
-    claims named of each."""
+    """What came out, in a sentence worded by the verdict: its lead (every claim held, every claim
+    shown smaller than its SESOI, or how many claims came out each way), then each claim by its
+    outcome (the other way, not shown, smaller than its SESOI, held; most telling first within
+    each) with its number; ``most``: at most that many claims named of each."""
     if f.precondition_failed:
         return f"not tested: {f.precondition_failed}"
     if not f.claims:
         return "no claim could be tested"
-    short = sorted((c for c in f.claims if not c.holds), key=lambda c: _rank(c))
-    held = [c for c in f.claims if c.holds]
-    groups = [(label, claims[:most]) for label, claims in (("Did not hold", short), ("Held", held)) if claims]
-    said = ". ".join(f"{label}: " + "; ".join(_claim_said(c) for c in claims) for label, claims in groups)
+    by_outcome = {outcome: [c for c in f.claims if claim_outcome(f, c) == outcome] for outcome, _ in GROUPS}
+    by_outcome[NOT_SHOWN].sort(key=_rank)
+    groups = [(words, by_outcome[o][:most]) for o, words in GROUPS if by_outcome[o]]
     rest = len(f.claims) - sum(len(claims) for _, claims in groups)
-    lead = "every claim held" if not short else f"{len(held)} of {len(f.claims)} claims held"
-    return f"{lead}. {said}" + (f"; and {rest} more (below)" if rest else "")
+    more = f"; and {rest} more (below)" if rest else ""
+    if len(groups) == 1 and f.verdict in LEADS:
+        return f"{LEADS[f.verdict]}: " + "; ".join(_claim_said(c) for c in groups[0][1]) + more
+    counts = ", ".join(f"{len(by_outcome[o])} {words.lower()}" for o, words in GROUPS if by_outcome[o])
+    lead = f"Of {len(f.claims)} claims, {counts}"
+    said = ". ".join(f"{words}: " + "; ".join(_claim_said(c) for c in claims) for words, claims in groups)
+    return f"{lead}. {said}{more}"
 
 
 def _claim_said(c: Claim) -> str:
-    """A claim in the opening line: what it compares, its number, and why when it did not hold."""
-    return f"{c.what}: {measured(c)}" + ("" if c.holds else f", {why(c, brief=True)}")
+    """A claim in the opening line: what it compares, its number, and the test that decided it
+    when it did not hold (a negligible claim's TOST)."""
+    if c.holds:
+        return f"{c.what}: {measured(c)}"
+    if c.negligible and c.kind != EQUIVALENCE and c.sequential is None:
+        return f"{c.what}: {measured(c)}, TOST p = {p_value(c.tost_p)} against ±{c.sesoi:g}"
+    return f"{c.what}: {measured(c)}, {why(c, brief=True)}"
 
 
 def _rank(c: Claim) -> int:
     if c.contradicted or c.estimate is None:
         return -1
     return SHORTFALLS.index(shortfalls(c)[0][0])
+
+
+METRICS = {
+    "capped_loss": "final loss",
+    "val_loss": "validation loss",
+    "spikes_per_1k": "spikes per 1,000 steps",
+    "update_rms_max": "largest update RMS",
+}
+"""Metrics in words; another metric is named by its key."""
+
+VALUES: dict[str, dict[Any, str]] = {
+    "block": {"post_ln": "Post-LN", "pre_ln": "Pre-LN"},
+    "precision": {"fp16_unscaled": "unscaled fp16", "fp16": "fp16 with loss scaling"},
+    "stabilizer": {"none": "no stabiliser", "qk_norm": "qk-layernorm", "z_loss": "z-loss"},
+    "spike": {"none": "no injected spike", "param": "an injected parameter spike"},
+}
+"""Factor values in words, by factor; a value not listed falls to :data:`NUMBERS` or ``key=value``."""
+
+
+def _lr(value: Any) -> str:
+    mantissa, exponent = f"{float(value):e}".split("e")
+    return f"at LR {float(mantissa):g}e{int(exponent)}"
+
+
+NUMBERS: dict[str, Callable[[Any], str]] = {
+    "warmup": lambda v: "without warmup" if v == 0 else f"with {100 * float(v):g} % warmup",
+    "lr": _lr,
+    "optim.lr": _lr,
+    "lr_mult": lambda v: f"at {float(v):g}x the LR",
+    "beta2": lambda v: f"β₂ = {float(v):g}",
+    "precision": str,
+}
+"""Numeric factors in words, by factor (precision's other values are their own names)."""
+
+OVER = {"lr": "the LR", "optim.lr": "the LR", "width": "width"}
+"""The factor a sensitivity or slope reads across, in words."""
+
+
+def factor_words(key: str, value: Any) -> str:
+    """One factor value for a reader (``Post-LN``, ``without warmup``, ``at LR 1e-3``), the same
+    for built-in and declared families; a factor the vocabulary lacks reads ``key=value``."""
+    if value in VALUES.get(key, {}):
+        return VALUES[key][value]
+    if key in NUMBERS:
+        return NUMBERS[key](value)
+    return f"{key}={shown(value)}"
+
+
+def variant_words(factors: dict[str, Any]) -> str:
+    return " ".join(factor_words(k, v) for k, v in factors.items())
+
+
+def claim_words(c: DeclaredClaim) -> str:
+    """A declared claim for a reader, from its kind and factor values: what a and b share stays
+    with a, and b is named by what differs (``final loss higher for Post-LN without warmup at LR
+    1e-3 than with 10 % warmup``)."""
+    metric = METRICS.get(c.metric, c.metric)
+    sign = {1: "higher", -1: "lower", 0: "the same"}[c.expected]
+    a, b = variant_words(c.a), variant_words({k: v for k, v in c.b.items() if c.a.get(k) != v})
+    if c.kind == "contrast":
+        return f"{metric} {sign} for {a} than {b}"
+    if c.kind == "equivalence":
+        return f"{metric} the same for {a} as {b}"
+    if c.kind == "interaction":
+        ((factor, (first, second)),) = c.across.items()
+        return f"{metric} {a} − {b} {sign} for {factor_words(factor, first)} than for {factor_words(factor, second)}"
+    over = OVER.get(c.over or "", c.over)
+    if c.kind == "sensitivity":
+        return f"{metric}'s sensitivity to {over} {sign} with {a} than with {b}"
+    return f"{metric} {'rises' if c.expected > 0 else 'falls'} with {over}" + (f" ({a})" if a else "")
+
+
+def _generated(c: DeclaredClaim) -> bool:
+    """Whether the claim's statement is the one its declaration makes when it names none."""
+    return c.statement == default_statement(c.kind, c.metric, c.a, c.b, c.over, c.across, c.expected)
+
+
+def in_words(findings: list[Finding], families: list[DeclaredFamily]) -> list[Finding]:
+    """The findings as the report names them: each claim whose family declared no statement for
+    it named by :func:`claim_words` (its halves keyed so too). The numbers are the same objects'; a
+    claim keeps its declared name in metrics/report.json, which is written from the findings as
+    tested."""
+    family_of = {key: name for name, key in builtin_names().items()}
+    said = {(family.name, c.statement): claim_words(c) for family in families for c in family.claims if _generated(c)}
+
+    def worded(f: Finding) -> Finding:
+        name = family_of.get(f.key, f.key)
+        words = {c.what: said[(name, c.what)] for c in f.claims if (name, c.what) in said}
+        if not words:
+            return f
+        claims = [dataclasses.replace(c, what=words.get(c.what, c.what)) for c in f.claims]
+        return dataclasses.replace(f, claims=claims, halves={words.get(k, k): v for k, v in f.halves.items()})
+
+    return [worded(f) for f in findings]
