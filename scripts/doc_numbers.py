@@ -11,6 +11,8 @@ nothing in it is typed by hand. Blocks:
 
 - `findings`: the verdict count and one row per finding (README).
 - `study`: what the committed study trained, in one sentence.
+- `act-on`: what a reader can act on: only the findings decided (reproduced, negligible,
+  contradicted), each as its verdict says it and never stronger; else that none is.
 - `claims`: every pre-registered claim with its estimate, interval, SESOI, MDE and state.
 - `stage-times`: the stages' own wall times, as the committed metrics recorded them.
 - `repro-prints`: what `make repro` prints as it goes and at its end (flows/report.py's line).
@@ -136,6 +138,34 @@ def findings_block(out: Outputs) -> str:
     return "\n".join(rows) + "\n"
 
 
+DECIDED = {
+    "reproduced": "Holds here",
+    "negligible": "Absent or too small to act on here (every claim shown smaller than its SESOI)",
+    "contradicted": "Shown the other way here",
+}
+"""The verdicts a reader can act on, each in the words that say no more than it found."""
+
+
+def act_on_block(out: Outputs) -> str:
+    """The findings decided, each as its verdict words it with its claims' estimates; when none is,
+    the count of each open verdict, so no held claim reads as a finding."""
+    report = out.metrics("report")
+    checks = report.get("checks") or {}
+    decided = [k for k in out.finding_order() if k not in checks and report["findings"][k]["verdict"] in DECIDED]
+    if not decided:
+        open_ = ", ".join(f"{n} {badge(v)}" for v in VERDICT_ORDER if (n := report["counts"].get(v)))
+        return (
+            f"What this study lets you act on: no finding is decided yet ({open_}); the claims that held "
+            "are listed in the report as held, not as findings.\n"
+        )
+    rows = ["What this study lets you act on (the findings it decided; the others are open):"]
+    for key in decided:
+        f = report["findings"][key]
+        claims = "; ".join(f"{c['what']} {num(c.get('estimate'))} {c.get('unit', '')}".rstrip() for c in f["claims"])
+        rows.append(f"- {badge(f['verdict'])} `{key}`. {DECIDED[f['verdict']]}: {f['claim']} ({claims}).")
+    return "\n".join(rows) + "\n"
+
+
 def claim_power(out: Outputs) -> tuple[int, int]:
     """How many claims the findings make, and how many of them the design is powered for."""
     total = powered = 0
@@ -227,6 +257,7 @@ def repro_prints_block(out: Outputs) -> str:
 BLOCKS: dict[str, Callable[[Outputs], str]] = {
     "findings": findings_block,
     "study": study_block,
+    "act-on": act_on_block,
     "claims": claims_block,
     "stage-times": stage_times_block,
     "repro-prints": repro_prints_block,

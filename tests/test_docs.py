@@ -128,6 +128,41 @@ def test_the_check_fails_when_an_output_changes(tmp_path: Path) -> None:
     assert f"| `{name}` |" in (tmp_path / "README.md").read_text(encoding="utf-8")
 
 
+def act_on(tmp_path: Path, verdicts: dict[str, str], checks: dict[str, str]) -> str:
+    """The act-on block of a report whose findings have ``verdicts`` (``checks``: checks of the machinery)."""
+    claim = {"what": "fp16 − fp32, final loss", "estimate": 0.4, "unit": "nats"}
+    findings = {k: {"verdict": v, "claim": f"{k} published claim", "claims": [claim]} for k, v in verdicts.items()}
+    counts = {v: sum(x == v for k, x in verdicts.items() if k not in checks) for v in set(verdicts.values())}
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "reports").mkdir()
+    report = {"findings": findings, "checks": checks, "counts": counts}
+    (tmp_path / "metrics" / "report.json").write_text(json.dumps(report), encoding="utf-8")
+    (tmp_path / "reports" / "REPORT.md").write_text("## Findings\n", encoding="utf-8")
+    module = doc_numbers()
+    block: str = module.act_on_block(module.Outputs(tmp_path))
+    return block
+
+
+def test_the_readme_acts_only_on_decided_findings_each_as_its_verdict_words_it(tmp_path: Path) -> None:
+    block = act_on(
+        tmp_path,
+        {"init": "reproduced", "a": "reproduced", "b": "negligible", "c": "contradicted", "d": "inconclusive"},
+        {"init": "check passed"},
+    )
+    assert "- `REPRODUCED` `a`. Holds here: a published claim (fp16 − fp32, final loss +0.4 nats)." in block
+    assert "- `NEGLIGIBLE` `b`. Absent or too small to act on here" in block
+    assert "- `CONTRADICTED` `c`. Shown the other way here: c published claim" in block
+    assert "`d`" not in block and "`init`" not in block  # open, and a check of the machinery
+
+
+def test_the_readme_says_plainly_when_no_finding_is_decided(tmp_path: Path) -> None:
+    block = act_on(tmp_path, {"init": "reproduced", "a": "inconclusive", "b": "not tested"}, {"init": "check passed"})
+    assert block == (
+        "What this study lets you act on: no finding is decided yet (1 `INCONCLUSIVE`, 1 `NOT TESTED`); "
+        "the claims that held are listed in the report as held, not as findings.\n"
+    )
+
+
 def test_an_unknown_block_is_refused(tmp_path: Path) -> None:
     (tmp_path / "docs").mkdir()
     (tmp_path / "README.md").write_text("<!-- doc-numbers:no-such-block -->\n<!-- /doc-numbers -->\n")
