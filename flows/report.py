@@ -15,7 +15,7 @@ from flows.forms import Profile
 from model.provenance import config_provenance
 from model.typed_config import InputError
 from tasks.config import project_config
-from tasks.design.studies import read_studies
+from tasks.design.studies import builtin_families, read_studies
 from tasks.params import RESOLVED
 from tasks.report.arithmetic import committed_outputs, numeric_paths, warnings
 from tasks.report.declared import declared_finding
@@ -26,6 +26,7 @@ from tasks.report.sections.checks import shown_verdict
 from tasks.report.sections.findings import forest_rows
 from tasks.report.sections.method import provenance, stage_times
 from tasks.report.sections.runs import ARMS_PAGE, render_arms
+from tasks.report.sections.words import in_words
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import read_json, staged, write_json
 from tasks.runtime.outputs import (
@@ -75,7 +76,7 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         arithmetic = arithmetic_of(numerics, {"search": search, "pretrain": pretrain, "spike": spike, "ablate": ablate})
         runs = latest_stage_runs(cfg.tracking.experiment, STAGES_REPORTED)
         with staged(project / REPORT_FOREST) as (forest,):
-            forest_plot(forest_rows(findings), forest)
+            forest_plot(forest_rows(in_words(findings, builtin_families(cfg) + declared)), forest)  # claims in words
         times = stage_times(
             {"search": search, "pretrain": pretrain, "spike": spike, "ablate": ablate, "sensitivity": sensitivity}
         )
