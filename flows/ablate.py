@@ -40,6 +40,7 @@ from tasks.ablate.grid import (
     arm_config,
     arm_key,
     arm_metrics,
+    check_family,
     code_digest,
     data_hashes,
     expand,
@@ -215,9 +216,12 @@ def runs_to_train(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @flow(name="ablate")
-def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
+def ablate_flow(
+    profile: Profile | None = None, overrides: dict[str, Any] | None = None, family: str | None = None
+) -> None:
     """Train every arm of the study's families (those not stored already) and run the depth probe;
-    write metrics/ablate.json and the per-family figures."""
+    write metrics/ablate.json and the per-family figures. ``family``: that family's arms alone
+    (``spikelab run ablate --family NAME``), the outputs its alone."""
     cfg, project = project_config(profile, overrides)
     declared = read_studies(project, cfg)  # studies.yaml, read once for the plan and the figures
     logger = get_run_logger()
@@ -227,6 +231,9 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         "loss shift for the precision family: k = %s (tasks/ablate/conditions.py)", conditions["loss_shift"]["k"]
     )
     rows = plan(cfg, project, overrides or {}, conditions["loss_shift"]["k"] or 0, declared)
+    if family is not None:
+        check_family(family, cfg, declared)
+        rows = [row for row in rows if row["family"] == family]
     units = executor(cfg, cfg.ablation.workers, len(runs_to_train(rows)))
     logger.info(
         "%d arms (%d runs) at most: %d stored, %d at a time (%s)%s",

@@ -304,3 +304,17 @@ def test_the_report_of_a_study_in_rounds_shows_each_familys_seeds_and_each_claim
         c["sequential"]["outcome"] in ("continue", "inconclusive", "reproduced", "negligible", "contradicted")
         for c in claims
     )
+
+
+def test_one_family_runs_alone_from_the_arms_already_stored(first_run, project):
+    # issue 57: spikelab run ablate --family NAME; its arm trained in the first run is found, not retrained
+    import flows.ablate as stage
+
+    with on_test_servers(project):
+        state = stage.ablate_flow(profile="smoke", overrides=GRID, family="wortsman", return_state=True)
+    assert state.is_completed(), state.message
+    metrics = json.loads((project / "metrics" / "ablate.json").read_text())
+    assert [(a["name"], a["cached"]) for a in metrics["arms"]] == [("wortsman/none·lr=0.003/s0", True)]
+    assert task_runs(state) == {}, "no arm trained"
+    figures = sorted(p.name for p in (project / "reports" / "ablate").glob("*.png"))
+    assert figures == ["depth_probe.png", "trajectories.png", "wortsman.png"], "the depth probe runs as always"
