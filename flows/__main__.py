@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model.private import USER_ERROR_EXIT, keep_others_from_writing
@@ -103,9 +104,9 @@ a command does, its options and examples; `make help`: the make targets.
 """
 
 
-def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
-    """Run ``stage``'s flow. Its versioned outputs (metrics, the LR, figures, the report) are set
-    aside first and put back unless it completes (tasks/runtime/outputs.py: KeptOutputs), so an
+def run_stage(stage: str, profile: str | None, sets: dict[str, Any], family: str | None = None) -> None:
+    """Run ``stage``'s flow (the ablate stage's: ``family``'s arms alone, when given). Its
+    versioned outputs (metrics, the LR, figures, the report) are set aside first and put back unless it completes (tasks/runtime/outputs.py: KeptOutputs), so an
     interrupt or an error leaves what git has; SIGTERM and SIGINT end it as interrupted (its
     Prefect flow run Cancelled, its MLflow runs KILLED) and raise :class:`Interrupted`."""
     from flows.stages import STAGES, require_inputs
@@ -120,6 +121,8 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
     started = time.perf_counter()
     cfg, project = project_config(profile, sets)  # fail fast, before any import cost
     check_stage(stage, cfg)  # a study trains on seeds no earlier step used (tasks/design/seed_registry.yaml)
+    if family is not None:
+        check_family_stage(stage, family, cfg, project)
     require_inputs(project, stage)  # a fresh clone's: before any server starts
     apply_numerics(cfg.precision.numerics)  # before torch loads, here and in the workers this starts
     where = services.configure_environment()  # before prefect is imported
@@ -127,7 +130,7 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
         refuse_dask_without_prefect(cfg)
     with imports_without_gc():
         flow = STAGES[stage].load_flow()
-    params = {"profile": cfg.profile, **({"overrides": sets} if sets else {})}
+    params = {"profile": cfg.profile, **({"overrides": sets} if sets else {}), **({"family": family} if family else {})}
     name = f"{stage} {cfg.profile}"
     from flows.pipeline import stage_task_run
 
@@ -161,6 +164,17 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any]) -> None:
         f"(prefect: {where['prefect']}, mlflow: {where['mlflow']})",
         file=sys.stderr,
     )
+
+
+def check_family_stage(stage: str, family: str, cfg, project: Path) -> None:
+    """``--family`` names a family of the study, and the stage is the one that trains families."""
+    from model.typed_config import ConfigError
+    from tasks.ablate.grid import check_family
+    from tasks.design.studies import read_studies
+
+    if stage != "ablate":
+        raise ConfigError(f"--family: only the ablate stage trains a family's arms, not {stage}")
+    check_family(family, cfg, read_studies(project, cfg))
 
 
 def refuse_dask_without_prefect(cfg) -> None:
@@ -482,6 +496,7 @@ def parser() -> argparse.ArgumentParser:
     run = command_parser(sub, "run")
     run.add_argument("stage", choices=list(STAGES), help="the stage to run: %(choices)s (dvc.yaml's order)")
     add_config_arguments(run, params=False)
+    run.add_argument("--family", help="ablate only: one family's arms alone (a built-in or a studies.yaml name)")
     for name in ("status", "ui", "serve"):
         command_parser(sub, name)
     svc = command_parser(sub, "services")
@@ -597,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         use_private_env()  # before anything this command starts: scratch private, no telemetry
         if args.command == "run":
             with interrupts_raise():
-                run_stage(args.stage, args.profile, parse_sets(args.sets))
+                run_stage(args.stage, args.profile, parse_sets(args.sets), args.family)
         elif args.command == "status":
             show_status()
         elif args.command == "ui":

@@ -40,6 +40,7 @@ from tasks.ablate.grid import (
     arm_config,
     arm_key,
     arm_metrics,
+    check_family,
     code_digest,
     data_hashes,
     expand,
@@ -51,7 +52,7 @@ from tasks.config import Config, project_config
 from tasks.data.unigram import unigram_baseline
 from tasks.design.families import DeclaredFamily
 from tasks.design.preregistration import design
-from tasks.design.stats import variant_table
+from tasks.design.stats import derived, variant_table
 from tasks.design.studies import read_studies
 from tasks.report.findings import family_finding, family_state
 from tasks.runtime.artifacts import publish_summary
@@ -126,7 +127,8 @@ def train_arm(name: str, command: list[str], project: Path) -> tuple[dict[str, A
 
 
 def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str) -> str | None:
-    """The arm's child run: factors as params, its figures as metrics, its per-step loss."""
+    """The arm's child run: its family's conditions (``fixed``), factors and seed as params, its
+    figures as metrics (every one a claim or gate may read), its per-step loss."""
     tags = {
         "spikelab.arm": row["name"],
         "spikelab.variant": row["variant"],
@@ -137,9 +139,9 @@ def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str
         **numerics_tags((result or {}).get("provenance")),  # the worker's, not the stage's: another machine's
     }
     with child_run(f"ablate {row['name']}", tags, parent_id=parent_id) as run:
-        log_params({**row["factors"], "seed": row["seed"]})
+        log_params({**row["fixed"], **row["factors"], "seed": row["seed"]})
         if result is not None:
-            log_summary(row["metrics"])
+            log_summary(tracked_figures(row["metrics"]))
             now = int(time.time() * 1000)
             curve = [Metric("loss/train", r["loss"], now, r["step"]) for r in result["rows"] if r["loss"] is not None]
             client = mlflow.MlflowClient()
@@ -149,6 +151,12 @@ def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str
     if status in ("diverged", "failed"):
         mlflow.MlflowClient().set_terminated(run.info.run_id, "FAILED")
     return run_url(run) or f"runs:/{run.info.run_id}"
+
+
+def tracked_figures(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The arm's figures with those read off them (``capped_loss``, ``log_z_drift``: stats.derived),
+    a yes/no (``diverged``) as 1/0: a claim or gate reads each, so each is an MLflow metric."""
+    return {k: int(v) if isinstance(v, bool) else v for k, v in derived(metrics).items()}
 
 
 def plan(
@@ -180,6 +188,7 @@ def plan(
                 "variant": arm.variant,
                 "seed": arm.seed,
                 "factors": arm.factors,
+                "fixed": family.conditions(loss_shift),
                 "key": key,
                 "directory": directory,
                 "command": arm_command(arm, cfg, project, directory, stage_overrides, loss_shift, family, data_dir),
@@ -207,9 +216,12 @@ def runs_to_train(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @flow(name="ablate")
-def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
+def ablate_flow(
+    profile: Profile | None = None, overrides: dict[str, Any] | None = None, family: str | None = None
+) -> None:
     """Train every arm of the study's families (those not stored already) and run the depth probe;
-    write metrics/ablate.json and the per-family figures."""
+    write metrics/ablate.json and the per-family figures. ``family``: that family's arms alone
+    (``spikelab run ablate --family NAME``), the outputs its alone."""
     cfg, project = project_config(profile, overrides)
     declared = read_studies(project, cfg)  # studies.yaml, read once for the plan and the figures
     logger = get_run_logger()
@@ -219,6 +231,9 @@ def ablate_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         "loss shift for the precision family: k = %s (tasks/ablate/conditions.py)", conditions["loss_shift"]["k"]
     )
     rows = plan(cfg, project, overrides or {}, conditions["loss_shift"]["k"] or 0, declared)
+    if family is not None:
+        check_family(family, cfg, declared)
+        rows = [row for row in rows if row["family"] == family]
     units = executor(cfg, cfg.ablation.workers, len(runs_to_train(rows)))
     logger.info(
         "%d arms (%d runs) at most: %d stored, %d at a time (%s)%s",

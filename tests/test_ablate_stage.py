@@ -158,6 +158,35 @@ def test_every_arm_has_its_mlflow_child_run_under_the_stage_run(first_run, live_
             )
 
 
+def test_an_arms_child_run_holds_its_familys_conditions_and_every_figure_a_claim_or_gate_may_read(
+    first_run, live_services
+):
+    # issue 57: capped_loss and log_z_drift, which verdicts rest on, were missing, and the family's
+    # fixed keys (Xiong's init and norm, the emulated precision path) were in no param
+    import mlflow
+    import yaml
+
+    from tasks.design.stats import derived
+    from tasks.design.studies import METRICS
+
+    _, metrics = first_run
+    client = mlflow.MlflowClient(live_services["MLFLOW_TRACKING_URI"])
+    completed = [arm for arm in metrics["arms"] if arm["status"] == "completed"]
+    assert {arm["family"] for arm in completed if arm["fixed"]} >= {"xiong", "precision", "beta2"}
+    for arm in completed:
+        run = client.get_run(arm["mlflow"].split("/runs/")[1].split("?")[0])
+        sets = dict(
+            s.removeprefix("--set=").split("=", 1) for s in shlex.split(arm["command"]) if s.startswith("--set=")
+        )
+        for key in arm["fixed"]:  # as the arm's own command set it (the precision probe's shift resolved)
+            assert yaml.safe_load(run.data.params[key]) == yaml.safe_load(sets[key]), (arm["name"], key)
+        figures = derived(arm["metrics"])
+        read = [m for m in METRICS if figures.get(m) is not None]
+        assert {"capped_loss", "log_z_drift", "diverged"} <= set(read)
+        for name in read:
+            assert run.data.metrics[f"summary/{name}"] == pytest.approx(float(figures[name])), (arm["name"], name)
+
+
 def test_unchanged_arms_are_not_trained_again_and_new_arms_train_alone(first_run, project):
     import flows.ablate as stage
 
@@ -275,3 +304,17 @@ def test_the_report_of_a_study_in_rounds_shows_each_familys_seeds_and_each_claim
         c["sequential"]["outcome"] in ("continue", "inconclusive", "reproduced", "negligible", "contradicted")
         for c in claims
     )
+
+
+def test_one_family_runs_alone_from_the_arms_already_stored(first_run, project):
+    # issue 57: spikelab run ablate --family NAME; its arm trained in the first run is found, not retrained
+    import flows.ablate as stage
+
+    with on_test_servers(project):
+        state = stage.ablate_flow(profile="smoke", overrides=GRID, family="wortsman", return_state=True)
+    assert state.is_completed(), state.message
+    metrics = json.loads((project / "metrics" / "ablate.json").read_text())
+    assert [(a["name"], a["cached"]) for a in metrics["arms"]] == [("wortsman/none·lr=0.003/s0", True)]
+    assert task_runs(state) == {}, "no arm trained"
+    figures = sorted(p.name for p in (project / "reports" / "ablate").glob("*.png"))
+    assert figures == ["depth_probe.png", "trajectories.png", "wortsman.png"], "the depth probe runs as always"

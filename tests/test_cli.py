@@ -65,6 +65,23 @@ def test_a_bad_set_value_exits_2_naming_the_key(capsys):
     assert "spikelab: error: optim.beta2" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ["run", "ablate", "--family", "qk_rescu"],
+            "spikelab: error: --family: 'qk_rescu' is not a family of the study (xiong,",
+        ),
+        (["run", "pretrain", "--family", "xiong"], "spikelab: error: --family: only the ablate stage trains"),
+    ],
+)
+def test_a_family_run_alone_must_be_one_the_study_declares_and_on_the_ablate_stage(argv, says, capsys):
+    from flows.__main__ import main
+
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(says)
+
+
 @pytest.mark.parametrize(("shell", "kept"), [(0o000, 0o022), (0o002, 0o022), (0o022, 0o022), (0o077, 0o077)])
 def test_what_a_command_writes_is_never_writable_by_other_users_whatever_the_shells_umask(shell, kept):
     from flows.__main__ import main

@@ -18,7 +18,16 @@ from model.typed_config import ConfigError
 from tasks.ablate.grid import arm_config, expand
 from tasks.config import Config, load_config
 from tasks.design.families import Gate
-from tasks.design.studies import STUDIES, builtin_families, read_studies
+from tasks.design.studies import (
+    CLAIM_KEYS,
+    FAMILY_KEYS,
+    GATE_KEYS,
+    KINDS,
+    METRICS,
+    STUDIES,
+    builtin_families,
+    read_studies,
+)
 from tasks.report.declared import declared_finding
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +74,21 @@ def edited(path: str, value: Any) -> dict[str, Any]:
     else:
         node[leaf] = value
     return family
+
+
+def reference_section() -> str:
+    """docs/ablate-reference.md's section on what a declaration may say, up to the next heading."""
+    text = (REPO / "docs" / "ablate-reference.md").read_text(encoding="utf-8")
+    section = text.partition("\n## Every key a declared family may use\n")[2]
+    assert section, "docs/ablate-reference.md lost its section on a declaration's keys"
+    return section.partition("\n## ")[0]
+
+
+@pytest.mark.parametrize("name", sorted({*FAMILY_KEYS, *CLAIM_KEYS, *GATE_KEYS, *KINDS, *METRICS}))
+def test_every_key_and_metric_a_declaration_may_use_is_documented(name):
+    # issue 57: the gate's words were only in the pre-registration; a name the code accepts and the
+    # reference omits is one a user cannot find
+    assert f"`{name}`" in reference_section(), f"docs/ablate-reference.md does not show `{name}`"
 
 
 def test_no_studies_file_declares_nothing(tmp_path, cfg):

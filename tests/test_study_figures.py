@@ -10,8 +10,10 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from tasks.ablate.figures import family_figures
+from tasks.ablate.figures import LossAxes, declared_panels, family_figures
 from tasks.config import Config
+from tasks.design.families import DeclaredFamily
+from tasks.design.studies import parse_family
 from tasks.report.figures import forest_plot
 
 STEPS = 60
@@ -177,3 +179,61 @@ def test_the_forest_plot_draws_every_verdict_a_missing_estimate_and_an_equivalen
     path = forest_plot(rows, tmp_path / "forest.png")
     assert path == tmp_path / "forest.png"
     assert_readable_png(path)
+
+
+def qk_rescue(gate: dict) -> DeclaredFamily:
+    """The docs' declared family (docs/ablate.md), its claim gated by ``gate``."""
+    lower_loss = {
+        "kind": "contrast",
+        "metric": "capped_loss",
+        "a": {"model.qk_norm": True},
+        "b": {"model.qk_norm": False},
+        "expected": -1,
+        "sesoi": 0.05,
+        "justification": "a twentieth of a nat",
+        "gate": gate | {"justification": "the mechanism qk-norm removes"},
+    }
+    body = {
+        "question": "Does qk-norm lower the final loss without warmup?",
+        "factors": {"model.qk_norm": [False, True], "optim.lr": [0.003, 0.3]},
+        "fixed": {"model.block": "post_ln"},
+        "claims": {"lower_loss": lower_loss},
+    }
+    return parse_family("qk_rescue", body, CFG, "studies.yaml: families.qk_rescue")
+
+
+def declared_arms() -> list[dict]:
+    arms = [
+        arm("qk_rescue", s, **{"model.qk_norm": q, "optim.lr": lr})
+        for q in (False, True)
+        for lr in (0.003, 0.3)
+        for s in (0, 1)
+    ]
+    for a in arms:
+        a["metrics"]["attn_logit_max"] = 80.0 if a["factors"]["model.qk_norm"] is False else 8.0
+    return arms
+
+
+def gate_lines(ax) -> dict[str, float]:
+    return {line.get_label(): line.get_ydata()[0] for line in ax.lines if line.get_label().startswith("gate of")}
+
+
+def test_a_declared_familys_figure_draws_its_gates_metric_with_the_gates_bound(tmp_path):
+    # issue 57: the figure showed the claim's capped_loss alone, not the logit growth its verdict rested on
+    family = qk_rescue({"metric": "attn_logit_max", "variant": {"model.qk_norm": False}, "at_least": 50})
+    loss = LossAxes(UNIGRAM, DESIGN["plateau_margin"], 1)
+    claim_panel, gate_panel = declared_panels(family, declared_arms(), loss).axes
+    assert claim_panel.get_ylabel().startswith("final validation loss") and gate_panel.get_ylabel() == "attn_logit_max"
+    assert gate_panel.get_title() == "qk_rescue: the gate of lower_loss"
+    assert gate_lines(gate_panel) == {"gate of lower_loss (model.qk_norm=false): at least 50": 50.0}
+    assert gate_lines(claim_panel) == {}
+    (path,) = family_figures(CFG, declared_arms(), None, UNIGRAM, tmp_path, **DESIGN, declared=[family])
+    assert_readable_png(path)
+
+
+def test_a_gate_on_the_claims_own_metric_is_drawn_on_its_panel_an_on_plateau_one_at_the_threshold():
+    family = qk_rescue({"metric": "capped_loss", "variant": {"model.qk_norm": False}, "on_plateau": True})
+    (panel,) = declared_panels(family, declared_arms(), LossAxes(UNIGRAM, 0.5, 1)).axes
+    assert gate_lines(panel) == {"gate of lower_loss (model.qk_norm=false): on the plateau": UNIGRAM - 0.5}
+    (bare,) = declared_panels(family, declared_arms(), LossAxes(None, 0.5, 1)).axes
+    assert gate_lines(bare) == {}, "no unigram baseline, no threshold to draw"

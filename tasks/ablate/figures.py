@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 
 from tasks.config import Config
 from tasks.design.curves import trailing_mean
-from tasks.design.families import DeclaredFamily, shown, variant_name
+from tasks.design.families import DeclaredFamily, Gate, shown, variant_name
 from tasks.design.stats import capped_loss, derived
 from tasks.design.studies import builtin_names
 
@@ -397,10 +397,16 @@ def wortsman_figure(arms: Sequence[Arm], loss: LossAxes, path: Path) -> Path:
 
 
 def declared_figure(family: DeclaredFamily, arms: Sequence[Arm], loss: LossAxes, path: Path) -> Path:
-    """A declared family (studies.yaml): one panel per metric its claims read, each arm a dot per
-    seed, clustered by the first factor a claim reads across (or the family's first factor), one
-    colour per point of the other factors."""
-    metrics = list(dict.fromkeys(c.metric for c in family.claims))
+    return _save(declared_panels(family, arms, loss), path)
+
+
+def declared_panels(family: DeclaredFamily, arms: Sequence[Arm], loss: LossAxes) -> Figure:
+    """A declared family (studies.yaml): one panel per metric its claims or their gates read, each
+    arm a dot per seed, clustered by the first factor a claim reads across (or the family's first
+    factor), one colour per point of the other factors; a gate's bound is a dashed line on its
+    metric's panel (the verdict rests on it: a gate not met leaves its claim not tested)."""
+    gated = [(c.name, c.gate) for c in family.claims if c.gate is not None]
+    metrics = list(dict.fromkeys([*(c.metric for c in family.claims), *(g.metric for _, g in gated)]))
     cluster = next((c.over for c in family.claims if c.over), None) or next(iter(family.factors))
     hue = tuple(k for k in family.factors if k != cluster)
     fig = Figure(figsize=(8, 4 * len(metrics)))
@@ -412,12 +418,30 @@ def declared_figure(family: DeclaredFamily, arms: Sequence[Arm], loss: LossAxes,
 
         labels = (lambda *point: variant_name(dict(zip(hue, point))), shown)
         _strip(ax, arms, cluster, hue, value, labels)
-        ax.set(xlabel=cluster, ylabel=metric, title=f"{family.name}: {family.question}")
+        gates = [(claim, gate) for claim, gate in gated if gate.metric == metric]
+        claimed = any(c.metric == metric for c in family.claims)
+        title = family.question if claimed else f"the gate of {', '.join(claim for claim, _ in gates)}"
+        ax.set(xlabel=cluster, ylabel=metric, title=f"{family.name}: {title}")
         if metric == "capped_loss":
             loss.finish(ax, arms, "final validation loss, capped at ln V (nats)")
+        for claim, gate in gates:
+            _gate_lines(ax, claim, gate, loss)
         _diverged_key(ax)
         ax.legend(fontsize=7)
-    return _save(fig, path)
+    return fig
+
+
+def _gate_lines(ax: Axes, claim: str, gate: Gate, loss: LossAxes) -> None:
+    """Each bound of ``claim``'s gate as a dashed line (``on_plateau``: the plateau threshold)."""
+    where = f" ({variant_name(gate.variant)})" if gate.variant else ""
+    for bound, value in gate.bounds:
+        if bound != "on_plateau":
+            at = value
+        elif loss.unigram is not None:
+            at = loss.unigram - loss.plateau_margin
+        else:
+            continue  # no unigram baseline to place it by
+        ax.axhline(at, color="firebrick", ls="--", lw=1.2, label=f"gate of {claim}{where}: {gate.needs}")
 
 
 TRAJECTORIES = (

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from model.identity import run_identity
+from model.typed_config import ConfigError
 from tasks.ablate.config import AblationConfig
 from tasks.config import Config
 from tasks.design.families import DeclaredFamily, variant_name
@@ -64,6 +65,14 @@ def families(cfg: Config, declared: Sequence[DeclaredFamily] = ()) -> dict[str, 
     """Every family of the study by name: the built-in ones (tasks/design/preregistration.yaml),
     then those studies.yaml declares."""
     return {f.name: f for f in [*builtin_families(cfg), *declared]}
+
+
+def check_family(name: str, cfg: Config, declared: Sequence[DeclaredFamily] = ()) -> None:
+    """``name`` is a family of the study (``spikelab run ablate --family NAME``); else a
+    ConfigError that names them all."""
+    every = families(cfg, declared)
+    if name not in every:
+        raise ConfigError(f"--family: {name!r} is not a family of the study ({', '.join(every)})")
 
 
 def expand(cfg: Config, declared: Sequence[DeclaredFamily] = ()) -> list[Arm]:

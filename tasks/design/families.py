@@ -131,8 +131,11 @@ class DeclaredFamily:
         """The keys that turn the study's config into this arm's: the arm scale at the family's
         length, seed and warmup, then the family's conditions, then its factor values."""
         scale = a.arm_scale(self.steps, seed) | {"schedule.warmup_steps": round(self.warmup_fraction * self.steps)}
-        fixed = {k: loss_shift if v == LOSS_SHIFT else v for k, v in self.fixed.items()}
-        return scale | fixed | self.factor_keys(factors)
+        return scale | self.conditions(loss_shift) | self.factor_keys(factors)
+
+    def conditions(self, loss_shift: int = 0) -> dict[str, Any]:
+        """The family's ``fixed`` keys as its arms take them: the precision probe's shift resolved."""
+        return {k: loss_shift if v == LOSS_SHIFT else v for k, v in self.fixed.items()}
 
     def factor_keys(self, factors: dict[str, Any]) -> dict[str, Any]:
         """The config keys the factor values set (a named factor's through its ``sets`` or ``levels``)."""

@@ -81,6 +81,9 @@ FAMILY_KEYS = {"question", "factors", "fixed", "steps", "seeds", "confirm_seeds"
 FAMILY_KEYS |= {"range_probe_every", "base"}
 CLAIM_KEYS = {"kind", "metric", "a", "b", "over", "across", "log", "expected", "sesoi", "justification"}
 CLAIM_KEYS |= {"may_fail", "gate", "statement", "unit"}
+GATE_KEYS = {"metric", "variant", *BOUNDS, "at_some", "trained", "justification"}
+"""What a claim's ``gate`` may say (:class:`tasks.design.families.Gate`); docs/ablate-reference.md
+lists each, with FAMILY_KEYS, CLAIM_KEYS, KINDS and METRICS (tests/test_docs.py holds it to them)."""
 
 BUILTIN = DESIGN_FILE
 """Where the built-in families are declared: beside their findings, in the pre-registration."""
@@ -362,7 +365,7 @@ def _gate(raw: Any, family: DeclaredFamily, where: str) -> Gate | None:
         return None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a mapping (metric, variant, a bound, at_some, justification)")
-    only_keys(raw, {"metric", "variant", *BOUNDS, "at_some", "trained", "justification"}, where)
+    only_keys(raw, GATE_KEYS, where)
     metric = _metric(_required(raw, "metric", str, where), f"{where}.metric")
     bounds = tuple((k, _bound(k, raw[k], f"{where}.{k}")) for k in BOUNDS if raw.get(k) is not None)
     if {k for k, _ in bounds} not in ({"at_least"}, {"above"}, {"at_most"}, {"on_plateau"}, {"at_least", "at_most"}):
