@@ -65,14 +65,15 @@ def summary_of(run: Any) -> dict[str, float]:
 
 def arm_figures(run: Any, keys: list[str]) -> dict[str, Any]:
     """An arm's figures as its MLflow run holds them; ``keys`` the JSON's (a None figure is not
-    logged, so a key MLflow lacks is None). A failed arm (no result) logged none."""
+    logged, so a key MLflow lacks is None; the figures read off them, tasks/design/stats.py:
+    derived, are logged for the UI and are no figure of the file's). A failed arm (no result)
+    logged none."""
     logged = summary_of(run)
     if run.info.status == "FAILED" and "diverged_at" not in logged:
         return {}
     status = "diverged" if run.info.status == "FAILED" else "completed"
     return {
-        **{k: None for k in keys},
-        **logged,
+        **{k: logged.get(k) for k in keys},
         "status": status,
         "diverged": status == "diverged",
         "precision_path": run.data.tags.get("spikelab.numerics.precision"),

@@ -57,7 +57,7 @@ from tasks.design.studies import read_studies
 from tasks.report.findings import family_finding, family_state
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import write_json
-from tasks.runtime.outputs import ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST, TOKENS_DIR
+from tasks.runtime.outputs import ABLATE_ALONE, ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST, TOKENS_DIR
 from tasks.runtime.progress import Progress
 from tasks.runtime.tracking import child_run, log_params, log_summary, numerics_tags, run_url, stage_run
 from tasks.runtime.workers import Executor, clean_state, executor
@@ -234,6 +234,7 @@ def ablate_flow(
     if family is not None:
         check_family(family, cfg, declared)
         rows = [row for row in rows if row["family"] == family]
+    metrics_path, figures_dir = outputs_of(family)
     units = executor(cfg, cfg.ablation.workers, len(runs_to_train(rows)))
     logger.info(
         "%d arms (%d runs) at most: %d stored, %d at a time (%s)%s",
@@ -257,7 +258,9 @@ def ablate_flow(
         for row in rows:
             if row["cached"]:
                 row["mlflow"] = track_arm(row, row["result"], run.info.run_id)
-        metrics = write_outputs(project, rows, time.perf_counter() - started, numerics, evidence, sequence)
+        metrics = write_outputs(
+            project, rows, time.perf_counter() - started, numerics, evidence, sequence, metrics_path, figures_dir
+        )
         headline = {
             "arms": len(rows),
             "trained now": len(rows) - cached,
@@ -267,8 +270,8 @@ def ablate_flow(
             "wall_s": metrics["wall_s"],
         }
         log_summary({k.split(" ")[0]: v for k, v in headline.items()})
-        figures = sorted((project / ABLATE_FIGURES).glob("*.png"))
-        mlflow.log_artifact(str(project / ABLATE_METRICS))
+        figures = sorted((project / figures_dir).glob("*.png"))
+        mlflow.log_artifact(str(project / metrics_path))
         for figure in figures:
             mlflow.log_artifact(str(figure), artifact_path="figures")
         publish_summary("ablate", run, headline, figures)
@@ -416,6 +419,14 @@ def arm_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def outputs_of(family: str | None) -> tuple[Path, Path]:
+    """Where the stage writes its metrics and figures: the stage's outputs, or for one family run
+    alone its own folder (ABLATE_ALONE), so a partial run never replaces the whole study's."""
+    if family is None:
+        return ABLATE_METRICS, ABLATE_FIGURES
+    return ABLATE_ALONE / family / "ablate.json", ABLATE_ALONE / family / "figures"
+
+
 def write_outputs(
     project: Path,
     rows: list[dict[str, Any]],
@@ -423,9 +434,11 @@ def write_outputs(
     numerics: dict[str, Any],
     evidence: Evidence,
     sequence: dict[str, Any] | None = None,
+    metrics_path: Path = ABLATE_METRICS,
+    figures_dir: Path = ABLATE_FIGURES,
 ) -> dict[str, Any]:
     """metrics/ablate.json and the figures (one more per declared family), from every arm
-    (failed ones are listed, not dropped).
+    (failed ones are listed, not dropped); a family run alone's where :func:`outputs_of` says.
     ``provenance``: the stage process's arithmetic (the depth probe's); ``arm_numerics``: the
     arithmetic of each numeric path the arms were trained on (each arm names its own);
     ``conditions``: what the probes measured before the arms (tasks/ablate/conditions.py);
@@ -442,13 +455,13 @@ def write_outputs(
         "arm_numerics": arm_numerics(rows),
         "sequential": sequence,
     }
-    write_json(project / ABLATE_METRICS, metrics)
+    write_json(project / metrics_path, metrics)
     family_figures(
         evidence.cfg,
         arms,
         metrics["depth_probe"],
         metrics["unigram_val_loss"],
-        project / ABLATE_FIGURES,
+        project / figures_dir,
         plateau_margin=design()["plateau_margin"],
         underflow_threshold=underflow_threshold(),
         declared=evidence.declared,

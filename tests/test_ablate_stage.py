@@ -310,11 +310,14 @@ def test_one_family_runs_alone_from_the_arms_already_stored(first_run, project):
     # issue 57: spikelab run ablate --family NAME; its arm trained in the first run is found, not retrained
     import flows.ablate as stage
 
+    study = (project / "metrics/ablate.json").read_bytes()
     with on_test_servers(project):
         state = stage.ablate_flow(profile="smoke", overrides=GRID, family="wortsman", return_state=True)
     assert state.is_completed(), state.message
-    metrics = json.loads((project / "metrics" / "ablate.json").read_text())
+    alone = project / "runs/ablate/alone/wortsman"
+    metrics = json.loads((alone / "ablate.json").read_text())
     assert [(a["name"], a["cached"]) for a in metrics["arms"]] == [("wortsman/none·lr=0.003/s0", True)]
     assert task_runs(state) == {}, "no arm trained"
-    figures = sorted(p.name for p in (project / "reports" / "ablate").glob("*.png"))
+    figures = sorted(p.name for p in (alone / "figures").glob("*.png"))
     assert figures == ["depth_probe.png", "trajectories.png", "wortsman.png"], "the depth probe runs as always"
+    assert (project / "metrics/ablate.json").read_bytes() == study, "the whole study's outputs are left as they were"

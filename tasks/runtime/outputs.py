@@ -91,6 +91,11 @@ SD and 95 % interval of each figure over seeds (a DVC metric)."""
 ABLATE_FIGURES = Path("reports/ablate")
 """ablate: one figure per family: loss curves with seeds as bands, LR sensitivity (PNG)."""
 
+ABLATE_ALONE = Path("runs/ablate/alone")
+"""ablate, one family run alone (``spikelab run ablate --family NAME``): NAME/ablate.json and
+NAME/figures/, beside the stage's outputs, never over them (the arms it trains are the stage's,
+in ABLATE_ARMS, so a later ``dvc repro`` finds them stored)."""
+
 PERTURBED_DIR = Path("data/perturbed")
 """sensitivity: a copy of TOKENS_DIR whose training split drops a registered share of its documents
 (tasks/data/perturb.py); its validation split is TOKENS_DIR's, unchanged."""
