@@ -38,6 +38,14 @@ import asyncio, json, os, sys, time, traceback
 import httpx, requests
 from tasks.runtime import services
 
+SERVER_PORTS = {int(os.environ["SPIKELAB_PREFECT_PORT"]), int(os.environ["SPIKELAB_MLFLOW_PORT"])}
+connects = [0]
+
+def count_connects(event, args):  # added before the guard's hook, so it sees the connects the guard refuses
+    if event == "socket.connect" and isinstance(args[1], tuple) and len(args[1]) >= 2 and args[1][1] in SERVER_PORTS:
+        connects[0] += 1
+
+sys.addaudithook(count_connects)
 services.configure_environment()
 prefect, mlflow = os.environ["PREFECT_API_URL"], os.environ["MLFLOW_TRACKING_URI"]
 prefect_login = tuple(os.environ["PREFECT_API_AUTH_STRING"].split(":", 1))
@@ -66,12 +74,12 @@ RAW = {
 ENGINES = {"mlflow (its client)": mlflow_client, "prefect (its client)": prefect_client}
 
 def outcome(call):
-    started = time.monotonic()
+    started, connects[0] = time.monotonic(), 0
     try:
         said = call().status_code
     except Exception as e:
         said = "".join(traceback.format_exception(e))
-    return {"said": said, "seconds": time.monotonic() - started}
+    return {"said": said, "connects": connects[0], "seconds": time.monotonic() - started}
 
 print(json.dumps({name: outcome(call) for name, call in RAW.items()}), flush=True)
 sys.stdin.readline()  # the servers are gone and their ports taken meanwhile
@@ -79,7 +87,8 @@ print(json.dumps({name: outcome(call) for name, call in {**RAW, **ENGINES}.items
 """
 """A stage's side: configured against this checkout's servers, it sends each the login the way
 MLflow's and Prefect's clients do, then, once told, again, and with the engines' own clients.
-Prints what each request got (a status, or the error's traceback) and how long it took."""
+Prints what each request got (a status, or the error's traceback), how many connects it made to
+the servers' ports and how long it took (for the reader: the test asserts on the connects)."""
 
 
 def two_free_ports() -> list[int]:
@@ -166,7 +175,9 @@ def test_a_port_another_user_took_after_the_server_died_is_never_sent_the_login(
     }
     for request, got in second.items():
         assert refusals[request.split()[0]] in str(got["said"]), (request, got["said"])
-        assert got["seconds"] < 10, f"{request}: retried for {got['seconds']:.0f} s instead of stopping"
+        assert got["connects"] == 1, (
+            f"{request}: {got['connects']} connects ({got['seconds']:.0f} s), retried instead of stopping at the first"
+        )
     assert [line for line in said.splitlines() if "no longer holds port" in line] == [
         f"spikelab: {refusals['mlflow']} (`spikelab services up` starts the servers again)",
         f"spikelab: {refusals['prefect']} (`spikelab services up` starts the servers again)",
