@@ -12,6 +12,8 @@ N equal slices of it, so N ranks see together exactly the batch one process sees
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -152,6 +154,29 @@ class ResumableSampler(Sampler[list[int]]):
         return 2**62
 
 
+UNIX_SOCKET_PATH_MAX = 107
+"""Bytes in a Unix socket's path on Linux (sun_path, its NUL aside). DataLoader workers hand each
+batch back through a socket Python's multiprocessing makes in the temporary folder,
+``<tmp>/pymp-XXXXXXXX/listener-XXXXXXXX``; past this length the worker's send fails in a thread of
+its own, the batch is lost without an error, and the trainer would wait for it forever."""
+
+
+def check_worker_sockets_fit(tmp: str | None = None) -> None:
+    """Refuse workers whose sockets could not be made under the temporary folder ``tmp`` (default:
+    the one this process uses), naming the key and the remedy, before any worker starts."""
+    tmp = tmp or tempfile.gettempdir()
+    socket = os.path.join(tmp, "pymp-XXXXXXXX", "listener-XXXXXXXX")
+    if len(os.fsencode(socket)) > UNIX_SOCKET_PATH_MAX:
+        from model.typed_config import ConfigError
+
+        longest = UNIX_SOCKET_PATH_MAX - (len(os.fsencode(socket)) - len(os.fsencode(tmp)))
+        raise ConfigError(
+            f"train.num_workers: data workers need a temporary folder path of at most {longest} bytes for "
+            f"their sockets, and {tmp} has {len(os.fsencode(tmp))}: set TMPDIR to a shorter folder of your own, "
+            "or train.num_workers: 0"
+        )
+
+
 class TokenLoader:
     """The trainer's view of the data: ``next_batch()`` and a checkpointable position. ``batch_size``
     is the global batch; ``shard`` = (rank, ranks) takes one of ``ranks`` equal slices of it."""
@@ -168,6 +193,8 @@ class TokenLoader:
     ):
         if batch_size % shard[1]:
             raise ValueError(f"a batch of {batch_size} does not split into {shard[1]} equal slices, one per rank")
+        if num_workers:
+            check_worker_sockets_fit()
         self.windows = Windows(tokens, seq_len)
         self.batch_size, self.seed, self.shard = batch_size, seed, shard
         self.num_workers, self.pin_memory = num_workers, pin_memory

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import tempfile
 
 import numpy as np
 import pytest
 import torch
 
-from model.data import TokenLoader, open_split, open_tokens
+from model.data import UNIX_SOCKET_PATH_MAX, TokenLoader, check_worker_sockets_fit, open_split, open_tokens
+from model.typed_config import ConfigError
 
 SEQ_LEN, BATCH = 8, 4
 
@@ -89,3 +91,20 @@ def test_a_manifest_of_the_one_file_layout_is_still_read(tmp_path, tokens):
     split = {"path": "train.bin", "tokens": len(tokens), "documents": 1, "sha256": ""}
     manifest.write_text(json.dumps({"format": 1, "dtype": "uint16", "splits": {"train": split}}))
     assert np.array_equal(np.asarray(open_split(manifest, "train")), np.asarray(tokens))
+
+
+def test_workers_are_refused_where_their_sockets_would_not_fit_the_temporary_folder_at_the_last_byte():
+    """A DataLoader worker's batch goes back through <tmp>/pymp-XXXXXXXX/listener-XXXXXXXX (32
+    bytes past the folder); past 107 bytes the batch is lost silently and the trainer waits forever,
+    so a folder of 75 bytes is the longest that works."""
+    longest = "/" + "t" * (UNIX_SOCKET_PATH_MAX - 32 - 1)
+    check_worker_sockets_fit(longest)  # 107 bytes: fits
+    with pytest.raises(ConfigError, match=r"^train\.num_workers: .* at most 75 bytes .* has 76: set TMPDIR"):
+        check_worker_sockets_fit(longest + "t")
+
+
+def test_a_loader_with_workers_is_refused_before_any_worker_starts_under_a_too_long_tmpdir(tokens, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", "/" + "t" * 200)
+    with pytest.raises(ConfigError, match="train.num_workers"):
+        TokenLoader(tokens, SEQ_LEN, BATCH, seed=3, num_workers=2)
+    TokenLoader(tokens, SEQ_LEN, BATCH, seed=3, num_workers=0)  # no workers, no sockets: accepted
