@@ -11,12 +11,12 @@ the transferred LR, then the findings.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
-from prefect.futures import wait
 
 from tasks.config import Config
 from tasks.pretrain.train import read_manifest
@@ -105,8 +105,11 @@ def train_round(
             for i in range(groups)
         ]
         while running:
-            done, not_done = wait(running, timeout=POLL_S)
-            running = list(not_done)
+            time.sleep(POLL_S)
+            # Each group's task-run state, read from the server: Prefect's wait(timeout=...) around
+            # Dask futures once left a future's result() waiting for ever (a whole-suite run)
+            done = [future for future in running if future.state.is_final()]
+            running = [future for future in running if future not in done]
             for key, (name, status, cost, seconds) in ended_trials(cfg, storage, specs):
                 if key not in seen:
                     seen.add(key)
