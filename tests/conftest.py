@@ -26,6 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.other_user import SESSION_ENV  # noqa: E402  (found through ROOT)
 
+pytest_plugins = ["tests.smoke_study"]  # the smoke pipeline the end-to-end tests share
+
 SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
 SEMAPHORES = "/dev/shm/sem."
 """glibc's POSIX semaphores (multiprocessing, loky): random names made with ``O_EXCL``, nothing

@@ -146,7 +146,7 @@ sys.exit(cli.main(["run", "prepare", "--profile", "smoke"]))  # the stage that n
 @pytest.mark.e2e
 @pytest.mark.parametrize("stop, code, state", [("Preempted", 75, "Cancelled"), ("Diverged", 3, "Failed")])
 def test_a_typed_stop_shows_in_prefect_as_what_it_was_with_what_to_do_next(live_services, stop, code, state, tmp_path):
-    from tests.test_pipeline import copy_project
+    from tests.smoke_study import copy_project
     from tests.test_stop_keeps_outputs import newest_flow_run
 
     done = subprocess.run(

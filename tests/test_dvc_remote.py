@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_pipeline import REPO, VENV_BIN, copy_project
+from tests.smoke_study import REPO, VENV_BIN, copy_project
 from tests.test_services import free_port  # noqa: E402
 from tests.test_ui import tree_digest
 

@@ -16,7 +16,7 @@ import pytest
 from flows import gpu_study
 from flows.__main__ import parser as spikelab_parser
 from flows.checks import CHECKS
-from tests.test_pipeline import REPO
+from tests.smoke_study import REPO
 
 README = REPO / "README.md"
 

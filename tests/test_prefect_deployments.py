@@ -14,8 +14,7 @@ import time
 import pytest
 
 from flows.stages import STAGES
-from tests.test_pipeline import DECLARED_STUDY, VENV_BIN, copy_project
-from tests.test_ui import serving
+from tests.smoke_study import DECLARED_STUDY, VENV_BIN, copy_project, serving
 
 pytestmark = pytest.mark.e2e
 POOL = "spikelab-test-pool"
@@ -81,7 +80,7 @@ def test_a_work_pool_is_created_takes_the_pipeline_deployed_from_the_project_and
 
 
 def test_make_repro_publishes_the_deployments_and_runs_the_stages_as_children_of_one_pipeline_run(env, tmp_path):
-    from tests.test_ui import prefect as api
+    from tests.smoke_study import prefect as api
 
     project = copy_project(tmp_path)
     assert subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=project, env=env).returncode == 0

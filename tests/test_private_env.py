@@ -451,7 +451,7 @@ def test_mlflows_start_up_lock_is_never_opened_through_a_link_another_user_plant
 def test_a_stage_on_its_temporary_prefect_server_sends_no_telemetry(tmp_path):
     """Without this checkout's servers a stage starts a temporary Prefect server, whose telemetry
     service tried to phone home from every stage ("Failed to send telemetry" in each log)."""
-    from tests.test_pipeline import copy_project
+    from tests.smoke_study import copy_project
 
     project = copy_project(tmp_path / "project")
     env = {k: v for k, v in users_shell(tmp_path / "state").items() if not k.startswith(("PREFECT_", "MLFLOW_"))}

@@ -12,7 +12,7 @@ import pytest
 
 from flows.stages import STAGES, inputs, require_inputs
 from model.typed_config import UserError
-from tests.test_pipeline import REPO, VENV_BIN, copy_project
+from tests.smoke_study import REPO, VENV_BIN, copy_project
 
 FED = [name for name in STAGES if inputs(REPO, name)]
 """The stages that read another stage's outputs (all but the first)."""

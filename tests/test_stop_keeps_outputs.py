@@ -20,7 +20,7 @@ import yaml
 
 from flows.stages import STAGES
 from tasks.runtime.outputs import CACHED, KEPT_DIR, RESUMED, KeptOutputs
-from tests.test_pipeline import REPO, VENV_BIN, copy_project
+from tests.smoke_study import REPO, VENV_BIN, copy_project
 from tests.trainer_kit import markov_tokens
 
 SMOKE_VOCAB = 512

@@ -5,102 +5,18 @@ optuna-dashboard logged in to, and every figure opened, in a real (headless) bro
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from flows.stages import STAGES
-from tasks.runtime.credentials import basic_auth
-from tests.test_pipeline import DECLARED_STUDY, VENV_BIN, copy_project, run
+from tests.smoke_study import pipeline_mlflow_runs, prefect, run, trigger
 
 pytestmark = pytest.mark.e2e
-TRIGGER = Path(__file__).with_name("trigger_deployment.py")
-TYPED_OVERRIDE = {"overrides": {"optim": {"beta2": 0.98}}}  # not lr: pretrain takes the searched LR
 FAILING_OVERRIDE = {"extra_overrides": {"data.source": "jsonl", "data.path": "corpus/missing.jsonl"}}
-
-
-def git_project(dest: Path, env: dict[str, str]) -> Path:
-    """A fresh clone as a user has it: the code committed in git, DVC initialised."""
-    project = copy_project(dest)
-    (project / "studies.yaml").write_text(DECLARED_STUDY)  # a family of the user's own, served as a deployment
-    for cmd in (
-        ["git", "init", "-q"],
-        ["git", "add", "-A"],
-        ["dvc", "init", "-q"],
-        ["git", "add", "-A"],
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"],
-    ):
-        done = run(cmd, project, env)
-        assert done.returncode == 0, done.stderr
-    return project
-
-
-@pytest.fixture(scope="module")
-def served(live_services, tmp_path_factory):
-    """The project with ``spikelab serve`` publishing its deployments."""
-    project = git_project(tmp_path_factory.mktemp("served"), live_services)
-    env = {**live_services, "PATH": f"{VENV_BIN}{os.pathsep}{live_services['PATH']}"}
-    with serving(project, env):
-        yield project, env
-
-
-@contextlib.contextmanager
-def serving(project: Path, env: dict[str, str]) -> Iterator[subprocess.Popen]:
-    """``spikelab serve`` publishing the project's deployments; stopped, process group and all, at exit."""
-    server = subprocess.Popen(
-        ["spikelab", "serve"],
-        cwd=project,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        yield server
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
-
-
-def trigger(served, deployment: str, parameters: dict) -> dict:
-    project, env = served
-    done = subprocess.run(
-        [sys.executable, str(TRIGGER), deployment, json.dumps(parameters)],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def prefect(env: dict[str, str], path: str, body: dict) -> list[dict]:
-    headers = {"Content-Type": "application/json", **basic_auth(env["PREFECT_API_AUTH_STRING"])}
-    request = urllib.request.Request(
-        f"{env['PREFECT_API_URL']}/{path}", data=json.dumps(body).encode(), headers=headers
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.load(response)
-
-
-@pytest.fixture(scope="module")
-def pipeline_run(served) -> dict:
-    """The pipeline deployment triggered from scratch with a typed form value."""
-    flow_run = trigger(served, "pipeline/spikelab-pipeline", TYPED_OVERRIDE)
-    assert flow_run["state"] == "Completed", flow_run
-    return flow_run
 
 
 @pytest.fixture(scope="module")
@@ -108,13 +24,6 @@ def mlflow_client(live_services):
     import mlflow
 
     return mlflow.MlflowClient(live_services["MLFLOW_TRACKING_URI"])
-
-
-def pipeline_mlflow_runs(client, flow_run_id: str):
-    experiment = client.get_experiment_by_name("spikelab-smoke").experiment_id
-    (parent,) = client.search_runs([experiment], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
-    children = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-    return parent, {c.data.tags["spikelab.stage"]: c for c in children}
 
 
 def test_the_pipeline_shows_one_task_per_stage_with_live_logs_and_each_stage_flow_run_linked_to_it(

@@ -19,7 +19,7 @@ def main() -> None:
                 break
             except Exception:
                 time.sleep(0.5)
-    flow_run = run_deployment(name, parameters=parameters, timeout=600)
+    flow_run = run_deployment(name, parameters=parameters, timeout=1500)  # a hang, not a slow machine (idle: 2-3 min)
     print(json.dumps({"id": str(flow_run.id), "state": flow_run.state.name, "message": flow_run.state.message}))
 
 
