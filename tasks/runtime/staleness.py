@@ -70,16 +70,16 @@ def _made_by_a_stage(dep: PurePosixPath, made: list[PurePosixPath]) -> bool:
     return any(dep == out or out in dep.parents for out in made)
 
 
-def read_ledger(project: Path, stages: Iterable[str]) -> dict[str, dict[str, str]]:
+def read_ledger(project: Path) -> dict[str, dict[str, str]]:
     """The project's ledger of reruns owed (empty without one), each entry checked: a stage of
-    ``stages`` (dvc.yaml's), with exactly a ``reason`` and a ``rerun``, each a line of text."""
+    its dvc.yaml, with exactly a ``reason`` and a ``rerun``, each a line of text."""
     path = project / LEDGER
     if not path.is_file():
         return {}
     entries = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if not isinstance(entries, dict):
         raise UserError(f"{LEDGER}: must map each stale stage to its {' and '.join(LEDGER_KEYS)}")
-    known = list(stages)
+    known = list(dvc_stages(project)) if (project / "dvc.yaml").is_file() else []
     for stage, entry in entries.items():
         if stage not in known:
             raise UserError(f"{LEDGER}: {stage}: no such stage (dvc.yaml has {', '.join(known)})")
@@ -109,3 +109,27 @@ def committed_outs(project: Path, outs: Mapping[str, Iterable[str]]) -> set[str]
     )
     files = [PurePosixPath(f) for f in done.stdout.split("\0") if f]
     return {out for out in paths if any(f == PurePosixPath(out) or PurePosixPath(out) in f.parents for f in files)}
+
+
+def code_deps(project: Path, stage: str) -> list[str]:
+    """The deps of ``stage`` in the project's dvc.yaml that no stage makes: its code and config files."""
+    declared = yaml.safe_load((project / "dvc.yaml").read_text(encoding="utf-8")).get("stages", {})
+    made = [PurePosixPath(out) for outs in dvc_stages(project).values() for out in outs]
+    deps = (declared.get(stage) or {}).get("deps", [])
+    return [dep for dep in deps if not _made_by_a_stage(PurePosixPath(dep), made)]
+
+
+def changed_since(project: Path, commit: str, paths: list[str]) -> list[str] | None:
+    """The files of ``paths`` that differ in ``project``'s working tree from ``commit``; None where
+    git cannot tell (not a git checkout, the commit unknown to it)."""
+    try:
+        done = subprocess.run(
+            ["git", "diff", "--name-only", commit, "--", *paths],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.split() if done.returncode == 0 else None
