@@ -15,6 +15,7 @@ from tasks.report.lineage import commits_line, stale, trained_at
 from tasks.report.render import code_json
 from tasks.report.sections.method import provenance_section
 from tasks.report.sections.summary import summary_section
+from tasks.runtime.tracking import code_commit, numerics_tags, stage_provenance
 
 REPO = Path(__file__).resolve().parents[1]
 BUILT = "1c5351be4ab9a5d8dd66222ca75ed29dc1305029"
@@ -112,3 +113,12 @@ def test_report_json_keeps_the_build_stamp_each_stage_s_commit_and_the_stale_sta
     assert code["built"] == BUILT
     assert code["trained"]["ablate"]["commit"] == head
     assert code["stale"] == []
+
+
+def test_a_stage_records_the_commit_it_ran_at_beside_its_arithmetic_and_not_as_a_numerics_tag(monkeypatch):
+    record = stage_provenance(project_config()[0])
+    assert record["code"]["commit"] == git(REPO, "rev-parse", "HEAD")
+    assert record["numeric_path"] and isinstance(record["code"]["changed"], list)
+    assert not [tag for tag in numerics_tags(record) if "code" in tag]
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", "b" * 40)  # inside `dvc exp run`: the experiment's baseline
+    assert code_commit()["commit"] == "b" * 40
