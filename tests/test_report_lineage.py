@@ -54,8 +54,8 @@ def test_the_committed_study_s_commit_is_unrecorded_never_the_build_stamp():
     assert {entry["commit"] for entry in lineage.values()} == {None}
     said = commits_line(lineage, BUILT)
     assert said == (
-        "arms trained at a commit unrecorded (search, spike, ablate, sensitivity: their outputs predate the "
-        "record); report built at `1c5351b`, not necessarily the commit that trained them"
+        "the commit that trained the arms is unrecorded (search, spike, ablate, sensitivity: outputs from before "
+        "stages recorded it); the report was built at `1c5351b`, not necessarily that commit"
     )
 
 
@@ -96,7 +96,7 @@ def test_the_first_screen_names_the_commits_and_the_stages_older_than_their_code
     origin = {"commit": BUILT, "trained": trained_at(REPO, committed_outputs())}
     lines = summary_section(cfg, [], {"warnings": []}, origin).lines
     code = next(line for line in lines if line.startswith("Code: "))
-    assert code.startswith("Code: arms trained at a commit unrecorded")
+    assert code.startswith("Code: the commit that trained the arms is unrecorded")
     assert "**Outputs older than their code:** search, spike, ablate, sensitivity" in code
 
 

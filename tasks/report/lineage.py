@@ -55,8 +55,8 @@ def commits_line(lineage: dict[str, dict[str, Any]], built: str) -> str:
     stamp = f"`{built[:7]}`" if _is_sha(built) else built
     if set(by_commit) == {UNRECORDED}:
         return (
-            f"arms trained at a commit {UNRECORDED} ({', '.join(lineage)}: their outputs predate the record); "
-            f"report built at {stamp}, not necessarily the commit that trained them"
+            f"the commit that trained the arms is {UNRECORDED} ({', '.join(lineage)}: outputs from before stages "
+            f"recorded it); the report was built at {stamp}, not necessarily that commit"
         )
     return f"arms trained at {trained or 'no stage that trains has run'}; report built at {stamp}"
 
