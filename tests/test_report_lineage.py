@@ -91,6 +91,14 @@ def test_uncommitted_code_when_it_ran_unrecorded_outputs_and_no_git_are_each_sai
     )
 
 
+def test_a_project_without_a_pipeline_names_the_commit_and_cannot_tell_what_changed(project: Path):
+    head = git(project, "rev-parse", "HEAD")
+    (project / "dvc.yaml").unlink()
+    lineage = trained_at(project, {"ablate": ran_at(head)})
+    assert lineage["ablate"]["commit"] == head and lineage["ablate"]["changed_since"] is None
+    assert stale(lineage) == []
+
+
 def test_the_first_screen_names_the_commits_and_the_stages_older_than_their_code():
     cfg: Config = project_config()[0]
     origin = {"commit": BUILT, "trained": trained_at(REPO, committed_outputs())}

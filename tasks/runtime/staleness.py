@@ -112,7 +112,10 @@ def committed_outs(project: Path, outs: Mapping[str, Iterable[str]]) -> set[str]
 
 
 def code_deps(project: Path, stage: str) -> list[str]:
-    """The deps of ``stage`` in the project's dvc.yaml that no stage makes: its code and config files."""
+    """The deps of ``stage`` in the project's dvc.yaml that no stage makes: its code and config
+    files (none without a dvc.yaml: a project that runs its stages by hand)."""
+    if not (project / "dvc.yaml").is_file():
+        return []
     declared = yaml.safe_load((project / "dvc.yaml").read_text(encoding="utf-8")).get("stages", {})
     made = [PurePosixPath(out) for outs in dvc_stages(project).values() for out in outs]
     deps = (declared.get(stage) or {}).get("deps", [])
@@ -121,7 +124,9 @@ def code_deps(project: Path, stage: str) -> list[str]:
 
 def changed_since(project: Path, commit: str, paths: list[str]) -> list[str] | None:
     """The files of ``paths`` that differ in ``project``'s working tree from ``commit``; None where
-    git cannot tell (not a git checkout, the commit unknown to it)."""
+    git cannot tell (not a git checkout, the commit unknown to it) or no path is named."""
+    if not paths:  # git would diff the whole tree
+        return None
     try:
         done = subprocess.run(
             ["git", "diff", "--name-only", commit, "--", *paths],
