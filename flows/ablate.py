@@ -29,7 +29,6 @@ from prefect.futures import as_completed
 
 from flows.forms import Profile
 from model.flops import training_flops
-from model.provenance import config_provenance
 from model.typed_config import ConfigError
 from tasks.ablate.arm import run_command
 from tasks.ablate.conditions import loss_shift_probe
@@ -59,7 +58,15 @@ from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import write_json
 from tasks.runtime.outputs import ABLATE_ALONE, ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST, TOKENS_DIR
 from tasks.runtime.progress import Progress
-from tasks.runtime.tracking import child_run, log_params, log_summary, numerics_tags, run_url, stage_run
+from tasks.runtime.tracking import (
+    child_run,
+    log_params,
+    log_summary,
+    numerics_tags,
+    run_url,
+    stage_provenance,
+    stage_run,
+)
 from tasks.runtime.workers import Executor, clean_state, executor
 
 ARM_MODULE = ["-m", "tasks.ablate.arm"]
@@ -245,7 +252,7 @@ def ablate_flow(
         units.address or "local workers",
         f"; seeds in rounds of {cfg.ablation.rounds}" if cfg.ablation.rounds else "",
     )
-    numerics = config_provenance(cfg)
+    numerics = stage_provenance(cfg)
     evidence = Evidence(cfg, project, conditions, declared)
     with stage_run(cfg, "ablate", numerics=numerics) as run:
         log_summary({"arms_planned": len(rows), "workers": units.workers})

@@ -72,7 +72,8 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         findings = evaluate(cfg, ablate, search, spike, unigram) + [
             declared_finding(cfg, ablate, unigram, family) for family in declared
         ]
-        origin = provenance(project, RESOLVED, git_lineage().get("mlflow.source.git.commit"))
+        trained = {"search": search, "spike": spike, "ablate": ablate, "sensitivity": sensitivity}
+        origin = provenance(project, RESOLVED, git_lineage().get("mlflow.source.git.commit"), trained)
         arithmetic = arithmetic_of(numerics, {"search": search, "pretrain": pretrain, "spike": spike, "ablate": ablate})
         runs = latest_stage_runs(cfg.tracking.experiment, STAGES_REPORTED)
         with staged(project / REPORT_FOREST) as (forest,):
@@ -88,7 +89,7 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
             md.write_text(render_markdown(sections, project), encoding="utf-8")
             arms.write_text(render_arms(ablate), encoding="utf-8")
             page.write_text(render_html(sections, project), encoding="utf-8")
-        summary = report_json(findings, ablate, arithmetic, times)
+        summary = report_json(findings, ablate, arithmetic, times, origin)
         write_json(project / REPORT_METRICS, summary)
         log_summary({k.replace(" ", "_"): v for k, v in summary["counts"].items()})
         for path in (REPORT_MD, REPORT_HTML, REPORT_METRICS, REPORT_FOREST):

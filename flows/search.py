@@ -15,11 +15,10 @@ import mlflow
 from prefect import flow
 
 from flows.forms import Profile
-from model.provenance import config_provenance
 from tasks.config import project_config
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.outputs import SEARCH_LR, SEARCH_METRICS
-from tasks.runtime.tracking import log_summary, stage_run
+from tasks.runtime.tracking import log_summary, stage_provenance, stage_run
 from tasks.search.dashboard import annotate
 from tasks.search.findings import publish
 from tasks.search.study import search
@@ -30,7 +29,7 @@ def search_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
     """Search the LR at several widths for SP and μP, transfer μP's to the target width, check it
     against a direct sweep there, and write search/lr.yaml for pretrain."""
     cfg, project = project_config(profile, overrides)
-    started, numerics = (time.perf_counter(), time.process_time()), config_provenance(cfg)
+    started, numerics = (time.perf_counter(), time.process_time()), stage_provenance(cfg)
     with stage_run(cfg, "search", numerics=numerics) as run:
         findings = search(cfg, project, run.info.run_id)
         findings.metrics["time"] = stage_time(*started)

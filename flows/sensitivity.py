@@ -27,7 +27,6 @@ from prefect import flow, get_run_logger
 
 from flows.ablate import arm_numerics, fan_out, plan, runs_to_train, shown, track_arm
 from flows.forms import Profile
-from model.provenance import config_provenance
 from model.typed_config import InputError
 from tasks.config import project_config
 from tasks.data.perturb import MANIFEST_NAME, drop_documents
@@ -35,7 +34,7 @@ from tasks.data.unigram import unigram_baseline
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import read_json, write_json
 from tasks.runtime.outputs import ABLATE_METRICS, PERTURBED_DIR, SENSITIVITY_ARMS, SENSITIVITY_METRICS, TOKENS_DIR
-from tasks.runtime.tracking import log_summary, stage_run
+from tasks.runtime.tracking import log_summary, stage_provenance, stage_run
 from tasks.runtime.workers import executor
 from tasks.sensitivity.compare import at_seeds, compare, compared_findings, record, trained, unmatched
 
@@ -91,7 +90,7 @@ def sensitivity_flow(profile: Profile | None = None, overrides: dict[str, Any] |
         units.workers,
         units.address or "local workers",
     )
-    numerics = config_provenance(cfg)
+    numerics = stage_provenance(cfg)
     with stage_run(cfg, "sensitivity", numerics=numerics) as run:
         log_summary({"arms": len(rows), "arms_cached": cached, "workers": units.workers})
         fan_out(cfg, project, rows, todo, units, run.info.run_id)

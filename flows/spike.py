@@ -22,13 +22,12 @@ from prefect.futures import as_completed
 
 from flows.forms import Profile
 from model.data import open_split
-from model.provenance import config_provenance
 from model.stops import MLFLOW_STATUS
 from tasks.config import Config, project_config
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.outputs import MANIFEST, POSTMORTEMS, SPIKE_FIGURES, SPIKE_METRICS, SPIKE_RUN
 from tasks.runtime.progress import Progress
-from tasks.runtime.tracking import child_run, log_summary, run_url, stage_run
+from tasks.runtime.tracking import child_run, log_summary, run_url, stage_provenance, stage_run
 from tasks.runtime.workers import clean_state, executor
 from tasks.spike.config import OUTCOMES
 from tasks.spike.postmortem import publish
@@ -109,7 +108,7 @@ def track_branch(study: Study, kind: str | None, policy: str) -> str:
 def spike_flow(profile: Profile | None = None, overrides: dict[str, Any] | None = None) -> None:
     """Train the origin runs, inject, detect, recover and write the post-mortems, per seed."""
     cfg, project = project_config(profile, overrides)
-    numerics = config_provenance(cfg)
+    numerics = stage_provenance(cfg)
     start = time.monotonic()
     with stage_run(cfg, "spike", numerics=numerics) as run:
         studies = run_seeds(cfg, project)

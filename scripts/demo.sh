@@ -26,7 +26,7 @@ scripts/demo-copy.sh "$project"  # its .dvc/config.local keeps DVC's site cache 
 cd "$project"
 copied=$SECONDS
 
-say "3/4 dvc repro: every stage at the smoke profile's sizes (about 5 min on 2 cores; a rerun: seconds)"
+say "3/4 dvc repro: every stage at the smoke profile's sizes (a rerun: seconds)"
 python -m flows.repro  # dvc repro as one Prefect flow run with the stages below it; deployments published
 ran=$SECONDS
 

@@ -79,7 +79,7 @@ def committed() -> dict:
     ablate, search, spike, pretrain = read("ablate"), read("search"), read("spike"), read("pretrain")
     findings = evaluate(cfg, ablate, search, spike, ablate.get("unigram_val_loss"))
     arithmetic = read("report")["provenance"]
-    origin = {"commit": "0" * 40, "config_hash": "c" * 16, "built": "today"}
+    origin = {"commit": "0" * 40, "config_hash": "c" * 16, "built": "today", "trained": {}}
     sections = report_sections(cfg, project, findings, ablate, search, spike, pretrain, origin, {}, arithmetic)
     text = render_markdown(sections, project)
     return {"findings": findings, "sections": sections, "text": text, "ablate": ablate, "project": project}
@@ -221,7 +221,7 @@ def test_stage_times_read_each_stages_wall_seconds_and_none_where_a_stage_record
     )
     assert times == {"search": 120.0, "pretrain": 60.0, "spike": None, "ablate": None}
     lines = provenance_section(
-        project_config()[0], {"commit": "c", "config_hash": "h", "built": "b"}, {"inputs": {}}, times
+        project_config()[0], {"commit": "c", "config_hash": "h", "built": "b", "trained": {}}, {"inputs": {}}, times
     ).lines
     assert (
         "- wall time per stage, as each stage's metrics record it: search 2.0 min, pretrain 1.0 min, spike not recorded, ablate not recorded"

@@ -4,16 +4,17 @@ figure is written, readable and only where its family has arms, never its pixels
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import matplotlib.image
 import pytest
 
-from tasks.ablate.figures import LossAxes, declared_panels, family_figures
+from tasks.ablate.figures import LossAxes, declared_panels, family_canvas, family_figures
 from tasks.config import Config
 from tasks.design.families import DeclaredFamily
-from tasks.design.studies import parse_family
+from tasks.design.studies import builtin_families, parse_family
 from tasks.report.figures import forest_plot
 
 STEPS = 60
@@ -116,6 +117,8 @@ ARMS = _study_arms()
 CFG = Config().replace(**{"ablation.steps": STEPS})
 DESIGN = {"plateau_margin": 0.5, "underflow_threshold": 0.01}
 UNIGRAM = 5.97
+GATE_METRICS = {"grad_underflow_share": 0.2, "act_overflow_share": 0.01, "attn_logit_max": 150.0, "log_z_max": 10.5}
+"""The metrics the built-in families' gates read (log Z's drift derived from its extreme), on every arm."""
 
 
 def assert_readable_png(path: Path) -> None:
@@ -237,3 +240,28 @@ def test_a_gate_on_the_claims_own_metric_is_drawn_on_its_panel_an_on_plateau_one
     assert gate_lines(panel) == {"gate of lower_loss (model.qk_norm=false): on the plateau": UNIGRAM - 0.5}
     (bare,) = declared_panels(family, declared_arms(), LossAxes(None, 0.5, 1)).axes
     assert gate_lines(bare) == {}, "no unigram baseline, no threshold to draw"
+
+
+@pytest.mark.parametrize("family", builtin_families(CFG), ids=lambda f: f.name)
+def test_a_builtin_familys_figure_draws_each_gates_metric_below_its_own_panels(family):
+    # issue 57: declared families drew the metric their verdict rested on, the built-in ones did not
+    members = [
+        a | {"metrics": a["metrics"] and a["metrics"] | GATE_METRICS} for a in ARMS if a["family"] == family.name
+    ]
+    fig, own = family_canvas(8, 5, family, members, LossAxes(UNIGRAM, DESIGN["plateau_margin"], 1))
+    assert own is fig.subfigs[0]
+    panels = fig.subfigs[1].axes
+    gated = {c.gate.metric: c.gate for c in family.claims if c.gate is not None}
+    loss_label = "final validation loss, capped at ln V (nats)"
+    assert [ax.get_ylabel() for ax in panels] == [loss_label if m == "capped_loss" else m for m in gated]
+    for ax, gate in zip(panels, gated.values()):
+        bounds = {UNIGRAM - 0.5 if bound == "on_plateau" else value for bound, value in gate.bounds}
+        drawn = {line.get_ydata()[0] for line in ax.lines if line.get_label().startswith("gate of")}
+        assert drawn == bounds
+
+
+def test_a_family_without_gates_keeps_one_figure():
+    ungated = qk_rescue({"metric": "capped_loss", "variant": {"model.qk_norm": False}, "on_plateau": True})
+    ungated = dataclasses.replace(ungated, claims=[dataclasses.replace(c, gate=None) for c in ungated.claims])
+    fig, own = family_canvas(8, 5, ungated, declared_arms(), LossAxes(UNIGRAM, 0.5, 1))
+    assert own is fig and not fig.subfigs

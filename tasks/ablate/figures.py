@@ -26,13 +26,13 @@ from typing import Any
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure, FigureBase
 
 from tasks.config import Config
 from tasks.design.curves import trailing_mean
 from tasks.design.families import DeclaredFamily, Gate, shown, variant_name
 from tasks.design.stats import capped_loss, derived
-from tasks.design.studies import builtin_names
+from tasks.design.studies import builtin_families, builtin_names
 
 Arm = dict[str, Any]
 Trace = list[tuple[int, float | None]]
@@ -85,13 +85,26 @@ def family_figures(
         stale.unlink()
     loss = LossAxes(unigram, plateau_margin, cfg.recovery.smooth_steps)
     family = {name: [arm for arm in arms if arm["family"] == name] for name in builtin_names()}
+    gated = {f.name: f for f in builtin_families(cfg)}  # each figure draws its family's gates too
     figures: list[tuple[str, Any, Callable[[Path], Path]]] = [
-        ("xiong", family["xiong"], partial(xiong_figure, family["xiong"], loss)),
+        ("xiong", family["xiong"], partial(xiong_figure, family["xiong"], loss, family=gated.get("xiong"))),
         ("depth_probe", depth_probe, partial(depth_probe_figure, depth_probe or {})),  # drawn only if there is one
-        ("precision", family["precision"], partial(precision_figure, family["precision"], loss, underflow_threshold)),
-        ("overflow", family["overflow"], partial(overflow_figure, family["overflow"], loss, cfg)),
-        ("beta2", family["beta2"], partial(beta2_figure, family["beta2"], loss)),
-        ("wortsman", family["wortsman"], partial(wortsman_figure, family["wortsman"], loss)),
+        (
+            "precision",
+            family["precision"],
+            partial(precision_figure, family["precision"], loss, underflow_threshold, family=gated.get("precision")),
+        ),
+        (
+            "overflow",
+            family["overflow"],
+            partial(overflow_figure, family["overflow"], loss, cfg, family=gated.get("overflow")),
+        ),
+        ("beta2", family["beta2"], partial(beta2_figure, family["beta2"], loss, family=gated.get("beta2"))),
+        (
+            "wortsman",
+            family["wortsman"],
+            partial(wortsman_figure, family["wortsman"], loss, family=gated.get("wortsman")),
+        ),
         ("trajectories", family["wortsman"], partial(trajectories_figure, family["wortsman"])),
     ]
     for d in declared:
@@ -218,7 +231,8 @@ def _strip(
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    fig.tight_layout()
+    if not fig.subfigs:  # a figure of subfigures is laid out as it draws (constrained)
+        fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     return path
 
@@ -232,13 +246,13 @@ def _xiong_label(block: str, warmup: float) -> str:
     return f"{BLOCKS.get(block, block)}, " + (f"warmup {warmup:.0%}" if warmup else "no warmup")
 
 
-def xiong_figure(arms: Sequence[Arm], loss: LossAxes, path: Path) -> Path:
+def xiong_figure(arms: Sequence[Arm], loss: LossAxes, path: Path, family: DeclaredFamily | None = None) -> Path:
     """Xiong et al. 2020: loss curves per (block, warmup), one panel per LR; final loss per point."""
     lrs, variants = _values(arms, "lr"), list(_groups(arms, "block", "warmup"))
-    fig = Figure(figsize=(5 * len(lrs), 8.5))
-    grid = fig.add_gridspec(2, len(lrs))
+    fig, own = family_canvas(5 * len(lrs), 8.5, family, arms, loss)
+    grid = own.add_gridspec(2, len(lrs))
     for column, lr in enumerate(lrs):
-        ax = fig.add_subplot(grid[0, column])
+        ax = own.add_subplot(grid[0, column])
         at_lr = [a for a in arms if a["factors"]["lr"] == lr]
         for (block, warmup), members in _groups(at_lr, "block", "warmup").items():
             traces = [_row_trace(a, "loss") for a in members]
@@ -247,7 +261,7 @@ def xiong_figure(arms: Sequence[Arm], loss: LossAxes, path: Path) -> Path:
         ax.set(title=f"(a) training loss at LR {lr:g}", xlabel="step")
         loss.finish(ax, arms)
         ax.legend(fontsize=7, loc="upper right")
-    ax = fig.add_subplot(grid[1, :])
+    ax = own.add_subplot(grid[1, :])
     _strip(ax, arms, "lr", ("block", "warmup"), capped_loss, (_xiong_label, lambda lr: f"LR {lr:g}"))
     _diverged_key(ax)
     ax.set_title("(b) final validation loss per seed")
@@ -291,10 +305,12 @@ def depth_probe_figure(probe: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-def precision_figure(arms: Sequence[Arm], loss: LossAxes, threshold: float, path: Path) -> Path:
+def precision_figure(
+    arms: Sequence[Arm], loss: LossAxes, threshold: float, path: Path, family: DeclaredFamily | None = None
+) -> Path:
     """Micikevicius et al. 2017: loss per format; the activation gradients fp16 would flush to zero."""
-    fig = Figure(figsize=(12, 4.5))
-    curves, shares = fig.subplots(1, 2)
+    fig, own = family_canvas(12, 4.5, family, arms, loss)
+    curves, shares = own.subplots(1, 2)
     for (precision,), members in _groups(arms, "precision").items():
         _band(curves, [_row_trace(a, "loss") for a in members], precision, loss.smooth)
     curves.set(title="training loss per format", xlabel="step")
@@ -314,13 +330,15 @@ def precision_figure(arms: Sequence[Arm], loss: LossAxes, threshold: float, path
     return _save(fig, path)
 
 
-def overflow_figure(arms: Sequence[Arm], loss: LossAxes, cfg: Config, path: Path) -> Path:
+def overflow_figure(
+    arms: Sequence[Arm], loss: LossAxes, cfg: Config, path: Path, family: DeclaredFamily | None = None
+) -> Path:
     """The probe-sized weight excursion per format against its clean twin: the whole run, then every
     step around the injection."""
     a = cfg.ablation
     precisions = _values(arms, "precision")
-    fig = Figure(figsize=(5.5 * len(precisions), 8))
-    axes = fig.subplots(2, len(precisions), squeeze=False)
+    fig, own = family_canvas(5.5 * len(precisions), 8, family, arms, loss)
+    axes = own.subplots(2, len(precisions), squeeze=False)
     for column, precision in enumerate(precisions):
         members = [arm for arm in arms if arm["factors"]["precision"] == precision]
         for ax, smooth in ((axes[0, column], loss.smooth), (axes[1, column], 1)):
@@ -337,15 +355,15 @@ def overflow_figure(arms: Sequence[Arm], loss: LossAxes, cfg: Config, path: Path
     return _save(fig, path)
 
 
-def beta2_figure(arms: Sequence[Arm], loss: LossAxes, path: Path) -> Path:
+def beta2_figure(arms: Sequence[Arm], loss: LossAxes, path: Path, family: DeclaredFamily | None = None) -> Path:
     """Shazeer & Stern 2018, Wortsman et al. 2023b: update RMS and loss spikes per β₂, per LR multiple."""
     mults = _values(arms, "lr_mult")
-    fig = Figure(figsize=(5.5 * len(mults), 11))
-    grid = fig.add_gridspec(3, len(mults))
+    fig, own = family_canvas(5.5 * len(mults), 11, family, arms, loss)
+    grid = own.add_gridspec(3, len(mults))
     for column, mult in enumerate(mults):
         at_mult = [a for a in arms if a["factors"]["lr_mult"] == mult]
-        _beta2_curves(fig.add_subplot(grid[0, column]), fig.add_subplot(grid[1, column]), at_mult, loss)
-    ax = fig.add_subplot(grid[2, :])
+        _beta2_curves(own.add_subplot(grid[0, column]), own.add_subplot(grid[1, column]), at_mult, loss)
+    ax = own.add_subplot(grid[2, :])
     _strip(ax, arms, "lr_mult", ("beta2",), lambda m: m["spikes_per_1k"], (_beta2_label, lambda m: f"LR x{m:g}"))
     _diverged_key(ax, "diverged")
     ax.set(ylabel="spikes per 1,000 steps", title="natural loss spikes after warmup, per seed")
@@ -375,10 +393,10 @@ def _beta2_curves(rms: Axes, curves: Axes, arms: Sequence[Arm], loss: LossAxes) 
     curves.legend(fontsize=7, ncol=2)
 
 
-def wortsman_figure(arms: Sequence[Arm], loss: LossAxes, path: Path) -> Path:
+def wortsman_figure(arms: Sequence[Arm], loss: LossAxes, path: Path, family: DeclaredFamily | None = None) -> Path:
     """Wortsman et al. 2023: final loss against LR per stabilizer, the LR-sensitivity curve."""
-    fig = Figure(figsize=(8, 5))
-    ax = fig.subplots()
+    fig, own = family_canvas(8, 5, family, arms, loss)
+    ax = own.subplots()
     for i, ((stabilizer,), members) in enumerate(_groups(arms, "stabilizer").items()):
         lrs, means = [], []
         for (lr,), seeds in _groups(members, "lr").items():
@@ -401,34 +419,47 @@ def declared_figure(family: DeclaredFamily, arms: Sequence[Arm], loss: LossAxes,
 
 
 def declared_panels(family: DeclaredFamily, arms: Sequence[Arm], loss: LossAxes) -> Figure:
-    """A declared family (studies.yaml): one panel per metric its claims or their gates read, each
-    arm a dot per seed, clustered by the first factor a claim reads across (or the family's first
-    factor), one colour per point of the other factors; a gate's bound is a dashed line on its
-    metric's panel (the verdict rests on it: a gate not met leaves its claim not tested)."""
-    gated = [(c.name, c.gate) for c in family.claims if c.gate is not None]
-    metrics = list(dict.fromkeys([*(c.metric for c in family.claims), *(g.metric for _, g in gated)]))
-    cluster = next((c.over for c in family.claims if c.over), None) or next(iter(family.factors))
-    hue = tuple(k for k in family.factors if k != cluster)
+    """A declared family (studies.yaml): one panel per metric its claims or their gates read
+    (:func:`metric_panel`), one above the other."""
+    metrics = list(dict.fromkeys([*(c.metric for c in family.claims), *_gate_metrics(family)]))
     fig = Figure(figsize=(8, 4 * len(metrics)))
     for ax, metric in zip(fig.subplots(len(metrics), 1, squeeze=False)[:, 0], metrics):
-
-        def value(m: dict[str, Any], metric: str = metric) -> float | None:
-            v = derived(m).get(metric)
-            return float(v) if v is not None else None
-
-        labels = (lambda *point: variant_name(dict(zip(hue, point))), shown)
-        _strip(ax, arms, cluster, hue, value, labels)
-        gates = [(claim, gate) for claim, gate in gated if gate.metric == metric]
-        claimed = any(c.metric == metric for c in family.claims)
-        title = family.question if claimed else f"the gate of {', '.join(claim for claim, _ in gates)}"
-        ax.set(xlabel=cluster, ylabel=metric, title=f"{family.name}: {title}")
-        if metric == "capped_loss":
-            loss.finish(ax, arms, "final validation loss, capped at ln V (nats)")
-        for claim, gate in gates:
-            _gate_lines(ax, claim, gate, loss)
-        _diverged_key(ax)
-        ax.legend(fontsize=7)
+        metric_panel(ax, family, arms, metric, loss)
     return fig
+
+
+def metric_panel(ax: Axes, family: DeclaredFamily, arms: Sequence[Arm], metric: str, loss: LossAxes) -> None:
+    """One metric of ``family``'s arms: each arm a dot per seed, clustered by the first factor a
+    claim reads across (or the family's first factor), one colour per point of the other factors;
+    each gate on the metric as dashed lines at its bounds (the verdict rests on it: a gate not met
+    leaves its claims not tested), labelled with the claims it gates."""
+    cluster = next((c.over for c in family.claims if c.over), None) or next(iter(family.factors))
+    hue = tuple(k for k in family.factors if k != cluster)
+
+    def value(m: dict[str, Any]) -> float | None:
+        v = derived(m).get(metric)
+        return float(v) if v is not None else None
+
+    _strip(ax, arms, cluster, hue, value, (lambda *point: variant_name(dict(zip(hue, point))), shown))
+    gates: list[tuple[Gate, list[str]]] = []  # claims sharing one gate share its lines
+    for c in family.claims:
+        if c.gate is not None and c.gate.metric == metric:
+            same = next((names for gate, names in gates if gate == c.gate), None)
+            same.append(c.name) if same is not None else gates.append((c.gate, [c.name]))
+    claimed = any(c.metric == metric for c in family.claims)
+    title = family.question if claimed else f"the gate of {', '.join(n for _, names in gates for n in names)}"
+    ax.set(xlabel=cluster, ylabel=metric, title=f"{family.name}: {title}")
+    ax.title.set_fontsize(9)
+    if metric == "capped_loss":
+        loss.finish(ax, arms, "final validation loss, capped at ln V (nats)")
+    for gate, claims in gates:
+        _gate_lines(ax, ", ".join(claims), gate, loss)
+    _diverged_key(ax)
+    ax.legend(fontsize=7)
+
+
+def _gate_metrics(family: DeclaredFamily) -> list[str]:
+    return list(dict.fromkeys(c.gate.metric for c in family.claims if c.gate is not None))
 
 
 def _gate_lines(ax: Axes, claim: str, gate: Gate, loss: LossAxes) -> None:
@@ -442,6 +473,28 @@ def _gate_lines(ax: Axes, claim: str, gate: Gate, loss: LossAxes) -> None:
         else:
             continue  # no unigram baseline to place it by
         ax.axhline(at, color="firebrick", ls="--", lw=1.2, label=f"gate of {claim}{where}: {gate.needs}")
+
+
+GATE_ROW_HEIGHT = 4.2
+"""Inches of a built-in family's figure given to the row of its gates' panels."""
+
+
+def family_canvas(
+    width: float, height: float, family: DeclaredFamily | None, arms: Sequence[Arm], loss: LossAxes
+) -> tuple[Figure, FigureBase]:
+    """A built-in family's figure and the part of it its own panels go in: the whole figure, or,
+    when the family's claims are gated, the part above a row with a panel per metric a gate reads
+    (:func:`metric_panel`, as a declared family's figure draws it), since the verdict rests on them."""
+    metrics = _gate_metrics(family) if family else []
+    if not metrics:
+        fig = Figure(figsize=(width, height))
+        return fig, fig
+    assert family is not None
+    fig = Figure(figsize=(max(width, 6.5 * len(metrics)), height + GATE_ROW_HEIGHT), layout="constrained")
+    own, gates = fig.subfigures(2, 1, height_ratios=[height, GATE_ROW_HEIGHT], squeeze=False)[:, 0]
+    for ax, metric in zip(gates.subplots(1, len(metrics), squeeze=False)[0], metrics):
+        metric_panel(ax, family, arms, metric, loss)
+    return fig, own
 
 
 TRAJECTORIES = (

@@ -30,6 +30,7 @@ from tasks.config import Config
 from tasks.design.preregistration import design_hash
 from tasks.design.studies import builtin_families, read_studies
 from tasks.report.findings import FAMILY_OF
+from tasks.report.lineage import stale
 from tasks.report.method import Finding
 from tasks.report.sections.checks import FAILED, PASSED, check_outcome, proper
 from tasks.report.sections.findings import finding_section, findings_section, rounds_section
@@ -57,7 +58,7 @@ def report_sections(
     search: dict[str, Any] | None,
     spike: dict[str, Any] | None,
     pretrain: dict[str, Any] | None,
-    provenance: dict[str, str],
+    provenance: dict[str, Any],
     stage_runs: dict[str, str],
     arithmetic: dict[str, Any],
     sensitivity: dict[str, Any] | None = None,
@@ -67,7 +68,7 @@ def report_sections(
     A claim is named in words (sections/words.py: in_words); metrics/report.json keeps its declared name."""
     findings = in_words(findings, builtin_families(cfg) + read_studies(project, cfg))
     sections = [
-        summary_section(cfg, findings, arithmetic),
+        summary_section(cfg, findings, arithmetic, provenance),
         method_section(ablate),
         provenance_section(cfg, provenance, arithmetic, times or {}),
         findings_section(findings),
@@ -180,17 +181,26 @@ def _badged(body: str) -> str:
     return body
 
 
+def code_json(origin: dict[str, Any]) -> dict[str, Any]:
+    """metrics/report.json's ``code``: ``built`` (the build stamp), ``trained`` (per stage), ``stale``."""
+    return {"built": origin["commit"], "trained": origin["trained"], "stale": stale(origin["trained"])}
+
+
 def report_json(
     findings: list[Finding],
     ablate: dict[str, Any],
     arithmetic: dict[str, Any],
     times: dict[str, float | None] | None = None,
+    origin: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """metrics/report.json: per finding its verdict, test, source, smallest detectable effects and
     claims; the unigram baseline and each family's base-arm loss; counts per verdict; the
     arithmetic of the report and of the runs it used, and its warnings (``provenance``); each
-    stage's wall seconds (``stage_times``, tasks/report/sections/method.py)."""
+    stage's wall seconds (``stage_times``, tasks/report/sections/method.py); the commit the report
+    was built at and those the stages ran at, and which stages' outputs are older than their
+    code (``code``, from ``origin``: tasks/report/sections/method.py, provenance)."""
     return {
+        **({"code": code_json(origin)} if origin else {}),
         "stage_times": times or {},
         "provenance": arithmetic,
         "design_hash": design_hash(),

@@ -32,6 +32,7 @@ from mlflow.entities import Metric, RunTag
 from prefect import task
 from prefect.exceptions import TerminationSignal
 
+from model.provenance import config_provenance
 from model.stops import MLFLOW_STATUS, RunEnded
 from model.typed_config import flatten
 from tasks.runtime.files import digest
@@ -80,17 +81,31 @@ def git_output(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def git_lineage() -> dict[str, str]:
-    """The commit the code came from (DVC's baseline inside an experiment), and the code files
-    changed since, only when there are any (params and outputs are not code)."""
+def code_commit() -> dict[str, Any]:
+    """The commit the code came from (DVC's baseline inside an experiment; None outside a git
+    checkout) and the code files changed since (params and outputs are not code). A stage keeps
+    it in its metrics (:func:`stage_provenance`), so the report can name the commit that trained
+    its arms, which is not the commit the report was built at once stage code moves on."""
     commit = os.environ.get("DVC_EXP_BASELINE_REV") or git_output("rev-parse", "HEAD")
-    if commit is None:
+    changed = git_output("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS) if commit else None
+    return {"commit": commit, "changed": [line[3:] for line in (changed or "").splitlines()]}
+
+
+def git_lineage() -> dict[str, str]:
+    """:func:`code_commit` as MLflow tags: the commit, and the changed code files only when there are any."""
+    code = code_commit()
+    if code["commit"] is None:
         return {}
-    tags = {"mlflow.source.git.commit": commit}
-    changed = git_output("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS)
-    if changed:
-        tags["spikelab.code_changed"] = " ".join(line[3:] for line in changed.splitlines())[:5000]
+    tags = {"mlflow.source.git.commit": code["commit"]}
+    if code["changed"]:
+        tags["spikelab.code_changed"] = " ".join(code["changed"])[:5000]
     return tags
+
+
+def stage_provenance(cfg: Config) -> dict[str, Any]:
+    """What a stage that trains records beside its numbers (its metrics' ``provenance``): the
+    arithmetic of its runs (model/provenance.py) and, under ``code``, the :func:`code_commit` it ran."""
+    return {**config_provenance(cfg), "code": code_commit()}
 
 
 def dvc_inputs_digest(stage: str, cfg: Config) -> str | None:
@@ -190,7 +205,8 @@ def owner_tags() -> dict[str, str]:
 def numerics_tags(record: dict[str, Any] | None) -> dict[str, str]:
     """The arithmetic a run used (a model/provenance.py record) as ``spikelab.numerics.<field>``
     tags, so runs filter by it in the UI: ``tags.`spikelab.numerics.numeric_path` = '...'``."""
-    return {f"spikelab.numerics.{key}": _tag_text(value) for key, value in flatten(record or {}).items()}
+    arithmetic = {k: v for k, v in (record or {}).items() if k != "code"}  # the commit: git_lineage's tags
+    return {f"spikelab.numerics.{key}": _tag_text(value) for key, value in flatten(arithmetic).items()}
 
 
 def _tag_text(value: Any) -> str:

@@ -13,9 +13,11 @@ from typing import Any
 from tasks.config import Config
 from tasks.design.preregistration import DESIGN_CODE, design, design_hash
 from tasks.design.stats import ALPHA
+from tasks.report.lineage import commits_line, trained_at
 from tasks.report.method import number
 from tasks.report.sections.section import Section, badge
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NEGLIGIBLE, NOT_TESTED, REPRODUCED
+from tasks.runtime.staleness import LEDGER
 
 
 def method_section(ablate: dict[str, Any]) -> Section:
@@ -65,13 +67,15 @@ def stage_times(outputs: dict[str, dict[str, Any] | None]) -> dict[str, float | 
 
 
 def provenance_section(
-    cfg: Config, provenance: dict[str, str], arithmetic: dict[str, Any], times: dict[str, float | None]
+    cfg: Config, provenance: dict[str, Any], arithmetic: dict[str, Any], times: dict[str, float | None]
 ) -> Section:
     """The code, config and design the numbers come from, the arithmetic that computed them and each
     stage's wall time."""
     shown = ", ".join(f"{s} {'not recorded' if t is None else f'{t / 60:.1f} min'}" for s, t in times.items())
     lines = [
-        f"- Profile **{cfg.profile}**, code `{provenance['commit']}`, built {provenance['built']}",
+        f"- Profile **{cfg.profile}**; {commits_line(provenance['trained'], provenance['commit'])}, "
+        f"{provenance['built']} (`{provenance['commit']}`)",
+        *_stale_lines(provenance["trained"]),
         f"- config hash `{provenance['config_hash']}` (sha256 of params/resolved.yaml)",
         f"- design hash `{design_hash()}` (sha256 of the pre-registration and the code that decides verdicts: "
         f"{', '.join(DESIGN_CODE)})",
@@ -80,6 +84,20 @@ def provenance_section(
         "",
     ]
     return Section("Where the numbers come from", lines)
+
+
+def _stale_lines(lineage: dict[str, dict[str, Any]]) -> list[str]:
+    """A line per stage whose outputs are older than its code: what changed since its commit, or
+    (commit unrecorded) why and the rerun the ledger owes it."""
+    lines = []
+    for stage, entry in lineage.items():
+        if entry["changed_since"]:
+            changed = entry["changed_since"]
+            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            lines.append(f"  - {stage}: changed since `{entry['commit'][:7]}`: {', '.join(changed[:3])}{more}")
+        elif entry["owed"]:
+            lines.append(f"  - {stage}: {entry['owed']['reason']}; owed: {entry['owed']['rerun']}")
+    return [f"- outputs older than their code ({LEDGER} owes the reruns of those unrecorded):", *lines] if lines else []
 
 
 def _arithmetic_lines(arithmetic: dict[str, Any]) -> list[str]:
@@ -94,9 +112,14 @@ def config_hash(project: Path, resolved: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "unknown (no params/resolved.yaml)"
 
 
-def provenance(project: Path, resolved: Path, commit: str | None) -> dict[str, str]:
+def provenance(
+    project: Path, resolved: Path, commit: str | None, outputs: dict[str, dict[str, Any] | None]
+) -> dict[str, Any]:
+    """The report's build stamp (``commit``: the commit it is built at), its config's hash, and
+    ``trained``: the commit each stage of ``outputs`` (stage -> metrics) ran at (tasks/report/lineage.py)."""
     return {
         "commit": commit or "unknown (not a git checkout)",
         "config_hash": config_hash(project, resolved),
         "built": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "trained": trained_at(project, outputs),
     }

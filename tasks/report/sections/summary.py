@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.config import Config
+from tasks.report.lineage import commits_line, stale
 from tasks.report.method import Finding
 from tasks.report.sections.checks import checks_lines, proper
 from tasks.report.sections.runs import ARMS_PAGE
@@ -19,10 +20,23 @@ VERDICTS = (REPRODUCED, NEGLIGIBLE, CONTRADICTED, NOT_TESTED, INCONCLUSIVE)
 """The verdicts counted, in the order the first screen and metrics/report.json give them."""
 
 
-def summary_section(cfg: Config, findings: list[Finding], arithmetic: dict[str, Any]) -> Section:
-    """The first screen, under the page's title."""
+def summary_section(
+    cfg: Config, findings: list[Finding], arithmetic: dict[str, Any], origin: dict[str, Any]
+) -> Section:
+    """The first screen, under the page's title; ``origin``: the commits the numbers came from
+    (tasks/report/sections/method.py: provenance)."""
     counts = ", ".join(f"{sum(f.verdict == v for f in proper(findings))} {v}" for v in VERDICTS)
     warnings = [f"> **Arithmetic warning:** {w}." for w in arithmetic["warnings"]]
+    older = stale(origin["trained"])
+    code = [
+        f"Code: {commits_line(origin['trained'], origin['commit'])}."
+        + (
+            f" **Outputs older than their code:** {', '.join(older)} (why, below: where the numbers come from)."
+            if older
+            else ""
+        ),
+        "",
+    ]
     lines = [
         f"**{len(proper(findings))} pre-registered findings** on the training stability of small GPT-style "
         f"models (profile {cfg.profile}): **{counts}**. What each tested and what came out:",
@@ -32,6 +46,7 @@ def summary_section(cfg: Config, findings: list[Finding], arithmetic: dict[str, 
         *checks_lines([f for f in findings if f.check]),
         *warnings,
         *([""] if warnings else []),
+        *code,
         "Below: how a verdict is reached, where the numbers come from, the findings claim by claim, the "
         "changes made after results were seen, then the arms, the search, spike and pretraining stages and "
         f"the MLflow runs. Every arm's command: [{ARMS_PAGE.as_posix()}]({ARMS_PAGE.as_posix()}). Every "
