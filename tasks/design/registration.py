@@ -84,12 +84,12 @@ def load_records(project: Path, profile: str) -> list[dict[str, Any]]:
 
 
 def git(project: Path, *args: str) -> str | None:
-    """``git ARGS`` in the project, its stdout stripped; None outside a git checkout or on failure."""
+    """``git ARGS`` in the project, its stdout as it is; None outside a git checkout or on failure."""
     try:
         done = subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True, check=False)
     except OSError:
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    return done.stdout if done.returncode == 0 else None
 
 
 def uncommitted(project: Path, paths: Iterable[Path | str]) -> list[str]:
@@ -98,7 +98,7 @@ def uncommitted(project: Path, paths: Iterable[Path | str]) -> list[str]:
     out = git(project, "status", "--porcelain", "--untracked-files=all", "--", *names)
     if out is None:
         return names
-    return [line[3:] for line in out.splitlines() if line.strip()]
+    return [line[3:] for line in out.splitlines() if line.strip()]  # "XY path": X may be a space
 
 
 @dataclasses.dataclass(frozen=True)

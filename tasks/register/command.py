@@ -99,7 +99,7 @@ def existing_results(project: Path) -> list[dict[str, Any]]:
             continue
         data = json.loads((project / path).read_text(encoding="utf-8"))
         label = data.get("registration") if isinstance(data.get("registration"), dict) else {}
-        last = git(project, "log", "-1", "--format=%H %cI", "--", str(path)) or ""
+        last = (git(project, "log", "-1", "--format=%H %cI", "--", str(path)) or "").strip()
         commit, _, when = last.partition(" ")
         found.append(
             {
@@ -107,7 +107,7 @@ def existing_results(project: Path) -> list[dict[str, Any]]:
                 "stage": stage,
                 "commit": commit or None,
                 "committed_at": when or None,
-                "state": label.get("state", "unlabelled (before registrations)"),
+                "state": label.get("state", "unlabelled: made before registrations"),
                 "seeds": result_seeds(stage, data),
             }
         )
@@ -148,8 +148,8 @@ def register(project: Path, profile: str | None = None, dry_run: bool = False) -
     registry = load_registry(project / REGISTRY)
     if cfg.profile in registry.exempt_profiles:
         raise ConfigError(f"--profile: {cfg.profile} is exempt from the seed registry (no verdict of it is evidence)")
-    commit = git(project, "rev-parse", "HEAD")
-    if commit is None:
+    commit = (git(project, "rev-parse", "HEAD") or "").strip()
+    if not commit:
         raise ConfigError(f"{project}: not a git checkout; a registration names the commit its design is at")
     if dirty := uncommitted(project, [p for p in covered(cfg.profile) if (project / p).exists()]):
         raise ConfigError(
@@ -209,5 +209,6 @@ def write_record(project: Path, profile: str, records: list[dict[str, Any]]) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     head = f"# Registrations of profile {profile}, oldest first: written by `spikelab register`, never by hand.\n"
     path.write_text(
-        head + yaml.safe_dump({"registrations": records}, sort_keys=False, allow_unicode=True), encoding="utf-8"
+        head + yaml.safe_dump({"registrations": records}, sort_keys=False, allow_unicode=True, default_flow_style=None),
+        encoding="utf-8",
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks.ablate.config import MIN_FIRST_ROUND
 from tasks.ablate.rounds import reachable_rounds
 from tasks.config import Config
 from tasks.design.families import DeclaredClaim, DeclaredFamily
@@ -38,11 +39,21 @@ def claim_power(design: SequentialDesign, claim: DeclaredClaim) -> float:
 def family_plan(cfg: Config, family: DeclaredFamily) -> dict[str, Any]:
     """A family's looks as it will run, the level each spends, and each claim's power, sequential
     and fixed at the same maximum."""
-    design = looks(cfg, family) or SequentialDesign((len(family.all_seeds),))
+    seeds = len(family.all_seeds)
+    registered = list(cfg.ablation.rounds) or [seeds]
+    if not cfg.ablation.rounds and seeds < MIN_FIRST_ROUND:  # the smoke profile's 2 seeds: no power to state
+        return {
+            "registered_rounds": registered,
+            "looks": registered,
+            "one_sided_levels": [],
+            "spent": 0.0,
+            "claims": {},
+        }
+    design = looks(cfg, family) or SequentialDesign((seeds,))
     fixed = SequentialDesign((design.max_seeds,))
     levels = boundaries(design)
     return {
-        "registered_rounds": list(cfg.ablation.rounds) or [len(family.all_seeds)],
+        "registered_rounds": registered,
         "looks": list(design.rounds),
         "one_sided_levels": [round(x, 6) for x in levels],
         "spent": round(sum(levels), 6),
@@ -75,6 +86,9 @@ def plan_lines(planned: dict[str, Any]) -> list[str]:
             else f" (registered {f['registered_rounds']}: the budget reaches these)"
         )
         levels = ", ".join(f"{x:.4g}" for x in f["one_sided_levels"])
+        if not f["claims"]:
+            lines.append(f"  {name}: {f['looks'][0]} seeds, fewer than a t-test's {MIN_FIRST_ROUND}: no power stated")
+            continue
         lines.append(f"  {name}: looks at {f['looks']} seeds{cut}; one-sided levels {levels} (sum {f['spent']:.4g})")
         for claim, p in f["claims"].items():
             lines.append(f"    {claim}: power {p['power']:.3f} (fixed {p['fixed_power']:.3f})")

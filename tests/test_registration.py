@@ -1,0 +1,197 @@
+"""A registration the tool enforces (issue #58, items 1, 2, 4, 7; tasks/design/registration.py,
+tasks/register/): `spikelab register` refuses a dirty tree, an exploratory seed, a used seed and a
+gate fixed by construction; what it writes the stages read as confirmatory, and any other design
+(one byte of the design code, one config value) as exploratory, whose fresh seeds move out of
+every registration's reach; the seeds of results that exist go into the registry; a family's alpha
+is spent over the looks its budget reaches. Real git, real files: nothing is mocked."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from flows.__main__ import main
+from model.typed_config import ConfigError
+from tasks.ablate.rounds import reachable_rounds
+from tasks.config import load_config
+from tasks.design.preregistration import DESIGN_CODE
+from tasks.design.registration import (
+    CONFIRMATORY,
+    EXPLORATORY,
+    EXPLORATORY_FROM,
+    exploratory_seeds,
+    label_results,
+    refuse_exploratory_seeds,
+    state_of,
+)
+from tasks.design.seed_registry import load_registry
+from tasks.register.command import register
+from tasks.report.sequential import SequentialDesign, boundaries
+
+REPO = Path(__file__).resolve().parents[1]
+TRIAL = {
+    "mup": {"zero_init_query": True},  # μP differs from SP at the base width: μ-transfer's gate can fail
+    "spike": {"seeds": [500], "confirm_seeds": [501]},
+    "search": {"seeds": [500], "confirm_seeds": []},
+    "ablation": {"seeds": [500], "confirm_seeds": [501]},
+}
+"""The trial profile: smoke's sizes on fresh seeds, not exempt from the registry."""
+
+
+def git(project: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
+def commit(project: Path, message: str = "change") -> None:
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", message)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A git checkout of the design code, params.yaml, the profiles and a trial profile, committed."""
+    root = tmp_path / "project"
+    for name in [
+        *DESIGN_CODE,
+        "params.yaml",
+        "studies.yaml",
+        *(f"profiles/{p.name}" for p in (REPO / "profiles").glob("*.yaml")),
+    ]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / name, root / name)
+    trial = yaml.safe_load((REPO / "profiles/smoke.yaml").read_text())
+    for section, keys in TRIAL.items():
+        trial.setdefault(section, {}).update(keys)
+    (root / "profiles/trial.yaml").write_text(yaml.safe_dump(trial))
+    git(root, "init", "-q")
+    commit(root, "the design")
+    return root
+
+
+def registered(project: Path) -> Path:
+    """The project with the trial profile registered and the record committed."""
+    register(project, "trial")
+    commit(project, "register trial")
+    return project
+
+
+def trial(project: Path, **overrides: Any):
+    return load_config(project / "params.yaml", "trial", overrides or None)
+
+
+def test_a_registered_and_committed_design_runs_confirmatory(project: Path) -> None:
+    registered(project)
+    record = yaml.safe_load((project / "tasks/design/registrations/trial.yaml").read_text())["registrations"][-1]
+    assert record["commit"] == git(project, "rev-parse", "HEAD~1").strip()
+    assert record["seeds"]["ablation.seeds"] == [500] and record["registered_at"].endswith("Z")
+    assert state_of(trial(project), project).state == CONFIRMATORY
+
+
+def test_a_one_byte_change_to_the_registered_design_runs_exploratory(project: Path) -> None:
+    registered(project)
+    with (project / "tasks/report/verdict.py").open("a") as f:
+        f.write(" ")
+    commit(project)
+    state = state_of(trial(project), project)
+    assert state.state == EXPLORATORY and "design_hash" in state.why
+
+
+def test_a_changed_config_value_runs_exploratory(project: Path) -> None:
+    registered(project)
+    assert state_of(trial(project, **{"optim.lr": 0.0101}), project).state == EXPLORATORY
+    assert state_of(trial(project, **{"tracking.experiment": "elsewhere"}), project).state == CONFIRMATORY
+
+
+def test_an_uncommitted_record_is_not_confirmatory(project: Path) -> None:
+    register(project, "trial")
+    state = state_of(trial(project), project)
+    assert state.state == EXPLORATORY and "not committed" in state.why
+
+
+def test_a_registration_with_a_dirty_tree_is_refused(project: Path) -> None:
+    (project / "params.yaml").write_text((project / "params.yaml").read_text() + "\n")
+    with pytest.raises(ConfigError, match=r"^params.yaml: uncommitted change to the design"):
+        register(project, "trial")
+
+
+def test_an_untracked_studies_file_is_a_dirty_tree(project: Path) -> None:
+    (project / "studies.yaml").unlink()
+    commit(project)
+    (project / "studies.yaml").write_text("families: {}\n")
+    with pytest.raises(ConfigError, match="studies.yaml: uncommitted change"):
+        register(project, "trial")
+
+
+def test_an_exploratory_seed_in_a_registration_is_refused(project: Path) -> None:
+    refuse_exploratory_seeds({"ablation.seeds": [EXPLORATORY_FROM - 1]})  # the last registrable seed
+    profile = project / "profiles/trial.yaml"
+    profile.write_text(profile.read_text().replace("- 500", f"- {EXPLORATORY_FROM}", 1))
+    commit(project)
+    with pytest.raises(ConfigError, match=f"seed {EXPLORATORY_FROM} is in the exploratory range"):
+        register(project, "trial")
+
+
+def test_the_seeds_of_existing_results_go_into_the_registry_and_are_then_refused(project: Path) -> None:
+    (project / "metrics").mkdir()
+    (project / "metrics/spike.json").write_text('{"discovery_seeds": [501], "confirm_seeds": [600]}')
+    commit(project)
+    with pytest.raises(ConfigError, match=r"^ablation.confirm_seeds: seed 501 was used by the spike study"):
+        register(project, "trial", dry_run=True)
+    assert 600 not in load_registry(project / "tasks/design/seed_registry.yaml").used  # a dry run writes nothing
+
+
+def test_register_appends_result_seeds_it_reads_to_the_registry(project: Path) -> None:
+    (project / "metrics").mkdir()
+    (project / "metrics/search.json").write_text('{"sp": {"widths": {"16": {"per_seed": {"700": -9.0}}}}}')
+    commit(project)
+    register(project, "trial")
+    assert 700 in load_registry(project / "tasks/design/seed_registry.yaml").used
+    record = yaml.safe_load((project / "tasks/design/registrations/trial.yaml").read_text())["registrations"][-1]
+    assert record["results_before"][0]["seeds"] == [700] and record["results_before"][0]["commit"]
+
+
+def test_exploratory_work_moves_fresh_seeds_and_keeps_used_ones() -> None:
+    registry = load_registry()
+    cfg = load_config(REPO / "params.yaml", "default", {"ablation.seeds": [0, 1, 2, 900]})
+    moved = exploratory_seeds(cfg, registry)
+    assert moved["ablation.seeds"] == [0, 1, 2, EXPLORATORY_FROM + 900]
+    assert exploratory_seeds(load_config(REPO / "params.yaml", "smoke", {"ablation.seeds": [900]}), registry) == {}
+
+
+def test_the_label_is_written_where_the_report_reads_it(tmp_path: Path) -> None:
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics/ablate.json").write_text('{"arms": []}')
+    label_results(tmp_path, [Path("metrics/ablate.json"), Path("metrics/absent.json")], {"state": EXPLORATORY})
+    assert yaml.safe_load((tmp_path / "metrics/ablate.json").read_text())["registration"] == {"state": EXPLORATORY}
+
+
+def test_an_exempt_profile_is_not_registered(project: Path) -> None:
+    with pytest.raises(ConfigError, match="smoke is exempt"):
+        register(project, "smoke")
+
+
+def test_confirmatory_run_of_an_unregistered_design_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "ablate", "--profile", "smoke", "--confirmatory"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "has no registration" in err and "spikelab register --profile smoke" in err
+
+
+def test_a_cap_that_reaches_2_of_3_looks_spends_all_alpha_by_look_2() -> None:
+    assert reachable_rounds((4, 8, 12), 8) == (4, 8)
+    assert reachable_rounds((4, 8, 12), 11) == (4, 8)
+    assert reachable_rounds((4, 8, 12), 12) == (4, 8, 12)
+    assert reachable_rounds((4, 8, 12), 0) == (4, 8, 12)
+    levels = boundaries(SequentialDesign(reachable_rounds((4, 8, 12), 8)))
+    assert len(levels) == 2 and sum(levels) == pytest.approx(0.025)
+    assert sum(boundaries(SequentialDesign((4, 8, 12)))[:2]) < 0.01  # what version 3 spent by its cap
