@@ -162,13 +162,24 @@ def builtin_points(cfg: Config) -> dict[str, tuple[Config, Config]]:
     }
 
 
-def refusals(cfg: Config, families: Sequence[DeclaredFamily]) -> list[str]:
-    """Every gate (and claim) of the design whose value is fixed by construction, one line each."""
+def family_refusals(cfg: Config, families: Sequence[DeclaredFamily]) -> list[str]:
+    """Every gate (and claim) of the families whose value is fixed by construction, one line each."""
     found = []
     for family in families:
         for claim in family.claims:
             found += claim_refusals(cfg, family, claim, f"{family.name}.claims.{claim.name}")
-    for where, (sp, mup) in builtin_points(cfg).items():
-        if same_by_construction(sp, mup):
-            found.append(f"{where}: μP and SP are the same model there by construction; gate where they differ")
     return found
+
+
+def builtin_refusals(cfg: Config) -> list[str]:
+    """The gates in code (:func:`builtin_points`) that compare a model with itself."""
+    return [
+        f"{where}: μP and SP are the same model there by construction; gate where they differ"
+        for where, (sp, mup) in builtin_points(cfg).items()
+        if same_by_construction(sp, mup)
+    ]
+
+
+def refusals(cfg: Config, families: Sequence[DeclaredFamily]) -> list[str]:
+    """Every gate of the design whose value is fixed by construction: the families', then the code's."""
+    return [*family_refusals(cfg, families), *builtin_refusals(cfg)]
