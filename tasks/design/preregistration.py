@@ -57,9 +57,10 @@ def design() -> dict[str, Any]:
     return loaded
 
 
-def design_hash(root: Path = ROOT) -> str:
-    """sha256 over DESIGN_CODE under ``root`` (a checkout), file by file (path and bytes), as the
-    report prints it."""
+def design_hash(root: Path | None = None) -> str:
+    """sha256 over DESIGN_CODE under ``root`` (a checkout; this one by default), file by file (path
+    and bytes), as the report prints it."""
+    root = ROOT if root is None else root
     h = hashlib.sha256()
     for name in DESIGN_CODE:
         h.update(name.encode() + b"\0" + (root / name).read_bytes())
