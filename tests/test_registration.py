@@ -31,6 +31,8 @@ from tasks.design.registration import (
 )
 from tasks.design.seed_registry import load_registry
 from tasks.register.command import register
+from tasks.report.sections.history import marked_exploratory, unregistered
+from tasks.report.sections.section import Section
 from tasks.report.sequential import SequentialDesign, boundaries
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,3 +197,14 @@ def test_a_cap_that_reaches_2_of_3_looks_spends_all_alpha_by_look_2() -> None:
     levels = boundaries(SequentialDesign(reachable_rounds((4, 8, 12), 8)))
     assert len(levels) == 2 and sum(levels) == pytest.approx(0.025)
     assert sum(boundaries(SequentialDesign((4, 8, 12)))[:2]) < 0.01  # what version 3 spent by its cap
+
+
+def test_the_report_marks_every_verdict_of_exploratory_results_and_no_confirmatory_one() -> None:
+    verdict, plain = Section("xiong", ["a line"], verdict="REPRODUCED"), Section("Method", ["m"])
+    confirmed = {"registration": {"state": CONFIRMATORY}}
+    assert unregistered({"ablate": confirmed, "spike": None, "search": {}}) == {}
+    assert marked_exploratory([verdict, plain], {}) == [verdict, plain]
+    why = unregistered({"ablate": {"registration": {"state": EXPLORATORY, "why": "no record"}}, "spike": {"x": 1}})
+    assert why == {"ablate": "no record", "spike": "made before registrations"}
+    marked, same = marked_exploratory([verdict, plain], why)
+    assert marked.lines[0].startswith("**EXPLORATORY**: ") and marked.lines[2:] == ["a line"] and same == plain
