@@ -119,6 +119,7 @@ def run_stage(
     from tasks.design.registration import label_results, stage_seeds
     from tasks.runtime import services
     from tasks.runtime.outputs import KeptOutputs
+    from tasks.runtime.paths import REGISTRATION_ENV
     from tasks.runtime.startup import imports_without_gc
 
     started = time.perf_counter()
@@ -129,6 +130,7 @@ def run_stage(
     if stage in TRAINS_STUDY_SEEDS:
         cfg, sets, state = registered(stage, cfg, project, sets, confirmatory)
         label = state.label(stage_seeds(stage, cfg))
+        os.environ[REGISTRATION_ENV] = state.state  # the spikelab.registration tag of its MLflow runs
     require_inputs(project, stage)  # a fresh clone's: before any server starts
     apply_numerics(cfg.precision.numerics)  # before torch loads, here and in the workers this starts
     where = services.configure_environment()  # before prefect is imported
