@@ -126,12 +126,12 @@ def run_stage(
     cfg, project = project_config(profile, sets)  # fail fast, before any import cost
     if family is not None:
         check_family_stage(stage, family, cfg, project)
+    require_inputs(project, stage)  # a fresh clone's: before any server starts
     label = None
     if stage in TRAINS_STUDY_SEEDS:
         cfg, sets, state = registered(stage, cfg, project, sets, confirmatory)
         label = state.label(stage_seeds(stage, cfg))
         os.environ[REGISTRATION_ENV] = state.state  # the spikelab.registration tag of its MLflow runs
-    require_inputs(project, stage)  # a fresh clone's: before any server starts
     apply_numerics(cfg.precision.numerics)  # before torch loads, here and in the workers this starts
     where = services.configure_environment()  # before prefect is imported
     if STAGES[stage].fans_out:
