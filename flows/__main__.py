@@ -187,8 +187,9 @@ def registered(stage: str, cfg, project: Path, sets: dict[str, Any], confirmator
     the exploratory range. Returns the config and overrides to run with, and the state."""
     from model.typed_config import ConfigError
     from tasks.config import project_config
-    from tasks.design.registration import EXPLORATORY, exploratory_seeds, state_of
+    from tasks.design.registration import EXPLORATORY, exploratory_seeds, refuse_fresh_declared_seeds, state_of
     from tasks.design.seed_registry import check_stage, load_registry
+    from tasks.design.studies import read_studies
 
     state = state_of(cfg, project)
     if state.state != EXPLORATORY:
@@ -202,10 +203,13 @@ def registered(stage: str, cfg, project: Path, sets: dict[str, Any], confirmator
         raise ConfigError(
             f"--confirmatory: {state.why}; register the design first: spikelab register --profile {cfg.profile}, then commit"
         )
-    moved = exploratory_seeds(cfg, load_registry())
+    registry = load_registry()
+    moved = exploratory_seeds(cfg, registry)
     if moved:
         sets = {**sets, **moved}
         cfg, _ = project_config(cfg.profile, sets)
+    if stage == "ablate" and cfg.profile not in registry.exempt_profiles:
+        refuse_fresh_declared_seeds(read_studies(project, cfg), registry)
     where = (
         f"; fresh seeds run in the exploratory range ({', '.join(f'{k}={v}' for k, v in moved.items())})"
         if moved

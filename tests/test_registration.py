@@ -27,11 +27,13 @@ from tasks.design.registration import (
     exploratory_seeds,
     label_results,
     refuse_exploratory_seeds,
+    refuse_fresh_declared_seeds,
     state_of,
 )
 from tasks.design.seed_registry import load_registry
+from tasks.design.studies import read_studies
 from tasks.register.command import register
-from tasks.report.sections.history import marked_exploratory, unregistered
+from tasks.report.sections.history import marked_exploratory, registrations_section, unregistered
 from tasks.report.sections.section import Section
 from tasks.report.sequential import SequentialDesign, boundaries
 
@@ -213,3 +215,65 @@ def test_the_report_marks_every_verdict_of_exploratory_results_and_no_confirmato
     assert why == {"ablate": "no record", "spike": "made before registrations"}
     marked, same = marked_exploratory([verdict, plain], why)
     assert marked.lines[0].startswith("**EXPLORATORY**: ") and marked.lines[2:] == ["a line"] and same == plain
+
+
+FAMILY = {
+    "question": "Does qk-norm lower the loss?",
+    "factors": {"model": {"qk_norm": [False, True]}},
+    "claims": {
+        "lower": {
+            "kind": "contrast",
+            "metric": "capped_loss",
+            "a": {"model.qk_norm": True},
+            "b": {"model.qk_norm": False},
+            "expected": -1,
+            "sesoi": 0.1,
+            "justification": "a tenth of a nat",
+        }
+    },
+}
+
+
+def declare(project: Path, **keys: Any) -> None:
+    (project / "studies.yaml").write_text(yaml.safe_dump({"families": {"mine": FAMILY | keys}}))
+
+
+def test_a_declared_familys_used_seed_is_refused_at_registration(project: Path) -> None:
+    declare(project, seeds=[0], confirm_seeds=[510])  # seed 0: version 1's ablation study
+    commit(project)
+    with pytest.raises(ConfigError, match=r"^studies.yaml: families.mine.seeds: seed 0 was used by the ablation"):
+        register(project, "trial", dry_run=True)
+
+
+def test_a_declared_family_is_registered_with_its_seeds_and_a_change_to_it_runs_exploratory(project: Path) -> None:
+    declare(project, seeds=[510], confirm_seeds=[511])
+    commit(project)
+    registered(project)
+    record = yaml.safe_load((project / "tasks/design/registrations/trial.yaml").read_text())["registrations"][-1]
+    assert record["seeds"]["studies.yaml:mine.seeds"] == [510]
+    declare(project, seeds=[510], confirm_seeds=[512])
+    commit(project)
+    state = state_of(trial(project), project)
+    assert state.state == EXPLORATORY and "studies_hash" in state.why
+
+
+def test_an_exploratory_run_refuses_to_spend_a_declared_familys_fresh_seed(project: Path) -> None:
+    declare(project, seeds=[510], confirm_seeds=[EXPLORATORY_FROM])
+    cfg = trial(project)
+    with pytest.raises(ConfigError, match=r"families.mine.seeds: seed 510 is fresh and this run is exploratory"):
+        refuse_fresh_declared_seeds(read_studies(project, cfg), load_registry())
+    declare(project, seeds=[0], confirm_seeds=[EXPLORATORY_FROM])  # used, and exploratory: nothing spent
+    refuse_fresh_declared_seeds(read_studies(project, cfg), load_registry())
+
+
+def test_the_report_lists_each_registration_with_the_results_before_it(project: Path) -> None:
+    (project / "metrics").mkdir()
+    (project / "metrics/search.json").write_text('{"sp": {"widths": {"16": {"per_seed": {"700": -9.0}}}}}')
+    commit(project)
+    registered(project)
+    section = registrations_section(project, "trial")
+    assert section is not None and section.title == "Registrations"
+    assert (
+        "results that existed before it: metrics/search.json (unlabelled: made before registrations" in section.lines[2]
+    )
+    assert registrations_section(project, "default") is None

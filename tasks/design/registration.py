@@ -175,3 +175,17 @@ def label_results(project: Path, paths: Iterable[Path], label: dict[str, Any]) -
         if full.suffix == ".json" and full.is_file():
             data = json.loads(full.read_text(encoding="utf-8"))
             write_json(full, {**data, "registration": label})
+
+
+def refuse_fresh_declared_seeds(families: Iterable[Any], registry: Registry) -> None:
+    """An exploratory run moves the config's fresh seeds (:func:`exploratory_seeds`), but a declared
+    family's own ``seeds`` are studies.yaml's: one the registry does not list would be spent by
+    exploring, so it is refused, naming the family and the seed."""
+    used = registry.used
+    for family in families:
+        if fresh := [s for s in family.all_seeds if s not in used and s < EXPLORATORY_FROM]:
+            raise ConfigError(
+                f"studies.yaml: families.{family.name}.seeds: seed {fresh[0]} is fresh and this run is exploratory, "
+                f"so it would spend it: register the design (spikelab register) or give the family seeds "
+                f">= {EXPLORATORY_FROM:,}"
+            )
