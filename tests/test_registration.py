@@ -129,6 +129,12 @@ def test_a_registration_with_a_dirty_tree_is_refused(project: Path) -> None:
         register(project, "trial")
 
 
+def test_a_deleted_design_file_is_a_dirty_tree(project: Path) -> None:
+    (project / "studies.yaml").unlink()
+    with pytest.raises(ConfigError, match="studies.yaml: uncommitted change"):
+        register(project, "trial")
+
+
 def test_an_untracked_studies_file_is_a_dirty_tree(project: Path) -> None:
     (project / "studies.yaml").unlink()
     commit(project)

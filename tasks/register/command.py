@@ -151,7 +151,7 @@ def register(project: Path, profile: str | None = None, dry_run: bool = False) -
     commit = (git(project, "rev-parse", "HEAD") or "").strip()
     if not commit:
         raise ConfigError(f"{project}: not a git checkout; a registration names the commit its design is at")
-    if dirty := uncommitted(project, [p for p in covered(cfg.profile) if (project / p).exists()]):
+    if dirty := uncommitted(project, covered(cfg.profile)):  # a deleted file too
         raise ConfigError(
             f"{dirty[0]}: uncommitted change to the design; a registration must be committable as it is "
             "(commit or stash first)"
