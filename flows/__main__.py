@@ -188,7 +188,7 @@ def registered(stage: str, cfg, project: Path, sets: dict[str, Any], confirmator
     from model.typed_config import ConfigError
     from tasks.config import project_config
     from tasks.design.registration import EXPLORATORY, exploratory_seeds, refuse_fresh_declared_seeds, state_of
-    from tasks.design.seed_registry import check_stage, load_registry
+    from tasks.design.seed_registry import TRAINED_BY, check_stage, load_registry
     from tasks.design.studies import read_studies
 
     state = state_of(cfg, project)
@@ -204,22 +204,20 @@ def registered(stage: str, cfg, project: Path, sets: dict[str, Any], confirmator
             f"--confirmatory: {state.why}; register the design first: spikelab register --profile {cfg.profile}, then commit"
         )
     registry = load_registry()
-    moved = exploratory_seeds(cfg, registry)
+    exempt = cfg.profile in registry.exempt_profiles
+    moved = exploratory_seeds(cfg, registry, [TRAINED_BY[stage]])
     if moved:
         sets = {**sets, **moved}
         cfg, _ = project_config(cfg.profile, sets)
-    if stage == "ablate" and cfg.profile not in registry.exempt_profiles:
+    if stage == "ablate" and not exempt:
         refuse_fresh_declared_seeds(read_studies(project, cfg), registry)
-    where = (
-        f"; fresh seeds run in the exploratory range ({', '.join(f'{k}={v}' for k, v in moved.items())})"
-        if moved
-        else ""
+    where = f"; fresh seeds run as {', '.join(f'{k}={v}' for k, v in moved.items())}" if moved else ""
+    then = (
+        "its profile is never registered"
+        if exempt
+        else f"to run it confirmatory: spikelab register --profile {cfg.profile}"
     )
-    print(
-        f"[spikelab] {stage}: EXPLORATORY, never counted as a verdict: {state.why}{where}; "
-        f"to run it confirmatory: spikelab register --profile {cfg.profile}",
-        file=sys.stderr,
-    )
+    print(f"[spikelab] {stage}: EXPLORATORY, never counted as a verdict: {state.why}{where}; {then}", file=sys.stderr)
     return cfg, sets, state
 
 

@@ -136,14 +136,17 @@ def state_of(cfg: Config, project: Path) -> State:
     return State(CONFIRMATORY, shown, now)
 
 
-def exploratory_seeds(cfg: Config, registry: Registry) -> dict[str, list[int]]:
-    """Overrides that move each study seed the registry does not list into the exploratory range,
-    so exploring spends no seed a registration could use (none for an exempt profile)."""
+def exploratory_seeds(
+    cfg: Config, registry: Registry, sections: Iterable[str] = STUDY_SECTIONS
+) -> dict[str, list[int]]:
+    """Overrides that move each study seed of ``sections`` the registry does not list into the
+    exploratory range, so exploring spends no seed a registration could use (none for an exempt
+    profile)."""
     if cfg.profile in registry.exempt_profiles:
         return {}
     used = registry.used
     moved = {}
-    for section in STUDY_SECTIONS:
+    for section in sections:
         for key in STUDY_KEYS:
             seeds = study_seeds(cfg, section, key)
             fresh = [s if s in used or s >= EXPLORATORY_FROM else EXPLORATORY_FROM + s for s in seeds]
