@@ -31,6 +31,7 @@ from scipy import stats
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model.private import run_private  # noqa: E402
+from tasks.ablate.config import MIN_FIRST_ROUND  # noqa: E402
 from tasks.report.sequential import (  # noqa: E402
     OBRIEN_FLEMING,
     SPENDINGS,
@@ -105,7 +106,13 @@ def study(profile: str, rho: float, sesoi: float, sims: int) -> None:
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "params.yaml", profile)
     holm = _holm()
-    fams = {f.name: (len(f.claims), looks(cfg, f)) for f in families(cfg).values() if f.claims}
+    fams = {
+        f.name: (len(f.claims), looks(cfg, f) or SequentialDesign((len(f.all_seeds),)))
+        for f in families(cfg).values()
+        if f.claims and (cfg.ablation.rounds or len(f.all_seeds) >= MIN_FIRST_ROUND)  # a t-test's fewest seeds
+    }
+    if not fams:
+        raise SystemExit(f"study {profile}: no family with claims and >= {MIN_FIRST_ROUND} seeds to simulate")
     claims = sum(m for m, _ in fams.values())
     rng = np.random.default_rng(1)
     print(
