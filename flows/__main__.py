@@ -104,26 +104,34 @@ a command does, its options and examples; `make help`: the make targets.
 """
 
 
-def run_stage(stage: str, profile: str | None, sets: dict[str, Any], family: str | None = None) -> None:
+def run_stage(
+    stage: str, profile: str | None, sets: dict[str, Any], family: str | None = None, confirmatory: bool = False
+) -> None:
     """Run ``stage``'s flow (the ablate stage's: ``family``'s arms alone, when given). Its
     versioned outputs (metrics, the LR, figures, the report) are set aside first and put back unless it completes (tasks/runtime/outputs.py: KeptOutputs), so an
     interrupt or an error leaves what git has; SIGTERM and SIGINT end it as interrupted (its
-    Prefect flow run Cancelled, its MLflow runs KILLED) and raise :class:`Interrupted`."""
+    Prefect flow run Cancelled, its MLflow runs KILLED) and raise :class:`Interrupted`. A stage
+    that trains study seeds runs confirmatory or exploratory (:func:`registered`)."""
     from flows.stages import STAGES, require_inputs
     from model.numerics import apply_numerics
     from model.stops import RunEnded
     from tasks.config import project_config
-    from tasks.design.seed_registry import check_stage
+    from tasks.design.registration import label_results, stage_seeds
     from tasks.runtime import services
     from tasks.runtime.outputs import KeptOutputs
+    from tasks.runtime.paths import REGISTRATION_ENV
     from tasks.runtime.startup import imports_without_gc
 
     started = time.perf_counter()
     cfg, project = project_config(profile, sets)  # fail fast, before any import cost
-    check_stage(stage, cfg)  # a study trains on seeds no earlier step used (tasks/design/seed_registry.yaml)
     if family is not None:
         check_family_stage(stage, family, cfg, project)
     require_inputs(project, stage)  # a fresh clone's: before any server starts
+    label = None
+    if stage in TRAINS_STUDY_SEEDS:
+        cfg, sets, state = registered(stage, cfg, project, sets, confirmatory)
+        label = state.label(stage_seeds(stage, cfg))
+        os.environ[REGISTRATION_ENV] = state.state  # the spikelab.registration tag of its MLflow runs
     apply_numerics(cfg.precision.numerics)  # before torch loads, here and in the workers this starts
     where = services.configure_environment()  # before prefect is imported
     if STAGES[stage].fans_out:
@@ -158,12 +166,59 @@ def run_stage(stage: str, profile: str | None, sets: dict[str, Any], family: str
         if crashed:
             mark_stopped(crashed[-1], interrupted_state(interrupt))
         raise interrupt from None
+    if label is not None:
+        label_results(project, STAGES[stage].versioned, label)
     kept.discard()
     print(
         f"[spikelab] {stage} done in {time.perf_counter() - started:.1f} s "
         f"(prefect: {where['prefect']}, mlflow: {where['mlflow']})",
         file=sys.stderr,
     )
+
+
+TRAINS_STUDY_SEEDS = ("ablate", "spike", "search")
+"""The stages whose seeds are a study's (tasks/design/seed_registry.py: TRAINED_BY)."""
+
+
+def registered(stage: str, cfg, project: Path, sets: dict[str, Any], confirmatory: bool):
+    """The run's registration (tasks/design/registration.py): confirmatory when the profile's
+    record holds this design, its seeds checked against the registry; else refused under
+    ``--confirmatory``, or run exploratory, saying so in its first line, its fresh seeds moved to
+    the exploratory range. Returns the config and overrides to run with, and the state."""
+    from model.typed_config import ConfigError
+    from tasks.config import project_config
+    from tasks.design.registration import EXPLORATORY, exploratory_seeds, refuse_fresh_declared_seeds, state_of
+    from tasks.design.seed_registry import TRAINED_BY, check_stage, load_registry
+    from tasks.design.studies import read_studies
+
+    state = state_of(cfg, project)
+    if state.state != EXPLORATORY:
+        check_stage(stage, cfg)  # a study trains on seeds no earlier step used (tasks/design/seed_registry.yaml)
+        print(
+            f"[spikelab] {stage}: confirmatory under {state.record} (design {state.hashes['design_hash']})",
+            file=sys.stderr,
+        )
+        return cfg, sets, state
+    if confirmatory:
+        raise ConfigError(
+            f"--confirmatory: {state.why}; register the design first: spikelab register --profile {cfg.profile}, then commit"
+        )
+    registry = load_registry()
+    exempt = cfg.profile in registry.exempt_profiles
+    moved = exploratory_seeds(cfg, registry, [TRAINED_BY[stage]])
+    if moved:
+        sets = {**sets, **moved}
+        cfg, _ = project_config(cfg.profile, sets)
+    if stage == "ablate" and not exempt:
+        refuse_fresh_declared_seeds(read_studies(project, cfg), registry)
+    where = f"; fresh seeds run as {', '.join(f'{k}={v}' for k, v in moved.items())}" if moved else ""
+    then = (
+        "its profile is never registered"
+        if exempt
+        else f"to run it confirmatory: spikelab register --profile {cfg.profile}"
+    )
+    print(f"[spikelab] {stage}: EXPLORATORY, never counted as a verdict: {state.why}{where}; {then}", file=sys.stderr)
+    return cfg, sets, state
 
 
 def check_family_stage(stage: str, family: str, cfg, project: Path) -> None:
@@ -395,6 +450,18 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "  spikelab run pretrain --set optim.lr=0.02 --set train.steps=100\n"
         "  dvc repro pretrain                        the same stage, cached, after what it needs",
     ),
+    "register": (
+        "freeze a design: its registration record, before any study seed runs (docs/registration.md)",
+        "Freeze the profile's design (the design code's hash, the resolved config, studies.yaml) into\n"
+        "tasks/design/registrations/<profile>.yaml with the commit it is made at, the UTC time and the\n"
+        "seeds it registers. Refused, in one line, with uncommitted changes to what the design covers,\n"
+        "an exploratory seed, a seed the registry lists, or a gate fixed by construction. The seeds of\n"
+        "results that exist now go into the seed registry. Prints each family's looks and each\n"
+        "claim's power. Then `spikelab run ablate|spike|search` runs confirmatory; any other design\n"
+        "runs exploratory (or is refused with --confirmatory).",
+        "  spikelab register --dry-run               the checks and the plan, nothing written\n"
+        "  spikelab register --profile default && git add tasks/design && git commit -m 'register'",
+    ),
     "status": (
         "stages up to date or not, servers and whose they are, newest MLflow runs",
         "Say where this checkout stands, starting nothing: each DVC stage up to date or changed (and\n"
@@ -497,6 +564,15 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("stage", choices=list(STAGES), help="the stage to run: %(choices)s (dvc.yaml's order)")
     add_config_arguments(run, params=False)
     run.add_argument("--family", help="ablate only: one family's arms alone (a built-in or a studies.yaml name)")
+    run.add_argument(
+        "--confirmatory",
+        action="store_true",
+        help="ablate, spike, search: refuse to run unless the profile's registration holds this design "
+        "(default: an unregistered design runs exploratory)",
+    )
+    register = command_parser(sub, "register")
+    register.add_argument("--profile", default=None, help="the profile to register (default: params.yaml's)")
+    register.add_argument("--dry-run", action="store_true", help="check and print the plan; write nothing")
     for name in ("status", "ui", "serve"):
         command_parser(sub, name)
     svc = command_parser(sub, "services")
@@ -612,7 +688,12 @@ def main(argv: list[str] | None = None) -> int:
         use_private_env()  # before anything this command starts: scratch private, no telemetry
         if args.command == "run":
             with interrupts_raise():
-                run_stage(args.stage, args.profile, parse_sets(args.sets), args.family)
+                run_stage(args.stage, args.profile, parse_sets(args.sets), args.family, args.confirmatory)
+        elif args.command == "register":
+            from tasks.register.command import register
+            from tasks.runtime.paths import project_dir
+
+            print("\n".join(register(project_dir(), args.profile, args.dry_run)))
         elif args.command == "status":
             show_status()
         elif args.command == "ui":

@@ -46,7 +46,7 @@ from tasks.ablate.grid import (
     families,
     read_result,
 )
-from tasks.ablate.rounds import Schedule
+from tasks.ablate.rounds import Schedule, reachable_rounds
 from tasks.config import Config, project_config
 from tasks.data.unigram import unigram_baseline
 from tasks.design.families import DeclaredFamily
@@ -318,7 +318,7 @@ def train_in_rounds(
     index = {(name, s): i for name, f in every.items() for i, s in enumerate(f.all_seeds)}
     per_seed = {name: sum(r["config"].train.steps for r in rows if r["family"] == name) for name in every}
     schedule = Schedule(
-        tuple(cfg.ablation.rounds),
+        reachable_rounds(cfg.ablation.rounds, cfg.ablation.budget_seeds),
         {n: c // len(every[n].all_seeds) for n, c in per_seed.items()},
         cfg.ablation.budget_seeds,
     )

@@ -129,6 +129,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tasks.pretrain",),
     ("tasks.search", "tasks.spike", "tasks.ablate"),  # siblings: none imports another
     ("tasks.report",),
+    ("tasks.register",),  # spikelab register: reads the stages' arms and the report's sequential rule
     ("tasks.sensitivity",),
     ("tasks.gpu_study",),
     ("flows",),

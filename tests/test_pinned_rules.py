@@ -57,6 +57,7 @@ VERDICT_FILES = (
     "tasks/ablate/rounds.py",  # which seeds each family is given, and when it stops
     "tasks/design/seed_registry.py",  # which seeds a study may train on
     "tasks/design/seed_registry.yaml",
+    "tasks/design/registration.py",  # which runs are confirmatory
 )
 """Every file that decides a verdict, written here: one dropped from DESIGN_CODE fails its case."""
 

@@ -161,19 +161,25 @@ def test_a_stage_run_checks_only_the_section_it_trains(monkeypatch, registry):
             check_stage(stage, study(**{f"{section}__seeds": [1]}))
 
 
-def test_spikelab_run_refuses_a_reused_seed_in_one_line_before_anything_runs(monkeypatch, capsys):
+def test_an_unregistered_run_moves_its_fresh_seeds_out_of_reach_and_says_so_first(monkeypatch, capsys):
+    """A reused seed is refused at registration (tests/test_registration.py); a run of a design no
+    registration holds is exploratory: its fresh seeds move to the exploratory range, so no later
+    registration can reuse them, and its used seeds stay, as its first line says."""
+    import flows.stages
     import model.numerics
     from flows.__main__ import main
 
     def ran(*_: Any) -> None:
-        raise AssertionError("the stage went past the check")
+        raise ConfigError("stopped after the check")
 
     monkeypatch.chdir(REPO)  # the checkout's params.yaml: the default profile
+    monkeypatch.setattr(flows.stages, "require_inputs", lambda *_: None)  # a checkout without data
     monkeypatch.setattr(model.numerics, "apply_numerics", ran)  # the first thing run_stage does after it
     assert main(["run", "ablate", "--set", "ablation.confirm_seeds=[20, 21, 22, 23, 24, 25, 26, 5]"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("spikelab: error: ablation.confirm_seeds: seed 5 was used by the ablation study: ")
-    assert err.count("\n") == 1 and "Traceback" not in err
+    first, rest = capsys.readouterr().err.split("\n", 1)
+    assert first.startswith("[spikelab] ablate: EXPLORATORY, never counted as a verdict: ")
+    moved = "ablation.confirm_seeds=[1000020, 1000021, 1000022, 1000023, 1000024, 1000025, 1000026, 5]"
+    assert moved in first and rest == "spikelab: error: stopped after the check\n"
 
 
 # --- a malformed registry refused, naming its key ----------------------------------------------

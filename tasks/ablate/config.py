@@ -50,9 +50,9 @@ class AblationConfig(Section):
     (preregistration.yaml ``sequential``; tasks/report/sequential.py). A family stops at the first
     look where every claim is decided or a gate fails. Empty: the fixed design, one look at every seed."""
     budget_seeds: int = 0
-    """The study's cap on arm-steps, in seeds: at most what every family would train at this many
-    seeds. A family decided early leaves its seeds to the undecided ones, cheapest round first
-    (tasks/ablate/rounds.py). 0: no cap below the last round."""
+    """The study's cap on arm-steps, in seeds, reserved per family up front: a family's looks are
+    the rounds at or below it, and its alpha is spent over those (tasks/ablate/rounds.py:
+    reachable_rounds). 0: no cap below the last round."""
 
     # --- the arm scale, shared by every family -------------------------------------------------
     d_model: int = 64

@@ -6,9 +6,15 @@ when every claim is decided (reproduced, contradicted, negligible) or a gate fai
 did not occur: more seeds estimate the same mean more precisely, they do not make it occur). The
 families still open are admitted to the next round cheapest first (the round's arm-steps, the
 registration order on a tie) while the study's arm-steps stay within its cap, ``budget_seeds`` x
-every family's arm-steps per seed: the seeds a decided family leaves go to the undecided ones. A
-family left out stops there, its undecided claims inconclusive. Everything counts seeds and steps,
-never wall time, so the same study decides the same way on a slower CPU.
+every family's arm-steps per seed. A family left out stops there, its undecided claims inconclusive.
+Everything counts seeds and steps, never wall time, so the same study decides the same way on a
+slower CPU.
+
+Budget-honest (issue #58, item 4): the cap reserves every family ``budget_seeds`` seeds up front,
+and a family's looks are those rounds the reservation reaches (:func:`reachable_rounds`), decided
+before any run. Its alpha is spent over those looks only (tasks/report/declared.py: looks), so a
+cap that stops every family at 8 of 12 seeds spends all of alpha by the look at 8; version 3
+spent it over 4-8-12 and tested at 8 with 0.006 of its 0.025.
 """
 
 from __future__ import annotations
@@ -19,6 +25,12 @@ from typing import Any
 
 DECIDED, GATED, OUT_OF_BUDGET, LAST_ROUND = "decided", "a gate failed", "out of budget", "last round"
 """Why a family stopped."""
+
+
+def reachable_rounds(rounds: Sequence[int], budget_seeds: int) -> tuple[int, ...]:
+    """The looks a family's reserved budget reaches: the rounds at or below ``budget_seeds`` (every
+    round when 0, no cap). The first round is always reached (AblationConfig.check)."""
+    return tuple(n for n in rounds if not budget_seeds or n <= budget_seeds)
 
 
 @dataclasses.dataclass

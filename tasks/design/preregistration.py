@@ -38,12 +38,14 @@ DESIGN_CODE = (
     "tasks/ablate/rounds.py",
     "tasks/design/seed_registry.py",
     "tasks/design/seed_registry.yaml",
+    "tasks/design/registration.py",
 )
 """The files whose content decides a verdict, relative to the checkout (the design hash's input:
 the method, the declared claims' tests and the declared families' arms among them);
 tasks/spike/sizing.py and tasks/ablate/sizing.py hold the rules that size the spike and xiong
 findings' conditions, as tasks/ablate/conditions.py does the other ablation families'; the seed
-registry and its rule decide which seeds a study may train on (clean confirmation); under rounds,
+registry and its rule decide which seeds a study may train on (clean confirmation), the registration
+which runs are confirmatory; under rounds,
 tasks/report/sequential.py draws the boundaries a look is tested against and tasks/ablate/rounds.py
 decides which seeds each family is given."""
 
@@ -55,9 +57,11 @@ def design() -> dict[str, Any]:
     return loaded
 
 
-def design_hash() -> str:
-    """sha256 over DESIGN_CODE, file by file (path and bytes), as the report prints it."""
+def design_hash(root: Path | None = None) -> str:
+    """sha256 over DESIGN_CODE under ``root`` (a checkout; this one by default), file by file (path
+    and bytes), as the report prints it."""
+    root = ROOT if root is None else root
     h = hashlib.sha256()
     for name in DESIGN_CODE:
-        h.update(name.encode() + b"\0" + (ROOT / name).read_bytes())
+        h.update(name.encode() + b"\0" + (root / name).read_bytes())
     return h.hexdigest()[:16]

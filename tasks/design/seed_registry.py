@@ -1,6 +1,7 @@
 """Clean confirmation (issue #46, item 6): the registry of every seed a design step, sizing probe,
-pilot, check or earlier study of this project has used (tasks/design/seed_registry.yaml, edited by hand),
-and the rule that a study trains on none of them.
+pilot, check or earlier study of this project has used (tasks/design/seed_registry.yaml: its history
+by hand, then appended by ``spikelab register``: :func:`with_use`), and the rule that a study trains
+on none of them.
 
 Why: a result confirms only what was fixed before its seeds were seen. Version 2 changed the spike
 detector (6σ -> 16σ), the poisoned stretch and the skip window after reading give-ups on study seeds
@@ -27,6 +28,7 @@ The rule:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,3 +253,41 @@ def fresh_seeds(registry: Registry, count: int, avoid: Iterable[int] = ()) -> li
             fresh.append(seed)
         seed += 1
     return fresh
+
+
+def check_declared_seeds(families: Iterable[Any], registry: Registry | None = None) -> None:
+    """Refuse a declared family (studies.yaml) whose own ``seeds`` or ``confirm_seeds`` include a seed
+    the registry lists: a declared study is a study (issue #58, item 7). Families that take the
+    ablation's seeds are checked with them (:func:`check_study_seeds`)."""
+    registry = load_registry() if registry is None else registry
+    used = registry.used
+    for family in families:
+        for key in STUDY_KEYS:
+            seeds = list(getattr(family, key))
+            if reused := sorted(set(seeds) & used):
+                use = registry.uses_of(reused[0], first="ablation")[0]
+                raise ConfigError(
+                    f"studies.yaml: families.{family.name}.{key}: seed {reused[0]} was used by {use.describe()}; "
+                    f"a study trains on seeds no earlier step used ({SHOWN}), e.g. "
+                    f"{fresh_seeds(registry, len(seeds), family.all_seeds)}"
+                )
+
+
+def with_use(text: str, use: SeedUse) -> str:
+    """The registry's text with ``use`` appended as the last entry of its section (a new section
+    at the end where it has none), every comment and entry kept as written."""
+    entry = [
+        f"  - seeds: [{', '.join(map(str, use.seeds))}]",
+        f"    used_by: {use.used_by}",
+        *(f"    {name}: {json.dumps(getattr(use, name), ensure_ascii=False)}" for name in ("what", "when")),
+        f"    read_before_design_decision: {json.dumps(use.read_before_design_decision)}",
+        f"    source: {json.dumps(use.source, ensure_ascii=False)}",
+    ]
+    lines = text.splitlines()
+    header = next((i for i, line in enumerate(lines) if line == f"{use.section}:"), None)
+    if header is None:
+        return "\n".join([*lines, f"{use.section}:", *entry]) + "\n"
+    end = next((i for i in range(header + 1, len(lines)) if lines[i][:1] not in ("", " ", "#")), len(lines))
+    while end > header + 1 and not lines[end - 1].strip():
+        end -= 1
+    return "\n".join([*lines[:end], *entry, *lines[end:]]) + "\n"

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
+from tasks.ablate.rounds import reachable_rounds
 from tasks.config import Config
 from tasks.design.families import DeclaredClaim, DeclaredFamily, matches, shown, variant_name
 from tasks.design.preregistration import design
@@ -102,9 +103,9 @@ def declared_finding(
 
 def looks(cfg: Config, family: DeclaredFamily) -> SequentialDesign | None:
     """The registered group-sequential design of a family that trains in rounds: ``ablation.rounds``
-    with preregistration.yaml's ``sequential`` spending, for a family whose seeds fill the last
-    round (tasks/design/studies.py refuses any other); None for the fixed design (no rounds)."""
-    rounds = cfg.ablation.rounds
+    with preregistration.yaml's ``sequential`` spending over the looks the study's cap reaches
+    (tasks/ablate/rounds.py: reachable_rounds), for a family whose seeds fill the last round (tasks/design/studies.py refuses any other); None for the fixed design (no rounds)."""
+    rounds = reachable_rounds(cfg.ablation.rounds, cfg.ablation.budget_seeds)
     if not rounds:
         return None
     return SequentialDesign.from_mapping({"rounds": list(rounds), **design()["sequential"]})
@@ -115,7 +116,8 @@ def walk(values: dict[tuple, float], family: DeclaredFamily, claim: DeclaredClai
     first seed with none (a failed arm ends the walk there: the next look is never full). An
     equivalence claim is walked as expecting +1: negligible is what it predicts, beyond ±SESOI on
     either side contradicts it."""
-    ordered = list(itertools.takewhile(lambda v: v is not None, (values.get((s,)) for s in family.all_seeds)))
+    seeds = family.all_seeds[: rounds.max_seeds]  # seeds past the looks the budget reaches are no part of the test
+    ordered = list(itertools.takewhile(lambda v: v is not None, (values.get((s,)) for s in seeds)))
     expected = 1 if claim.kind == "equivalence" else claim.expected
     return run_sequential([float(v) for v in ordered if v is not None], rounds, claim.sesoi, expected)
 

@@ -34,7 +34,7 @@ from tasks.report.lineage import stale
 from tasks.report.method import Finding
 from tasks.report.sections.checks import FAILED, PASSED, check_outcome, proper
 from tasks.report.sections.findings import finding_section, findings_section, rounds_section
-from tasks.report.sections.history import changes_section
+from tasks.report.sections.history import changes_section, marked_exploratory, registrations_section, unregistered
 from tasks.report.sections.method import method_section, provenance_section
 from tasks.report.sections.runs import runs_section
 from tasks.report.sections.section import REPORTS, Figures, Section
@@ -76,13 +76,15 @@ def report_sections(
         *(finding_section(f) for f in findings),
         sensitivity_section(sensitivity),
         changes_section(),
+        registrations_section(project, cfg.profile),
         arms_section(cfg, ablate),
         search_section(search),
         spike_section(project, spike),
         pretrain_section(pretrain),
         runs_section(stage_runs),
     ]
-    return [s for s in sections if s is not None]
+    exploratory = unregistered({"ablate": ablate, "search": search, "spike": spike})
+    return marked_exploratory([s for s in sections if s is not None], exploratory)
 
 
 def render_markdown(sections: list[Section], project: Path) -> str:

@@ -63,6 +63,9 @@ MLFLOW_ARTIFACT_ROOTS_ENV = "SPIKELAB_MLFLOW_ARTIFACT_ROOTS"
 ``services up``, read by tasks/runtime/mlflow_app.py."""
 MLFLOW_PARENT_ENV = "SPIKELAB_MLFLOW_PARENT_RUN"
 """The pipeline's MLflow run: each stage's run is nested under it."""
+REGISTRATION_ENV = "SPIKELAB_REGISTRATION"
+"""``spikelab run``'s registration state for the stage it runs (confirmatory or exploratory:
+tasks/design/registration.py), the ``spikelab.registration`` tag of its runs."""
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from tasks.runtime.paths import (
     MLFLOW_PARENT_ENV,
     MLFLOW_TRAINING_VIEW,
     PIPELINE_RUN_ENV,
+    REGISTRATION_ENV,
     prefect_ui_url,
     project_dir,
     state,
@@ -221,6 +222,7 @@ def lineage_tags(cfg: Config, stage: str, identity: str | None = None) -> dict[s
         "mlflow.parentRunId": os.environ.get(MLFLOW_PARENT_ENV),
         "spikelab.dvc_inputs": dvc_inputs_digest(stage, cfg),
         "spikelab.run_identity": identity,
+        "spikelab.registration": os.environ.get(REGISTRATION_ENV),
     }
     return {
         "mlflow.source.name": f"spikelab {stage}",

@@ -1,10 +1,17 @@
 """The change history of the study's design: every change to the design, the arms, sizes, seeds,
 thresholds or tests made after any of its results was seen, as the pre-registration records it
-(tasks/design/preregistration.yaml, ``changes_after_results``), under the design's hash."""
+(tasks/design/preregistration.yaml, ``changes_after_results``), under the design's hash; the
+registrations made with ``spikelab register`` and the results each came after; and where results
+are exploratory, the mark on every verdict that says so (:func:`marked_exploratory`)."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+from typing import Any
+
 from tasks.design.preregistration import design, design_hash
+from tasks.design.registration import CONFIRMATORY, load_records, record_path
 from tasks.report.sections.section import Section
 
 
@@ -18,3 +25,44 @@ def changes_section() -> Section:
         "",
     ]
     return Section("Changes made after a result was seen", lines)
+
+
+def unregistered(results: dict[str, dict[str, Any] | None]) -> dict[str, str]:
+    """Each stage whose results are not confirmatory, and why (their ``registration`` label: results
+    with none were made before registrations existed, and count as exploratory)."""
+    found = {}
+    for stage, data in results.items():
+        if not data:  # the stage has not run
+            continue
+        label = data.get("registration")
+        if not isinstance(label, dict):
+            found[stage] = "made before registrations"
+        elif label.get("state") != CONFIRMATORY:
+            found[stage] = str(label.get("why") or "exploratory")
+    return found
+
+
+def marked_exploratory(sections: list[Section], exploratory: dict[str, str]) -> list[Section]:
+    """The one place the report reads the registration: where a stage's results are exploratory,
+    every section with a verdict opens by saying no verdict of it counts."""
+    if not exploratory:
+        return sections
+    why = "; ".join(f"{stage}: {reason}" for stage, reason in exploratory.items())
+    line = f"**EXPLORATORY**: results of no registered design ({why}); this verdict counts for nothing."
+    return [dataclasses.replace(s, lines=[line, "", *s.lines]) if s.verdict else s for s in sections]
+
+
+def registrations_section(project: Path, profile: str) -> Section | None:
+    """Per registration of the profile: when, at which commit, and which results existed before it
+    (tasks/design/registrations/<profile>.yaml: results_before)."""
+    records = load_records(project, profile)
+    if not records:
+        return None
+    lines = [f"Registrations of profile {profile} ({record_path(profile)}), oldest first:", ""]
+    for i, r in enumerate(records, 1):
+        before = [f"{b['path']} ({b['state']}, commit {str(b['commit'])[:12]})" for b in r.get("results_before", [])]
+        lines.append(
+            f"{i}. {r['registered_at']} at commit `{str(r['commit'])[:12]}`, design `{r['design_hash']}`: "
+            f"results that existed before it: {', '.join(before) or 'none'}"
+        )
+    return Section("Registrations", [*lines, ""])
