@@ -360,7 +360,7 @@ def fan_out(
         workers=units.workers,
         kept=kept,
         what=what,
-        record=pace_record("ablate"),
+        record=pace_record("ablate", cfg),
     )
     arm_task = train_arm.with_options(retries=cfg.ablation.retries, retry_delay_seconds=1)
     if todo:

@@ -52,7 +52,7 @@ def run_seeds(cfg: Config, project: Path) -> list[Study]:
     seeds = cfg.spike.all_seeds
     units = executor(cfg, cfg.spike.workers, len(seeds))
     what = f"each an origin run, a control and {len(cfg.spike.kinds)} causes x {len(cfg.recovery.policies)} policies"
-    record = pace_record("spike")
+    record = pace_record("spike", cfg)
     progress = Progress("spike", "seed", len(seeds), get_run_logger(), workers=units.workers, what=what, record=record)
     done: dict[int, Study] = {}
     with units.runner() as runner, units.placement():

@@ -14,7 +14,7 @@ from tasks.data.shards import map_shards, shard_path, shard_pool
 from tasks.data.sources import read_corpus
 from tasks.runtime import progress as progress_module
 from tasks.runtime.files import write_json
-from tasks.runtime.progress import Pace, Progress, clock, fit_pace, this_machine
+from tasks.runtime.progress import Pace, Progress, clock, fit_pace, pace_record, this_machine
 
 DATA = Path(__file__).parent / "data"
 
@@ -43,10 +43,7 @@ def test_each_finished_unit_logs_done_over_total_its_outcome_and_an_eta_from_the
     p.finished("base/s0", "completed")
     now[0] = 130.0
     p.finished("post_ln/s0", "diverged")
-    assert log.lines[0] == (
-        "ablate: 4 arms to run (minutes after the first arm: no earlier ablate run on this machine to time it by), "
-        "1 at a time"
-    )
+    assert log.lines[0] == ("ablate: 4 arms to run (minutes after the first arm), 1 at a time")
     assert log.lines[1] == "arm base/s0: completed · ablate: 1/4 arms done (1 completed) · elapsed 0:10 · ETA 0:30"
     # two done in 30 s: 15 s each, two left
     assert log.lines[2] == (
@@ -115,7 +112,7 @@ def test_a_resumed_stage_first_says_what_it_kept_and_what_it_runs():
     Progress("search", "trial", 22, log, workers=2, kept=2, what="sweep: 8 LRs x 3 seeds")
     assert log.lines == [
         "search: 2 of 24 trials kept from the last run; 22 to run (sweep: 8 LRs x 3 seeds; minutes after the "
-        "first trial: no earlier search run on this machine to time it by), 2 at a time"
+        "first trial), 2 at a time"
     ]
 
 
@@ -213,7 +210,7 @@ def test_a_pace_recorded_on_another_machine_gives_no_minutes(tmp_path):
     write_json(record, {**Pace(2.0, 0.0)._asdict(), "machine": this_machine() + " elsewhere"})
     log = Lines()
     Progress("search", "trial", 4, log, record=record)
-    assert "minutes after the first trial: no earlier search run on this machine" in log.lines[0]
+    assert "minutes after the first trial: no earlier search run of this config on this machine" in log.lines[0]
     write_json(record, {**Pace(90.0, 0.0)._asdict(), "machine": this_machine()})
     log = Lines()
     Progress("search", "trial", 4, log, record=record)
@@ -229,3 +226,14 @@ def test_a_group_that_failed_outside_any_unit_is_one_line_naming_it_and_its_erro
         "sweep group 2/3: failed (FileNotFoundError: no such file: manifest.json) · "
         "search: 0/4 trials done · elapsed 0:00 · ETA unknown"
     )
+
+
+def test_a_pace_is_kept_per_config_so_a_smoke_runs_pace_never_times_the_default_size(tmp_path, monkeypatch):
+    from tasks.config import load_config
+    from tests.test_declared import REPO
+
+    monkeypatch.setenv("SPIKELAB_STATE", str(tmp_path / "state"))
+    smoke = load_config(REPO / "params.yaml", "smoke")
+    assert pace_record("search", smoke) == pace_record("search", load_config(REPO / "params.yaml", "smoke"))
+    assert pace_record("search", smoke) != pace_record("search", load_config(REPO / "params.yaml"))
+    assert pace_record("search", smoke).parent == tmp_path / "state" / "pace"

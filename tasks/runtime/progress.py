@@ -5,6 +5,9 @@ whose description carries the same counts, on the flow run's page in the UI."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
 import os
 import platform
@@ -75,12 +78,14 @@ def fit_pace(units: Sequence[tuple[float, float]]) -> Pace:
     return by_cost if per_unit < 0 else Pace(per_unit, per_cost)
 
 
-def pace_record(stage: str) -> Path:
-    """Where a stage keeps the pace its last run measured on this machine (the state directory:
-    the machine's, never the checkout's tracked files)."""
+def pace_record(stage: str, config: Any) -> Path:
+    """Where a stage keeps the pace its last run with this ``config`` (a dataclass) measured on this
+    machine: keyed by the config's digest, as a smoke run's pace says nothing of the default
+    size's; in the state directory, the machine's, never the checkout's tracked files."""
     from model.private import state_dir
 
-    return state_dir() / "pace" / f"{stage}.json"
+    text = json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
+    return state_dir() / "pace" / f"{stage}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
 
 
 def this_machine() -> str:
@@ -160,7 +165,8 @@ class Progress:
         they come later."""
         pace = recorded_pace(self.record)
         if pace is None:
-            return f"minutes after the first {self.unit}: no earlier {self.stage} run on this machine to time it by"
+            why = f": no earlier {self.stage} run of this config on this machine to time it by" if self.record else ""
+            return f"minutes after the first {self.unit}{why}"
         took = pace.seconds(self.total, self.total_cost) / min(self.workers, self.total)
         return f"{minutes(took)} at this machine's last {self.stage} pace, {pace.words(self.unit)}"
 

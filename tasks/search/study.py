@@ -70,7 +70,7 @@ def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: 
             workers=units.workers,
             kept=points - todo,
             what=what,
-            record=pace_record("search"),
+            record=pace_record("search", cfg),
         )
         train_round(cfg, project, specs, parent_run, units, groups, progress)
     raise RuntimeError(f"search: points still unfinished after {ROUNDS} rounds; run the stage again")
