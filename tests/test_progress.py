@@ -140,7 +140,7 @@ def replay(timeline: dict, monkeypatch) -> list[tuple[float, float]]:
     readings = []
     for t in units[:-1]:
         now[0] = t["at"]
-        p.finished(t["name"], t["outcome"], t["cost"], t["seconds"], t.get("trained"))
+        p.finished(t["name"], t["outcome"], t["cost"], t["seconds"])
         readings.append((t["at"], p.eta() / (end - t["at"])))
     return readings
 
@@ -173,19 +173,6 @@ def test_every_eta_of_a_recorded_search_after_its_first_minute_is_within_2x_of_t
     first = trials[0]
     since_start = first["at"] / first["cost"] * (total - first["cost"])
     assert since_start / (end - first["at"]) > 2.0  # nor the wall time since the stage began
-
-
-def test_a_pruned_unit_enters_the_pace_with_the_cost_it_trained_not_its_planned_cost(monkeypatch):
-    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: 0.0)
-    p = Progress("search", "trial", 4, Lines(), total_cost=10.0)
-    # 5 s a unit + 10 s per unit of cost, the last one stopped at a tenth of its steps
-    p.finished("wide", "completed", 4.0, seconds=45.0)
-    p.finished("narrow", "completed", 1.0, seconds=15.0)
-    p.finished("narrow", "pruned", 1.0, seconds=6.0, trained=0.1)
-    # the wide unit left at the share of cost trained so far (5.1 of 6)
-    assert p.eta() == pytest.approx(5.0 + 10.0 * 4.0 * 5.1 / 6.0)
-    # at its planned cost, the pruned unit reads as a narrow unit of 6 s: no fixed part, 11 s per cost
-    assert fit_pace([(4.0, 45.0), (1.0, 15.0), (1.0, 6.0)]) == pytest.approx(Pace(0.0, 11.0))
 
 
 def test_a_pace_fitted_to_units_of_two_costs_splits_fixed_seconds_from_seconds_per_cost():

@@ -144,8 +144,7 @@ class Progress:
         self.units = plural or f"{unit}s"
         self.total_cost, self.done_cost, self.workers = total_cost, 0.0, max(1, workers)
         self.done, self.started = 0, time.perf_counter()
-        self.ended: list[tuple[float, float]] = []  # (cost trained, seconds) of each finished unit
-        self.trained_cost = 0.0
+        self.ended: list[tuple[float, float]] = []  # (cost, seconds) of each finished unit
         self.last_finish, self.record = self.started, record
         self.outcomes: Counter[str] = Counter()
         logger.info(self.work(kept, what))
@@ -175,10 +174,7 @@ class Progress:
         if not self.done:
             return None
         left = self.total - self.done
-        # Units stopped early (pruned) trained part of their cost: the work left is its planned cost
-        # at the share the ended units trained
-        share = self.trained_cost / self.done_cost if self.done_cost > 0 else 1.0
-        work = fit_pace(self.ended).seconds(left, share * max(0.0, self.total_cost - self.done_cost))
+        work = fit_pace(self.ended).seconds(left, max(0.0, self.total_cost - self.done_cost))
         return work / max(1, min(self.workers, left))
 
     def line(self, name: str = "", outcome: str = "") -> str:
@@ -193,22 +189,14 @@ class Progress:
             parts.insert(0, f"{self.unit} {name}: {outcome}")
         return " · ".join(parts)
 
-    def finished(
-        self, name: str, outcome: str, cost: float = 0.0, seconds: float | None = None, trained: float | None = None
-    ) -> None:
+    def finished(self, name: str, outcome: str, cost: float = 0.0, seconds: float | None = None) -> None:
         """One unit ended with ``outcome`` (completed, diverged, failed, ...), its ``cost`` in the
         unit of ``total_cost``, its own duration ``seconds`` where it ran (None: the time since the
-        unit before it ended, which is its duration when units run one after another here), and
-        the part of its cost it ``trained`` when it stopped early (None: all of it). The pace is
-        fitted on what units trained: a trial pruned at a tenth of its steps took a tenth of the
-        time, which is no sign that its size is cheap."""
+        unit before it ended, which is its duration when units run one after another here)."""
         now = time.perf_counter()
         self.done += 1
         self.done_cost += cost
-        self.trained_cost += cost if trained is None else trained
-        self.ended.append(
-            (cost if trained is None else trained, now - self.last_finish if seconds is None else seconds)
-        )
+        self.ended.append((cost, now - self.last_finish if seconds is None else seconds))
         self.last_finish = now
         self.outcomes[outcome] += 1
         line = self.line(name, outcome)

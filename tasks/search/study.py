@@ -122,10 +122,10 @@ def train_round(
             # Dask futures once left a future's result() waiting for ever (a whole-suite run)
             done = [future for future in running if future.state.is_final()]
             running = [future for future in running if future not in done]
-            for key, (name, status, cost, seconds, trained) in ended_trials(cfg, storage, specs):
+            for key, (name, status, cost, seconds) in ended_trials(cfg, storage, specs):
                 if key not in seen:
                     seen.add(key)
-                    progress.finished(name, status, cost, seconds, trained)
+                    progress.finished(name, status, cost, seconds)
             for future in done:
                 try:
                     future.result()
@@ -142,23 +142,21 @@ POLL_S = 2.0
 
 
 class Trained(NamedTuple):
-    """A trial that ended: its name and status, its training FLOPs, the seconds it took where it
-    ran and the FLOPs it trained (less when pruned): the progress line's ETA
-    (tasks/runtime/progress.py)."""
+    """A trial that ended: its name and status, its training FLOPs and the seconds it took where
+    it ran (the progress line's ETA: tasks/runtime/progress.py)."""
 
     name: str
     status: str
     cost: float
     seconds: float
-    trained: float
 
 
 def ended_trials(
     cfg: Config, storage: optuna.storages.BaseStorage, specs: list[StudySpec]
 ) -> Iterator[tuple[tuple[str, int], Trained]]:
     """Every ended trial of ``specs`` (finished or failed), keyed by study and number: its name,
-    status, training FLOPs, the seconds from its claim to its end (its own time, not the stage's
-    start-up's) and the FLOPs of the steps it trained."""
+    status, training FLOPs and the seconds from its claim to its end (its own time, not the
+    stage's start-up's)."""
     for spec in specs:
         cost = trial_cost(cfg, spec)
         study = optuna.load_study(study_name=spec.name, storage=storage)
@@ -167,9 +165,7 @@ def ended_trials(
             start, end = t.datetime_start, t.datetime_complete
             took = (end - start).total_seconds() if start and end else 0.0
             name = trial_name(spec, *grid_point(t))
-            trained = cost * min(1.0, int(t.user_attrs.get("steps", cfg.search.steps)) / cfg.search.steps)
-            status = status or t.user_attrs.get("status", "completed")
-            yield (spec.name, t.number), Trained(name, status, cost, took, trained)
+            yield (spec.name, t.number), Trained(name, status or t.user_attrs.get("status", "completed"), cost, took)
 
 
 def data_hashes(project: Path) -> dict[str, str]:
