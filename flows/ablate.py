@@ -57,7 +57,7 @@ from tasks.report.findings import family_finding, family_state
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import write_json
 from tasks.runtime.outputs import ABLATE_ALONE, ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST, TOKENS_DIR
-from tasks.runtime.progress import Progress
+from tasks.runtime.progress import Progress, pace_record
 from tasks.runtime.tracking import (
     child_run,
     log_params,
@@ -359,7 +359,15 @@ def fan_out(
     kept = sum(row["cached"] for row in rows)
     what = f"{sum(cost.values()) / 1e12:.3g} TFLOP by model/flops.py"
     progress = Progress(
-        "ablate", "arm", len(todo), logger, total_cost=sum(cost.values()), workers=units.workers, kept=kept, what=what
+        "ablate",
+        "arm",
+        len(todo),
+        logger,
+        total_cost=sum(cost.values()),
+        workers=units.workers,
+        kept=kept,
+        what=what,
+        record=pace_record("ablate", cfg),
     )
     arm_task = train_arm.with_options(retries=cfg.ablation.retries, retry_delay_seconds=1)
     if todo:

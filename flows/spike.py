@@ -26,7 +26,7 @@ from model.stops import MLFLOW_STATUS
 from tasks.config import Config, project_config
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.outputs import MANIFEST, POSTMORTEMS, SPIKE_FIGURES, SPIKE_METRICS, SPIKE_RUN
-from tasks.runtime.progress import Progress
+from tasks.runtime.progress import Progress, pace_record
 from tasks.runtime.tracking import child_run, log_summary, run_url, stage_provenance, stage_run
 from tasks.runtime.workers import clean_state, executor
 from tasks.spike.config import OUTCOMES
@@ -51,7 +51,8 @@ def run_seeds(cfg: Config, project: Path) -> list[Study]:
     seeds = cfg.spike.all_seeds
     units = executor(cfg, cfg.spike.workers, len(seeds))
     what = f"each an origin run, a control and {len(cfg.spike.kinds)} causes x {len(cfg.recovery.policies)} policies"
-    progress = Progress("spike", "seed", len(seeds), get_run_logger(), workers=units.workers, what=what)
+    record = pace_record("spike", cfg)
+    progress = Progress("spike", "seed", len(seeds), get_run_logger(), workers=units.workers, what=what, record=record)
     done: dict[int, Study] = {}
     with units.runner() as runner, units.placement():
         futures = {

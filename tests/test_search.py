@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -176,6 +178,20 @@ def test_two_workers_on_one_journal_evaluate_exactly_the_trials_one_worker_does(
     for trials in results[2].values():
         assert len(trials) == n_points and len({t[:2] for t in trials}) == n_points  # no duplicate, none lost
     assert results[2] == results[1]
+
+
+def test_a_search_group_that_crashes_before_any_trial_ends_says_so_in_one_line(tmp_path, live_services, caplog):
+    caplog.set_level(logging.INFO)
+    cfg = search_config(tmp_path, **{"search.workers": 1})
+    project = tiny_project(tmp_path / "project")
+    (project / "data" / "tokens" / "train.bin").unlink()  # the worker's first trial cannot map its shards
+    with pytest.raises(RuntimeError, match="search trials failed"):
+        run_workers(cfg, project, sweep_specs(cfg, "d")[:1], None)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sweep group")]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert re.fullmatch(
+        r"sweep group 1/1: failed \(FileNotFoundError: .*train\.bin.*\) · search: 0/3 trials done · .*", lines[0]
+    )
 
 
 def test_a_killed_search_resumes_keeping_finished_trials_and_retrying_interrupted_ones(tmp_path, live_services):

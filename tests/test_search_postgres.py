@@ -5,7 +5,7 @@ a storage URL carrying a password is refused.
 
 The workers are plain subprocesses running the search's per-worker step
 (``train_queued_group.fn``: the Prefect task's function, what a Dask worker runs: a group's
-trials in LR order) in a loop until nothing is queued or running; the password reaches them
+trials in LR order, each trial it trains printed) in a loop until a pass trains nothing; the password reaches them
 through PGPASSWORD, never argv."""
 
 from __future__ import annotations
@@ -38,8 +38,16 @@ WORKER_TIMEOUT_S = 240
 WORKER = """
 import json, pathlib, sys, time
 from tasks.config import config_from_dict
+from tasks.search import trial as trial_module
 from tasks.search.spec import StudySpec
 from tasks.search.trial import train_queued_group
+trained, real_run_trial = [], trial_module.run_trial
+def run_trial(study, trial, spec, *args):  # the real one, saying which trials this worker trained
+    status = real_run_trial(study, trial, spec, *args)
+    print(trial_module.trial_name(spec, *trial_module.suggest_point(trial)), status, sep=": ", flush=True)
+    trained.append(status)
+    return status
+trial_module.run_trial = run_trial
 cfg, project = config_from_dict(json.loads(sys.argv[1])), pathlib.Path(sys.argv[2])
 specs = [StudySpec(**{**s, "points": tuple(map(tuple, s["points"]))}) for s in json.loads(sys.argv[3])]
 ready = pathlib.Path(sys.argv[4])
@@ -47,9 +55,11 @@ ready.joinpath(sys.argv[5]).touch()
 deadline = time.monotonic() + 120
 while len(list(ready.iterdir())) < int(sys.argv[6]) and time.monotonic() < deadline:
     time.sleep(0.05)  # start claiming together (imports take seconds)
-while done := train_queued_group.fn(cfg, project, specs, None):
-    for trained in done:
-        print(trained.name, trained.status, sep=": ", flush=True)
+while True:  # until a group's pass trains nothing: none queued, or all held by others
+    before = len(trained)
+    train_queued_group.fn(cfg, project, specs, None)
+    if len(trained) == before:
+        break
 """
 
 

@@ -98,3 +98,22 @@ def test_a_cpu_run_has_the_same_weights_on_one_thread_and_on_two():
         assert _train_digest(1) == _train_digest(2)
     finally:
         torch.set_num_threads(saved)
+
+
+def test_a_stages_local_cluster_serves_http_on_a_loopback_port_of_its_own_without_a_port_warning(recwarn):
+    import socket
+
+    from distributed import LocalCluster
+
+    from tasks.runtime.workers import cluster_kwargs, configured_cluster
+
+    taken = socket.socket()  # Dask's default HTTP port held, as another cluster on the machine would
+    try:
+        taken.bind(("", 8787))
+        taken.listen()
+    except OSError:
+        pass  # held by someone already: the same case
+    with taken, configured_cluster(), LocalCluster(**cluster_kwargs(1)) as cluster:
+        host, port = cluster.scheduler.http_server.address, cluster.scheduler.http_server.port
+    assert host == "127.0.0.1" and port != 8787
+    assert not [w for w in recwarn if "already in use" in str(w.message)]

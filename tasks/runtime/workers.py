@@ -77,13 +77,16 @@ def worker_count(requested: int, units: int) -> int:
 def cluster_kwargs(workers: int) -> dict[str, Any]:
     """The local cluster: ``workers`` single-threaded processes on loopback, no dashboard, mutual
     TLS with a certificate made in memory for it alone (``Security.temporary``): another user who
-    finds its port cannot connect."""
+    finds its port cannot connect. The scheduler's HTTP server (health routes only) on a loopback
+    port the system picks: without a dashboard address Dask takes 8787 on every interface, and
+    where another cluster holds it warns "Port 8787 is already in use" into the stage's output."""
     return {
         "n_workers": workers,
         "threads_per_worker": 1,
         "processes": True,
         "host": "127.0.0.1",
         "dashboard_address": None,
+        "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"},
         "security": True,
     }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import optuna
 from optuna.trial import TrialState
@@ -22,14 +23,14 @@ from tasks.config import Config
 from tasks.pretrain.train import read_manifest
 from tasks.runtime.files import read_json
 from tasks.runtime.outputs import MANIFEST
-from tasks.runtime.progress import Progress, run_logger
+from tasks.runtime.progress import Progress, pace_record, run_logger
 from tasks.runtime.workers import Executor, executor
 from tasks.search.findings import Findings, summarize, sweep_optima
 from tasks.search.fit import transferred_log2_lr
 from tasks.search.groups import FINISHED, grid_point
 from tasks.search.queue import pending_groups, prepare_study, quiet_optuna, search_lock, study_storage
 from tasks.search.spec import StudySpec, proxy_widths, search_digest, sweep_specs, transfer_spec, trial_cost
-from tasks.search.trial import Trained, train_queued_group, trial_name
+from tasks.search.trial import train_queued_group, trial_name
 
 ROUNDS = 3
 """How many times :func:`run_workers` queues and trains what is unfinished in one stage run."""
@@ -61,7 +62,15 @@ def run_workers(cfg: Config, project: Path, specs: list[StudySpec], parent_run: 
         units = executor(cfg, cfg.search.workers, groups)
         what = f"{describe(specs)}; {cost / 1e12:.3g} TFLOP by model/flops.py"
         progress = Progress(
-            "search", "trial", todo, run_logger(), total_cost=cost, workers=units.workers, kept=points - todo, what=what
+            "search",
+            "trial",
+            todo,
+            run_logger(),
+            total_cost=cost,
+            workers=units.workers,
+            kept=points - todo,
+            what=what,
+            record=pace_record("search", cfg),
         )
         train_round(cfg, project, specs, parent_run, units, groups, progress)
     raise RuntimeError(f"search: points still unfinished after {ROUNDS} rounds; run the stage again")
@@ -92,18 +101,21 @@ def train_round(
 ) -> None:
     """One task per group with queued trials; a progress line per trial as it ends, read from the
     study storage every :data:`POLL_S` (a worker returns only when its whole group has ended:
-    minutes of silence with wide trials); raises when a trial failed."""
+    minutes of silence with wide trials); a group that crashed, a line of its own (it may have
+    crashed before any trial ended). Raises when a trial or a group failed."""
     storage = study_storage(cfg)
     seen = {key for key, _ in ended_trials(cfg, storage, specs)}
     failed = []
     with units.runner() as runner, units.placement():
-        running = [
+        names = [f"{specs[0].kind} group {i + 1}/{groups}" for i in range(groups)]
+        group_of = {
             runner.submit(
-                train_queued_group.with_options(task_run_name=f"{specs[0].kind} group {i + 1}/{groups}"),
+                train_queued_group.with_options(task_run_name=name),
                 {"cfg": cfg, "project": project, "specs": specs, "parent_run": parent_run},
-            )
-            for i in range(groups)
-        ]
+            ): name
+            for name in names
+        }
+        running = list(group_of)
         while running:
             time.sleep(POLL_S)
             # Each group's task-run state, read from the server: Prefect's wait(timeout=...) around
@@ -118,6 +130,7 @@ def train_round(
                 try:
                     future.result()
                 except Exception as e:
+                    progress.failed(group_of[future], e)
                     failed.append(f"({type(e).__name__}: {e})")
     progress.close()
     if failed:
@@ -126,6 +139,16 @@ def train_round(
 
 POLL_S = 2.0
 """Seconds between the stage's looks at the storage for trials that ended."""
+
+
+class Trained(NamedTuple):
+    """A trial that ended: its name and status, its training FLOPs and the seconds it took where
+    it ran (the progress line's ETA: tasks/runtime/progress.py)."""
+
+    name: str
+    status: str
+    cost: float
+    seconds: float
 
 
 def ended_trials(

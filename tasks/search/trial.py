@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -43,7 +43,7 @@ from tasks.runtime.outputs import MANIFEST
 from tasks.runtime.workers import clean_state
 from tasks.search.groups import SearchPruner
 from tasks.search.queue import claim, heartbeats, load_study, next_trial, open_storage, optuna_storage, quiet_optuna
-from tasks.search.spec import StudySpec, trial_config, trial_cost, uniform_loss
+from tasks.search.spec import StudySpec, trial_config, uniform_loss
 
 
 class ReportToOptuna(Callback):
@@ -136,38 +136,23 @@ def worker_tokens(project: Path) -> Tokens:
     return Tokens.of(project)
 
 
-class Trained(NamedTuple):
-    """A trial that ended: its name and status, its training FLOPs and the seconds it took where
-    it ran (the progress line's ETA: tasks/runtime/progress.py)."""
-
-    name: str
-    status: str
-    cost: float
-    seconds: float
-
-
 @task
-def train_queued_group(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> list[Trained]:
+def train_queued_group(cfg: Config, project: Path, specs: list[StudySpec], parent_run: str | None) -> None:
     """In a worker: claim the first claimable trial of ``specs`` (in order; :func:`next_trial`),
     train it, recording its heartbeats, then its group's next LRs in a row while they are
-    claimable (each once the one before has ended: tasks/search/queue.py: claim). Returns what it
-    trained, in order; empty when other workers hold or took what is left."""
+    claimable (each once the one before has ended: tasks/search/queue.py: claim). What it trained
+    the stage reads from the storage (tasks/search/study.py: ended_trials), the one record of it;
+    nothing to do when other workers hold or took what is left."""
     clean_state()
     quiet_optuna()
     storage = worker_storage(optuna_storage(cfg), cfg.search.heartbeat_s)
     claimed = next_trial(storage, [(spec, load_study(storage, spec, cfg)) for spec in specs])
-    done: list[Trained] = []
     while claimed is not None:
         spec, study, (trial_id, trial) = claimed
-        started = time.perf_counter()
         with heartbeats(storage, trial_id):
-            status = run_trial(study, trial, spec, cfg, worker_tokens(project), parent_run)
-        log2_lr, seed = suggest_point(trial)
-        took = time.perf_counter() - started
-        done.append(Trained(trial_name(spec, log2_lr, seed), status, trial_cost(cfg, spec), took))
-        following = claim(storage, study, seed)  # the group's next LR, now that this one has ended
+            run_trial(study, trial, spec, cfg, worker_tokens(project), parent_run)
+        following = claim(storage, study, suggest_point(trial)[1])  # the group's next LR, now this one ended
         claimed = (spec, study, following) if following is not None else None
-    return done
 
 
 def run_trial(
