@@ -31,6 +31,7 @@ differently from their batched counterparts here (tests/test_fused.py states the
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -122,8 +123,8 @@ class FusedArms:
         self.models = [self._arm_model(c) for c in cfgs]  # each arm's own init; the final weights go back here
         self.precision = resolve_precision(cfg.precision, self.device.type)
         self.skeleton = _skeleton(self.models[0], matmul_attention=self.device.type == "cpu")
-        self.names = [name for name, _ in self.models[0].named_parameters()]  # a tied weight once
-        self.spans = _spans(self.models[0])
+        self.groups = _param_groups(self.models, self.cfgs, self.device)
+        self.names = [name for group in self.groups for name in group.names]  # a tied weight once
         self.flat, self.params = _stacked(self.models, self.names, self.device)
         self.exp_avg, self.exp_avg_sq = torch.zeros_like(self.flat), torch.zeros_like(self.flat)
         self.adam_steps = torch.zeros(self.k, dtype=torch.float64, device=self.device)
@@ -151,20 +152,8 @@ class FusedArms:
         return GPT(cfg.model, cfg.mup, cfg.tokenizer.vocab_size).to(self.device)
 
     def _set_hyperparameters(self) -> None:
-        """Per element of the flat buffer: each arm's μP LR multiplier and its decay (coupled: × lr
-        at each step; independent: as it is), from model/optim.py's param groups of each arm."""
-        n = self.flat.shape[1]
-        self.lr_mult = torch.ones(n, dtype=torch.float64, device=self.device)
-        self.coupled = torch.zeros(self.k, n, dtype=torch.float64, device=self.device)
-        self.independent = torch.zeros(self.k, n, dtype=torch.float64, device=self.device)
-        for k, (model, cfg) in enumerate(zip(self.models, self.cfgs, strict=True)):
-            where = {id(p): self.spans[name] for name, p in model.named_parameters()}
-            for group in param_groups(model, cfg.optim):
-                for p in group["params"]:
-                    start, stop = where[id(p)]
-                    self.lr_mult[start:stop] = group["lr_mult"]
-                    self.coupled[k, start:stop] = group["weight_decay"]
-                    self.independent[k, start:stop] = group["independent_decay"]
+        """Each arm's β₁, β₂, ε, clip and z-loss coefficient, (K,) float64 (the group's decays and
+        μP multipliers: :class:`ParamGroup`)."""
         self.beta1, self.beta2, self.eps, self.clip, self.z_coef = (
             torch.tensor([getter(c) for c in self.cfgs], dtype=torch.float64, device=self.device)
             for getter in (
@@ -266,29 +255,36 @@ class FusedArms:
 
     @torch.no_grad()
     def _adamw(self, grads: torch.Tensor, grad_norm: torch.Tensor, skip: torch.Tensor, lrs: list[float]) -> None:
-        """Clip each arm's gradient to its own norm, then AdamW (decoupled decay first, as
-        torch's kernel) where the arm is not skipped; a skipped arm's weights, moments and step
-        count stay bitwise as they were. Scalars in float64, as torch's fused kernel takes them."""
+        """Clip each arm's gradient to its own norm, then AdamW (decay first, as torch's kernel)
+        where the arm is not skipped; a skipped arm's weights, moments and step count stay bitwise
+        as they were. Per-arm scalars are (K, 1) columns, taken in float64 as torch's fused kernel
+        takes its scalars; each param group is one span of the flat buffer."""
         clip = torch.where(self.clip > 0, (self.clip / (grad_norm.double() + 1e-6)).clamp(max=1.0), 1.0)
         grads = grads * clip.float()[:, None]
         steps = self.adam_steps + (~skip).double()
-        lr = torch.tensor(lrs, dtype=torch.float64, device=self.device)[:, None] * self.lr_mult  # (K, N)
+        lr = torch.tensor(lrs, dtype=torch.float64, device=self.device)[:, None]
         b1, b2 = self.beta1[:, None], self.beta2[:, None]
         bc1, bc2 = 1 - b1 ** steps[:, None], 1 - b2 ** steps[:, None]
-        keep = ~skip[:, None]
-        param = self.flat * (1 - self.independent).float()
-        param = param * (1 - lr * self.coupled).float()
+        squares = grads * grads
         exp_avg = self.exp_avg.lerp(grads, (1 - b1).float())
-        exp_avg_sq = self.exp_avg_sq * b2.float() + (1 - b2).float() * grads * grads
-        denom = exp_avg_sq.sqrt() / bc2.sqrt().float() + self.eps[:, None].float()
-        param = param - (lr / bc1).float() * exp_avg / denom
+        exp_avg_sq = torch.addcmul(self.exp_avg_sq * b2.float(), squares, (1 - b2).float())
+        update = exp_avg / (exp_avg_sq.sqrt() / bc2.sqrt().float() + self.eps[:, None].float())
+        param = torch.empty_like(self.flat)
+        for group in self.groups:
+            rows, group_lr = self.flat[:, group.span], lr * group.lr_mult
+            if group.decays_independently:  # model/step.py: _decay_independently, before the step
+                rows = rows * (1 - group.independent).float()
+            if group.decays_coupled:
+                rows = rows * (1 - group_lr * group.coupled).float()
+            torch.addcmul(rows, (group_lr / bc1).float(), update[:, group.span], value=-1, out=param[:, group.span])
+        keep = ~skip[:, None]
         self.flat.copy_(torch.where(keep, param, self.flat))
         self.exp_avg.copy_(torch.where(keep, exp_avg, self.exp_avg))
         self.exp_avg_sq.copy_(torch.where(keep, exp_avg_sq, self.exp_avg_sq))
         self.adam_steps = steps
         # Adam's update RMS (model/telemetry.py: adam_update_rms), per arm: g / √v̂, ε left out.
-        v_hat = (self.exp_avg_sq / (1 - b2 ** self.adam_steps[:, None]).float()).clamp_min(1e-30)
-        self.update_rms = ((grads * grads / v_hat).sum(dim=1) / grads.shape[1]).sqrt()
+        v_hat = (self.exp_avg_sq / (1 - b2 ** steps[:, None]).float()).clamp_min(1e-30)
+        self.update_rms = ((squares / v_hat).sum(dim=1) / grads.shape[1]).sqrt()
 
     def _layer_grad_norms(self) -> dict[str, torch.Tensor]:
         """model/telemetry.py's layer_grad_norms, (K,) per layer."""
@@ -389,6 +385,48 @@ class FusedArms:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class ParamGroup:
+    """One of model/optim.py's param groups, as one span of every arm's row of the flat buffer."""
+
+    names: list[str]
+    span: slice
+    lr_mult: float  # μP's, the same for every arm of one shape
+    coupled: torch.Tensor  # (K, 1) AdamW weight decay of each arm (× lr at each step)
+    independent: torch.Tensor  # (K, 1) independent decay of each arm
+
+    @property
+    def decays_coupled(self) -> bool:
+        return bool((self.coupled != 0).any())
+
+    @property
+    def decays_independently(self) -> bool:
+        return bool((self.independent != 0).any())
+
+
+def _param_groups(models: list[GPT], cfgs: list[TrainingConfig], device: torch.device) -> list[ParamGroup]:
+    """model/optim.py's param groups of every arm (one structure: arms of a group share shape and
+    decay flags), laid out one after another."""
+    per_arm = [param_groups(model, cfg.optim) for model, cfg in zip(models, cfgs, strict=True)]
+    names_of = {id(p): name for name, p in models[0].named_parameters()}
+    out, start = [], 0
+    for i, group in enumerate(per_arm[0]):
+        size = sum(p.numel() for p in group["params"])
+        out.append(
+            ParamGroup(
+                [names_of[id(p)] for p in group["params"]],
+                slice(start, start + size),
+                group["lr_mult"],
+                *(
+                    torch.tensor([[arm[i][key]] for arm in per_arm], dtype=torch.float64, device=device)
+                    for key in ("weight_decay", "independent_decay")
+                ),
+            )
+        )
+        start += size
+    return out
+
+
 class ArmView:
     """What arm k's callbacks read of the trainer (model/callbacks.py: TrainerView's reading part)."""
 
@@ -469,15 +507,6 @@ def _layer_parameters(skeleton: GPT) -> dict[str, list[str]]:
     canonical = {id(p): name for name, p in skeleton.named_parameters()}
     layers = {layer: [canonical[id(p)] for p in module.parameters()] for layer, module in _layers(skeleton).items()}
     return {layer: names for layer, names in layers.items() if names}  # Post-LN's norm_f is an Identity
-
-
-def _spans(model: GPT) -> dict[str, tuple[int, int]]:
-    """Where each parameter lies in an arm's row of the flat buffer."""
-    out, start = {}, 0
-    for name, p in model.named_parameters():
-        out[name] = (start, start + p.numel())
-        start += p.numel()
-    return out
 
 
 def _arm_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
