@@ -54,6 +54,7 @@ def arm_configs(k: int, steps: int) -> list[Config]:
         "train.cpu_threads": 1,
         "precision.mode": "fp32",
         "mup.parametrization": "sp",
+        "checkpoint.milestones": [],  # neither path writes checkpoints
     }
     return [
         load_config(
