@@ -187,16 +187,34 @@ class FusedArms:
         return [s for s in self.summaries if s is not None]
 
     def _advance(self) -> None:
+        """One step of every arm and what is due after it, as the Trainer's _advance per arm."""
         t, total = self.cfgs[0].train, self.cfgs[0].train.steps
         lrs = [lr_at(self.step, c.optim.lr, total, c.schedule) for c in self.cfgs]
         step = self.step + 1
         log_now = step % t.log_every == 0 or step == total
         stats_now = step % t.layer_stats_every == 0
-        eval_now = (t.eval_every > 0 and step % t.eval_every == 0) or step == total
         running = [k for k in range(self.k) if self.summaries[k] is None]
+        pending, forward_stats = self._pending(step, stats_now, running)
+        before = self.flat.clone() if log_now else None
+        results = self._update(pending, lrs, before)
+        for k in running:
+            r = results[k]
+            self.telemetry[k].add(r.loss, r.z_loss, r.grad_norm, r.skipped, r.overflow, r.vetoed, self.tokens_per_step)
+            self.divergence[k].update(step, r)
+            self._fire(k, "on_after_step", self.views[k], r)
+        val = self.evaluate() if (t.eval_every > 0 and step % t.eval_every == 0) or step == total else None
+        for k in running:
+            layer_stats = {**{n: v[k] for n, v in forward_stats.items()}, **results[k].layer_grad_norms}
+            self._log(k, self._metrics(k, layer_stats, results[k].update_ratio, lrs[k], log_now), val)
+            if log_now and (at := self.divergence[k].diverged_at()) is not None:
+                self._finish(k, "diverged", f"diverged at step {at} (train.diverge_after/diverge_loss)")
 
+    def _pending(
+        self, step: int, stats_now: bool, running: list[int]
+    ) -> tuple[list[PendingStep], dict[str, torch.Tensor]]:
+        """Forward and backward; each arm's step as its on_before_optimizer callbacks see it (and
+        may veto it), and the forward statistics at stats steps."""
         ce, z, forward_stats = self._forward_backward(stats_now)
-        grads = torch.cat([_grad(self.params[name]).flatten(1) for name in self.names], dim=1)
         grad_norm = _arm_norms([_grad(self.params[name]) for name in self.names])
         layer_norms = self._layer_grad_norms() if stats_now else {}
         pending = [
@@ -205,36 +223,41 @@ class FusedArms:
         ]
         for k in running:
             self._fire(k, "on_before_optimizer", self.views[k], pending[k])
-        vetoed = torch.stack([p.vetoed for p in pending])
+        return pending, forward_stats
+
+    def _update(self, pending: list[PendingStep], lrs: list[float], before: torch.Tensor | None) -> list[StepResult]:
+        """Every arm's update, skipped where its step is non-finite, vetoed or the arm has ended;
+        each arm's StepResult (with its update ratio when ``before`` holds the weights)."""
+        ce, z = torch.stack([p.loss for p in pending]), torch.stack([p.z_loss for p in pending])
+        grad_norm, vetoed = torch.stack([p.grad_norm for p in pending]), torch.stack([p.vetoed for p in pending])
         nonfinite = ~(torch.isfinite(grad_norm) & torch.isfinite(ce + z))
-        before = self.flat.clone() if log_now else None
+        grads = torch.cat([_grad(self.params[name]).flatten(1) for name in self.names], dim=1)
         self._adamw(grads, grad_norm, nonfinite | vetoed | ~self.active, lrs)
-        self.step = step
+        self.step += 1
         ratio = _row_norms(self.flat - before) / _row_norms(before) if before is not None else None
-        for k in running:
-            result = StepResult(
-                ce[k], z[k], grad_norm[k], nonfinite[k], torch.zeros_like(nonfinite[k]), vetoed[k] & ~nonfinite[k],
-                ratio[k] if ratio is not None else None, pending[k].layer_grad_norms,
+        no_overflow = torch.zeros_like(nonfinite)  # fp32: no loss scaler
+        return [
+            StepResult(
+                ce[k],
+                z[k],
+                grad_norm[k],
+                nonfinite[k],
+                no_overflow[k],
+                vetoed[k] & ~nonfinite[k],
+                ratio[k] if ratio is not None else None,
+                p.layer_grad_norms,
             )  # fmt: skip
-            self.telemetry[k].add(
-                result.loss, result.z_loss, result.grad_norm, result.skipped, result.overflow, result.vetoed,
-                self.tokens_per_step,
-            )  # fmt: skip
-            self.divergence[k].update(step, result)
-            self._fire(k, "on_after_step", self.views[k], result)
-        val = self.evaluate() if eval_now else None
-        for k in running:
-            layer_stats = {**{n: v[k] for n, v in forward_stats.items()}, **pending[k].layer_grad_norms}
-            metrics = self._metrics(k, layer_stats, ratio, lrs[k], log_now)
-            if val is not None:
-                metrics["val/loss"] = val[k]
-            if metrics:
-                self.last_metrics[k].update(metrics)
-                self._fire(k, "on_log", step, metrics)
-            if val is not None:
-                self._fire(k, "on_eval", step, val[k])
-            if log_now and (at := self.divergence[k].diverged_at()) is not None:
-                self._finish(k, "diverged", f"diverged at step {at} (train.diverge_after/diverge_loss)")
+            for k, p in enumerate(pending)
+        ]
+
+    def _log(self, k: int, metrics: dict[str, float], val: list[float] | None) -> None:
+        if val is not None:
+            metrics["val/loss"] = val[k]
+        if metrics:
+            self.last_metrics[k].update(metrics)
+            self._fire(k, "on_log", self.step, metrics)
+        if val is not None:
+            self._fire(k, "on_eval", self.step, val[k])
 
     def _forward_backward(self, stats_now: bool) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """Accumulate every arm's gradients over its micro-batches; each arm's mean cross-entropy
@@ -296,14 +319,15 @@ class FusedArms:
     def _metrics(
         self, k: int, layer_stats: dict[str, torch.Tensor], ratio: torch.Tensor | None, lr: float, log_now: bool
     ) -> dict[str, float]:
-        """Arm k's metrics due at this step, named and computed as the Trainer's _metrics_due."""
+        """Arm k's metrics due at this step, named and computed as the Trainer's _metrics_due
+        (``ratio``: its update ratio, taken at log steps)."""
         if not log_now:
             return to_floats(layer_stats)
         assert ratio is not None  # a log step watches its update
         extra = {
             "train/param_norm": self.flat[k].norm(),
             "train/adam_v_norm": self.exp_avg_sq[k].norm(),
-            "train/update_ratio": ratio[k],
+            "train/update_ratio": ratio,
             **layer_stats,
         }
         metrics = self.telemetry[k].drain(extra)
@@ -435,7 +459,6 @@ class ArmView:
         self.cfg = group.cfgs[k]
         self.device = group.device
         self.precision: Precision = group.precision
-        self.stopping = False
 
     @property
     def step(self) -> int:

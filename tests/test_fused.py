@@ -142,6 +142,20 @@ def test_a_skipped_arms_weights_stay_as_they_were(tokens):
     assert group.adam_steps.tolist() == [STEPS, 0]
 
 
+class VetoEveryStep:
+    def on_before_optimizer(self, trainer: Any, pending: Any) -> None:
+        pending.veto()
+
+
+def test_a_callbacks_veto_skips_its_own_arms_update_only(tokens):
+    group = FusedArms([config(**ARMS[0]), config(**ARMS[2])], *tokens, [[VetoEveryStep()], []], ["a", "b"])
+    before = group.flat.clone()
+    summaries = group.run()
+    assert torch.equal(group.flat[0], before[0])
+    assert not torch.equal(group.flat[1], before[1])
+    assert [s["vetoed"] for s in summaries] == [STEPS, 0]
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
