@@ -207,3 +207,5 @@ def test_each_fused_arm_writes_the_record_the_single_arm_command_writes(tmp_path
         assert [row.keys() for row in result["trajectories"]] == [row.keys() for row in single["trajectories"]]
         assert result["stats"].keys() == single["stats"].keys()
         assert result["collapse"].keys() == single["collapse"].keys()
+        assert result["provenance"]["trainer"] == "model/fused.py, 2 arms" and "trainer" not in single["provenance"]
+        assert result["provenance"]["numeric_path"] != single["provenance"]["numeric_path"]

@@ -1,7 +1,8 @@
 """Ablation arms of one shape trained as one fused group (model/fused.py), each arm's result written
 as ``python -m tasks.ablate.arm`` writes it: the same probes, the same record (tasks/ablate/arm.py:
-ArmProbes), the same cache key. Arms with an injected spike or the fp16 range probe steer single
-steps and train alone (run_arm)."""
+ArmProbes), the same cache key; the provenance names the fused trainer, and its ``numeric_path``
+differs from the single arm's (other kernels: the same arm within rounding, not bitwise). Arms with
+an injected spike or the fp16 range probe steer single steps and train alone (run_arm)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from model.data import open_split
 from model.fused import FusedArms
 from model.private import private_run_dir
+from model.provenance import with_trainer
 from tasks.ablate.arm import MANIFEST, ArmProbes, write_result
 from tasks.ablate.grid import arm_key, code_digest, data_hashes
 from tasks.config import Config
@@ -28,6 +30,8 @@ def run_fused(
     probes = [ArmProbes(cfg, manifest, val_tokens) for cfg in cfgs]
     group = FusedArms(cfgs, train_tokens, val_tokens, [p.callbacks for p in probes], keys)
     results = [p.record(key, summary) for p, key, summary in zip(probes, keys, group.run(), strict=True)]
+    for result in results:  # the same arm, other bits than python -m tasks.ablate.arm's: said where they are compared
+        result["provenance"] = with_trainer(result["provenance"], f"model/fused.py, {len(cfgs)} arms")
     for out, result in zip(outs, results, strict=True):
         write_result(private_run_dir(out, "arm folder") / "result.json", result)
     return results
