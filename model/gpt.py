@@ -51,6 +51,9 @@ class Attention(nn.Module):
         self.record_logit_max = False
         self.logit_max: torch.Tensor | None = None
         self.entropy: torch.Tensor | None = None  # mean over heads and queries, in nats
+        # Set by the fused trainer (model/fused.py): softmax(q·kᵀ)·v as matrix products, which vmap
+        # batches; scaled_dot_product_attention has no batching rule on the CPU (vmap loops over it).
+        self.matmul_attention = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -68,11 +71,22 @@ class Attention(nn.Module):
                 # Entropy collapse (Zhai et al. 2023, seed 002): attention onto one token is ~0 nats.
                 p = masked.softmax(dim=-1)
                 self.entropy = -(p * p.clamp_min(1e-30).log()).sum(dim=-1).mean()
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=self.scale, dropout_p=self.dropout if self.training else 0.0
-        )  # (B, H, T, Dh)
+        if self.matmul_attention:  # no dropout: the fused trainer refuses model.dropout > 0
+            y = _causal_attention(q, k, v, self.scale)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.scale, dropout_p=self.dropout if self.training else 0.0
+            )  # (B, H, T, Dh)
         out: torch.Tensor = self.proj(y.transpose(1, 2).reshape(B, T, C))
         return out
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q·kᵀ·scale, causal)·v for (B, H, T, Dh) q, k, v."""
+    T = q.size(-2)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    scores = ((q @ k.transpose(-2, -1)) * scale).masked_fill(future, float("-inf"))
+    return scores.softmax(dim=-1) @ v
 
 
 class MLP(nn.Module):

@@ -97,9 +97,17 @@ def config_provenance(cfg: TrainingConfig) -> dict[str, Any]:
 def numeric_path(record: dict[str, Any]) -> str:
     """12 hex characters over the record's :data:`PATH_FIELDS`: equal paths, same kernels."""
     fields = {name: _field(record, name) for name in PATH_FIELDS}
-    if "gpu" in record:
-        fields["gpu"] = record["gpu"]
+    for optional in ("gpu", "trainer"):  # absent from most records: their digests stay as they were
+        if optional in record:
+            fields[optional] = record[optional]
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def with_trainer(record: dict[str, Any], trainer: str) -> dict[str, Any]:
+    """``record`` of a run that another trainer than model/train.py's made (a fused group's arm,
+    model/fused.py: other kernels, other bits), its ``numeric_path`` taking the trainer in."""
+    marked = {**record, "trainer": trainer}
+    return {**marked, "numeric_path": numeric_path(marked)}
 
 
 def cpu_record() -> dict[str, Any]:

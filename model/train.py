@@ -62,7 +62,7 @@ from model.precision import resolve_precision
 from model.private import private_run_dir, run_private
 from model.step import Batch, StepResult, TrainModule
 from model.stops import Preempted, RunStatus
-from model.telemetry import Telemetry, optimizer_norms, record_forward_stats, to_floats
+from model.telemetry import Telemetry, adam_update_rms, optimizer_norms, record_forward_stats, to_floats
 from model.threads import idle_cores
 from model.typed_config import ConfigError, UserError, add_config_arguments, parse_sets
 
@@ -506,36 +506,78 @@ class Trainer:
         )
 
     def _summary(self, start_step: int, status: RunStatus) -> dict[str, Any]:
-        wall = time.perf_counter() - self.start_time
-        checkpoint_s = self.checkpointer.seconds if self.checkpointer else 0.0
-        tokens = (self.step - start_step) * self.tokens_per_step
-        train_s = wall - self.eval_seconds
-        tokens_per_s = tokens / train_s if train_s > 0 and tokens else None
-        m = self.last_metrics
-        return {
-            "status": status,
-            "stop_reason": self.stop_reason if status != "completed" else None,
-            "diverged_at": self.divergence.diverged_at(),
-            "steps": self.step,
-            "start_step": start_step,
-            "identity": self.identity,
-            "final_loss": m.get("train/loss"),
-            "val_loss": m.get("val/loss"),
-            "skipped": int(m.get("train/skipped", 0)),
-            "overflows": int(m.get("train/overflows", 0)),
-            "vetoed": int(m.get("train/vetoed", 0)),
-            "tokens_per_s": tokens_per_s,  # training loop incl. telemetry and checkpoints, excl. eval
-            "mfu": mfu(tokens_per_s, self.flops_per_token, self.peak_flops) if tokens_per_s else None,
-            "wall_s": wall,
-            "eval_s": self.eval_seconds,
-            "checkpoint_s": checkpoint_s,
-            "checkpoint_time_share": checkpoint_s / wall if wall > 0 else 0.0,
-            "precision": self.precision.describe(),
-            "device": str(self.device),
-            "cpu_threads": torch.get_num_threads() if self.device.type == "cpu" else None,
-            "resumed_from": self.resumed_from.name if self.resumed_from else None,
-            "telemetry": final_telemetry(m),
-        }
+        return run_summary(
+            status=status,
+            stop_reason=self.stop_reason,
+            diverged_at=self.divergence.diverged_at(),
+            steps=self.step,
+            start_step=start_step,
+            identity=self.identity,
+            metrics=self.last_metrics,
+            wall_s=time.perf_counter() - self.start_time,
+            eval_s=self.eval_seconds,
+            checkpoint_s=self.checkpointer.seconds if self.checkpointer else 0.0,
+            tokens_per_step=self.tokens_per_step,
+            flops_per_token=self.flops_per_token,
+            peak=self.peak_flops,
+            precision=self.precision.describe(),
+            device=self.device,
+            resumed_from=self.resumed_from.name if self.resumed_from else None,
+        )
+
+    def update_rms(self) -> torch.Tensor:
+        """Adam's update RMS of the step just taken (model/telemetry.py: adam_update_rms)."""
+        return adam_update_rms(self.optimizer)
+
+
+def run_summary(
+    *,
+    status: RunStatus,
+    stop_reason: str | None,
+    diverged_at: int | None,
+    steps: int,
+    start_step: int,
+    identity: str,
+    metrics: dict[str, float],
+    wall_s: float,
+    eval_s: float,
+    checkpoint_s: float,
+    tokens_per_step: int,
+    flops_per_token: float,
+    peak: float | None,
+    precision: str,
+    device: torch.device,
+    resumed_from: str | None,
+) -> dict[str, Any]:
+    """A run's summary (see :func:`train`), from what its loop kept: the Trainer's and each arm of
+    a fused group's (model/fused.py) alike."""
+    tokens = (steps - start_step) * tokens_per_step
+    train_s = wall_s - eval_s
+    tokens_per_s = tokens / train_s if train_s > 0 and tokens else None
+    return {
+        "status": status,
+        "stop_reason": stop_reason if status != "completed" else None,
+        "diverged_at": diverged_at,
+        "steps": steps,
+        "start_step": start_step,
+        "identity": identity,
+        "final_loss": metrics.get("train/loss"),
+        "val_loss": metrics.get("val/loss"),
+        "skipped": int(metrics.get("train/skipped", 0)),
+        "overflows": int(metrics.get("train/overflows", 0)),
+        "vetoed": int(metrics.get("train/vetoed", 0)),
+        "tokens_per_s": tokens_per_s,  # training loop incl. telemetry and checkpoints, excl. eval
+        "mfu": mfu(tokens_per_s, flops_per_token, peak) if tokens_per_s else None,
+        "wall_s": wall_s,
+        "eval_s": eval_s,
+        "checkpoint_s": checkpoint_s,
+        "checkpoint_time_share": checkpoint_s / wall_s if wall_s > 0 else 0.0,
+        "precision": precision,
+        "device": str(device),
+        "cpu_threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "resumed_from": resumed_from,
+        "telemetry": final_telemetry(metrics),
+    }
 
 
 def final_telemetry(metrics: dict[str, float]) -> dict[str, float]:

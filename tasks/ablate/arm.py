@@ -37,7 +37,6 @@ from model.provenance import provenance
 from model.spike.injections import Injection
 from model.spike.records import Trace
 from model.stops import EXIT_CODES
-from model.telemetry import adam_update_rms
 from model.train import train
 from model.typed_config import UserError, add_config_arguments, parse_sets
 from tasks.ablate.conditions import OverflowProbeSpike, probe_batch
@@ -64,7 +63,7 @@ class ArmTrace(Trace):
     def on_after_step(self, trainer, result) -> None:
         skipped = (result.vetoed | result.skipped | result.overflow).float()
         flagged = self.detector.now.float()
-        rms = adam_update_rms(trainer.optimizer).to(result.loss.device)
+        rms = trainer.update_rms().to(result.loss.device)
         values = torch.stack([result.loss.float(), result.grad_norm.float(), rms.float(), skipped, flagged])
         self.rows.append((trainer.step, values))
 
@@ -152,33 +151,50 @@ def run_arm(
     every ``range_every`` steps (0: none); returns (and writes) its result."""
     manifest = project / data / MANIFEST.name
     key = arm_key(cfg, data_hashes(manifest), code_digest(), spike, range_every)
-    spec = injection_spec(spike, cfg.ablation)
-    detector = make_detector(cfg.spike)
-    trace, stats = ArmTrace(detector), LogitStats()
-    after_spike = range(spec["start"], spec["start"] + spec["duration"] + SPIKE_PROBE_STEPS) if spec else ()
-    ranges = [RangeProbe(range_every, after_spike)] if range_every else []
     train_tokens, val_tokens = open_split(manifest, "train"), open_split(manifest, "val")
-    batch = probe_batch(val_tokens, cfg.model.seq_len, cfg.train.batch_size)
-    injection = [OverflowProbeSpike(Injection(**spec), batch)] if spec else []
-    end = EndProbe(val_tokens, json.loads(manifest.read_text())["eot_id"])
-    callbacks = [*injection, detector, trace, stats, *ranges, end]
-    summary = train(cfg, train_tokens, val_tokens, out, callbacks, identity=key)
-    result = {
-        "key": key,
-        "summary": summary,
-        "rows": trace.read(),
-        "stats": stats.stats,
-        "trajectories": stats.trajectories,
-        "ranges": [row._asdict() for row in ranges[0].rows] if ranges else [],
-        "injection": spec,
-        "injected_multiplier": injection[0].multiplier if injection else None,
-        "init_loss": math.log(cfg.tokenizer.vocab_size),
-        "collapse": end.collapse,
-        "weights_sha256": end.weights_sha256,
-        "provenance": end.provenance,
-    }
+    probes = ArmProbes(cfg, manifest, val_tokens, spike, range_every)
+    summary = train(cfg, train_tokens, val_tokens, out, probes.callbacks, identity=key)
+    result = probes.record(key, summary)
     write_result(out / "result.json", result)
     return result
+
+
+class ArmProbes:
+    """The callbacks an arm trains with and its result record built from what they saw: one arm's
+    (:func:`run_arm`) and each arm's of a fused group (tasks/ablate/fused.py) alike."""
+
+    def __init__(self, cfg: Config, manifest: Path, val_tokens: Any, spike: str = "none", range_every: int = 0):
+        self.cfg = cfg
+        self.spec = injection_spec(spike, cfg.ablation)
+        self.detector = make_detector(cfg.spike)
+        self.trace, self.stats = ArmTrace(self.detector), LogitStats()
+        spec = self.spec
+        after_spike = range(spec["start"], spec["start"] + spec["duration"] + SPIKE_PROBE_STEPS) if spec else ()
+        self.ranges = [RangeProbe(range_every, after_spike)] if range_every else []
+        self.injection = (
+            [OverflowProbeSpike(Injection(**spec), probe_batch(val_tokens, cfg.model.seq_len, cfg.train.batch_size))]
+            if spec
+            else []
+        )
+        self.end = EndProbe(val_tokens, json.loads(manifest.read_text())["eot_id"])
+        self.callbacks = [*self.injection, self.detector, self.trace, self.stats, *self.ranges, self.end]
+
+    def record(self, key: str, summary: dict[str, Any]) -> dict[str, Any]:
+        """The arm's result, as ``result.json`` holds it."""
+        return {
+            "key": key,
+            "summary": summary,
+            "rows": self.trace.read(),
+            "stats": self.stats.stats,
+            "trajectories": self.stats.trajectories,
+            "ranges": [row._asdict() for row in self.ranges[0].rows] if self.ranges else [],
+            "injection": self.spec,
+            "injected_multiplier": self.injection[0].multiplier if self.injection else None,
+            "init_loss": math.log(self.cfg.tokenizer.vocab_size),
+            "collapse": self.end.collapse,
+            "weights_sha256": self.end.weights_sha256,
+            "provenance": self.end.provenance,
+        }
 
 
 class EndProbe(Callback):
