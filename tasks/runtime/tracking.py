@@ -40,6 +40,7 @@ from tasks.runtime.paths import (
     MLFLOW_PARENT_ENV,
     MLFLOW_TRAINING_VIEW,
     PIPELINE_RUN_ENV,
+    own_checkout_env,
     prefect_ui_url,
     project_dir,
     state,
@@ -72,9 +73,13 @@ def experiment_id(name: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def git_output(*args: str) -> str | None:
+def git_output(*args: str, own_checkout: bool = False) -> str | None:
+    """``git ARGS``'s output in the project (None where git fails); ``own_checkout``: only where the
+    project is a git checkout itself, never through a repository above it (``make demo``'s copy
+    sits in the checkout's ignored .spikelab/, and the checkout's HEAD is not the copy's)."""
+    env = own_checkout_env(project_dir()) if own_checkout else None
     try:
-        done = subprocess.run(["git", *args], cwd=project_dir(), capture_output=True, text=True, timeout=5)
+        done = subprocess.run(["git", *args], cwd=project_dir(), capture_output=True, text=True, timeout=5, env=env)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
