@@ -2,7 +2,8 @@
 # make demo's step 2 (scripts/demo.sh), on its own so the tests make the copy as the demo does:
 #   scripts/demo-copy.sh PROJECT
 # copies the checkout's code (tracked and untracked files as they are in the working tree; ignored
-# ones left out: .venv, .spikelab, caches) into PROJECT with the smoke profile. A previous copy's
+# ones left out: .venv, .spikelab, caches) into PROJECT with the smoke profile and the demo's declared
+# family (scripts/demo-studies.yaml as its studies.yaml). A previous copy's
 # outputs and DVC cache are kept, so DVC reruns only what changed. The copy is a DVC project of
 # its own, not a git repository, and its .dvc/config.local (never copied: git ignores it) names
 # the owner's private site cache, as scripts/setup.sh does for the checkout: a `dvc` typed there
@@ -34,6 +35,7 @@ fi
 mv "$fresh" "$project"
 cd "$project"
 sed -i -E 's/^profile: .*/profile: smoke/' params.yaml
+cp "$checkout/scripts/demo-studies.yaml" studies.yaml # the demo's one decided claim (why: that file)
 grep -q '^profile: smoke$' params.yaml || { echo "demo: params.yaml has no top-level profile key" >&2; exit 2; }
 dvc config --local core.no_scm true # a copy, not a git repository: DVC leaves git alone
 dvc config --local core.site_cache_dir "$DVC_SITE_CACHE_DIR"

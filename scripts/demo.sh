@@ -36,7 +36,13 @@ python - "$project" <<'EOF'
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
+
+import yaml
+
+from tasks.ablate.config import MIN_FIRST_ROUND
+from tasks.report.sections.checks import NOT_RUN
 
 project = Path(sys.argv[1])
 
@@ -47,10 +53,30 @@ def read(name):
 
 
 report, search, pretrain, spike, ablate = (read(n) for n in ("report", "search", "pretrain", "spike", "ablate"))
+findings = report.get("findings", {})
+machinery = report.get("checks", {})  # checks of the machinery: not findings, and not counted among them
+demo = yaml.safe_load((project / "studies.yaml").read_text()).get("families") or {}  # scripts/demo-studies.yaml
 order = ("reproduced", "contradicted", "negligible", "inconclusive", "not tested")
-counts = report.get("counts", {})
-shown = sorted((k for k, v in counts.items() if v), key=lambda k: order.index(k) if k in order else len(order))
+counts = Counter(f["verdict"] for k, f in findings.items() if k not in machinery and k not in demo)
+shown = sorted(counts, key=lambda k: order.index(k) if k in order else len(order))
 print(f"  report   {project / 'reports/REPORT.md'} (report.html beside it opens offline)")
+for key in demo:
+    print(f"  decided  {key}: a demonstration run of the registered rule on demo-sized arms (exploratory;")
+    print("           it does not count toward the study's verdicts; why this claim, size and seeds: scripts/demo-studies.yaml)")
+    found = findings.get(key)
+    if not found:
+        print("           not judged: the report has no such finding")
+        continue
+    for c in found["claims"]:
+        seeds = sum((h.get("n") or 0) for h in found["halves"].get(c["what"], {}).values())
+        ci = "[{:+.3f}, {:+.3f}]".format(*c["ci95"]) if c.get("ci95") else "no interval"
+        estimate = "no estimate" if c.get("estimate") is None else f"{c['estimate']:+.3f} {c.get('unit', '')}"
+        p = "no p" if c.get("p") is None else f"p={c['p']:.2g}"
+        print(f"           {c['what']}: {estimate} {ci}, {p}, {seeds} seeds, SESOI {c['sesoi']:g}")
+    print(f"           verdict  {found['verdict'].upper()}" + (f": {found['precondition_failed']}" if found.get("precondition_failed") else ""))
+    figure = project / "reports/ablate" / f"{key}.png"
+    if figure.is_file():
+        print(f"           figure   {figure}")
 print(f"  verdicts {sum(counts.values())} findings: " + ", ".join(f"{counts[k]} {k.upper()}" for k in shown))
 print("           (smoke's models are far too small for any claim; make repro judges)")
 checks = []
@@ -81,8 +107,6 @@ if ablate:
         f"ablate    {c.get('completed', 0)} of {len(ablate.get('arms', []))} arms completed"
         + "".join(f", {v} {k}" for k, v in c.items() if v and k != "completed"),
     ))
-findings = report.get("findings", {})
-machinery = report.get("checks", {})  # checks of the machinery: not findings, and not counted among them
 judged_all = bool(findings) and all(f.get("verdict") for f in findings.values())
 checks.append((judged_all, f"report    {len(findings) - len(machinery)} findings and {len(machinery)} checks judged by the pre-registered rule"))
 print("  machinery checks:")
@@ -91,7 +115,10 @@ for ok, line in checks:
 probes = {"xiong_init": "init probe", "overflow": "fp16 overflow probe"}
 judged = [f"{what} {machinery[key].upper()}" for key, what in probes.items() if key in machinery]
 if judged:
-    print(f"  checks of the machinery (meant for make repro's sizes): {', '.join(judged)} at smoke's")
+    a = yaml.safe_load((project / "params/resolved.yaml").read_text())["ablation"]
+    seeds = len(a["seeds"]) + len(a["confirm_seeds"])
+    small = f" (a check's t-test needs {MIN_FIRST_ROUND} seeds or more; this profile has {seeds})" if NOT_RUN in machinery.values() else ""
+    print(f"  checks of the machinery: {', '.join(judged)}{small}")
 figure = project / "reports/report/forest.png"
 if figure.is_file():
     print(f"  figure   {figure} (each claim's effect and its interval)")

@@ -41,6 +41,7 @@ CHOOSE = {"mlflow-search-lr": {"#x-axis-selector": "log2_lr", "#y-axis-selector"
 SCROLL_TO = {
     "mlflow-search-lr": '//*[contains(@id, "-trigger-scatter-plot")]',
     "mlflow-search-trial": '//*[starts-with(normalize-space(text()), "Parameters (")]',  # the trial's point
+    "optuna-dashboard-study": '//*[normalize-space(text())="Hyperparameter Importance"]',  # log2_lr alone, no seed
 }
 """The element (XPath) a page is scrolled to before its screenshot, by page name."""
 
@@ -76,13 +77,11 @@ def pages(prefect_ui: str, mlflow_ui: str, flow_run: dict, deployment_id: str) -
     from tasks.runtime.paths import MLFLOW_TRAINING_VIEW
 
     client = mlflow.MlflowClient(mlflow_ui)
-    (parent,) = client.search_runs(
-        [e.experiment_id for e in client.search_experiments()], f"tags.`prefect.flow_run_id` = '{flow_run['id']}'"
-    )
-    experiment = parent.info.experiment_id
-    pretrain = client.search_runs(
-        [experiment], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}' and tags.`spikelab.stage` = 'pretrain'"
-    )
+    stages = stage_runs(client, flow_run)
+    if not stages:
+        raise SystemExit(f"no MLflow stage run of pipeline run {flow_run['id']}: were MLflow and Prefect both up?")
+    experiment = stages[0].info.experiment_id
+    pretrain = [r for r in stages if r.data.tags["spikelab.stage"] == "pretrain"]
     found = {
         "prefect-deployments": f"{prefect_ui}/deployments",
         "prefect-pipeline-form": f"{prefect_ui}/deployments/deployment/{deployment_id}/run",
@@ -93,7 +92,7 @@ def pages(prefect_ui: str, mlflow_ui: str, flow_run: dict, deployment_id: str) -
         run_page = f"{mlflow_ui}/#/experiments/{experiment}/runs/{pretrain[0].info.run_id}"
         found["mlflow-pretrain-run"] = f"{run_page}?{MLFLOW_TRAINING_VIEW}"
         found["mlflow-pretrain-charts"] = f"{run_page}/model-metrics?{MLFLOW_TRAINING_VIEW}"
-    trials = sweep_trials(client, experiment, parent.info.run_id)
+    trials = sweep_trials(client, stages)
     if trials:
         trial = trials[len(trials) // 2]
         found["mlflow-search-trial"] = (
@@ -107,16 +106,25 @@ def pages(prefect_ui: str, mlflow_ui: str, flow_run: dict, deployment_id: str) -
     return found
 
 
-def sweep_trials(client, experiment: str, pipeline_run: str) -> list:
+def stage_runs(client, flow_run: dict) -> list:
+    """The MLflow runs of the pipeline run's stages (their own, not their children's): each carries the pipeline's flow run
+    (``prefect.pipeline_run_id``, tasks/runtime/tracking.py), whether make demo's ``python -m
+    flows.repro`` or the spikelab-pipeline deployment ran them."""
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    tagged = client.search_runs(
+        experiments, f"tags.`prefect.pipeline_run_id` = '{flow_run['id']}' and tags.`spikelab.stage` != ''"
+    )
+    return [r for r in tagged if "mlflow.parentRunId" not in r.data.tags]  # not their trials' and arms' runs
+
+
+def sweep_trials(client, stages: list) -> list:
     """The completed trials of one LR sweep of the pipeline's search stage (μP where it ran, at its
     widest width), by LR: the trial child runs carry their point as params (tasks/search/trial.py)."""
-    search = client.search_runs(
-        [experiment], f"tags.`mlflow.parentRunId` = '{pipeline_run}' and tags.`spikelab.stage` = 'search'"
-    )
+    search = [r for r in stages if r.data.tags["spikelab.stage"] == "search"]
     if not search:
         return []
     trials = client.search_runs(
-        [experiment],
+        [search[0].info.experiment_id],
         f"tags.`mlflow.parentRunId` = '{search[0].info.run_id}' and tags.`search.kind` = 'sweep' "
         "and tags.`search.status` = 'completed'",
     )
@@ -135,10 +143,7 @@ def study_page(mlflow_ui: str, dashboard_ui: str, flow_run: dict, auth: str) -> 
     from tasks.runtime.credentials import basic_auth
 
     client = mlflow.MlflowClient(mlflow_ui)
-    (parent,) = client.search_runs(
-        [e.experiment_id for e in client.search_experiments()], f"tags.`prefect.flow_run_id` = '{flow_run['id']}'"
-    )
-    trials = sweep_trials(client, parent.info.experiment_id, parent.info.run_id)
+    trials = sweep_trials(client, stage_runs(client, flow_run))
     if not trials:
         return {}
     name = trials[0].data.tags["optuna.study"]

@@ -18,6 +18,7 @@ import pytest
 from tasks.config import project_config
 from tasks.design.families import DeclaredClaim, DeclaredFamily, default_statement
 from tasks.design.studies import builtin_families
+from tasks.report.arithmetic import committed_outputs
 from tasks.report.figures import _layout
 from tasks.report.findings import evaluate
 from tasks.report.method import decide
@@ -305,6 +306,38 @@ def test_figures_git_ignores_are_named_not_embedded(tmp_path):
     (reports / "search/mu_transfer.png").unlink()  # a checkout without the DVC outputs still says where they go
     assert any("not in git" in x and "`reports/search/*.png`" in x for x in figures_markdown(tmp_path, "search/*.png"))
     assert "data:image/png;base64," in render_html([Section("Figures", [Figures(("ablate/*.png",))])], tmp_path)
+
+
+def demo_copy(tmp_path: Path) -> Path:
+    """A git checkout that ignores .spikelab/, with make demo's copy inside it (no git repository of
+    its own), a figure in the copy's reports/ and metrics/ablate.json committed in the checkout."""
+    checkout = tmp_path / "checkout"
+    project = checkout / ".spikelab/demo/project"
+    (project / "reports/ablate").mkdir(parents=True)
+    (project / "reports/ablate/xiong.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (project / "params.yaml").write_text("profile: smoke\n")
+    (checkout / "metrics").mkdir()
+    (checkout / "metrics/ablate.json").write_text('{"arms": []}')
+    (checkout / "params.yaml").write_text("profile: default\n")
+    (checkout / ".gitignore").write_text("/.spikelab/\n")
+    git = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "outputs"], check=True)
+    return project
+
+
+def test_a_copy_inside_a_checkouts_ignored_folder_embeds_its_figures_and_reads_no_committed_outputs(
+    tmp_path, monkeypatch
+):
+    project = demo_copy(tmp_path)
+    lines = figures_markdown(project, "ablate/*.png")
+    assert "![xiong](ablate/xiong.png)" in lines and not any("not in git" in x for x in lines)
+    assert "data:image/png;base64," in render_html([Section("Figures", [Figures(("ablate/*.png",))])], project)
+    monkeypatch.chdir(project)
+    assert committed_outputs()["ablate"] is None  # the checkout's HEAD is not the copy's: no warning from it
+    monkeypatch.chdir(project.parents[2])  # control: the checkout itself reads its HEAD
+    assert committed_outputs()["ablate"] == {"arms": []}
 
 
 def figures_markdown(project: Path, *patterns: str) -> list[str]:

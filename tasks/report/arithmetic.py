@@ -49,10 +49,11 @@ def numeric_paths(outputs: dict[str, dict[str, Any] | None]) -> dict[str, dict[s
 
 
 def committed_outputs() -> dict[str, dict[str, Any] | None]:
-    """The stages' metrics as committed at git HEAD of the project (None for a file not there)."""
+    """The stages' metrics as committed at git HEAD of the project (None for a file not there, and
+    for every file where the project is no git checkout of its own: make demo's copy)."""
     committed = {}
     for stage, path in STAGE_METRICS.items():
-        text = git_output("show", f"HEAD:{path.as_posix()}")
+        text = git_output("show", f"HEAD:{path.as_posix()}", own_checkout=True)
         committed[stage] = json.loads(text) if text else None
     return committed
 

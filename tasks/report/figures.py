@@ -30,6 +30,7 @@ BADGES = {
     "not tested": ("#9e9e9e", "white"),
     "check passed": ("#2e7d32", "white"),
     "check failed": ("#c62828", "white"),
+    "not run at this size": ("#9e9e9e", "white"),
 }
 """Each claim outcome's (and verdict's) badge: box and text colors."""
 PREDICTION = {1: "predicted > 0 →", -1: "← predicted < 0"}

@@ -32,7 +32,7 @@ from tasks.design.studies import builtin_families, read_studies
 from tasks.report.findings import FAMILY_OF
 from tasks.report.lineage import stale
 from tasks.report.method import Finding
-from tasks.report.sections.checks import FAILED, PASSED, check_outcome, proper
+from tasks.report.sections.checks import FAILED, NOT_RUN, PASSED, check_outcome, proper
 from tasks.report.sections.findings import finding_section, findings_section, rounds_section
 from tasks.report.sections.history import changes_section, marked_exploratory, registrations_section, unregistered
 from tasks.report.sections.method import method_section, provenance_section
@@ -48,6 +48,7 @@ from tasks.report.sections.stages import (
 from tasks.report.sections.summary import VERDICTS, summary_section
 from tasks.report.sections.words import HOLDS, NOT_SHOWN, in_words
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NEGLIGIBLE, NOT_TESTED, REPRODUCED
+from tasks.runtime.paths import own_checkout_env
 
 
 def report_sections(
@@ -103,7 +104,8 @@ def _markdown(section: Section, project: Path, image: Callable[[Path], str]) -> 
 
 def git_ignored(project: Path, paths: list[Path]) -> set[Path]:
     """Those of ``paths`` (under ``project``) that git ignores there: untracked and matched by a
-    .gitignore. None when ``project`` is not a git checkout or git is missing."""
+    .gitignore. None when ``project`` is not a git checkout of its own (make demo's copy, inside the
+    checkout's ignored .spikelab/, shows every figure) or git is missing."""
     if not paths:
         return set()
     names = [p.relative_to(project).as_posix() for p in paths]
@@ -115,6 +117,7 @@ def git_ignored(project: Path, paths: list[Path]) -> set[Path]:
             capture_output=True,
             text=True,
             timeout=60,
+            env=own_checkout_env(project),
         )
     except (OSError, subprocess.TimeoutExpired):
         return set()
@@ -145,6 +148,7 @@ BADGE_COLOURS = {
     NEGLIGIBLE: "#0969da",
     PASSED: "#1a7f37",
     FAILED: "#cf222e",
+    NOT_RUN: "#6e7781",
     INCONCLUSIVE: "#9a6700",
     NOT_SHOWN: "#9a6700",
 }

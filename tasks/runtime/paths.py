@@ -167,3 +167,9 @@ def dashboard_url() -> str:
 MLFLOW_TRAINING_VIEW = "workflowType=machine_learning"
 """Query string that opens MLflow 3's UI in its model-training view (the default view is GenAI;
 the experiment's kind tag alone does not switch it). Every MLflow link spikelab prints has it."""
+
+
+def own_checkout_env(project: Path) -> dict[str, str]:
+    """The environment for a git command that reads ``project`` as a checkout only where it is one:
+    git's search for a repository stops before ``project``'s parent."""
+    return {**os.environ, "GIT_CEILING_DIRECTORIES": str(project.resolve().parent)}

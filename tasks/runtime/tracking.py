@@ -42,6 +42,7 @@ from tasks.runtime.paths import (
     MLFLOW_TRAINING_VIEW,
     PIPELINE_RUN_ENV,
     REGISTRATION_ENV,
+    own_checkout_env,
     prefect_ui_url,
     project_dir,
     state,
@@ -74,9 +75,13 @@ def experiment_id(name: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def git_output(*args: str) -> str | None:
+def git_output(*args: str, own_checkout: bool = False) -> str | None:
+    """``git ARGS``'s output in the project (None where git fails); ``own_checkout``: only where the
+    project is a git checkout itself, never through a repository above it (``make demo``'s copy
+    sits in the checkout's ignored .spikelab/, and the checkout's HEAD is not the copy's)."""
+    env = own_checkout_env(project_dir()) if own_checkout else None
     try:
-        done = subprocess.run(["git", *args], cwd=project_dir(), capture_output=True, text=True, timeout=5)
+        done = subprocess.run(["git", *args], cwd=project_dir(), capture_output=True, text=True, timeout=5, env=env)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -87,8 +92,12 @@ def code_commit() -> dict[str, Any]:
     checkout) and the code files changed since (params and outputs are not code). A stage keeps
     it in its metrics (:func:`stage_provenance`), so the report can name the commit that trained
     its arms, which is not the commit the report was built at once stage code moves on."""
-    commit = os.environ.get("DVC_EXP_BASELINE_REV") or git_output("rev-parse", "HEAD")
-    changed = git_output("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS) if commit else None
+    commit = os.environ.get("DVC_EXP_BASELINE_REV") or git_output("rev-parse", "HEAD", own_checkout=True)
+    changed = (
+        git_output("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS, own_checkout=True)
+        if commit
+        else None
+    )
     return {"commit": commit, "changed": [line[3:] for line in (changed or "").splitlines()]}
 
 
