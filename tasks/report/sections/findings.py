@@ -30,9 +30,12 @@ its own (``figures``)."""
 def findings_section(findings: list[Finding]) -> Section:
     """The forest plot and a table with a row per claim."""
     lines: list[str | Figures] = [
-        "Each claim is badged by its own outcome (`HOLDS`, `NEGLIGIBLE`, `NOT SHOWN`, `CONTRADICTED`, "
-        "`NOT TESTED`); a finding is reproduced only when every one of its claims holds, negligible when "
-        "every one is shown smaller than its SESOI.",
+        "Each claim is badged by its own outcome (`HOLDS`, `FRAGILE`, `NEGLIGIBLE`, `NOT SHOWN`, `CONTRADICTED`, "
+        "`NOT TESTED`) and judged alone: a claim whose own gate failed is not tested, and its finding is read "
+        "from the rest. p is the claim's test, Holm p the same adjusted over its finding's tested claims, on "
+        "which it is decided. A finding is reproduced only when every tested claim holds, negligible when "
+        "every one is shown smaller than its SESOI; a claim that held but not under the data perturbation "
+        "is `FRAGILE`.",
         "",
         Figures(("report/forest.png",)),
         "",
@@ -88,7 +91,7 @@ def _findings_table(findings: list[Finding]) -> list[str]:
     for f in findings:
         head = [f"[{label(f)}](#{f.key})", badge(shown_verdict(f))]
         if not f.claims:
-            rows.append([*head, "-", "-", "-", "-", badge(f.verdict), f.precondition_failed or "no claim"])
+            rows.append([*head, "-", "-", "-", "-", "-", badge(f.verdict), f.precondition_failed or "no claim"])
         for i, c in enumerate(f.claims):
             outcome = claim_outcome(f, c)
             rows.append(
@@ -98,11 +101,21 @@ def _findings_table(findings: list[Finding]) -> list[str]:
                     f"{number(c.estimate, SIGNED)}{unit(c)}",
                     interval(c.ci95),
                     p_value(c.p) + (" (TOST)" if c.kind == EQUIVALENCE and c.p is not None else ""),
+                    p_value(c.p_adjusted),
                     badge(outcome),
-                    (f.precondition_failed or "") if outcome == NOT_TESTED else why(c),
+                    outcome_why(f, c, outcome),
                 ]
             )
-    return table(["finding", "verdict", "claim", "estimate", "95 % interval", "p", "claim's outcome", "why"], rows)
+    header = ["finding", "verdict", "claim", "estimate", "95 % interval", "p", "Holm p", "claim's outcome", "why"]
+    return table(header, rows)
+
+
+def outcome_why(f: Finding, c: Claim, outcome: str) -> str:
+    """Why the claim came out as it did: its own gate or the finding's precondition when not tested,
+    else the rule's tests, and the failed replication of a FRAGILE claim."""
+    if outcome == NOT_TESTED:
+        return c.not_tested or f.precondition_failed or ""
+    return why(c) + (f"; FRAGILE: {c.fragile}" if c.fragile else "")
 
 
 def finding_section(f: Finding) -> Section:
@@ -118,8 +131,7 @@ def finding_section(f: Finding) -> Section:
     for c in f.claims:
         outcome = claim_outcome(f, c)
         lines.append(
-            f"- {badge(outcome)} {c.what}: predicted {predicted(c)}; "
-            f"{f.precondition_failed if outcome == NOT_TESTED else why(c)}. {_power(c)}."
+            f"- {badge(outcome)} {c.what}: predicted {predicted(c)}; {outcome_why(f, c, outcome)}. {_power(c)}."
         )
     if f.claims:
         lines += ["", *_claims_table(f), ""]
@@ -153,6 +165,7 @@ def _claims_table(f: Finding) -> list[str]:
         ns = [n for h in halves.values() if isinstance(n := h.get("n"), int)]
         total = str(sum(ns)) if ns and len(ns) == len(halves) else "-"
         p = p_value(c.p) + (" (TOST)" if c.kind == EQUIVALENCE and c.p is not None else "")
+        p += f" (Holm {p_value(c.p_adjusted)})" if c.p_adjusted is not None else ""
         rows.append([c.what, "all", total, number(c.estimate, SIGNED), interval(c.ci95), p])
         for half, estimate in c.halves.items():
             tested = halves.get(half) or {}
