@@ -68,6 +68,11 @@ class Gate:
         return {"at_least": mean >= value, "above": mean > value, "at_most": mean <= value}[bound]
 
     @property
+    def on_plateau(self) -> bool:
+        """The gate reads a failure to train (the variant on the unigram plateau)."""
+        return any(b == "on_plateau" for b, _ in self.bounds)
+
+    @property
     def needs(self) -> str:
         words = " and ".join(BOUNDS[b] if b == "on_plateau" else f"{BOUNDS[b]} {v:g}" for b, v in self.bounds)
         where = f" at some {self.at_some} where the compared variants trained"

@@ -301,10 +301,12 @@ def trained_at(
     unigram: float | None,
     margin: float,
 ) -> bool:
-    """At ``level`` of ``factor``, every variant the claim compares there (``may_fail`` aside)
-    ended past the plateau, as a mean over its seeds."""
+    """At ``level`` of ``factor``, every variant the claim compares there ended past the plateau, as
+    a mean over its seeds; those predicted to fail aside (``may_fail``, and the variant a gate on
+    the plateau reads: its failure to train is the mechanism)."""
     at_level = [v for v in compared_variants(family, claim) if v.get(factor) == level]
-    kept = [v for v in at_level if not any(matches(v, exempt) for exempt in claim.may_fail)]
+    failing = [*claim.may_fail, *([claim.gate.variant] if claim.gate and claim.gate.on_plateau else [])]
+    kept = [v for v in at_level if not any(matches(v, exempt) for exempt in failing)]
     for v in kept:
         loss = arms.mean(family.name, "capped_loss", **v)
         if loss is None or unigram is None or loss > unigram - margin:
@@ -449,9 +451,12 @@ def gates(
     compared = compared_variants(family, claim)
     if claim.kind == "sensitivity":  # it reads the whole grid, whose worst points are its effect
         compared = best_per_slice(arms, family, claim, compared)
-    for variant in compared:
-        if any(matches(variant, exempt) for exempt in [*claim.may_fail, *(diverged or [])]):
-            continue
+    exempt = [*claim.may_fail, *(diverged or [])]
+    kept = [v for v in compared if not any(matches(v, e) for e in exempt)]
+    alone = compared and not kept  # every variant it compares may fail: the family's base arm is its control
+    if alone and (failed := plateau_gate(base_loss(arms, family), unigram, "the family's base arm")):
+        return failed
+    for variant in kept:
         loss = arms.mean(family.name, "capped_loss", **variant)
         if failed := plateau_gate(loss, unigram, f"the compared variant {variant_name(variant)}"):
             return failed
