@@ -161,9 +161,18 @@ def act_on_block(out: Outputs) -> str:
     rows = ["What this study lets you act on (the findings it decided; the others are open):"]
     for key in decided:
         f = report["findings"][key]
-        claims = "; ".join(f"{c['what']} {num(c.get('estimate'))} {c.get('unit', '')}".rstrip() for c in f["claims"])
+        claims = "; ".join(claim_words(c) for c in f["claims"])
         rows.append(f"- {badge(f['verdict'])} `{key}`. {DECIDED[f['verdict']]}: {f['claim']} ({claims}).")
     return "\n".join(rows) + "\n"
+
+
+def claim_words(c: dict[str, Any]) -> str:
+    """A decided finding's claim in the act-on block: its estimate, or that its own gate left it
+    untested; a claim that held but not under the data perturbation says FRAGILE."""
+    if c.get("not_tested"):
+        return f"{c['what']}: not tested"
+    said = f"{c['what']} {num(c.get('estimate'))} {c.get('unit', '')}".rstrip()
+    return said + (" (`FRAGILE`: not replicated under the data perturbation)" if c.get("fragile") else "")
 
 
 def claim_power(out: Outputs) -> tuple[int, int]:
