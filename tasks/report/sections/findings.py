@@ -165,7 +165,6 @@ def _claims_table(f: Finding) -> list[str]:
         ns = [n for h in halves.values() if isinstance(n := h.get("n"), int)]
         total = str(sum(ns)) if ns and len(ns) == len(halves) else "-"
         p = p_value(c.p) + (" (TOST)" if c.kind == EQUIVALENCE and c.p is not None else "")
-        p += f" (Holm {p_value(c.p_adjusted)})" if c.p_adjusted is not None else ""
         rows.append([c.what, "all", total, number(c.estimate, SIGNED), interval(c.ci95), p])
         for half, estimate in c.halves.items():
             tested = halves.get(half) or {}
