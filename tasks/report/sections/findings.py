@@ -30,12 +30,10 @@ its own (``figures``)."""
 def findings_section(findings: list[Finding]) -> Section:
     """The forest plot and a table with a row per claim."""
     lines: list[str | Figures] = [
-        "Each claim is badged by its own outcome (`HOLDS`, `FRAGILE`, `NEGLIGIBLE`, `NOT SHOWN`, `CONTRADICTED`, "
-        "`NOT TESTED`) and judged alone: a claim whose own gate failed is not tested, and its finding is read "
-        "from the rest. p is the claim's test, Holm p the same adjusted over its finding's tested claims, on "
-        "which it is decided. A finding is reproduced only when every tested claim holds, negligible when "
-        "every one is shown smaller than its SESOI; a claim that held but not under the data perturbation "
-        "is `FRAGILE`.",
+        "Each claim is badged by its own outcome (`HOLDS`, `FRAGILE`: held, not under the data perturbation, "
+        "`NEGLIGIBLE`, `NOT SHOWN`, `CONTRADICTED`, `NOT TESTED`: its own gate failed) and decided on Holm p, "
+        "adjusted over its finding's tested claims; a finding is reproduced only when every tested claim "
+        "holds, negligible when every one is shown smaller than its SESOI.",
         "",
         Figures(("report/forest.png",)),
         "",
@@ -103,18 +101,20 @@ def _findings_table(findings: list[Finding]) -> list[str]:
                     p_value(c.p) + (" (TOST)" if c.kind == EQUIVALENCE and c.p is not None else ""),
                     p_value(c.p_adjusted),
                     badge(outcome),
-                    outcome_why(f, c, outcome),
+                    outcome_why(f, c, outcome, brief=True),
                 ]
             )
     header = ["finding", "verdict", "claim", "estimate", "95 % interval", "p", "Holm p", "claim's outcome", "why"]
     return table(header, rows)
 
 
-def outcome_why(f: Finding, c: Claim, outcome: str) -> str:
+def outcome_why(f: Finding, c: Claim, outcome: str, brief: bool = False) -> str:
     """Why the claim came out as it did: its own gate or the finding's precondition when not tested,
-    else the rule's tests, and the failed replication of a FRAGILE claim."""
+    else the rule's tests, and the failed replication of a FRAGILE claim. ``brief`` (the table's
+    row) leaves out a gate's justification, which the finding's own section gives in full."""
     if outcome == NOT_TESTED:
-        return c.not_tested or f.precondition_failed or ""
+        reason = c.not_tested or f.precondition_failed or ""
+        return reason.split(" needed (")[0] + " needed" if brief and " needed (" in reason else reason
     return why(c) + (f"; FRAGILE: {c.fragile}" if c.fragile else "")
 
 
