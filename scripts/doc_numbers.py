@@ -159,6 +159,8 @@ def act_on_block(out: Outputs) -> str:
             "are listed in the report as held, not as findings.\n"
         )
     rows = ["What this study lets you act on (the findings it decided; the others are open):"]
+    if report.get("reanalysis"):  # the verdicts come from rules written after the results were read
+        rows[0] = f"Exploratory, a re-analysis after results: {report['reanalysis']} {rows[0]}"
     for key in decided:
         f = report["findings"][key]
         claims = "; ".join(claim_words(c) for c in f["claims"])

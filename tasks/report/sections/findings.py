@@ -30,10 +30,9 @@ its own (``figures``)."""
 def findings_section(findings: list[Finding]) -> Section:
     """The forest plot and a table with a row per claim."""
     lines: list[str | Figures] = [
-        "Each claim is badged by its own outcome (`HOLDS`, `FRAGILE`: held, not under the data perturbation, "
-        "`NEGLIGIBLE`, `NOT SHOWN`, `CONTRADICTED`, `NOT TESTED`: its own gate failed) and decided on Holm p, "
-        "adjusted over its finding's tested claims; a finding is reproduced only when every tested claim "
-        "holds, negligible when every one is shown smaller than its SESOI.",
+        "Each claim is badged by its own outcome (`HOLDS`, `FRAGILE`: not under the data perturbation, "
+        "`NEGLIGIBLE`, `NOT SHOWN`, `CONTRADICTED`, `NOT TESTED`: its gate failed), decided on Holm p; a "
+        "finding is reproduced when every tested claim holds, negligible when every one is below its SESOI.",
         "",
         Figures(("report/forest.png",)),
         "",
@@ -128,11 +127,13 @@ def finding_section(f: Finding) -> Section:
         "",
         *([f"*A check of the machinery, not a finding:* {f.check}.", ""] if f.check else []),
     ]
+    given: set[str] = set()  # a shared gate's justification, given in full at its first claim only
     for c in f.claims:
         outcome = claim_outcome(f, c)
-        lines.append(
-            f"- {badge(outcome)} {c.what}: predicted {predicted(c)}; {outcome_why(f, c, outcome)}. {_power(c)}."
-        )
+        justification = (c.not_tested or "").partition(" needed (")[2]
+        reason = outcome_why(f, c, outcome, brief=justification in given)
+        given.add(justification)
+        lines.append(f"- {badge(outcome)} {c.what}: predicted {predicted(c)}; {reason}. {_power(c)}.")
     if f.claims:
         lines += ["", *_claims_table(f), ""]
     lines += [

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.config import Config
+from tasks.design.preregistration import design
 from tasks.report.method import Finding
 from tasks.report.sections.checks import checks_lines, proper
 from tasks.report.sections.runs import ARMS_PAGE
@@ -23,6 +24,8 @@ def summary_section(cfg: Config, findings: list[Finding], arithmetic: dict[str, 
     """The first screen, under the page's title."""
     counts = ", ".join(f"{sum(f.verdict == v for f in proper(findings))} {v}" for v in VERDICTS)
     warnings = [f"> **Arithmetic warning:** {w}." for w in arithmetic["warnings"]]
+    if reanalysis := design().get("reanalysis"):  # rules written after these results were read
+        warnings.insert(0, f"> **Exploratory: a re-analysis after results.** {reanalysis}")
     lines = [
         f"**{len(proper(findings))} pre-registered findings** on the training stability of small GPT-style "
         f"models (profile {cfg.profile}): **{counts}**. What each tested and what came out:",
