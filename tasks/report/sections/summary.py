@@ -24,12 +24,12 @@ def summary_section(cfg: Config, findings: list[Finding], arithmetic: dict[str, 
     """The first screen, under the page's title."""
     counts = ", ".join(f"{sum(f.verdict == v for f in proper(findings))} {v}" for v in VERDICTS)
     warnings = [f"> **Arithmetic warning:** {w}." for w in arithmetic["warnings"]]
-    if reanalysis := design().get("reanalysis"):  # rules written after these results were read
-        warnings.insert(0, f"> **Exploratory: a re-analysis after results.** {reanalysis}")
+    reanalysis = design().get("reanalysis")  # rules written after these results were read
     lines = [
         f"**{len(proper(findings))} pre-registered findings** on the training stability of small GPT-style "
         f"models (profile {cfg.profile}): **{counts}**. What each tested and what came out:",
         "",
+        *([f"> **Exploratory: a re-analysis after results.** {reanalysis}", ""] if reanalysis else []),
         *_summary_lines(proper(findings)),
         "",
         *checks_lines([f for f in findings if f.check]),

@@ -145,7 +145,7 @@ def _sequential_why(c: Claim, brief: bool) -> str:
             return "no boundary crossed"
         end = "by the last look" if outcome == INCONCLUSIVE else "when its family stopped (out of budget)"
         share = s.get("share", 1.0)
-        holm = f" (boundaries at Holm's share 1/{round(1 / share)} of α)" if share < 1 else ""
+        holm = f" (Holm's share 1/{round(1 / share)} of α)" if share < 1 else ""
         return f"no boundary crossed at {seeds} seeds {end}{holm}"
     shown = {REPRODUCED: "holds", NEGLIGIBLE: "negligible", CONTRADICTED: "contradicted"}[outcome]
     if c.kind == EQUIVALENCE:
@@ -160,7 +160,7 @@ def _sequential_why(c: Claim, brief: bool) -> str:
         else f"{c.expected * c.sesoi:+g}"
     )
     share = s.get("share", 1.0)
-    holm = f", at Holm's share 1/{round(1 / share)} of α" if share < 1 else ""
+    holm = f", Holm's share 1/{round(1 / share)} of α" if share < 1 else ""
     return (
         f"{shown}: at look {s['look'] + 1} ({seeds} seeds) the one-sided test against {bound} crossed its "
         f"boundary, p < {boundary:.2g}{holm}"
@@ -286,11 +286,13 @@ def what_was_found(f: Finding, most: int | None = None) -> str:
     by_outcome = {outcome: [c for c in f.claims if claim_outcome(f, c) == outcome] for outcome, _ in GROUPS}
     by_outcome[NOT_SHOWN].sort(key=_rank)
     groups = [(words, by_outcome[o][:most]) for o, words in GROUPS if by_outcome[o]]
-    rest = len(f.claims) - sum(len(claims) for _, claims in groups)
+    untested = sum(claim_outcome(f, c) == NOT_TESTED for c in f.claims)  # each gated alone: counted, not named
+    rest = len(f.claims) - untested - sum(len(claims) for _, claims in groups)
     more = f"; and {rest} more (below)" if rest else ""
-    if len(groups) == 1 and f.verdict in LEADS:
+    if len(groups) == 1 and not untested and f.verdict in LEADS:
         return f"{LEADS[f.verdict]}: " + "; ".join(_claim_said(c) for c in groups[0][1]) + more
     counts = ", ".join(f"{len(by_outcome[o])} {words.lower()}" for o, words in GROUPS if by_outcome[o])
+    counts += f", {untested} not tested" if untested else ""
     lead = f"Of {len(f.claims)} claims, {counts}"
     said = ". ".join(f"{words}: " + "; ".join(_claim_said(c) for c in claims) for words, claims in groups)
     return f"{lead}. {said}{more}"
