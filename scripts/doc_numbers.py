@@ -223,6 +223,7 @@ def claims_block(out: Outputs) -> str:
             lo, hi = c.get("ci95") or (None, None)
             state = "holds" if c.get("holds") else ("contradicted" if c.get("contradicted") else "does not hold")
             state = "negligible" if state == "does not hold" and c.get("negligible") else state
+            state = "not tested" if c.get("not_tested") else "FRAGILE" if c.get("fragile") else state
             mde = f"{num(c.get('mde'), sign=False)} ({'yes' if ok else 'no'})"
             rows.append(
                 f"| `{key}` | {c['what']} | {num(c.get('estimate'))} [{num(lo)}, {num(hi)}] "
