@@ -9,9 +9,10 @@ import math
 import pytest
 
 from tasks.ablate.grid import expand
+from tasks.ablate.rounds import DECIDED, GATED
 from tasks.config import Config
 from tasks.design.preregistration import design
-from tasks.report.findings import FAMILY_OF, evaluate, mark_fragile
+from tasks.report.findings import FAMILY_OF, evaluate, family_state, mark_fragile
 from tasks.report.method import decide
 from tasks.report.render import report_json
 from tasks.report.sections.findings import forest_rows
@@ -393,12 +394,15 @@ def test_a_branch_that_gave_up_stays_in_the_pairs_at_its_scored_gap_and_is_count
     assert "0 recovered / 7 gap / 1 gave up" in found.numbers
 
 
-def test_the_spike_finding_is_not_tested_below_four_gapped_seeds_of_a_cause_or_on_a_mistied_cause():
+def test_the_spike_finding_is_not_tested_below_four_gapped_seeds_of_every_cause_or_on_a_mistied_cause():
     three = spike_finding(spike_metrics(3, -0.15))
     assert three.verdict == NOT_TESTED and "at 3 of 3 seeds" in three.precondition_failed
     closed = spike_metrics(4, -0.15)
     closed["matrix"]["param"]["continue"]["0"] |= {"final_gap": 0.01, "scored_gap": 0.01}  # continue came back
-    assert spike_finding(closed).precondition_failed.startswith("param: continue ended more than 3% above")
+    found = spike_finding(closed)  # param's claim alone is not tested; the other causes' are
+    assert [c.not_tested is None for c in found.claims] == [True, True, True, False, True]
+    assert (found.claims[3].not_tested or "").startswith("param: continue ended more than 3% above")
+    assert found.verdict != NOT_TESTED
     mistied = spike_finding(spike_metrics(8, -0.15, {**SPIKE_TIES, "lr": "stream"}))
     assert mistied.verdict == NOT_TESTED and "lr injection was tied to ['stream']" in mistied.precondition_failed
 
@@ -429,3 +433,14 @@ def test_no_sensitivity_rerun_marks_nothing_fragile():
     finding = decide("beta2", [Claim("spikes_1x", 1.0, 1e-4, 1, sesoi=0.1, ci95=[0.5, 1.5])], "", [])
     mark_fragile([finding], Config(), None)
     assert finding.claims[0].fragile is None
+
+
+def test_a_family_in_rounds_is_decided_once_every_tested_claim_crossed_and_gated_once_none_is_tested():
+    def crossed() -> Claim:
+        return Claim("a", 1.0, 1e-4, sequential={"outcome": REPRODUCED, "look": 0, "seeds": 4, "boundary": 1e-3})
+
+    def gated() -> Claim:
+        return Claim("b", 1.0, 1e-4, not_tested="its gate failed")
+
+    assert family_state(decide("f", [crossed(), gated()], "", [])) == DECIDED  # the gated claim waits for nothing
+    assert family_state(decide("f", [gated(), gated()], "", [])) == GATED

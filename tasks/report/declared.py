@@ -527,7 +527,7 @@ def rate_claim(claim: DeclaredClaim, rate: tuple[dict[tuple, bool], dict[tuple, 
     """The claim as a difference in divergence rate, a − b, by the exact McNemar test paired by seed."""
     d = divergence_rates(*rate)
     return Claim(
-        f"{claim.statement} (read as diverged share: a side diverged in most seeds)",
+        claim.statement,  # the claim's name everywhere (metrics/sensitivity.json too); kind and unit say it is a rate
         d["risk_difference"],
         d["p"],
         0 if claim.kind == "equivalence" else claim.expected,

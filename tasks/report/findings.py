@@ -263,9 +263,8 @@ def scored_gap(cell: dict[str, Any]) -> float | None:
     return gap
 
 
-def spike_precondition(spike: dict[str, Any], epsilon: float) -> str | None:
-    """Why the spike finding cannot be tested, or None: a cause missing or tied to the wrong thing,
-    or a cause whose ``continue`` branch left a gap at fewer than SPIKE_MIN_SEEDS seeds."""
+def spike_precondition(spike: dict[str, Any]) -> str | None:
+    """Why the spike finding cannot be tested, or None: a cause missing or tied to the wrong thing."""
     matrix = spike["matrix"]
     for cause, tied in SPIKE_CAUSES.items():
         if cause not in matrix or "continue" not in matrix[cause]:
@@ -273,14 +272,19 @@ def spike_precondition(spike: dict[str, Any], epsilon: float) -> str | None:
         ties = {entry[cause]["injection"]["tied_to"] for entry in spike["seeds"].values()}
         if ties != {tied}:
             return f"the {cause} injection was tied to {sorted(ties)}, not to the {tied}: another cause"
-    for cause in SPIKE_CAUSES:
-        gapped = [s for s, gap in spike_gaps(matrix, cause, "continue").items() if gap > epsilon]
-        if len(gapped) < SPIKE_MIN_SEEDS:
-            return (
-                f"{cause}: continue ended more than {epsilon:.0%} above the control at {len(gapped)} of "
-                f"{len(matrix[cause]['continue'])} seeds (needs >= {SPIKE_MIN_SEEDS})"
-            )
     return None
+
+
+def cause_gate(matrix: dict[str, Any], cause: str, epsilon: float) -> str | None:
+    """The gate of a cause's claims (each judged on its own, issue 58): its ``continue`` branch left
+    a gap at >= SPIKE_MIN_SEEDS seeds, else there was nothing for a policy to recover."""
+    gapped = [s for s, gap in spike_gaps(matrix, cause, "continue").items() if gap > epsilon]
+    if len(gapped) >= SPIKE_MIN_SEEDS:
+        return None
+    return (
+        f"{cause}: continue ended more than {epsilon:.0%} above the control at {len(gapped)} of "
+        f"{len(matrix[cause]['continue'])} seeds (needs >= {SPIKE_MIN_SEEDS})"
+    )
 
 
 def detection_text(spike: dict[str, Any], cause: str) -> str:
@@ -316,13 +320,14 @@ def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
     """Per cause, the policies whose assumption fits it against continue (SPIKE_BETTER: claims) and
     those whose assumption does not (SPIKE_NO_BETTER: predictions, shown), on the final gap
     (relative, smoothed training loss), paired by seed over the seeds where both branches have one
-    (a branch that gave up is its own outcome, counted, never imputed). Not tested unless every
-    cause's continue branch left a gap at >= SPIKE_MIN_SEEDS seeds. Beside each claim, its estimate
+    (a branch that gave up is its own outcome, counted, never imputed). A cause's claims are not
+    tested unless its continue branch left a gap at >= SPIKE_MIN_SEEDS seeds (:func:`cause_gate`,
+    each cause on its own). Beside each claim, its estimate
     on the discovery and on the confirmation seeds alone (``details``)."""
     if not spike or "matrix" not in spike:
         return decide("spike", [], "the spike stage did not run", [], "the spike stage did not run")
     matrix, epsilon = spike["matrix"], cfg.recovery.recover_epsilon
-    failed = origins_gate(spike) or spike_precondition(spike, epsilon)
+    failed = origins_gate(spike) or spike_precondition(spike)
     halves = halves_for(spike.get("discovery_seeds", []), spike.get("confirm_seeds", []))
 
     def tested(cause: str, policy: str) -> dict[str, Any]:
@@ -335,6 +340,9 @@ def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
         direction("spike", SPIKE_CLAIM_IDS[c, p], f"{c}×{p} − continue, scored gap", comparisons[c, p], -1, "relative")
         for c, p in SPIKE_BETTER
     ]
+    if not failed:  # each cause's claims gated on its own continue gap
+        for claim, (gated_cause, _policy) in zip(claims, SPIKE_BETTER, strict=True):
+            claim.not_tested = cause_gate(matrix, gated_cause, epsilon)
     details: dict[str, Any] = {f"{c}/{p}": comparisons[c, p] for c, p in (*SPIKE_BETTER, *SPIKE_NO_BETTER)}
     numbers = "; ".join(
         [
