@@ -20,7 +20,7 @@ from tasks.params import RESOLVED
 from tasks.report.arithmetic import committed_outputs, numeric_paths, warnings
 from tasks.report.declared import declared_finding
 from tasks.report.figures import forest_plot
-from tasks.report.findings import evaluate
+from tasks.report.findings import evaluate, mark_fragile
 from tasks.report.render import render_html, render_markdown, report_json, report_sections
 from tasks.report.sections.checks import shown_verdict
 from tasks.report.sections.findings import forest_rows
@@ -72,6 +72,7 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         findings = evaluate(cfg, ablate, search, spike, unigram) + [
             declared_finding(cfg, ablate, unigram, family) for family in declared
         ]
+        mark_fragile(findings, cfg, sensitivity)  # the perturbed rerun, a registered replication
         trained = {"search": search, "spike": spike, "ablate": ablate, "sensitivity": sensitivity}
         origin = provenance(project, RESOLVED, git_lineage().get("mlflow.source.git.commit"), trained)
         arithmetic = arithmetic_of(numerics, {"search": search, "pretrain": pretrain, "spike": spike, "ablate": ablate})

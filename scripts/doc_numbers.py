@@ -159,11 +159,22 @@ def act_on_block(out: Outputs) -> str:
             "are listed in the report as held, not as findings.\n"
         )
     rows = ["What this study lets you act on (the findings it decided; the others are open):"]
+    if report.get("reanalysis"):  # the verdicts come from rules written after the results were read
+        rows[0] = f"Exploratory, a re-analysis after results: {report['reanalysis']} {rows[0]}"
     for key in decided:
         f = report["findings"][key]
-        claims = "; ".join(f"{c['what']} {num(c.get('estimate'))} {c.get('unit', '')}".rstrip() for c in f["claims"])
+        claims = "; ".join(claim_words(c) for c in f["claims"])
         rows.append(f"- {badge(f['verdict'])} `{key}`. {DECIDED[f['verdict']]}: {f['claim']} ({claims}).")
     return "\n".join(rows) + "\n"
+
+
+def claim_words(c: dict[str, Any]) -> str:
+    """A decided finding's claim in the act-on block: its estimate, or that its own gate left it
+    untested; a claim that held but not under the data perturbation says FRAGILE."""
+    if c.get("not_tested"):
+        return f"{c['what']}: not tested"
+    said = f"{c['what']} {num(c.get('estimate'))} {c.get('unit', '')}".rstrip()
+    return said + (" (`FRAGILE`: not replicated under the data perturbation)" if c.get("fragile") else "")
 
 
 def claim_power(out: Outputs) -> tuple[int, int]:
@@ -212,6 +223,7 @@ def claims_block(out: Outputs) -> str:
             lo, hi = c.get("ci95") or (None, None)
             state = "holds" if c.get("holds") else ("contradicted" if c.get("contradicted") else "does not hold")
             state = "negligible" if state == "does not hold" and c.get("negligible") else state
+            state = "not tested" if c.get("not_tested") else "FRAGILE" if c.get("fragile") else state
             mde = f"{num(c.get('mde'), sign=False)} ({'yes' if ok else 'no'})"
             rows.append(
                 f"| `{key}` | {c['what']} | {num(c.get('estimate'))} [{num(lo)}, {num(hi)}] "

@@ -9,7 +9,9 @@ ablation family of the profile with its claims, each family on the looks its bud
 (tasks/ablate/rounds.py: reachable_rounds), the claims of one family correlated through their shared
 arms (``--rho``: the correlation of two claims' per-seed values; 0.5 is two differences against
 one shared arm of equal variance), Holm within each family at each look's spent level
-(tasks/design/stats.py: holm). It prints the family-wise rates under three nulls (every effect 0;
+(tasks/design/stats.py: holm; the report's walk, tasks/report/declared.py: holm_walks, also lets a
+claim decided at a later look hand its share back to the looks already made, so it rejects at least
+as often as this simulation). It prints the family-wise rates under three nulls (every effect 0;
 every effect at +SESOI, where a wrong reproduced is likeliest; at -SESOI, likewise contradicted):
 some claim of the study, and of its worst family, reproduced or contradicted; then each family's
 power per claim at 1, 1.5 and 2 x SESOI, the other claims null. docs/registration.md quotes it:
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model.private import run_private  # noqa: E402
 from tasks.ablate.config import MIN_FIRST_ROUND  # noqa: E402
+from tasks.design.stats import holm  # noqa: E402
 from tasks.report.sequential import (  # noqa: E402
     OBRIEN_FLEMING,
     SPENDINGS,
@@ -40,25 +43,6 @@ from tasks.report.sequential import (  # noqa: E402
     equivalence_boundaries,
     simulate,
 )
-
-
-def _holm_fallback(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values. FALLBACK, to be removed: the judge session's
-    tasks/design/stats.py: holm (issue #58, item 3) replaces it once it is on main."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    adjusted, running = [0.0] * len(p_values), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
-        adjusted[i] = running
-    return adjusted
-
-
-def _holm() -> Callable[[Sequence[float]], list[float]]:
-    from tasks.design import stats as design_stats
-
-    found: Callable[[Sequence[float]], list[float]] = getattr(design_stats, "holm", _holm_fallback)
-    return found
-
 
 REPRODUCED, CONTRADICTED, NEGLIGIBLE = 2, 1, 3
 
@@ -105,7 +89,6 @@ def study(profile: str, rho: float, sesoi: float, sims: int) -> None:
     from tasks.report.declared import looks
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "params.yaml", profile)
-    holm = _holm()
     fams = {
         f.name: (len(f.claims), looks(cfg, f) or SequentialDesign((len(f.all_seeds),)))
         for f in families(cfg).values()
@@ -117,7 +100,7 @@ def study(profile: str, rho: float, sesoi: float, sims: int) -> None:
     rng = np.random.default_rng(1)
     print(
         f"study {profile}: {len(fams)} families, {claims} claims; SESOI {sesoi:g} SD; claims of a family "
-        f"correlated rho = {rho:g}; Holm within family ({'tasks.design.stats.holm' if holm is not _holm_fallback else 'local fallback'}); {sims:,} simulated studies"
+        f"correlated rho = {rho:g}; Holm within family at each look; {sims:,} simulated studies"
     )
     nulls = {"every effect 0": 0.0, "every effect at +SESOI": sesoi, "every effect at -SESOI": -sesoi}
     for what, effect in nulls.items():

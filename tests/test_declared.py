@@ -29,6 +29,7 @@ from tasks.design.studies import (
     read_studies,
 )
 from tasks.report.declared import declared_finding
+from tasks.report.verdict import RATE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -401,17 +402,18 @@ def test_a_gate_at_some_level_is_met_where_one_level_meets_it_and_the_report_nam
         assert finding.verdict == "reproduced", finding.numbers
     else:
         assert finding.verdict == "not tested"
-        assert "(at optim.lr 0.01, the nearest), on the plateau at some optim.lr (at least 5.5)" in (
-            finding.precondition_failed or ""
+        assert (
+            "(at optim.lr 0.01, the nearest), on the plateau at some optim.lr where the compared variants trained"
+            in (finding.precondition_failed or "")
         )
 
 
-@pytest.mark.parametrize(("trained", "met"), [(False, True), (True, False)])
-def test_a_gate_that_reads_only_trained_levels_ignores_a_level_stuck_on_the_plateau(tmp_path, trained, met):
-    """The z-loss gate's form: coupled decay at LR 0.01 sits on the plateau (5.8, the bound 5.5) and
-    only there meets the gate's at_least 4.1; read where it trained, no level does."""
+def test_every_gate_reads_only_the_levels_at_which_the_claims_compared_variants_trained(tmp_path):
+    """The z-loss gate's form, now every gate's rule: coupled decay at LR 0.01 sits on the plateau
+    (5.8, the bound 5.5) and only there meets the gate's at_least 4.1; read where the compared
+    variants trained, no level does, and the claim is not tested."""
     gate = {"metric": "capped_loss", "variant": {"optim.weight_decay_mode": "coupled"}, "at_least": 4.1}
-    gate |= {"at_some": "optim.lr", "trained": trained, "justification": "the mechanism, where the arm trained"}
+    gate |= {"at_some": "optim.lr", "justification": "the mechanism, where the arm trained"}
     body = edited("claims/lower_sensitivity/gate", gate)
 
     def loss(f, seed):
@@ -420,16 +422,16 @@ def test_a_gate_that_reads_only_trained_levels_ignores_a_level_stuck_on_the_plat
         return 4.0 + 0.1 * abs(np.log10(f["optim.lr"]) + 2.5) + noise(seed, f, 0.001)
 
     finding = judged(tmp_path, body, loss, unigram=6.0)
-    assert finding.details["gates"]["lower_sensitivity"]["met"] is met
-    if not met:
-        assert finding.verdict == "not tested"
-        assert "at least 4.1 at some optim.lr where it trained" in (finding.precondition_failed or "")
+    assert finding.details["gates"]["lower_sensitivity"]["met"] is False
+    assert "0.01" not in finding.details["gates"]["lower_sensitivity"]["levels"]
+    assert finding.verdict == "not tested"
+    assert "at least 4.1 at some optim.lr where the compared variants trained" in (finding.precondition_failed or "")
 
 
-def test_a_gate_reading_trained_levels_needs_a_factor_to_read(tmp_path, cfg):
-    gate = {"metric": "capped_loss", "variant": {}, "at_least": 1, "trained": True, "justification": "j"}
-    with pytest.raises(ConfigError, match="gate.trained: reads the levels of at_some"):
-        declare(tmp_path, cfg, edited("claims/lower_sensitivity/gate", gate))
+def test_a_gate_no_longer_takes_a_trained_key_every_gate_reads_trained_levels(tmp_path, cfg):
+    gate = {"metric": "capped_loss", "variant": {}, "at_least": 1, "at_some": "optim.lr", "trained": True}
+    with pytest.raises(ConfigError, match="trained"):
+        declare(tmp_path, cfg, edited("claims/lower_sensitivity/gate", gate | {"justification": "j"}))
 
 
 def test_a_compared_variant_on_the_unigram_plateau_leaves_the_claim_not_tested(tmp_path):
@@ -510,3 +512,53 @@ def same(a: Any, b: Any) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     return bool(a == b)
+
+
+DIVERGES = edited(
+    "claims",
+    {
+        "worse": {
+            "kind": "contrast",
+            "metric": "capped_loss",
+            "a": {"optim.weight_decay_mode": "coupled", "optim.lr": 0.01},
+            "b": {"optim.weight_decay_mode": "independent", "optim.lr": 0.01},
+            "expected": 1,
+            "sesoi": 0.05,
+            "justification": "a twentieth of a nat",
+            "may_fail": [{"optim.weight_decay_mode": "coupled"}],
+        }
+    },
+)
+
+
+def diverging_at(seeds: list[int]):
+    """Coupled decay at LR 0.01 ends 9 nats (above ln V = 7: diverged) at ``seeds``, trains elsewhere."""
+
+    def loss(f, seed):
+        if f["optim.weight_decay_mode"] == "coupled" and f["optim.lr"] == 0.01 and seed in seeds:
+            return 9.0
+        return 4.0 + noise(seed, f)
+
+    return loss
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_loss_claim_whose_variant_diverged_in_more_than_half_its_seeds_is_a_divergence_rate(tmp_path, extra):
+    """Exactly half the seeds diverged: still a loss difference; one more: the claim is the
+    difference in diverged share, by the exact McNemar test, never the cap minus a trained loss."""
+    (family,) = declare(tmp_path, family_config, DIVERGES)
+    seeds = family.all_seeds[: len(family.all_seeds) // 2 + extra]
+    finding = judged(tmp_path, DIVERGES, diverging_at(seeds))
+    (claim,) = finding.claims
+    assert (claim.kind == RATE) is bool(extra)
+    if extra:
+        assert claim.estimate == pytest.approx(len(seeds) / len(family.all_seeds))
+        assert claim.p == pytest.approx(2 * 0.5 ** len(seeds))  # every discordant pair the same way
+        assert "worse diverged" in finding.numbers
+
+
+def test_a_variant_that_diverged_at_every_seed_reproduces_the_claim_as_a_rate(tmp_path):
+    (family,) = declare(tmp_path, family_config, DIVERGES)
+    finding = judged(tmp_path, DIVERGES, diverging_at(family.all_seeds))
+    assert finding.claims[0].kind == RATE and finding.claims[0].not_tested is None
+    assert finding.verdict == "reproduced", finding.numbers

@@ -128,14 +128,21 @@ def test_the_check_fails_when_an_output_changes(tmp_path: Path) -> None:
     assert f"| `{name}` |" in (tmp_path / "README.md").read_text(encoding="utf-8")
 
 
-def act_on(tmp_path: Path, verdicts: dict[str, str], checks: dict[str, str]) -> str:
-    """The act-on block of a report whose findings have ``verdicts`` (``checks``: checks of the machinery)."""
-    claim = {"what": "fp16 − fp32, final loss", "estimate": 0.4, "unit": "nats"}
-    findings = {k: {"verdict": v, "claim": f"{k} published claim", "claims": [claim]} for k, v in verdicts.items()}
+def act_on(
+    tmp_path: Path,
+    verdicts: dict[str, str],
+    checks: dict[str, str],
+    claims: list[dict] | None = None,
+    reanalysis: str | None = None,
+) -> str:
+    """The act-on block of a report whose findings have ``verdicts`` (``checks``: checks of the
+    machinery), each with ``claims`` (one held claim by default) and the report's ``reanalysis``."""
+    claims = claims or [{"what": "fp16 − fp32, final loss", "estimate": 0.4, "unit": "nats"}]
+    findings = {k: {"verdict": v, "claim": f"{k} published claim", "claims": claims} for k, v in verdicts.items()}
     counts = {v: sum(x == v for k, x in verdicts.items() if k not in checks) for v in set(verdicts.values())}
     (tmp_path / "metrics").mkdir()
     (tmp_path / "reports").mkdir()
-    report = {"findings": findings, "checks": checks, "counts": counts}
+    report = {"findings": findings, "checks": checks, "counts": counts, "reanalysis": reanalysis}
     (tmp_path / "metrics" / "report.json").write_text(json.dumps(report), encoding="utf-8")
     (tmp_path / "reports" / "REPORT.md").write_text("## Findings\n", encoding="utf-8")
     module = doc_numbers()
@@ -153,6 +160,18 @@ def test_the_readme_acts_only_on_decided_findings_each_as_its_verdict_words_it(t
     assert "- `NEGLIGIBLE` `b`. Absent or too small to act on here" in block
     assert "- `CONTRADICTED` `c`. Shown the other way here: c published claim" in block
     assert "`d`" not in block and "`init`" not in block  # open, and a check of the machinery
+
+
+def test_the_readme_marks_a_fragile_claim_and_an_untested_one_and_labels_a_reanalysis_exploratory(
+    tmp_path: Path,
+) -> None:
+    claims = [
+        {"what": "held", "estimate": 0.4, "unit": "nats", "fragile": "under the registered data perturbation: ..."},
+        {"what": "gated", "estimate": 0.1, "unit": "nats", "not_tested": "its gate failed"},
+    ]
+    block = act_on(tmp_path, {"a": "reproduced"}, {}, claims, reanalysis="Read under rules written after results.")
+    assert block.startswith("Exploratory, a re-analysis after results: Read under rules written after results.")
+    assert "(held +0.4 nats (`FRAGILE`: not replicated under the data perturbation); gated: not tested)" in block
 
 
 def test_the_readme_says_plainly_when_no_finding_is_decided(tmp_path: Path) -> None:

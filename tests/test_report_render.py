@@ -356,3 +356,11 @@ def test_the_markdown_and_the_html_are_rendered_from_the_same_sections_in_the_sa
         assert html.unescape(h).startswith(section.title)
     assert [s.anchor for s in sections if s.anchor] == [f.key for f in committed["findings"]]
     assert all(f'<a id="{f.key}"></a>' in page for f in committed["findings"])
+
+
+def test_a_report_read_under_rules_written_after_its_results_says_so_first(committed):
+    """The design's ``reanalysis`` (version 3 read under issue 58's rules) heads the first screen."""
+    first = committed["sections"][0].lines
+    assert any(
+        str(x).startswith("> **Exploratory: a re-analysis after results.** Version 3's results read") for x in first
+    )

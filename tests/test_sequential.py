@@ -17,6 +17,7 @@ import pytest
 from scipy import stats
 
 from tasks.design.stats import ALPHA, paired, tost_paired, tost_power
+from tasks.report.declared import holm_walks
 from tasks.report.sequential import (
     CONTINUE,
     JOINT,
@@ -29,6 +30,7 @@ from tasks.report.sequential import (
     fixed_decision,
     look_correlation,
     run_sequential,
+    shared,
     simulate,
 )
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NEGLIGIBLE, REPRODUCED, Claim
@@ -370,3 +372,56 @@ def test_the_edges_of_the_settings_are_accepted():
     assert SequentialDesign.from_mapping({"rounds": [3]}).rounds == (3,)
     at_alpha = SequentialDesign.from_mapping({"rounds": [4, 8], "nominal": [0.02, 0.03]})
     assert (at_alpha.spending, at_alpha.nominal) == (NOMINAL, (0.02, 0.03))
+
+
+# ----------------------------------------------------------------------------------------------
+# Holm's shares (issue 58)
+# ----------------------------------------------------------------------------------------------
+
+ONE_LOOK = SequentialDesign(rounds=(4,), spending=NOMINAL, nominal=(ALPHA,))
+
+
+def test_a_share_of_one_is_the_unadjusted_design():
+    design = SequentialDesign(rounds=(4, 8, 12))
+    assert shared(design, 1.0) is design
+    x = unit_sample(1.5, 12)
+    assert run_sequential(x, design, SESOI, 1, share=1.0) == run_sequential(x, design, SESOI, 1)
+
+
+def test_a_share_scales_nominal_levels_and_redraws_a_spending_function_at_that_alpha():
+    nominal = SequentialDesign(rounds=(4, 8), spending=NOMINAL, nominal=(0.02, 0.03))
+    assert boundaries(shared(nominal, 0.5)) == pytest.approx([0.005, 0.0075])
+    spending = SequentialDesign(rounds=(4, 8, 12))
+    assert sum(boundaries(shared(spending, 0.25))) == pytest.approx(ALPHA / 8)
+
+
+@pytest.mark.parametrize("share", [0.0, 1.5])
+def test_a_share_outside_zero_to_one_is_refused(share):
+    with pytest.raises(ValueError, match="share of alpha"):
+        shared(ONE_LOOK, share)
+
+
+def test_a_claim_is_reproduced_at_its_share_only_strictly_beyond_the_shared_boundary():
+    reach = stats.t.isf(ALPHA / 4, 3) / 2  # one look at share 1/2: alpha / 4 per tail; n 4, SD 1
+    assert run_sequential(unit_sample(SESOI + reach + 1e-9), ONE_LOOK, SESOI, 1, share=0.5).outcome == REPRODUCED
+    assert run_sequential(unit_sample(SESOI + reach - 1e-9), ONE_LOOK, SESOI, 1, share=0.5).outcome == INCONCLUSIVE
+    assert run_sequential(unit_sample(SESOI + reach - 1e-9), ONE_LOOK, SESOI, 1).outcome == REPRODUCED
+
+
+def test_holm_walks_hands_a_decided_claims_share_to_the_rest():
+    """B clears the whole-alpha boundary but not half of it: walked at 1/2 beside A it stays open,
+    and once A crosses at 1/2, B is walked again at the whole alpha and crosses."""
+    reach = stats.t.isf(ALPHA / 2, 3) / 2
+    strong, edge = unit_sample(SESOI + 3 * reach), unit_sample(SESOI + reach + 1e-6)
+
+    def walker(x):
+        return lambda share: run_sequential(x, ONE_LOOK, SESOI, 1, share=share)
+
+    claims = [Claim("A", 1.0, 0.01), Claim("B", 1.0, 0.01)]
+    holm_walks(claims, [walker(strong), walker(edge)])
+    assert [(c.sequential or {}).get("outcome") for c in claims] == [REPRODUCED, REPRODUCED]
+    assert [(c.sequential or {}).get("share") for c in claims] == [0.5, 1.0]
+    alone = [Claim("A", 1.0, 0.01), Claim("B", 1.0, 0.01)]
+    holm_walks(alone, [walker(unit_sample(0.0)), walker(edge)])  # A crosses nothing: B keeps its half
+    assert [(c.sequential or {}).get("outcome") for c in alone] == [INCONCLUSIVE, INCONCLUSIVE]
+    assert alone[1].sequential == {"outcome": INCONCLUSIVE, "look": 0, "seeds": 4, "boundary": None, "share": 0.5}

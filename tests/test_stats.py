@@ -12,7 +12,9 @@ import pytest
 from scipy import stats
 
 from tasks.design.stats import (
+    ALPHA,
     divergence_rates,
+    holm,
     mde_paired,
     paired,
     seed_means,
@@ -171,3 +173,25 @@ def test_seeds_for_tost_power_is_the_first_n_at_which_the_power_reaches_80_perce
     assert seeds_for_tost_power(1.0, 0.001, most=1000) is None
     assert tost_power(1, 1.0, 0.5) is None
     assert tost_power(5, 0.0, 0.5) == 1.0 and tost_power(5, 0.0, 0.5, delta=0.5) == 0.0
+
+
+def test_holm_of_one_p_is_that_p():
+    assert holm([0.03]) == [0.03]
+
+
+def test_holm_multiplies_the_ith_smallest_p_by_m_minus_i_plus_1_in_the_order_given():
+    assert holm([0.04, 0.01, 0.03]) == pytest.approx([0.06, 0.03, 0.06])
+
+
+def test_holm_is_monotone_in_p_and_capped_at_one():
+    adjusted = holm([0.02, 0.021, 0.6, 0.9])
+    assert adjusted == pytest.approx(
+        [0.08, 0.08, 1.0, 1.0]
+    )  # 0.021 x 3 = 0.063 raised to 0.08: never below a smaller p's
+    assert max(holm([0.5, 0.6])) == 1.0
+
+
+def test_a_p_exactly_at_its_holm_level_is_not_significant():
+    """Two claims: the smaller p is tested at alpha / 2, so p = alpha / 2 adjusts to exactly alpha (not < alpha)."""
+    assert holm([ALPHA / 2, 0.04])[0] == ALPHA
+    assert holm([ALPHA / 2 - 1e-9, 0.04])[0] < ALPHA

@@ -7,7 +7,18 @@ from __future__ import annotations
 import pytest
 
 from tasks.design.stats import ALPHA
-from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NEGLIGIBLE, NOT_TESTED, REPRODUCED, Claim, verdict
+from tasks.report.method import decide
+from tasks.report.verdict import (
+    CONTRADICTED,
+    INCONCLUSIVE,
+    NEGLIGIBLE,
+    NOT_TESTED,
+    RATE,
+    REPRODUCED,
+    Claim,
+    adjust,
+    verdict,
+)
 
 AGREE = {"discovery": 1.0, "confirmation": 1.2}
 
@@ -148,3 +159,56 @@ def test_a_claim_with_no_sesoi_is_never_negligible_and_an_equivalence_is_negligi
     assert equivalence(0.01).negligible and equivalence(0.01).holds
     assert not equivalence(ALPHA).negligible
     assert verdict([equivalence(0.01), small()]) == NEGLIGIBLE
+
+
+def gated(c: Claim, why: str = "its mechanism did not occur") -> Claim:
+    c.not_tested = why
+    return c
+
+
+def test_a_claim_whose_own_gate_failed_leaves_its_sibling_tested_and_the_finding_read_from_it():
+    assert verdict([claim(), gated(claim(-1.0, 0.001, (-1.5, -0.5)))]) == REPRODUCED  # the gated one would contradict
+    assert verdict([claim(0.1, 0.5, (-0.5, 0.7)), gated(claim())]) == INCONCLUSIVE
+
+
+def test_a_finding_is_not_tested_only_when_every_claim_is():
+    assert verdict([gated(claim()), gated(claim())]) == NOT_TESTED
+    finding = decide("beta2", [gated(claim(), "spikes_1x: gate"), gated(claim(), "spikes_4x: gate")], "", [])
+    assert finding.verdict == NOT_TESTED and finding.precondition_failed == "spikes_1x: gate; spikes_4x: gate"
+
+
+def test_holm_adjusts_over_the_tested_claims_only():
+    claims = [claim(p=0.02), claim(p=0.001), gated(claim(p=0.0001))]
+    adjust(claims)
+    assert [c.p_adjusted for c in claims] == pytest.approx([0.02, 0.002, None])
+
+
+@pytest.mark.parametrize(("p", "holds"), [(ALPHA / 2, False), (ALPHA / 2 - 1e-9, True)])
+def test_a_claim_holds_on_its_holm_adjusted_p_strictly_below_alpha(p, holds):
+    """Two claims: the larger p is Holm's last step (x1), the smaller p's step is x2: p = alpha / 2 adjusts to alpha."""
+    finding = decide("beta2", [claim(p=p), claim(p=ALPHA / 2 + 0.001)], "", [])
+    assert finding.claims[0].p_adjusted == pytest.approx(2 * p)
+    assert finding.claims[0].holds is holds
+
+
+def test_one_claim_is_adjusted_to_itself():
+    (only,) = decide("beta2", [claim(p=0.049)], "", []).claims
+    assert only.p_adjusted == 0.049 and only.holds
+
+
+def rate(estimate: float, p: float | None, expected: int = 1) -> Claim:
+    return Claim("diverged share", estimate, p, expected, kind=RATE)
+
+
+@pytest.mark.parametrize(
+    ("c", "holds", "contradicted"),
+    [
+        (rate(1.0, 0.0005), True, False),
+        (rate(1.0, ALPHA), False, False),  # p at alpha: not significant
+        (rate(-1.0, 0.0005), False, True),
+        (rate(1.0, 0.0005, expected=0), False, True),  # an equivalence claim read as a rate: any difference
+        (rate(0.0, None), False, False),
+    ],
+)
+def test_a_divergence_rate_claim_is_decided_by_its_exact_test_and_sign_never_negligible(c, holds, contradicted):
+    assert (c.holds, c.contradicted, c.negligible) == (holds, contradicted, False)

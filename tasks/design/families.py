@@ -46,15 +46,15 @@ class Gate:
     did not occur and it is not tested. With ``at_some`` (a factor the family crosses), the mean is
     taken at each level of that factor and the gate is met where some level meets every bound: the
     mechanism occurs somewhere on the grid (an LR at which Post-LN fails, one at which logits grow).
-    With ``trained: true`` only the levels at which the variant trained count (its mean capped loss
-    past the plateau): a drift measured in an arm stuck on the unigram plateau is the plateau's."""
+    Every gate is read at its claim's own conditions, at the levels where the claim's compared
+    variants trained (tasks/report/declared.py: gate_value): a drift measured in an arm stuck on the
+    unigram plateau is the plateau's."""
 
     metric: str
     variant: dict[str, Any]
     bounds: tuple[tuple[str, float], ...]
     justification: str
     at_some: str | None = None
-    trained: bool = False
 
     def met(self, mean: float | None, unigram: float | None = None, margin: float = 0.0) -> bool:
         if mean is None:
@@ -68,9 +68,14 @@ class Gate:
         return {"at_least": mean >= value, "above": mean > value, "at_most": mean <= value}[bound]
 
     @property
+    def on_plateau(self) -> bool:
+        """The gate reads a failure to train (the variant on the unigram plateau)."""
+        return any(b == "on_plateau" for b, _ in self.bounds)
+
+    @property
     def needs(self) -> str:
         words = " and ".join(BOUNDS[b] if b == "on_plateau" else f"{BOUNDS[b]} {v:g}" for b, v in self.bounds)
-        where = f" at some {self.at_some}{' where it trained' if self.trained else ''}"
+        where = f" at some {self.at_some} where the compared variants trained"
         return f"{words}{where}" if self.at_some else words
 
 

@@ -331,6 +331,20 @@ def divergence_rates(a: dict[Unit, bool], b: dict[Unit, bool]) -> dict[str, Any]
     return out
 
 
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979), in the order given: the i-th smallest p times
+    (m - i + 1), made monotone by a running maximum and capped at 1. Rejecting where the adjusted p
+    is below alpha keeps the family-wise error rate at alpha under any dependence between the
+    tests; with one p it is that p."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted = [0.0] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
 def lr_sensitivity(final_losses: dict[float, float], init_loss: float) -> float:
     """Wortsman et al. 2023 (§3.1): E over the LR grid of ``min(loss(η), loss at init) − ℓ*``,
     ℓ* the best capped loss on the grid; the expectation is the mean over the grid points

@@ -81,7 +81,7 @@ FAMILY_KEYS = {"question", "factors", "fixed", "steps", "seeds", "confirm_seeds"
 FAMILY_KEYS |= {"range_probe_every", "base"}
 CLAIM_KEYS = {"kind", "metric", "a", "b", "over", "across", "log", "expected", "sesoi", "justification"}
 CLAIM_KEYS |= {"may_fail", "gate", "statement", "unit"}
-GATE_KEYS = {"metric", "variant", *BOUNDS, "at_some", "trained", "justification"}
+GATE_KEYS = {"metric", "variant", *BOUNDS, "at_some", "justification"}
 """What a claim's ``gate`` may say (:class:`tasks.design.families.Gate`); docs/ablate-reference.md
 lists each, with FAMILY_KEYS, CLAIM_KEYS, KINDS and METRICS (tests/test_docs.py holds it to them)."""
 
@@ -379,12 +379,7 @@ def _gate(raw: Any, family: DeclaredFamily, where: str) -> Gate | None:
     variant = _variant(raw.get("variant") or {}, family, f"{where}.variant")
     if at_some in variant:
         raise ConfigError(f"{where}.at_some: {at_some} is fixed by the gate's variant")
-    trained = raw.get("trained", False)
-    if not isinstance(trained, bool):
-        raise ConfigError(f"{where}.trained: true or false, got {trained!r}")
-    if trained and at_some is None:
-        raise ConfigError(f"{where}.trained: reads the levels of at_some, and the gate names none")
-    return Gate(metric, variant, bounds, justification, at_some, trained)
+    return Gate(metric, variant, bounds, justification, at_some)
 
 
 def _bound(key: str, value: Any, where: str) -> float:

@@ -16,14 +16,20 @@ every seed and within each registered half (tasks/report/method.py: pooled_and_h
                ``log: true``) within a (every arm, when a names nothing); tested against 0.
 
 A claim is not tested when a compared variant ends on the unigram plateau (those declared in
-``may_fail`` aside) or when its mechanism gate is not met: the mechanism did not occur.
+``may_fail`` aside) or when its mechanism gate is not met: the mechanism did not occur. Each claim
+is gated on its own (a sibling's failed gate leaves it tested), and every gate reads the arms at the
+claim's own conditions (:func:`gate_value`). A loss claim whose compared variant diverged in more
+than half of its seeds is read as a difference in divergence rate (:func:`divergence`). In rounds,
+the claims of a finding are walked by Holm's procedure (:func:`holm_walks`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,7 +39,7 @@ from tasks.ablate.rounds import reachable_rounds
 from tasks.config import Config
 from tasks.design.families import DeclaredClaim, DeclaredFamily, matches, shown, variant_name
 from tasks.design.preregistration import design
-from tasks.design.stats import derived, seed_means, tost_paired
+from tasks.design.stats import derived, divergence_rates, seed_means, tost_paired
 from tasks.design.studies import STUDIES
 from tasks.report.method import (
     Arms,
@@ -46,11 +52,20 @@ from tasks.report.method import (
     halves_of,
     plateau_gate,
     pooled_and_halves,
+    rate_line,
     smaller_than,
     subtract,
 )
-from tasks.report.sequential import Outcome, SequentialDesign, run_sequential
-from tasks.report.verdict import EQUIVALENCE, Claim
+from tasks.report.sequential import (
+    CONTINUE,
+    INCONCLUSIVE,
+    Outcome,
+    SequentialDesign,
+    boundaries,
+    run_sequential,
+    shared,
+)
+from tasks.report.verdict import CONTRADICTED, DIRECTION, EQUIVALENCE, NEGLIGIBLE, RATE, REPRODUCED, Claim
 
 
 def declared_finding(
@@ -67,21 +82,25 @@ def declared_finding(
     reach: tasks/report/findings.py)."""
     arms, halves = Arms(ablate), halves_for(family.seeds, family.confirm_seeds)
     tested = {c.statement: test(arms, family, c, halves) for c in family.claims}
-    claims = [to_claim(c, tested[c.statement], halves, arms, family) for c in family.claims]
-    if (rounds := looks(cfg, family)) is not None:
-        for claim, declared in zip(claims, family.claims):
-            claim.sequential = dataclasses.asdict(walk(per_seed(arms, family, declared), family, declared, rounds))
-    text, details = notes
     measured = {c.name: gate_value(arms, family, c, unigram) for c in family.claims if c.gate}
-    failed = next(
-        (why for c in family.claims if (why := gates(arms, family, c, unigram, measured.get(c.name)))),
-        details.pop("failed", None),
-    )
+    rates = {c.name: divergence(arms, family, c) for c in family.claims}
+    claims = [
+        rate_claim(c, rate) if (rate := rates[c.name]) else to_claim(c, tested[c.statement], halves, arms, family)
+        for c in family.claims
+    ]
+    for claim, declared in zip(claims, family.claims):  # each claim judged on its own gates
+        diverged = mostly_diverged(declared, rates[declared.name])
+        claim.not_tested = gates(arms, family, declared, unigram, measured.get(declared.name), diverged)
+    if (rounds := looks(cfg, family)) is not None:
+        holm_walks(claims, [walker(arms, family, c, rounds, rates[c.name]) for c in family.claims])
+    text, details = notes
+    failed = details.pop("failed", None)
     compared = {c.statement: sides(arms, family, c) for c in family.claims}
     lines = [
         claims_numbers({c.statement: tested[c.statement]}, c.unit) + side_text(compared[c.statement])
         for c in family.claims
     ]
+    lines += [rate_text(c, rates[c.name]) for c in family.claims if rates[c.name]]
     lines += [gate_text(c, measured[c.name]) for c in family.claims if c.gate]
     numbers = "; ".join(filter(None, [*lines, text]))
     details = {**tested, **details, "sides": compared, "gates": measured}
@@ -111,15 +130,92 @@ def looks(cfg: Config, family: DeclaredFamily) -> SequentialDesign | None:
     return SequentialDesign.from_mapping({"rounds": list(rounds), **design()["sequential"]})
 
 
-def walk(values: dict[tuple, float], family: DeclaredFamily, claim: DeclaredClaim, rounds: SequentialDesign) -> Outcome:
+def walk(
+    values: dict[tuple, float],
+    family: DeclaredFamily,
+    claim: DeclaredClaim,
+    rounds: SequentialDesign,
+    share: float = 1.0,
+) -> Outcome:
     """The claim's sequential outcome over its per-seed values in the family's seed order, up to the
-    first seed with none (a failed arm ends the walk there: the next look is never full). An
-    equivalence claim is walked as expecting +1: negligible is what it predicts, beyond ±SESOI on
-    either side contradicts it."""
+    first seed with none (a failed arm ends the walk there: the next look is never full), at
+    ``share`` of α (Holm's: :func:`holm_walks`). An equivalence claim is walked as expecting +1:
+    negligible is what it predicts, beyond ±SESOI on either side contradicts it, so all of its
+    boundaries take the share; a direction claim's negligible boundaries keep the whole α (a
+    finding is NEGLIGIBLE only when every claim is, an intersection-union test: Berger 1982)."""
     seeds = family.all_seeds[: rounds.max_seeds]  # seeds past the looks the budget reaches are no part of the test
     ordered = list(itertools.takewhile(lambda v: v is not None, (values.get((s,)) for s in seeds)))
-    expected = 1 if claim.kind == "equivalence" else claim.expected
-    return run_sequential([float(v) for v in ordered if v is not None], rounds, claim.sesoi, expected)
+    equivalence = claim.kind == "equivalence"
+    x = [float(v) for v in ordered if v is not None]
+    return run_sequential(
+        x, rounds, claim.sesoi, 1 if equivalence else claim.expected, share, share if equivalence else 1.0
+    )
+
+
+Walker = Callable[[float], Outcome]
+"""A claim's sequential walk at a share of α."""
+
+DECISIONS = {DIRECTION: (REPRODUCED, CONTRADICTED), EQUIVALENCE: (REPRODUCED, CONTRADICTED, NEGLIGIBLE)}
+"""The walk outcomes that reject a claim's hypothesis at its share of α, by the claim's kind (a
+divergence-rate claim is walked as a direction claim)."""
+
+
+def holm_walks(claims: list[Claim], walkers: list[Walker]) -> None:
+    """Holm's procedure over a finding's sequential claims (the graphical group-sequential Holm of
+    Maurer & Bretz 2013, equal weights): each of the r claims not yet decided is walked over every
+    look made at α / r; every claim that crosses a boundary keeps that outcome and hands its share
+    to the rest, which are walked again at α / (r − k), until no further claim crosses. With one
+    claim it is the unadjusted walk. A claim whose own gate failed takes no share."""
+    open_ = [i for i, c in enumerate(claims) if c.not_tested is None]
+    outcomes: dict[int, Outcome] = {}
+    while open_:
+        outcomes |= {i: walkers[i](1 / len(open_)) for i in open_}
+        crossed = [i for i in open_ if outcomes[i].outcome in DECISIONS.get(claims[i].kind, DECISIONS[DIRECTION])]
+        if not crossed:
+            break
+        open_ = [i for i in open_ if i not in crossed]
+    for i, outcome in outcomes.items():
+        claims[i].sequential = dataclasses.asdict(outcome)
+
+
+def walker(
+    arms: Arms,
+    family: DeclaredFamily,
+    claim: DeclaredClaim,
+    rounds: SequentialDesign,
+    rate: tuple[dict[tuple, bool], dict[tuple, bool]] | None,
+) -> Walker:
+    """The claim's walk at a share of α: over its divergence per seed when it is read as a rate, else
+    over its per-seed values."""
+    if rate:
+        return functools.partial(walk_rate, *rate, family, rounds, claim.expected)
+    return functools.partial(walk, per_seed(arms, family, claim), family, claim, rounds)
+
+
+def walk_rate(
+    a: dict[tuple, bool],
+    b: dict[tuple, bool],
+    family: DeclaredFamily,
+    rounds: SequentialDesign,
+    expected: int,
+    share: float,
+) -> Outcome:
+    """A divergence-rate claim in rounds: at each look the exact McNemar test over the seeds of the
+    rounds so far, against twice the direction boundary's one-sided level at ``share`` of α (the
+    looks' levels add up to α under Bonferroni combination, whatever the test). An equivalence
+    claim (expected 0) is walked as expecting +1: either crossing contradicts it."""
+    ordered = list(itertools.takewhile(lambda s: (s,) in a and (s,) in b, family.all_seeds))
+    levels = boundaries(shared(rounds, share))
+    look: int | None = None
+    for k, n in enumerate(rounds.rounds):
+        if n > len(ordered):
+            return Outcome(CONTINUE, look, 0 if look is None else rounds.rounds[look], None, share)
+        look, seeds = k, [(s,) for s in ordered[:n]]
+        d = divergence_rates({u: a[u] for u in seeds}, {u: b[u] for u in seeds})
+        if d["p"] is not None and d["p"] < 2 * levels[k]:
+            toward = (d["risk_difference"] > 0) == ((expected or 1) > 0)
+            return Outcome(REPRODUCED if toward else CONTRADICTED, k, n, 2 * levels[k], share)
+    return Outcome(INCONCLUSIVE, look, rounds.max_seeds, None, share)
 
 
 def sides(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim) -> dict[str, float | None]:
@@ -156,16 +252,22 @@ def side_text(values: dict[str, Any]) -> str:
 
 
 def gate_value(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram: float | None) -> dict[str, Any]:
-    """The gate's measured value beside its threshold, and whether it is met: the mean of its metric
-    over its variant's arms, or with ``at_some`` the mean at each level of that factor (``levels``)
-    and, as ``measured``, the first level's that meets the gate, else the one nearest to it."""
+    """The gate's measured value beside its threshold, and whether it is met, read by one rule for
+    every gate: at the claim's own conditions. The gate's variant takes the factor values every
+    variant the claim compares shares (a claim at one LR gates at that LR); with ``at_some``, the
+    mean is taken at each level of that factor the claim reads at which every variant it compares
+    (``may_fail`` aside) ended past the plateau (a mechanism measured in arms that did not train is
+    the plateau's), and ``measured`` is the first such level's that meets the gate, else the one
+    nearest to it."""
     gate = claim.gate
     assert gate is not None
     margin = design()["plateau_margin"]
-    levels = family.factors[gate.at_some] if gate.at_some else [None]
-    if gate.trained:  # only where the variant left the plateau
-        levels = [lv for lv in levels if trained_at(arms, family, gate.variant, gate.at_some, lv, unigram, margin)]
-    means = {level: _mean_at(arms, family, gate.metric, gate.variant, gate.at_some, level) for level in levels}
+    compared = compared_variants(family, claim)
+    variant = {**shared_factors(compared), **gate.variant}
+    levels = list(dict.fromkeys(v[gate.at_some] for v in compared)) if gate.at_some else [None]
+    if gate.at_some:
+        levels = [lv for lv in levels if trained_at(arms, family, claim, gate.at_some, lv, unigram, margin)]
+    means = {level: _mean_at(arms, family, gate.metric, variant, gate.at_some, level) for level in levels}
     met = [level for level, m in means.items() if gate.met(m, unigram, margin)]
     finite = [(level, m) for level, m in means.items() if m is not None]
     lowest_wanted = gate.bounds[0][0] == "at_most"
@@ -176,7 +278,7 @@ def gate_value(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram
         needs += f" (at least {unigram - margin:.4g})"
     return {
         "metric": gate.metric,
-        "variant": variant_name(gate.variant),
+        "variant": variant_name(variant),
         "measured": chosen[0][1] if chosen else None,
         "at": {gate.at_some: chosen[0][0]} if gate.at_some and chosen else None,
         "levels": {str(lv): m for lv, m in means.items()} if gate.at_some else None,
@@ -185,18 +287,33 @@ def gate_value(arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram
     }
 
 
+def shared_factors(variants: list[dict[str, Any]]) -> dict[str, Any]:
+    """The factor values every one of ``variants`` has: the conditions a claim is stated at."""
+    if not variants:
+        return {}
+    return {k: v for k, v in variants[0].items() if all(other.get(k) == v for other in variants[1:])}
+
+
 def trained_at(
     arms: Arms,
     family: DeclaredFamily,
-    variant: dict[str, Any],
-    factor: str | None,
+    claim: DeclaredClaim,
+    factor: str,
     level: Any,
     unigram: float | None,
     margin: float,
 ) -> bool:
-    """The variant at ``level`` of ``factor`` ended past the plateau, as a mean over its seeds."""
-    loss = _mean_at(arms, family, "capped_loss", variant, factor, level)
-    return loss is not None and unigram is not None and loss <= unigram - margin
+    """At ``level`` of ``factor``, every variant the claim compares there ended past the plateau, as
+    a mean over its seeds; those predicted to fail aside (``may_fail``, and the variant a gate on
+    the plateau reads: its failure to train is the mechanism)."""
+    at_level = [v for v in compared_variants(family, claim) if v.get(factor) == level]
+    failing = [*claim.may_fail, *([claim.gate.variant] if claim.gate and claim.gate.on_plateau else [])]
+    kept = [v for v in at_level if not any(matches(v, exempt) for exempt in failing)]
+    for v in kept:
+        loss = arms.mean(family.name, "capped_loss", **v)
+        if loss is None or unigram is None or loss > unigram - margin:
+            return False
+    return True
 
 
 def _mean_at(
@@ -322,17 +439,26 @@ def to_claim(claim: DeclaredClaim, tested: dict[str, Any], halves: Halves, arms:
 
 
 def gates(
-    arms: Arms, family: DeclaredFamily, claim: DeclaredClaim, unigram: float | None, g: dict[str, Any] | None
+    arms: Arms,
+    family: DeclaredFamily,
+    claim: DeclaredClaim,
+    unigram: float | None,
+    g: dict[str, Any] | None,
+    diverged: list[dict[str, Any]] | None = None,
 ) -> str | None:
     """Why the claim cannot be tested: a compared variant (each grid point it reads, mean over its
-    seeds) on the plateau, ``may_fail`` aside, as for the built-in findings; or its mechanism gate
-    not met (``g``: the gate's measured value, :func:`gate_value`). None when it can."""
+    seeds) on the plateau, ``may_fail`` aside, as for the built-in findings (and the sides of a
+    claim read as a divergence rate: their failure to train is what it compares); or its mechanism
+    gate not met (``g``: the gate's measured value, :func:`gate_value`). None when it can."""
     compared = compared_variants(family, claim)
     if claim.kind == "sensitivity":  # it reads the whole grid, whose worst points are its effect
         compared = best_per_slice(arms, family, claim, compared)
-    for variant in compared:
-        if any(matches(variant, exempt) for exempt in claim.may_fail):
-            continue
+    exempt = [*claim.may_fail, *(diverged or [])]
+    kept = [v for v in compared if not any(matches(v, e) for e in exempt)]
+    alone = compared and not kept  # every variant it compares may fail: the family's base arm is its control
+    if alone and (failed := plateau_gate(base_loss(arms, family), unigram, "the family's base arm")):
+        return failed
+    for variant in kept:
         loss = arms.mean(family.name, "capped_loss", **variant)
         if failed := plateau_gate(loss, unigram, f"the compared variant {variant_name(variant)}"):
             return failed
@@ -347,6 +473,75 @@ def gates(
             f"{measured}{at}, {g['needs']} needed ({gate.justification})"
         )
     return None
+
+
+LOSSES = ("capped_loss", "val_loss", "final_loss")
+"""The metrics a diverged arm's cap stands in for: a claim on one of them whose variant diverged
+in most seeds is read as a divergence rate (higher loss, more divergence: the same sign)."""
+
+
+def rate_sides(claim: DeclaredClaim) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The two variants whose divergence a loss claim compares when read as a rate: a and b (a
+    contrast or equivalence), a at each ``across`` value (an interaction); None for a claim over a
+    grid (a sensitivity or slope: capping the LRs that diverge is Wortsman et al.'s measure)."""
+    if claim.metric not in LOSSES:
+        return None
+    if claim.kind in ("contrast", "equivalence"):
+        return claim.a, claim.b
+    if claim.kind == "interaction":
+        ((factor, (first, second)),) = claim.across.items()
+        return {**claim.a, factor: first}, {**claim.a, factor: second}
+    return None
+
+
+def diverged_seeds(arms: Arms, family: DeclaredFamily, variant: dict[str, Any]) -> dict[tuple, bool]:
+    """Per seed, whether any arm of ``variant`` at that seed diverged (its raw final loss above
+    ln V or non-finite, or the trainer's rule: tasks/design/stats.py: failed_to_train)."""
+    out: dict[tuple, bool] = {}
+    for unit, value in arms.values(family.name, "diverged", **variant).items():
+        out[(unit[0],)] = out.get((unit[0],), False) or bool(value)
+    return out
+
+
+def divergence(
+    arms: Arms, family: DeclaredFamily, claim: DeclaredClaim
+) -> tuple[dict[tuple, bool], dict[tuple, bool]] | None:
+    """The two sides' divergence per seed when a side diverged in more than half of its seeds (then
+    the claim is a difference in divergence rate, never a difference of the cap); None otherwise."""
+    sides = rate_sides(claim)
+    if sides is None:
+        return None
+    a, b = (diverged_seeds(arms, family, side) for side in sides)
+    return (a, b) if mostly_diverged(claim, (a, b)) else None
+
+
+def mostly_diverged(
+    claim: DeclaredClaim, rate: tuple[dict[tuple, bool], dict[tuple, bool]] | None
+) -> list[dict[str, Any]]:
+    """The sides of a claim read as a rate that diverged in more than half of their seeds: their
+    failure to train is what the claim compares, so the plateau gate does not read them."""
+    if rate is None:
+        return []
+    return [side for side, d in zip(rate_sides(claim) or (), rate, strict=True) if sum(d.values()) > len(d) / 2]
+
+
+def rate_claim(claim: DeclaredClaim, rate: tuple[dict[tuple, bool], dict[tuple, bool]]) -> Claim:
+    """The claim as a difference in divergence rate, a − b, by the exact McNemar test paired by seed."""
+    d = divergence_rates(*rate)
+    return Claim(
+        claim.statement,  # the claim's name everywhere (metrics/sensitivity.json too); kind and unit say it is a rate
+        d["risk_difference"],
+        d["p"],
+        0 if claim.kind == "equivalence" else claim.expected,
+        kind=RATE,
+        unit="diverged share",
+    )
+
+
+def rate_text(claim: DeclaredClaim, rate: tuple[dict[tuple, bool], dict[tuple, bool]] | None) -> str:
+    assert rate is not None
+    a, b = (variant_name(side) for side in rate_sides(claim) or ({}, {}))
+    return f"{claim.name} diverged, {a} vs {b}, per seed: {rate_line(divergence_rates(*rate))}"
 
 
 def best_per_slice(

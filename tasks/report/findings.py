@@ -22,11 +22,11 @@ from scipy import stats as scipy_stats
 
 from tasks.ablate.rounds import DECIDED, GATED
 from tasks.config import Config
-from tasks.design.families import DeclaredFamily
+from tasks.design.families import DeclaredClaim, DeclaredFamily
 from tasks.design.preregistration import design
-from tasks.design.stats import divergence_rates
+from tasks.design.stats import ALPHA, divergence_rates, tost_paired
 from tasks.design.studies import builtin_families, builtin_names
-from tasks.report.declared import declared_finding
+from tasks.report.declared import declared_finding, diverged_seeds, rate_sides
 from tasks.report.method import (
     Arms,
     Finding,
@@ -48,7 +48,7 @@ from tasks.report.method import (
     sesoi,
     subtract,
 )
-from tasks.report.verdict import CONTRADICTED, NEGLIGIBLE, REPRODUCED
+from tasks.report.verdict import CONTRADICTED, EQUIVALENCE, NEGLIGIBLE, RATE, REPRODUCED, Claim, significant
 from tasks.spike.config import OUTCOMES
 
 FAMILY_OF = {finding: family for family, finding in builtin_names().items()}
@@ -263,9 +263,8 @@ def scored_gap(cell: dict[str, Any]) -> float | None:
     return gap
 
 
-def spike_precondition(spike: dict[str, Any], epsilon: float) -> str | None:
-    """Why the spike finding cannot be tested, or None: a cause missing or tied to the wrong thing,
-    or a cause whose ``continue`` branch left a gap at fewer than SPIKE_MIN_SEEDS seeds."""
+def spike_precondition(spike: dict[str, Any]) -> str | None:
+    """Why the spike finding cannot be tested, or None: a cause missing or tied to the wrong thing."""
     matrix = spike["matrix"]
     for cause, tied in SPIKE_CAUSES.items():
         if cause not in matrix or "continue" not in matrix[cause]:
@@ -273,14 +272,19 @@ def spike_precondition(spike: dict[str, Any], epsilon: float) -> str | None:
         ties = {entry[cause]["injection"]["tied_to"] for entry in spike["seeds"].values()}
         if ties != {tied}:
             return f"the {cause} injection was tied to {sorted(ties)}, not to the {tied}: another cause"
-    for cause in SPIKE_CAUSES:
-        gapped = [s for s, gap in spike_gaps(matrix, cause, "continue").items() if gap > epsilon]
-        if len(gapped) < SPIKE_MIN_SEEDS:
-            return (
-                f"{cause}: continue ended more than {epsilon:.0%} above the control at {len(gapped)} of "
-                f"{len(matrix[cause]['continue'])} seeds (needs >= {SPIKE_MIN_SEEDS})"
-            )
     return None
+
+
+def cause_gate(matrix: dict[str, Any], cause: str, epsilon: float) -> str | None:
+    """The gate of a cause's claims (each judged on its own, issue 58): its ``continue`` branch left
+    a gap at >= SPIKE_MIN_SEEDS seeds, else there was nothing for a policy to recover."""
+    gapped = [s for s, gap in spike_gaps(matrix, cause, "continue").items() if gap > epsilon]
+    if len(gapped) >= SPIKE_MIN_SEEDS:
+        return None
+    return (
+        f"{cause}: continue ended more than {epsilon:.0%} above the control at {len(gapped)} of "
+        f"{len(matrix[cause]['continue'])} seeds (needs >= {SPIKE_MIN_SEEDS})"
+    )
 
 
 def detection_text(spike: dict[str, Any], cause: str) -> str:
@@ -316,13 +320,14 @@ def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
     """Per cause, the policies whose assumption fits it against continue (SPIKE_BETTER: claims) and
     those whose assumption does not (SPIKE_NO_BETTER: predictions, shown), on the final gap
     (relative, smoothed training loss), paired by seed over the seeds where both branches have one
-    (a branch that gave up is its own outcome, counted, never imputed). Not tested unless every
-    cause's continue branch left a gap at >= SPIKE_MIN_SEEDS seeds. Beside each claim, its estimate
+    (a branch that gave up is its own outcome, counted, never imputed). A cause's claims are not
+    tested unless its continue branch left a gap at >= SPIKE_MIN_SEEDS seeds (:func:`cause_gate`,
+    each cause on its own). Beside each claim, its estimate
     on the discovery and on the confirmation seeds alone (``details``)."""
     if not spike or "matrix" not in spike:
         return decide("spike", [], "the spike stage did not run", [], "the spike stage did not run")
     matrix, epsilon = spike["matrix"], cfg.recovery.recover_epsilon
-    failed = origins_gate(spike) or spike_precondition(spike, epsilon)
+    failed = origins_gate(spike) or spike_precondition(spike)
     halves = halves_for(spike.get("discovery_seeds", []), spike.get("confirm_seeds", []))
 
     def tested(cause: str, policy: str) -> dict[str, Any]:
@@ -335,6 +340,9 @@ def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
         direction("spike", SPIKE_CLAIM_IDS[c, p], f"{c}×{p} − continue, scored gap", comparisons[c, p], -1, "relative")
         for c, p in SPIKE_BETTER
     ]
+    if not failed:  # each cause's claims gated on its own continue gap
+        for claim, (gated_cause, _policy) in zip(claims, SPIKE_BETTER, strict=True):
+            claim.not_tested = cause_gate(matrix, gated_cause, epsilon)
     details: dict[str, Any] = {f"{c}/{p}": comparisons[c, p] for c, p in (*SPIKE_BETTER, *SPIKE_NO_BETTER)}
     numbers = "; ".join(
         [
@@ -515,16 +523,65 @@ def family_finding(cfg: Config, ablate: dict[str, Any], unigram: float | None, f
     return builtin_finding(key, family, cfg, ablate, unigram) if key else declared_finding(cfg, ablate, unigram, family)
 
 
+def mark_fragile(findings: list[Finding], cfg: Config, sensitivity: dict[str, Any] | None) -> None:
+    """The registered replication (issue 58, after version 3's results): every claim that holds on
+    the full data is tested again on the sensitivity stage's perturbed data, at the seeds it reran
+    (metrics/sensitivity.json), and marked FRAGILE (``Claim.fragile``, why) where it does not
+    replicate there (:func:`not_replicated`). A finding the stage did not rerun is left as it is."""
+    if not sensitivity:
+        return
+    families = {f.name: f for f in builtin_families(cfg)}
+    perturbed = Arms({"arms": sensitivity.get("arms") or []})
+    for f in findings:
+        rows = (sensitivity.get("findings", {}).get(f.key) or {}).get("claims") or []
+        family = families.get(FAMILY_OF.get(f.key, ""))
+        if family is None or len(rows) != len(f.claims):
+            continue
+        for claim, row, declared in zip(f.claims, rows, family.claims, strict=False):
+            if claim.holds:
+                claim.fragile = not_replicated(claim, row, perturbed, family, declared)
+
+
+def not_replicated(
+    claim: Claim, row: dict[str, Any], perturbed: Arms, family: DeclaredFamily, declared: DeclaredClaim
+) -> str | None:
+    """Why the claim does not replicate on the perturbed data, or None: the claim's own test at the
+    rerun's seeds at α, unadjusted (one claim, one replication), without the SESOI (a rerun of 4
+    seeds has an MDE near 1.9 SD): a direction claim's paired t-test significant the predicted
+    way, an equivalence claim's TOST significant, a divergence-rate claim's exact test significant
+    the predicted way, or, where its seeds are too few for any p below α (2^(1-n)), every seed
+    discordant the predicted way."""
+    where = f"under the registered data perturbation (seeds {', '.join(row['perturbed']['per_seed'])})"
+    if claim.kind == RATE:
+        sides = rate_sides(declared) or ({}, {})
+        d = divergence_rates(*(diverged_seeds(perturbed, family, side) for side in sides))
+        toward = d["discordant"][0 if claim.expected > 0 else 1]
+        if (significant(d["p"]) and toward > d["discordant"][1 if claim.expected > 0 else 0]) or (
+            d["n"] and toward == d["n"] and 2.0 ** (1 - d["n"]) >= ALPHA
+        ):
+            return None
+        return f"{where}: diverged {rate_line(d)}"
+    values = {(int(s),): float(v) for s, v in row["perturbed"]["per_seed"].items()}
+    if claim.kind == EQUIVALENCE:
+        tost = tost_paired(list(values.values()), claim.sesoi)
+        return None if significant(tost["p"]) else f"{where}: TOST p = {tost['p']}, not inside ±{claim.sesoi:g}"
+    tested = pooled_and_halves(values, {})
+    if significant(tested["p"]) and (tested["estimate"] > 0) == (claim.expected > 0):
+        return None
+    return f"{where}: {compare_line(tested, claim.unit)}, not significant the predicted way"
+
+
 CROSSED = (REPRODUCED, CONTRADICTED, NEGLIGIBLE)
 """The sequential outcomes that end a claim's walk at a boundary."""
 
 
 def family_state(finding: Finding) -> str | None:
-    """Whether a family trained in rounds stops after this look: GATED when a precondition or gate
-    failed, DECIDED when every claim crossed a boundary, None while one has not (after the last look
-    the schedule then says it stopped at the last round)."""
+    """Whether a family trained in rounds stops after this look: GATED when a precondition failed or
+    every claim's own gate did, DECIDED when every tested claim crossed a boundary, None while one
+    has not (after the last look the schedule then says it stopped at the last round)."""
     if finding.precondition_failed:
         return GATED
-    if finding.claims and all((c.sequential or {}).get("outcome") in CROSSED for c in finding.claims):
+    judged = [c for c in finding.claims if c.not_tested is None]
+    if judged and all((c.sequential or {}).get("outcome") in CROSSED for c in judged):
         return DECIDED
     return None

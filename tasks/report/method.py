@@ -24,7 +24,7 @@ import numpy as np
 from tasks.config import Config
 from tasks.design.preregistration import design
 from tasks.design.stats import derived, paired, seed_means, seeds_for_tost_power, tost_paired, tost_power
-from tasks.report.verdict import EQUIVALENCE, Claim, verdict
+from tasks.report.verdict import EQUIVALENCE, Claim, adjust, tested, verdict
 
 Halves = dict[str, list[int]]
 """The registered halves of a stage's seeds: {"discovery": [...], "confirmation": [...]}."""
@@ -97,6 +97,11 @@ def decide(
     details: dict[str, Any] | None = None,
     halves: dict[str, dict[str, dict[str, Any]]] | None = None,
 ) -> Finding:
+    """The finding, its claims Holm-adjusted among themselves (tasks/report/verdict.py: adjust); when
+    every claim's own gate failed, their reasons are the finding's."""
+    adjust(claims)
+    if claims and not precondition_failed and not tested(claims):
+        precondition_failed = "; ".join(dict.fromkeys(c.not_tested or "" for c in claims))
     return Finding(
         key,
         verdict(claims, precondition_failed),

@@ -250,24 +250,51 @@ class Outcome:
     look: int | None
     seeds: int
     boundary: float | None
+    share: float = 1.0
+    """The share of the design's α the claim was walked at: Holm's 1/r among the r claims of its
+    finding not yet decided (tasks/report/declared.py: holm_walks); 1 for a lone claim."""
 
 
-def run_sequential(values: Sequence[float], design: SequentialDesign, sesoi: float, expected: int) -> Outcome:
+def shared(design: SequentialDesign, share: float) -> SequentialDesign:
+    """The design at ``share`` of its α: the spending function re-drawn at α x share (nominal levels
+    scaled alike), so the looks of a claim given Holm's share spend exactly that share."""
+    if not 0 < share <= 1:
+        raise ValueError(f"a share of alpha is in (0, 1], got {share!r}")
+    if share == 1:
+        return design
+    nominal = None if design.nominal is None else tuple(x * share for x in design.nominal)
+    return dataclasses.replace(design, alpha=design.alpha * share, nominal=nominal)
+
+
+def run_sequential(
+    values: Sequence[float],
+    design: SequentialDesign,
+    sesoi: float,
+    expected: int,
+    share: float = 1.0,
+    equivalence_share: float = 1.0,
+) -> Outcome:
     """Walk the looks over the first rounds[k] per-seed values and stop at the first decision;
-    values that do not yet fill the next round leave the claim at CONTINUE."""
+    values that do not yet fill the next round leave the claim at CONTINUE. The direction
+    boundaries spend ``share`` of α, the equivalence ones ``equivalence_share`` (Holm's shares:
+    tasks/report/declared.py: holm_walks)."""
     x = _checked_values(values, sesoi, expected)
     if len(x) > design.max_seeds:
         raise ValueError(f"{len(x)} per-seed values, more than the design's last round ({design.max_seeds})")
-    direction, equivalence = boundaries(design), equivalence_boundaries(design)
+    direction, equivalence = (
+        boundaries(shared(design, share)),
+        equivalence_boundaries(shared(design, equivalence_share)),
+    )
     look: int | None = None
     for k, n in enumerate(design.rounds):
         if n > len(x):
-            return Outcome(CONTINUE, look, 0 if look is None else design.rounds[look], None)
+            return Outcome(CONTINUE, look, 0 if look is None else design.rounds[look], None, share)
         look = k
         code = int(_decide(x[None, :n], sesoi, expected, direction[k], equivalence[k])[0])
         if code:
-            return Outcome(_CODES[code], k, n, equivalence[k] if _CODES[code] == NEGLIGIBLE else direction[k])
-    return Outcome(INCONCLUSIVE, look, design.max_seeds, None)
+            crossed = equivalence[k] if _CODES[code] == NEGLIGIBLE else direction[k]
+            return Outcome(_CODES[code], k, n, crossed, share)
+    return Outcome(INCONCLUSIVE, look, design.max_seeds, None, share)
 
 
 def fixed_decision(values: Sequence[float], sesoi: float, expected: int, alpha: float = ALPHA) -> Outcome:

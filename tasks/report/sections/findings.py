@@ -30,9 +30,9 @@ its own (``figures``)."""
 def findings_section(findings: list[Finding]) -> Section:
     """The forest plot and a table with a row per claim."""
     lines: list[str | Figures] = [
-        "Each claim is badged by its own outcome (`HOLDS`, `NEGLIGIBLE`, `NOT SHOWN`, `CONTRADICTED`, "
-        "`NOT TESTED`); a finding is reproduced only when every one of its claims holds, negligible when "
-        "every one is shown smaller than its SESOI.",
+        "Each claim is badged by its own outcome (`HOLDS`, `FRAGILE`: not under the data perturbation, "
+        "`NEGLIGIBLE`, `NOT SHOWN`, `CONTRADICTED`, `NOT TESTED`: its gate failed), decided on Holm p; a "
+        "finding is reproduced when every tested claim holds, negligible when every one is below its SESOI.",
         "",
         Figures(("report/forest.png",)),
         "",
@@ -88,7 +88,7 @@ def _findings_table(findings: list[Finding]) -> list[str]:
     for f in findings:
         head = [f"[{label(f)}](#{f.key})", badge(shown_verdict(f))]
         if not f.claims:
-            rows.append([*head, "-", "-", "-", "-", badge(f.verdict), f.precondition_failed or "no claim"])
+            rows.append([*head, "-", "-", "-", "-", "-", badge(f.verdict), f.precondition_failed or "no claim"])
         for i, c in enumerate(f.claims):
             outcome = claim_outcome(f, c)
             rows.append(
@@ -98,11 +98,23 @@ def _findings_table(findings: list[Finding]) -> list[str]:
                     f"{number(c.estimate, SIGNED)}{unit(c)}",
                     interval(c.ci95),
                     p_value(c.p) + (" (TOST)" if c.kind == EQUIVALENCE and c.p is not None else ""),
+                    p_value(c.p_adjusted),
                     badge(outcome),
-                    (f.precondition_failed or "") if outcome == NOT_TESTED else why(c),
+                    outcome_why(f, c, outcome, brief=True),
                 ]
             )
-    return table(["finding", "verdict", "claim", "estimate", "95 % interval", "p", "claim's outcome", "why"], rows)
+    header = ["finding", "verdict", "claim", "estimate", "95 % interval", "p", "Holm p", "claim's outcome", "why"]
+    return table(header, rows)
+
+
+def outcome_why(f: Finding, c: Claim, outcome: str, brief: bool = False) -> str:
+    """Why the claim came out as it did: its own gate or the finding's precondition when not tested,
+    else the rule's tests, and the failed replication of a FRAGILE claim. ``brief`` (the table's
+    row) leaves out a gate's justification, which the finding's own section gives in full."""
+    if outcome == NOT_TESTED:
+        reason = c.not_tested or f.precondition_failed or ""
+        return reason.split(" needed (")[0] + " needed" if brief and " needed (" in reason else reason
+    return why(c) + (f"; FRAGILE: {c.fragile}" if c.fragile else "")
 
 
 def finding_section(f: Finding) -> Section:
@@ -115,12 +127,13 @@ def finding_section(f: Finding) -> Section:
         "",
         *([f"*A check of the machinery, not a finding:* {f.check}.", ""] if f.check else []),
     ]
+    given: set[str] = set()  # a shared gate's justification, given in full at its first claim only
     for c in f.claims:
         outcome = claim_outcome(f, c)
-        lines.append(
-            f"- {badge(outcome)} {c.what}: predicted {predicted(c)}; "
-            f"{f.precondition_failed if outcome == NOT_TESTED else why(c)}. {_power(c)}."
-        )
+        justification = (c.not_tested or "").partition(" needed (")[2]
+        reason = outcome_why(f, c, outcome, brief=justification in given)
+        given.add(justification)
+        lines.append(f"- {badge(outcome)} {c.what}: predicted {predicted(c)}; {reason}. {_power(c)}.")
     if f.claims:
         lines += ["", *_claims_table(f), ""]
     lines += [

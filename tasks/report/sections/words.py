@@ -22,13 +22,15 @@ from tasks.report.verdict import (
     INCONCLUSIVE,
     NEGLIGIBLE,
     NOT_TESTED,
+    RATE,
     REPRODUCED,
     Claim,
     significant,
 )
 
-HOLDS, NOT_SHOWN = "holds", "not shown"
-"""A claim's own outcomes besides contradicted and not tested (:func:`claim_outcome`)."""
+HOLDS, NOT_SHOWN, FRAGILE = "holds", "not shown", "fragile"
+"""A claim's own outcomes besides contradicted and not tested (:func:`claim_outcome`); FRAGILE: it
+holds on the full data and not under the registered data perturbation."""
 
 LABELS = {
     "xiong_init": "Post-LN vs Pre-LN gradients at initialisation (Xiong et al. 2020)",
@@ -58,13 +60,14 @@ def _short_source(source: str) -> str:
 
 def claim_outcome(f: Finding, c: Claim) -> str:
     """The claim's own outcome, by the verdict rule's tests on it alone: not tested (the finding's
-    precondition failed), contradicted, holds, negligible (shown smaller than its SESOI), else not shown."""
-    if f.precondition_failed:
+    precondition or the claim's own gate failed), contradicted, holds (fragile where it did not
+    replicate under the data perturbation), negligible (shown smaller than its SESOI), else not shown."""
+    if f.precondition_failed or c.not_tested:
         return NOT_TESTED
     if c.contradicted:
         return CONTRADICTED
     if c.holds:
-        return HOLDS
+        return FRAGILE if c.fragile else HOLDS
     return NEGLIGIBLE if c.negligible else NOT_SHOWN
 
 
@@ -72,15 +75,22 @@ def measured(c: Claim) -> str:
     """The estimate in words: number, unit, 95 % interval, p."""
     if c.estimate is None:
         return "no estimate"
-    test = "TOST p" if c.kind == EQUIVALENCE else "p"
+    test = {EQUIVALENCE: "TOST p", RATE: "exact McNemar p"}.get(c.kind, "p")
     parts = [
         f"95 % CI {interval(c.ci95)}" if c.ci95 else "",
-        f"{test} = {p_value(c.p)}" if c.p is not None else "no test",
+        f"{test} = {p_value(c.p)}{holm_text(c)}" if c.p is not None else "no test",
     ]
     return f"{signed(c.estimate)}{unit(c)} ({', '.join(x for x in parts if x)})"
 
 
+def holm_text(c: Claim) -> str:
+    """``, Holm 0.012``: the claim's p adjusted over its finding's tested claims, where it differs."""
+    return "" if c.p_adjusted is None or c.p_adjusted == c.p else f", Holm {p_value(c.p_adjusted)}"
+
+
 def predicted(c: Claim) -> str:
+    if c.kind == RATE:
+        return "equal divergence" if c.expected == 0 else f"a {'higher' if c.expected > 0 else 'lower'} diverged share"
     if c.kind == EQUIVALENCE:
         return f"within ±{c.sesoi:g}"
     return f"{'>' if c.expected > 0 else '<'} 0, beyond {c.expected * c.sesoi:+g}"
@@ -95,6 +105,8 @@ def why(c: Claim, brief: bool = False) -> str:
     words: every failure, or with ``brief`` the most telling in a few words."""
     if c.sequential is not None:
         return _sequential_why(c, brief)
+    if c.kind == RATE:
+        return _rate_why(c, brief)
     if c.holds:
         return "holds" if brief else _holds(c)
     if c.negligible:
@@ -111,6 +123,18 @@ def why(c: Claim, brief: bool = False) -> str:
     return failed[0][1] if brief else "; ".join(full for _, _, full in failed)
 
 
+def _rate_why(c: Claim, brief: bool) -> str:
+    """A claim read as a difference in divergence rate: its exact test on Holm's adjusted p."""
+    shown = "holds" if c.holds else "contradicted" if c.contradicted else "not shown"
+    if brief:
+        return f"{shown} (diverged share)"
+    return (
+        f"{shown}: a compared variant diverged in most seeds, so the claim is read as the difference in "
+        f"diverged share ({signed(c.estimate) if c.estimate is not None else 'none'}), exact McNemar "
+        f"p = {p_value(c.p)}{holm_text(c)} against α = {ALPHA:g}"
+    )
+
+
 def _sequential_why(c: Claim, brief: bool) -> str:
     """A claim decided in rounds (tasks/report/sequential.py): the boundary it crossed, at which look
     and seeds, or that it crossed none before its family stopped."""
@@ -120,7 +144,9 @@ def _sequential_why(c: Claim, brief: bool) -> str:
         if brief:
             return "no boundary crossed"
         end = "by the last look" if outcome == INCONCLUSIVE else "when its family stopped (out of budget)"
-        return f"no boundary crossed at {seeds} seeds {end}"
+        share = s.get("share", 1.0)
+        holm = f" (Holm's share 1/{round(1 / share)} of α)" if share < 1 else ""
+        return f"no boundary crossed at {seeds} seeds {end}{holm}"
     shown = {REPRODUCED: "holds", NEGLIGIBLE: "negligible", CONTRADICTED: "contradicted"}[outcome]
     if c.kind == EQUIVALENCE:
         shown = {NEGLIGIBLE: "holds"}.get(outcome, "contradicted: beyond the margin")
@@ -133,17 +159,21 @@ def _sequential_why(c: Claim, brief: bool) -> str:
         if c.kind == EQUIVALENCE
         else f"{c.expected * c.sesoi:+g}"
     )
+    share = s.get("share", 1.0)
+    holm = f", Holm's share 1/{round(1 / share)} of α" if share < 1 else ""
     return (
         f"{shown}: at look {s['look'] + 1} ({seeds} seeds) the one-sided test against {bound} crossed its "
-        f"boundary, p < {boundary:.2g}"
+        f"boundary, p < {boundary:.2g}{holm}"
     )
 
 
 def _holds(c: Claim) -> str:
     if c.kind == EQUIVALENCE:
-        return f"holds: TOST p = {p_value(c.p)} < {ALPHA:g} and each half of the seeds inside ±{c.sesoi:g}"
+        return (
+            f"holds: TOST p = {p_value(c.p)}{holm_text(c)} < {ALPHA:g} and each half of the seeds inside ±{c.sesoi:g}"
+        )
     return (
-        f"holds: p = {p_value(c.p)} < {ALPHA:g}, the 95 % interval clears {c.expected * c.sesoi:+g}, "
+        f"holds: p = {p_value(c.p)}{holm_text(c)} < {ALPHA:g}, the 95 % interval clears {c.expected * c.sesoi:+g}, "
         "and each half of the seeds points the predicted way"
     )
 
@@ -171,7 +201,7 @@ def _shortfalls_direction(c: Claim) -> list[tuple[str, str, str]]:
     sign = c.expected
     direction = "> 0" if sign > 0 else "< 0"
     if (c.estimate > 0) - (c.estimate < 0) != sign:
-        strength = "significantly" if significant(c.p) else "not significantly"
+        strength = "significantly" if significant(c.decision_p) else "not significantly"
         return [("other way", "went the other way", f"went the other way, {strength} (predicted {direction})")]
     if c.p is None:
         return [("no test", "no test was possible", "no test was possible")]
@@ -207,12 +237,12 @@ def _shortfalls_equivalence(c: Claim) -> list[tuple[str, str, str]]:
     failed = []
     if c.p is None:
         failed.append(("no test", "no test was possible", "no test was possible"))
-    elif not significant(c.p):
+    elif not significant(c.decision_p):
         failed.append(
             (
                 "not equivalent",
                 f"equivalence not shown (the data allow a difference beyond ±{c.sesoi:g})",
-                f"equivalence not shown (TOST p = {p_value(c.p)} ≥ {ALPHA:g}): the data do not rule out a difference "
+                f"equivalence not shown (TOST p = {p_value(c.p)}{holm_text(c)} ≥ {ALPHA:g}): the data do not rule out a difference "
                 f"beyond ±{c.sesoi:g}",
             )
         )
@@ -232,6 +262,7 @@ GROUPS = (
     (CONTRADICTED, "Shown the other way"),
     (NOT_SHOWN, "Not shown"),
     (NEGLIGIBLE, "Shown smaller than its SESOI"),
+    (FRAGILE, "Held on the full data, not under the data perturbation (FRAGILE)"),
     (HOLDS, "Held"),
 )
 """Each claim outcome a finding's sentence groups its claims by, in its order, with its words."""
@@ -255,11 +286,13 @@ def what_was_found(f: Finding, most: int | None = None) -> str:
     by_outcome = {outcome: [c for c in f.claims if claim_outcome(f, c) == outcome] for outcome, _ in GROUPS}
     by_outcome[NOT_SHOWN].sort(key=_rank)
     groups = [(words, by_outcome[o][:most]) for o, words in GROUPS if by_outcome[o]]
-    rest = len(f.claims) - sum(len(claims) for _, claims in groups)
+    untested = sum(claim_outcome(f, c) == NOT_TESTED for c in f.claims)  # each gated alone: counted, not named
+    rest = len(f.claims) - untested - sum(len(claims) for _, claims in groups)
     more = f"; and {rest} more (below)" if rest else ""
-    if len(groups) == 1 and f.verdict in LEADS:
+    if len(groups) == 1 and not untested and f.verdict in LEADS:
         return f"{LEADS[f.verdict]}: " + "; ".join(_claim_said(c) for c in groups[0][1]) + more
     counts = ", ".join(f"{len(by_outcome[o])} {words.lower()}" for o, words in GROUPS if by_outcome[o])
+    counts += f", {untested} not tested" if untested else ""
     lead = f"Of {len(f.claims)} claims, {counts}"
     said = ". ".join(f"{words}: " + "; ".join(_claim_said(c) for c in claims) for words, claims in groups)
     return f"{lead}. {said}{more}"
