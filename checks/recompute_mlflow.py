@@ -99,6 +99,23 @@ def differences(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b and type(a) is type(b) else [f"{path}: {a!r} vs {b!r}"]
 
 
+LABEL = "registration"
+"""The registration label (tasks/design/registration.py: label_results) is written into a stage's
+metrics files after its run logged them; MLflow holds its state as the stage run's
+``spikelab.registration`` tag, compared by :func:`label_differences`."""
+
+
+def unlabelled(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k != LABEL}
+
+
+def label_differences(client: Any, run: str, data: dict[str, Any]) -> list[str]:
+    """The file's registration state against its stage run's tag (both absent: equal)."""
+    state = (data.get(LABEL) or {}).get("state")
+    tag = client.get_run(run).data.tags.get("spikelab.registration")
+    return [] if state == tag else [f"/{LABEL}/state: {state!r} vs the run's spikelab.registration tag {tag!r}"]
+
+
 def stage_artifact(client: Any, run: str, name: str) -> dict[str, Any]:
     """The stage's metrics JSON as its MLflow run stored it (an artifact)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,8 +141,10 @@ def ablate_from_mlflow(project: Path, client: Any) -> tuple[dict[str, Any], list
         arms.append({**arm, "metrics": figures, "status": figures.get("status", "failed")})
     if len(parents) != 1 or None in parents:
         raise Missing(f"{ABLATE_METRICS}: the arms' runs are not the children of one stage run ({parents})")
-    stored = stage_artifact(client, parents.pop(), ABLATE_METRICS.name)
-    rows += differences({**ablate, "arms": None}, {**stored, "arms": None})
+    parent = parents.pop()
+    stored = stage_artifact(client, parent, ABLATE_METRICS.name)
+    rows += differences({**unlabelled(ablate), "arms": None}, {**unlabelled(stored), "arms": None})
+    rows += label_differences(client, parent, ablate)
     return {**stored, "arms": arms}, rows
 
 
@@ -195,7 +214,9 @@ def recompute(cfg: Config, project: Path, client: Any) -> dict[str, Any]:
         if not (project / path).is_file():
             continue
         held[stage], run = stage_from_mlflow(cfg, client, stage, path)
-        stages[stage] = {"stage_run": run, "differences": differences(read_json(project / path), held[stage])}
+        own = read_json(project / path)
+        rows = differences(unlabelled(own), unlabelled(held[stage])) + label_differences(client, run, own)
+        stages[stage] = {"stage_run": run, "differences": rows}
     if held["spike"] is not None:
         found, rows = branch_differences(cfg, held["spike"], stages["spike"]["stage_run"], client)
         stages["spike"] |= {"branches": found}

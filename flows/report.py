@@ -21,6 +21,7 @@ from tasks.report.arithmetic import committed_outputs, numeric_paths, warnings
 from tasks.report.declared import declared_finding
 from tasks.report.figures import forest_plot
 from tasks.report.findings import evaluate, mark_fragile
+from tasks.report.method import Finding
 from tasks.report.render import render_html, render_markdown, report_json, report_sections
 from tasks.report.sections.checks import shown_verdict
 from tasks.report.sections.findings import forest_rows
@@ -75,10 +76,11 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         mark_fragile(findings, cfg, sensitivity)  # the perturbed rerun, a registered replication
         trained = {"search": search, "spike": spike, "ablate": ablate, "sensitivity": sensitivity}
         origin = provenance(project, RESOLVED, git_lineage().get("mlflow.source.git.commit"), trained)
+        worded = in_words(findings, builtin_families(cfg) + declared)  # the claims as a reader reads them
         arithmetic = arithmetic_of(numerics, {"search": search, "pretrain": pretrain, "spike": spike, "ablate": ablate})
         runs = latest_stage_runs(cfg.tracking.experiment, STAGES_REPORTED)
         with staged(project / REPORT_FOREST) as (forest,):
-            forest_plot(forest_rows(in_words(findings, builtin_families(cfg) + declared)), forest)  # claims in words
+            forest_plot(forest_rows(worded), forest)
         times = stage_times(
             {"search": search, "pretrain": pretrain, "spike": spike, "ablate": ablate, "sensitivity": sensitivity}
         )
@@ -91,6 +93,7 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
             arms.write_text(render_arms(ablate), encoding="utf-8")
             page.write_text(render_html(sections, project), encoding="utf-8")
         summary = report_json(findings, ablate, arithmetic, times, origin)
+        add_claim_words(summary, worded)
         write_json(project / REPORT_METRICS, summary)
         log_summary({k.replace(" ", "_"): v for k, v in summary["counts"].items()})
         for path in (REPORT_MD, REPORT_HTML, REPORT_METRICS, REPORT_FOREST):
@@ -103,3 +106,11 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         f"[spikelab] report: {project / REPORT_MD} and {project / REPORT_HTML} "
         f"({', '.join(f'{n} {v}' for v, n in summary['counts'].items())})"
     )
+
+
+def add_claim_words(summary: dict[str, Any], worded: list[Finding]) -> None:
+    """Each claim of metrics/report.json with ``words``: its name for a reader, as the report's
+    first screen gives it (README's blocks quote it; ``what`` keeps the declared name)."""
+    for f in worded:
+        for claim, said in zip(summary["findings"].get(f.key, {}).get("claims") or [], f.claims, strict=False):
+            claim["words"] = said.what

@@ -159,21 +159,27 @@ def act_on_block(out: Outputs) -> str:
             "are listed in the report as held, not as findings.\n"
         )
     rows = ["What this study lets you act on (the findings it decided; the others are open):"]
-    if report.get("reanalysis"):  # the verdicts come from rules written after the results were read
-        rows[0] = f"Exploratory, a re-analysis after results: {report['reanalysis']} {rows[0]}"
+    if report.get("reanalysis"):  # rules written after the results were read: nothing here to act on
+        rows[0] = (
+            f"Nothing here to act on yet. {report['reanalysis']} What it decided, to be tested on fresh "
+            "seeds under a registration made before the run:"
+        )
     for key in decided:
         f = report["findings"][key]
-        claims = "; ".join(claim_words(c) for c in f["claims"])
+        untested = sum(bool(c.get("not_tested")) for c in f["claims"])
+        claims = "; ".join(
+            [claim_words(c) for c in f["claims"] if not c.get("not_tested")]
+            + ([f"{untested} not tested (a gate of its own failed)"] if untested else [])
+        )
         rows.append(f"- {badge(f['verdict'])} `{key}`. {DECIDED[f['verdict']]}: {f['claim']} ({claims}).")
     return "\n".join(rows) + "\n"
 
 
 def claim_words(c: dict[str, Any]) -> str:
-    """A decided finding's claim in the act-on block: its estimate, or that its own gate left it
-    untested; a claim that held but not under the data perturbation says FRAGILE."""
-    if c.get("not_tested"):
-        return f"{c['what']}: not tested"
-    said = f"{c['what']} {num(c.get('estimate'))} {c.get('unit', '')}".rstrip()
+    """A decided finding's tested claim in the act-on block: its estimate; one that held but not
+    under the data perturbation says FRAGILE."""
+    what = c.get("words") or c["what"]  # the report's words for a reader (metrics/report.json)
+    said = f"{what} {num(c.get('estimate'))} {c.get('unit', '')}".rstrip()
     return said + (" (`FRAGILE`: not replicated under the data perturbation)" if c.get("fragile") else "")
 
 

@@ -170,8 +170,13 @@ def test_the_readme_marks_a_fragile_claim_and_an_untested_one_and_labels_a_reana
         {"what": "gated", "estimate": 0.1, "unit": "nats", "not_tested": "its gate failed"},
     ]
     block = act_on(tmp_path, {"a": "reproduced"}, {}, claims, reanalysis="Read under rules written after results.")
-    assert block.startswith("Exploratory, a re-analysis after results: Read under rules written after results.")
-    assert "(held +0.4 nats (`FRAGILE`: not replicated under the data perturbation); gated: not tested)" in block
+    assert block.startswith("Nothing here to act on yet. Read under rules written after results.")
+    assert "(held +0.4 nats (`FRAGILE`: not replicated under the data perturbation); 1 not tested (a gate" in block
+
+
+def test_the_readme_names_a_claim_by_the_reports_words_where_it_has_them(tmp_path: Path) -> None:
+    claims = [{"what": "capped_loss: a higher than b", "words": "final loss higher for a than b", "estimate": 0.4}]
+    assert "(final loss higher for a than b +0.4)" in act_on(tmp_path, {"a": "reproduced"}, {}, claims)
 
 
 def test_the_readme_says_plainly_when_no_finding_is_decided(tmp_path: Path) -> None:

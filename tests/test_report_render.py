@@ -364,3 +364,15 @@ def test_a_report_read_under_rules_written_after_its_results_says_so_first(commi
     assert any(
         str(x).startswith("> **Exploratory: a re-analysis after results.** Version 3's results read") for x in first
     )
+
+
+def test_the_history_lists_every_change_by_its_opening_cut_at_a_word_past_the_brief():
+    from tasks.design.preregistration import design
+    from tasks.report.sections.history import BRIEF, brief, changes_section
+
+    kept = "word " * (BRIEF // 5)  # exactly BRIEF characters: shown whole
+    assert len(kept) == BRIEF and brief(kept) == kept
+    longer = kept + "x"
+    assert brief(longer) == kept.rstrip() + " …"
+    numbered = [line for line in changes_section().lines if line[:1].isdigit()]
+    assert len(numbered) == len(design()["changes_after_results"])

@@ -184,6 +184,14 @@ def test_the_forest_plot_draws_every_verdict_a_missing_estimate_and_an_equivalen
     assert_readable_png(path)
 
 
+def test_the_forest_plot_badges_every_outcome_a_claim_can_have(tmp_path):
+    from tasks.report.sections.words import GROUPS
+
+    outcomes = [outcome for outcome, _ in GROUPS] + ["not tested"]
+    rows = [claim("beta2", "inconclusive", outcome=outcome) for outcome in outcomes]
+    assert_readable_png(forest_plot(rows, tmp_path / "forest.png"))
+
+
 def qk_rescue(gate: dict) -> DeclaredFamily:
     """The docs' declared family (docs/ablate.md), its claim gated by ``gate``."""
     lower_loss = {

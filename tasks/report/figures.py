@@ -22,6 +22,7 @@ from matplotlib.transforms import Transform, blended_transform_factory
 
 BADGES = {
     "holds": ("#2e7d32", "white"),
+    "fragile": ("#ef6c00", "white"),  # held on the full data only
     "reproduced": ("#2e7d32", "white"),
     "contradicted": ("#c62828", "white"),
     "negligible": ("#1565c0", "white"),

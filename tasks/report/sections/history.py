@@ -15,16 +15,27 @@ from tasks.design.registration import CONFIRMATORY, load_records, record_path
 from tasks.report.sections.section import Section
 
 
+BRIEF = 280
+"""Characters of each change shown in the report: its opening, where the date, the reason and the
+issue are; the whole entry is in the pre-registration (the report stays a page a reader finishes)."""
+
+
 def changes_section() -> Section:
     changes = design().get("changes_after_results") or []
     lines = [
         f"Design hash `{design_hash()}`. Every change to the design, the arms, sizes, seeds, thresholds or tests "
-        "made after any of its results was seen (tasks/design/preregistration.yaml, `changes_after_results`):",
+        "made after any of its results was seen, each by its opening; in full, by number: "
+        "tasks/design/preregistration.yaml, `changes_after_results`:",
         "",
-        *([f"{i}. {c}" for i, c in enumerate(changes, 1)] or ["None."]),
+        *([f"{i}. {brief(c)}" for i, c in enumerate(changes, 1)] or ["None."]),
         "",
     ]
     return Section("Changes made after a result was seen", lines)
+
+
+def brief(text: str) -> str:
+    """``text`` up to :data:`BRIEF` characters, cut at a word, marked where it was cut."""
+    return text if len(text) <= BRIEF else text[:BRIEF].rsplit(" ", 1)[0] + " …"
 
 
 def unregistered(results: dict[str, dict[str, Any] | None]) -> dict[str, str]:
