@@ -72,7 +72,10 @@ for key in demo:
         ci = "[{:+.3f}, {:+.3f}]".format(*c["ci95"]) if c.get("ci95") else "no interval"
         estimate = "no estimate" if c.get("estimate") is None else f"{c['estimate']:+.3f} {c.get('unit', '')}"
         p = "no p" if c.get("p") is None else f"p={c['p']:.2g}"
-        print(f"           {c['what']}: {estimate} {ci}, {p}, {seeds} seeds, SESOI {c['sesoi']:g}")
+        if c.get("kind") == "divergence rate":  # a variant diverged in most seeds: read as a rate, no SESOI
+            print(f"           {c['what']}, read as the share of seeds diverged: {estimate} (exact McNemar {p}), {seeds} seeds")
+        else:
+            print(f"           {c['what']}: {estimate} {ci}, {p}, {seeds} seeds, SESOI {c['sesoi']:g}")
     print(f"           verdict  {found['verdict'].upper()}" + (f": {found['precondition_failed']}" if found.get("precondition_failed") else ""))
     figure = project / "reports/ablate" / f"{key}.png"
     if figure.is_file():
