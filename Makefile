@@ -1,5 +1,5 @@
 # Three commands for a fresh machine: `make demo` (set up, start the servers, run every stage at the
-# smoke profile's tiny sizes in a copy under .spikelab/demo/, about 5 minutes after setup; this
+# smoke profile's tiny sizes in a copy under .spikelab/demo/, about 3 minutes after setup; this
 # checkout's outputs untouched), `make repro` (set up, start the servers, run the study here) and `make test` (set up,
 # run the test suite). `make lint`: ruff and mypy, as CI runs it. The rest are conveniences;
 # `make help` lists them all, each from its `## ` comment.
@@ -18,7 +18,7 @@ help: ## list these targets, one line each
 
 setup: .venv/.installed ## create .venv with the pinned dependencies (first run: about 3 min on 2 cores)
 ifeq ($(MAKECMDGOALS),setup)
-	@echo "setup: next: make demo (every stage at tiny sizes in a copy, and one claim decided at demo size: about 5 min on 2 cores)"
+	@echo "setup: next: make demo (every stage at tiny sizes in a copy, and one claim decided at demo size: about 3 min after setup on 2 cores)"
 endif
 
 demo: setup ## set up, start the servers, run every stage at tiny sizes in .spikelab/demo/

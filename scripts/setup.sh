@@ -126,4 +126,4 @@ apt_install "the scaleout tests' database" initdb postgresql
 .venv/bin/python -c "import sys, torch, prefect, mlflow, optuna, dvc, yaml; print(f'setup: spikelab ready in {sys.argv[1]} s: torch', torch.__version__, '| prefect', prefect.__version__, '| mlflow', mlflow.__version__, '| optuna', optuna.__version__)" "$((SECONDS - started))"
 # The next step, said only where it is one: run by hand (under make, `make setup` says it and
 # `make demo`, `make repro`, `make test` go on to their own).
-[ -n "${MAKELEVEL:-}" ] || say "next: make demo (every stage at tiny sizes in a copy, and one claim decided at demo size: about 5 min on 2 cores)"
+[ -n "${MAKELEVEL:-}" ] || say "next: make demo (every stage at tiny sizes in a copy, and one claim decided at demo size: about 3 min after setup on 2 cores)"
