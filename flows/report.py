@@ -25,6 +25,7 @@ from tasks.report.method import Finding
 from tasks.report.render import render_html, render_markdown, report_json, report_sections
 from tasks.report.sections.checks import shown_verdict
 from tasks.report.sections.findings import forest_rows
+from tasks.report.sections.history import reanalysis
 from tasks.report.sections.method import provenance, stage_times
 from tasks.report.sections.runs import ARMS_PAGE, render_arms
 from tasks.report.sections.words import in_words
@@ -76,6 +77,7 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         mark_fragile(findings, cfg, sensitivity)  # the perturbed rerun, a registered replication
         trained = {"search": search, "spike": spike, "ablate": ablate, "sensitivity": sensitivity}
         origin = provenance(project, RESOLVED, git_lineage().get("mlflow.source.git.commit"), trained)
+        origin["reanalysis"] = reanalysis(trained)
         worded = in_words(findings, builtin_families(cfg) + declared)  # the claims as a reader reads them
         arithmetic = arithmetic_of(numerics, {"search": search, "pretrain": pretrain, "spike": spike, "ablate": ablate})
         runs = latest_stage_runs(cfg.tracking.experiment, STAGES_REPORTED)

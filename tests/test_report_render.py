@@ -25,6 +25,7 @@ from tasks.report.method import decide
 from tasks.report.render import render_html, render_markdown, report_sections
 from tasks.report.sections.checks import shown_verdict
 from tasks.report.sections.findings import forest_rows
+from tasks.report.sections.history import reanalysis
 from tasks.report.sections.method import provenance_section, stage_times
 from tasks.report.sections.runs import ARMS_PAGE, render_arms, runs_section
 from tasks.report.sections.section import Figures, Section
@@ -81,6 +82,7 @@ def committed() -> dict:
     findings = evaluate(cfg, ablate, search, spike, ablate.get("unigram_val_loss"))
     arithmetic = read("report")["provenance"]
     origin = {"commit": "0" * 40, "config_hash": "c" * 16, "built": "today", "trained": {}}
+    origin["reanalysis"] = reanalysis({"search": search, "spike": spike, "ablate": ablate})  # version 3's: unlabelled
     sections = report_sections(cfg, project, findings, ablate, search, spike, pretrain, origin, {}, arithmetic)
     text = render_markdown(sections, project)
     return {"findings": findings, "sections": sections, "text": text, "ablate": ablate, "project": project}
@@ -364,6 +366,15 @@ def test_a_report_read_under_rules_written_after_its_results_says_so_first(commi
     assert any(
         str(x).startswith("> **Exploratory: a re-analysis after results.** Version 3's results read") for x in first
     )
+
+
+def test_a_reanalysis_note_reads_only_on_results_made_before_registrations():
+    from tasks.design.preregistration import design
+
+    note = design()["reanalysis"]
+    assert reanalysis({"ablate": {"arms": []}, "spike": None}) == note  # no label: made before registrations
+    for state in ("exploratory", "confirmatory"):
+        assert reanalysis({"ablate": {"registration": {"state": state}}, "spike": None}) is None
 
 
 def test_the_history_lists_every_change_by_its_opening_cut_at_a_word_past_the_brief():

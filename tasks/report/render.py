@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import Config
-from tasks.design.preregistration import design, design_hash
+from tasks.design.preregistration import design_hash
 from tasks.design.studies import builtin_families, read_studies
 from tasks.report.findings import FAMILY_OF
 from tasks.report.lineage import stale
@@ -210,7 +210,7 @@ def report_json(
         "stage_times": times or {},
         "provenance": arithmetic,
         "design_hash": design_hash(),
-        "reanalysis": design().get("reanalysis"),
+        "reanalysis": (origin or {}).get("reanalysis"),
         "unigram_val_loss": ablate.get("unigram_val_loss"),
         "base_val_loss": {FAMILY_OF[f.key]: f.base_val_loss for f in findings if f.key in FAMILY_OF},
         "findings": {f.key: f.to_json() for f in findings},

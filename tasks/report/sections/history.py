@@ -14,7 +14,6 @@ from tasks.design.preregistration import design, design_hash
 from tasks.design.registration import CONFIRMATORY, load_records, record_path
 from tasks.report.sections.section import Section
 
-
 BRIEF = 280
 """Characters of each change shown in the report: its opening, where the date, the reason and the
 issue are; the whole entry is in the pre-registration (the report stays a page a reader finishes)."""
@@ -47,10 +46,20 @@ def unregistered(results: dict[str, dict[str, Any] | None]) -> dict[str, str]:
             continue
         label = data.get("registration")
         if not isinstance(label, dict):
-            found[stage] = "made before registrations"
+            found[stage] = BEFORE_REGISTRATIONS
         elif label.get("state") != CONFIRMATORY:
             found[stage] = str(label.get("why") or "exploratory")
     return found
+
+
+BEFORE_REGISTRATIONS = "made before registrations"
+
+
+def reanalysis(results: dict[str, dict[str, Any] | None]) -> str | None:
+    """The design's ``reanalysis`` note (rules written after these results were read) where it
+    applies: to results made before registrations existed (no label), never to later ones."""
+    note = design().get("reanalysis")
+    return note if note and BEFORE_REGISTRATIONS in unregistered(results).values() else None
 
 
 def marked_exploratory(sections: list[Section], exploratory: dict[str, str]) -> list[Section]:

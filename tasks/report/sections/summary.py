@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.config import Config
-from tasks.design.preregistration import design
 from tasks.report.lineage import commits_line, stale
 from tasks.report.method import Finding
 from tasks.report.sections.checks import checks_lines, proper
@@ -38,7 +37,7 @@ def summary_section(
         ),
         "",
     ]
-    reanalysis = design().get("reanalysis")  # rules written after these results were read
+    reanalysis = origin.get("reanalysis")  # rules written after these results were read
     lines = [
         f"**{len(proper(findings))} pre-registered findings** on the training stability of small GPT-style "
         f"models (profile {cfg.profile}): **{counts}**. What each tested and what came out:",
