@@ -40,9 +40,15 @@ sys.path.insert(0, str(ROOT))
 from model.private import run_private  # noqa: E402
 from model.typed_config import ConfigError, parse_sets  # noqa: E402
 from tasks.config import Config, load_config  # noqa: E402
-from tasks.report.findings import evaluate  # noqa: E402
+from tasks.report.findings import evaluate, mark_fragile  # noqa: E402
 from tasks.runtime.files import read_json  # noqa: E402
-from tasks.runtime.outputs import ABLATE_METRICS, REPORT_METRICS, SEARCH_METRICS, SPIKE_METRICS  # noqa: E402
+from tasks.runtime.outputs import (  # noqa: E402
+    ABLATE_METRICS,
+    REPORT_METRICS,
+    SEARCH_METRICS,
+    SENSITIVITY_METRICS,
+    SPIKE_METRICS,
+)
 from tasks.spike.study import branch_name  # noqa: E402
 
 SUMMARY = "summary/"
@@ -114,6 +120,13 @@ def label_differences(client: Any, run: str, data: dict[str, Any]) -> list[str]:
     state = (data.get(LABEL) or {}).get("state")
     tag = client.get_run(run).data.tags.get("spikelab.registration")
     return [] if state == tag else [f"/{LABEL}/state: {state!r} vs the run's spikelab.registration tag {tag!r}"]
+
+
+def without_words(finding: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A reported finding without its claims' ``words`` (the report's phrasing for a reader, no number)."""
+    if not finding:
+        return finding
+    return {**finding, "claims": [{k: v for k, v in c.items() if k != "words"} for c in finding.get("claims") or []]}
 
 
 def stage_artifact(client: Any, run: str, name: str) -> dict[str, Any]:
@@ -222,12 +235,15 @@ def recompute(cfg: Config, project: Path, client: Any) -> dict[str, Any]:
         stages["spike"] |= {"branches": found}
         stages["spike"]["differences"] += rows
     reported = read_json(project / REPORT_METRICS)["findings"]
+    evaluated = evaluate(cfg, ablate, held["search"], held["spike"], ablate.get("unigram_val_loss"))
+    sensitivity = project / SENSITIVITY_METRICS  # its perturbed arms are read from the file, not MLflow
+    mark_fragile(evaluated, cfg, read_json(sensitivity) if sensitivity.is_file() else None)
     findings = {}
-    for finding in evaluate(cfg, ablate, held["search"], held["spike"], ablate.get("unigram_val_loss")):
+    for finding in evaluated:
         recomputed = json.loads(json.dumps(finding.to_json()))
         findings[finding.key] = {
             "verdict": finding.verdict,
-            "differences": differences(reported.get(finding.key), recomputed),
+            "differences": differences(without_words(reported.get(finding.key)), recomputed),
         }
     return {"stages": stages, "findings": findings}
 

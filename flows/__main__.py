@@ -121,12 +121,15 @@ def run_stage(
     from tasks.runtime.outputs import KeptOutputs
     from tasks.runtime.paths import REGISTRATION_ENV
     from tasks.runtime.startup import imports_without_gc
+    from tasks.runtime.workers import scheduler
 
     started = time.perf_counter()
     cfg, project = project_config(profile, sets)  # fail fast, before any import cost
     if family is not None:
         check_family_stage(stage, family, cfg, project)
     require_inputs(project, stage)  # a fresh clone's: before any server starts
+    if STAGES[stage].fans_out:
+        scheduler(cfg.executor.scheduler)  # a malformed address is refused before anything is said
     label = None
     if stage in TRAINS_STUDY_SEEDS:
         cfg, sets, state = registered(stage, cfg, project, sets, confirmatory)

@@ -301,3 +301,14 @@ def test_the_study_simulation_keeps_each_familys_wrong_reproduce_rate_near_half_
     study, family = (float(v) for v in re.findall(r"reproduced\) ([\d.]+) \(worst family ([\d.]+)\)", line)[0])
     assert family <= 0.06 and study >= family
     assert "xiong (4 claims, looks [4, 8])" in done.stdout
+
+
+def test_a_project_without_the_design_code_is_hashed_by_the_code_it_runs(tmp_path):
+    from tasks.config import load_config
+    from tasks.design.preregistration import design_hash
+    from tasks.design.registration import design_of
+
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    shutil.copytree(REPO / "profiles", tmp_path / "profiles")
+    cfg = load_config(tmp_path / "params.yaml", "smoke")
+    assert design_of(cfg, tmp_path)["design_hash"] == design_hash()  # params and data only: the installed code's

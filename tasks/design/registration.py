@@ -31,7 +31,7 @@ import yaml
 
 from model.typed_config import ConfigError, InputError, flatten
 from tasks.config import Config
-from tasks.design.preregistration import design_hash
+from tasks.design.preregistration import DESIGN_CODE, design_hash
 from tasks.design.seed_registry import STUDY_KEYS, STUDY_SECTIONS, TRAINED_BY, Registry, study_seeds
 from tasks.runtime.files import write_json
 
@@ -64,8 +64,11 @@ def studies_hash(project: Path) -> str:
 
 
 def design_of(cfg: Config, project: Path) -> dict[str, str]:
-    """The three hashes a registration freezes."""
-    return {"design_hash": design_hash(project), "config_hash": config_hash(cfg), "studies_hash": studies_hash(project)}
+    """The three hashes a registration freezes. The design code is hashed in the project where it
+    holds a copy of its own (a checkout), else where it runs from (a folder of params and data
+    driven by the installed code)."""
+    code = project if all((project / name).is_file() for name in DESIGN_CODE) else None
+    return {"design_hash": design_hash(code), "config_hash": config_hash(cfg), "studies_hash": studies_hash(project)}
 
 
 def load_records(project: Path, profile: str) -> list[dict[str, Any]]:
