@@ -77,7 +77,7 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         mark_fragile(findings, cfg, sensitivity)  # the perturbed rerun, a registered replication
         trained = {"search": search, "spike": spike, "ablate": ablate, "sensitivity": sensitivity}
         origin = provenance(project, RESOLVED, git_lineage().get("mlflow.source.git.commit"), trained)
-        origin["reanalysis"] = reanalysis(trained)
+        origin["reanalysis"] = reanalysis({s: trained[s] for s in ("search", "spike", "ablate")})  # the labelled
         worded = in_words(findings, builtin_families(cfg) + declared)  # the claims as a reader reads them
         arithmetic = arithmetic_of(numerics, {"search": search, "pretrain": pretrain, "spike": spike, "ablate": ablate})
         runs = latest_stage_runs(cfg.tracking.experiment, STAGES_REPORTED)
