@@ -117,6 +117,7 @@ def run_stage(
     from model.stops import RunEnded
     from tasks.config import project_config
     from tasks.design.registration import label_results, stage_seeds
+    from tasks.design.seed_registry import TRAINED_BY
     from tasks.runtime import services
     from tasks.runtime.outputs import KeptOutputs
     from tasks.runtime.paths import REGISTRATION_ENV
@@ -131,7 +132,7 @@ def run_stage(
     if STAGES[stage].fans_out:
         scheduler(cfg.executor.scheduler)  # a malformed address is refused before anything is said
     label = None
-    if stage in TRAINS_STUDY_SEEDS:
+    if stage in TRAINED_BY:  # the stages whose seeds are a study's
         cfg, sets, state = registered(stage, cfg, project, sets, confirmatory)
         label = state.label(stage_seeds(stage, cfg))
         os.environ[REGISTRATION_ENV] = state.state  # the spikelab.registration tag of its MLflow runs
@@ -177,10 +178,6 @@ def run_stage(
         f"(prefect: {where['prefect']}, mlflow: {where['mlflow']})",
         file=sys.stderr,
     )
-
-
-TRAINS_STUDY_SEEDS = ("ablate", "spike", "search")
-"""The stages whose seeds are a study's (tasks/design/seed_registry.py: TRAINED_BY)."""
 
 
 def registered(stage: str, cfg, project: Path, sets: dict[str, Any], confirmatory: bool):

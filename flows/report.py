@@ -15,6 +15,7 @@ from flows.forms import Profile
 from model.provenance import config_provenance
 from model.typed_config import InputError
 from tasks.config import project_config
+from tasks.design.seed_registry import TRAINED_BY
 from tasks.design.studies import builtin_families, read_studies
 from tasks.params import RESOLVED
 from tasks.report.arithmetic import committed_outputs, numeric_paths, warnings
@@ -77,7 +78,7 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         mark_fragile(findings, cfg, sensitivity)  # the perturbed rerun, a registered replication
         trained = {"search": search, "spike": spike, "ablate": ablate, "sensitivity": sensitivity}
         origin = provenance(project, RESOLVED, git_lineage().get("mlflow.source.git.commit"), trained)
-        origin["reanalysis"] = reanalysis({s: trained[s] for s in ("search", "spike", "ablate")})  # the labelled
+        origin["reanalysis"] = reanalysis({s: trained[s] for s in TRAINED_BY})  # the stages a registration labels
         worded = in_words(findings, builtin_families(cfg) + declared)  # the claims as a reader reads them
         arithmetic = arithmetic_of(numerics, {"search": search, "pretrain": pretrain, "spike": spike, "ablate": ablate})
         runs = latest_stage_runs(cfg.tracking.experiment, STAGES_REPORTED)
