@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from model.private import run_private  # noqa: E402
 from model.typed_config import ConfigError, parse_sets  # noqa: E402
 from tasks.config import Config, load_config  # noqa: E402
+from tasks.design.registration import LABEL_KEY  # noqa: E402
 from tasks.report.findings import evaluate, mark_fragile  # noqa: E402
 from tasks.runtime.files import read_json  # noqa: E402
 from tasks.runtime.outputs import (  # noqa: E402
@@ -105,21 +106,17 @@ def differences(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b and type(a) is type(b) else [f"{path}: {a!r} vs {b!r}"]
 
 
-LABEL = "registration"
-"""The registration label (tasks/design/registration.py: label_results) is written into a stage's
-metrics files after its run logged them; MLflow holds its state as the stage run's
-``spikelab.registration`` tag, compared by :func:`label_differences`."""
-
-
 def unlabelled(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in data.items() if k != LABEL}
+    return {k: v for k, v in data.items() if k != LABEL_KEY}
 
 
 def label_differences(client: Any, run: str, data: dict[str, Any]) -> list[str]:
-    """The file's registration state against its stage run's tag (both absent: equal)."""
-    state = (data.get(LABEL) or {}).get("state")
+    """The file's registration state against its stage run's tag (both absent: equal): the label is
+    written into a stage's metrics after its run logged them (tasks/design/registration.py:
+    label_results), so MLflow holds only its state, as the ``spikelab.registration`` tag."""
+    state = (data.get(LABEL_KEY) or {}).get("state")
     tag = client.get_run(run).data.tags.get("spikelab.registration")
-    return [] if state == tag else [f"/{LABEL}/state: {state!r} vs the run's spikelab.registration tag {tag!r}"]
+    return [] if state == tag else [f"/{LABEL_KEY}/state: {state!r} vs the run's spikelab.registration tag {tag!r}"]
 
 
 def without_words(finding: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -174,13 +174,17 @@ def refuse_exploratory_seeds(seeds: Mapping[str, Sequence[int]]) -> None:
             )
 
 
+LABEL_KEY = "registration"
+"""The key of a stage's metrics JSON that holds its registration label (:func:`label_results`)."""
+
+
 def label_results(project: Path, paths: Iterable[Path], label: dict[str, Any]) -> None:
     """Write ``registration`` into each metrics JSON a stage wrote, where the report reads it."""
     for path in paths:
         full = project / path
         if full.suffix == ".json" and full.is_file():
             data = json.loads(full.read_text(encoding="utf-8"))
-            write_json(full, {**data, "registration": label})
+            write_json(full, {**data, LABEL_KEY: label})
 
 
 def refuse_fresh_declared_seeds(families: Iterable[Any], registry: Registry) -> None:

@@ -31,6 +31,7 @@ from tasks.ablate.grid import families
 from tasks.config import Config, load_config
 from tasks.design.preregistration import DESIGN_CODE
 from tasks.design.registration import (
+    LABEL_KEY,
     RECORDS,
     STUDIES_FILE,
     design_of,
@@ -79,7 +80,7 @@ def registered_seeds(cfg: Config, declared: list[Any]) -> dict[str, list[int]]:
 def result_seeds(stage: str, data: dict[str, Any]) -> list[int]:
     """The study seeds a stage's metrics hold: its registration label's, else read from what the
     stage writes (results from before registrations carry no label)."""
-    label = data.get("registration")
+    label = data.get(LABEL_KEY)
     if isinstance(label, dict) and isinstance(label.get("seeds"), dict):
         return sorted({int(s) for seeds in label["seeds"].values() for s in seeds})
     if stage == "ablate":
@@ -98,7 +99,7 @@ def existing_results(project: Path) -> list[dict[str, Any]]:
         if not (project / path).is_file():
             continue
         data = json.loads((project / path).read_text(encoding="utf-8"))
-        label = data.get("registration") if isinstance(data.get("registration"), dict) else {}
+        label = data.get(LABEL_KEY) if isinstance(data.get("registration"), dict) else {}
         last = (git(project, "log", "-1", "--format=%H %cI", "--", str(path)) or "").strip()
         commit, _, when = last.partition(" ")
         found.append(

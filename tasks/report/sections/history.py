@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.design.preregistration import design, design_hash
-from tasks.design.registration import CONFIRMATORY, load_records, record_path
+from tasks.design.registration import CONFIRMATORY, LABEL_KEY, load_records, record_path
 from tasks.report.sections.section import Section
 
 BRIEF = 280
@@ -44,7 +44,7 @@ def unregistered(results: dict[str, dict[str, Any] | None]) -> dict[str, str]:
     for stage, data in results.items():
         if not data:  # the stage has not run
             continue
-        label = data.get("registration")
+        label = data.get(LABEL_KEY)
         if not isinstance(label, dict):
             found[stage] = BEFORE_REGISTRATIONS
         elif label.get("state") != CONFIRMATORY:
