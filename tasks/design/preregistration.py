@@ -21,6 +21,7 @@ DESIGN_CODE = (
     "tasks/design/preregistration.yaml",
     "tasks/report/verdict.py",
     "tasks/report/findings.py",
+    "tasks/report/recovery.py",
     "tasks/report/method.py",
     "tasks/report/declared.py",
     "tasks/design/studies.py",

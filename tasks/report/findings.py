@@ -14,7 +14,7 @@ numbers a reader checks beside its claims (NOTES). Three remain code, each for o
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,7 +48,30 @@ from tasks.report.method import (
     sesoi,
     subtract,
 )
-from tasks.report.verdict import CONTRADICTED, EQUIVALENCE, NEGLIGIBLE, RATE, REPRODUCED, Claim, significant
+from tasks.report.recovery import (
+    BEST_FOR_STEP,
+    latencies,
+    latency_text,
+    margin,
+    outlasting,
+    recovery,
+    recovery_label,
+    recovery_text,
+    scored_gaps,
+    step_comparisons,
+    step_tied,
+    step_tied_verdict,
+)
+from tasks.report.verdict import (
+    CONTRADICTED,
+    EQUIVALENCE,
+    NEGLIGIBLE,
+    RATE,
+    REPRODUCED,
+    Claim,
+    adjust,
+    significant,
+)
 from tasks.spike.config import OUTCOMES
 
 FAMILY_OF = {finding: family for family, finding in builtin_names().items()}
@@ -221,50 +244,37 @@ SPIKE_CAUSES = {"data": "stream", "param": "once", "lr": "step"}
 skipping them clears it), state-tied (a corrupted state, restoring a clean one clears it),
 step-tied (no replay clears it)."""
 
-SPIKE_BETTER = (
-    ("data", "skip_batch"),
-    ("data", "rollback"),
-    ("data", "swap_data"),
-    ("param", "rollback"),
-    ("lr", "rollback_lower_lr"),
-)
-"""The registered claims (version 3): policy − continue on the scored gap < 0, where what the
-policy assumes about the spike holds for its cause (seed 004: skip the data, swap it out, restart
-from before, restart with a lower LR where the spike recurs on every replay)."""
-
-SPIKE_CLAIM_IDS = {
+SPIKE_RECOVERS = {
     ("data", "skip_batch"): "data_skip_batch",
     ("data", "rollback"): "data_rollback",
     ("data", "swap_data"): "data_swap_data",
-    ("param", "rollback"): "state_rollback",
     ("lr", "rollback_lower_lr"): "step_rollback_lower_lr",
 }
-"""Each claim's key in the registered design (its SESOI): the causes by what they are tied to."""
+"""The registered recovery claims (version 4), each with its key in the registered design: the
+branch's scored gap equivalent to its clean control within the SESOI, where the playbook predicts
+the policy recovers and the construction does not decide it (SPIKE_CONSTRUCTION)."""
+
+SPIKE_CONSTRUCTION = {
+    ("param", "rollback"): "restores a checkpoint from before the one-off fault, which never recurs",
+    ("lr", "rollback"): "replays the step-tied pulse at the same LR: flagged again, it gives up",
+    ("lr", "skip_batch"): "replays the step-tied pulse at the same LR: flagged again, it gives up",
+    ("param", "swap_data"): "no data source to swap: it is continue",
+    ("lr", "swap_data"): "no data source to swap: it is continue",
+}
+"""Cells whose outcome the construction decides (version 4): construction checks, shown with their
+verdict and this reason, in no claim."""
 
 SPIKE_NO_BETTER = (("param", "skip_batch"), ("lr", "rollback"), ("lr", "skip_batch"), ("lr", "lower_lr"))
-"""Registered predictions of no improvement, shown with their estimate and interval, not claims:
-PaLM's rollback and skip_batch replay the steps and meet a step-tied pulse again at the same LR,
-lower_lr acts after a 3-step pulse has done its damage, and skip_batch's restart point (the state
-just before the flagged step) may already hold a corrupted state."""
+"""Registered predictions of no improvement over continue, shown with their estimate and interval,
+not claims: PaLM's rollback and skip_batch replay the steps and meet a step-tied pulse again at the
+same LR, lower_lr acts after a 3-step pulse has done its damage, and skip_batch's restart point (the
+state just before the flagged step) may already hold a corrupted state."""
 
 
-def spike_gaps(matrix: dict[str, Any], cause: str, policy: str) -> dict[tuple, float]:
-    """Per seed (as a pairing unit), the branch's scored gap: a branch that gave up is scored at
-    the loss it gave up at, never dropped (tasks/spike/scores.py). Version 2's matrices carry only
-    the final gap, which a give-up lacks. The halves are split later (pooled_and_halves)."""
-    cells = matrix.get(cause, {}).get(policy, {})
-    gaps = {(int(seed),): scored_gap(cell) for seed, cell in cells.items()}
-    return {unit: gap for unit, gap in gaps.items() if gap is not None}
-
-
-def scored_gap(cell: dict[str, Any]) -> float | None:
-    """A branch's scored gap (version 3), or a version-2 branch's final gap (None for a give-up)."""
-    gap: float | None = cell.get("scored_gap", cell["final_gap"])
-    return gap
-
-
-def spike_precondition(spike: dict[str, Any]) -> str | None:
-    """Why the spike finding cannot be tested, or None: a cause missing or tied to the wrong thing."""
+def spike_precondition(spike: dict[str, Any], policies: Sequence[str]) -> str | None:
+    """Why the spike finding cannot be tested, or None: a cause missing or tied to the wrong thing,
+    or a policy of recovery.policies without its step-tied branch (the step-tied claim compares
+    every policy)."""
     matrix = spike["matrix"]
     for cause, tied in SPIKE_CAUSES.items():
         if cause not in matrix or "continue" not in matrix[cause]:
@@ -272,13 +282,14 @@ def spike_precondition(spike: dict[str, Any]) -> str | None:
         ties = {entry[cause]["injection"]["tied_to"] for entry in spike["seeds"].values()}
         if ties != {tied}:
             return f"the {cause} injection was tied to {sorted(ties)}, not to the {tied}: another cause"
-    return None
+    missing = [p for p in (BEST_FOR_STEP, *policies) if not matrix["lr"].get(p)]
+    return f"the spike stage ran no lr branch of {', '.join(dict.fromkeys(missing))}" if missing else None
 
 
 def cause_gate(matrix: dict[str, Any], cause: str, epsilon: float) -> str | None:
     """The gate of a cause's claims (each judged on its own, issue 58): its ``continue`` branch left
     a gap at >= SPIKE_MIN_SEEDS seeds, else there was nothing for a policy to recover."""
-    gapped = [s for s, gap in spike_gaps(matrix, cause, "continue").items() if gap > epsilon]
+    gapped = [s for s, gap in scored_gaps(matrix, cause, "continue").items() if gap > epsilon]
     if len(gapped) >= SPIKE_MIN_SEEDS:
         return None
     return (
@@ -288,12 +299,25 @@ def cause_gate(matrix: dict[str, Any], cause: str, epsilon: float) -> str | None
 
 
 def detection_text(spike: dict[str, Any], cause: str) -> str:
-    """``, detected 7 of 8 (missed: 6)``: the detector's rate on the cause (version 3)."""
+    """``, detected 7 of 8 (missed: 6), latency 0-12 steps (median 3) at 7 origins, never flagged
+    at 1``: the detector's rate (version 3) and latency (version 4) on the cause."""
     d = spike.get("detection", {}).get(cause)
     if not d:
         return ""
     missed = f" (missed: {', '.join(map(str, d['missed_seeds']))})" if d["missed_seeds"] else ""
-    return f", detected {d['detected']} of {d['injected']}{missed}"
+    return f", detected {d['detected']} of {d['injected']}{missed}, {latency_text(latencies(spike, cause))}"
+
+
+def outlasting_text(spike: dict[str, Any], window: int) -> str:
+    """How many origins' poisoned stretch goes on past the skip window opened at the first flag:
+    where skip_batch and the rollbacks meet poison, their recovery is not given by construction."""
+    poison = {int(s): n for s, n in spike["poison_batches"].items()}
+    by_origin = latencies(spike, "data")
+    met = outlasting(poison, by_origin, window)
+    return (
+        f"data: the stretch outlasts the {window}-batch skip window from the first flag (or was never flagged) "
+        f"at {len(met)} of {len(by_origin)} origins" + (f" (seeds {', '.join(map(str, met))})" if met else "")
+    )
 
 
 def origins_gate(spike: dict[str, Any]) -> str | None:
@@ -316,50 +340,86 @@ def spike_outcomes(matrix: dict[str, Any], cause: str, policy: str) -> str:
     return " / ".join(f"{sum(c['outcome'] == o for c in cells)} {o.replace('_', ' ')}" for o in OUTCOMES)
 
 
+def recovery_margin(cell: tuple[str, str]) -> float:
+    """A cell's equivalence margin: its claim's registered SESOI, else the finding's ``margin``."""
+    return sesoi("spike", SPIKE_RECOVERS[cell]) if cell in SPIKE_RECOVERS else margin()
+
+
+def recovery_entry(cell: tuple[str, str], claim: Claim, gaps: dict[str, Any]) -> dict[str, Any]:
+    """A cell's recovery as metrics/report.json and the report carry it: its verdict, whether it is
+    a claim or a construction check (and why), and its mean gap to the clean control with the TOST."""
+    return {
+        "verdict": recovery_label(claim),
+        "role": "claim" if cell in SPIKE_RECOVERS else "construction" if cell in SPIKE_CONSTRUCTION else "shown",
+        "construction": SPIKE_CONSTRUCTION.get(cell),
+        "estimate": claim.estimate,
+        "ci95": claim.ci95,
+        "tost_p": claim.p,
+        "tost_p_adjusted": claim.p_adjusted,
+        "margin": claim.sesoi,
+        "halves": claim.halves,
+        "n": gaps.get("n"),
+    }
+
+
 def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
-    """Per cause, the policies whose assumption fits it against continue (SPIKE_BETTER: claims) and
-    those whose assumption does not (SPIKE_NO_BETTER: predictions, shown), on the final gap
-    (relative, smoothed training loss), paired by seed over the seeds where both branches have one
-    (a branch that gave up is its own outcome, counted, never imputed). A cause's claims are not
-    tested unless its continue branch left a gap at >= SPIKE_MIN_SEEDS seeds (:func:`cause_gate`,
-    each cause on its own). Beside each claim, its estimate
-    on the discovery and on the confirmation seeds alone (``details``)."""
+    """Version 4's claims (tasks/report/recovery.py), Holm-adjusted together: recovery as
+    equivalence to the clean control within the SESOI where the playbook predicts it and the
+    construction does not decide it (SPIKE_RECOVERS), and the step-tied claim, rollback_lower_lr
+    better than every other policy, one comparison per policy. Every other cause × policy cell is
+    shown with its recovery verdict (unadjusted: no claim; a construction check says why), and the
+    predicted-no-better cells against continue. A cause's claims are not tested unless its
+    continue branch left a gap at >= SPIKE_MIN_SEEDS origins (:func:`cause_gate`)."""
     if not spike or "matrix" not in spike:
         return decide("spike", [], "the spike stage did not run", [], "the spike stage did not run")
     matrix, epsilon = spike["matrix"], cfg.recovery.recover_epsilon
-    failed = origins_gate(spike) or spike_precondition(spike)
+    policies: list[str] = list(cfg.recovery.policies)
+    failed = origins_gate(spike) or spike_precondition(spike, policies)
     halves = halves_for(spike.get("discovery_seeds", []), spike.get("confirm_seeds", []))
-
-    def tested(cause: str, policy: str) -> dict[str, Any]:
-        """policy − continue per seed (one origin run per seed), where both branches have a gap."""
-        differences = subtract(spike_gaps(matrix, cause, policy), spike_gaps(matrix, cause, "continue"))
-        return pooled_and_halves(differences, halves)
-
-    comparisons = {pair: tested(*pair) for pair in (*SPIKE_BETTER, *SPIKE_NO_BETTER)}
-    claims = [
-        direction("spike", SPIKE_CLAIM_IDS[c, p], f"{c}×{p} − continue, scored gap", comparisons[c, p], -1, "relative")
-        for c, p in SPIKE_BETTER
-    ]
+    gaps = {(c, p): scored_gaps(matrix, c, p) for c in SPIKE_CAUSES if c in matrix for p in policies}
+    recoveries = {
+        (c, p): recovery(f"{c}×{p} − clean control, scored gap", g, halves, recovery_margin((c, p)))
+        for (c, p), g in gaps.items()
+    }
+    step = step_comparisons(matrix, halves, policies) if "lr" in matrix else {}
+    step_claims = step_tied(step)
+    claims = [recoveries[cell] for cell in SPIKE_RECOVERS if cell in recoveries] + step_claims
     if not failed:  # each cause's claims gated on its own continue gap
-        for claim, (gated_cause, _policy) in zip(claims, SPIKE_BETTER, strict=True):
-            claim.not_tested = cause_gate(matrix, gated_cause, epsilon)
-    details: dict[str, Any] = {f"{c}/{p}": comparisons[c, p] for c, p in (*SPIKE_BETTER, *SPIKE_NO_BETTER)}
+        for claim in claims:
+            claim.not_tested = cause_gate(matrix, claim.what.split("×")[0], epsilon)
+    adjust(claims)  # decide() adjusts the same way; the labels below read the adjusted p
+    tested = {cell: pooled_and_halves(g, halves) for cell, g in gaps.items()}
+    versus = {(c, p): pooled_and_halves(subtract(gaps[c, p], gaps[c, "continue"]), halves) for c, p in SPIKE_NO_BETTER}
+    step_verdict = step_tied_verdict(step_claims)
+    details: dict[str, Any] = {
+        **{f"{c}/{p}": versus[c, p] for c, p in SPIKE_NO_BETTER},
+        "recovery": {f"{c}/{p}": recovery_entry((c, p), r, tested[c, p]) for (c, p), r in recoveries.items()},
+        "step_tied": {"verdict": step_verdict, **{f"lr/{BEST_FOR_STEP} − lr/{o}": t for o, t in step.items()}},
+    }
     numbers = "; ".join(
         [
             *(
                 f"{cause}: continue {spike_outcomes(matrix, cause, 'continue')}, mean scored gap "
-                f"{mean_text(spike_gaps(matrix, cause, 'continue'))}{detection_text(spike, cause)}"
+                f"{mean_text(gaps[cause, 'continue'])}{detection_text(spike, cause)}"
                 for cause in SPIKE_CAUSES
-                if cause in matrix
+                if (cause, "continue") in gaps
             ),
+            *([outlasting_text(spike, cfg.recovery.skip_batches)] if spike.get("poison_batches") else []),
             *([f"origins left out on the plateau: {spike['plateau']['excluded']}"] if spike.get("plateau") else []),
             *(
-                f"{c}×{p} − continue (predicted better): {compare_line(comparisons[c, p], '')}; {spike_outcomes(matrix, c, p)}"
-                for c, p in SPIKE_BETTER
+                f"{c}×{p} vs clean (claim): {recovery_text(recoveries[c, p])}"
+                for c, p in SPIKE_RECOVERS
+                if (c, p) in recoveries
+            ),
+            f"step-tied, {BEST_FOR_STEP} against every other policy: {step_verdict}",
+            *(f"lr×{BEST_FOR_STEP} − lr×{o}: {compare_line(t, '')}" for o, t in step.items()),
+            *(
+                f"{c}×{p} vs clean (construction check: {why}): {recovery_text(recoveries[c, p])}"
+                for (c, p), why in SPIKE_CONSTRUCTION.items()
+                if (c, p) in recoveries
             ),
             *(
-                f"{c}×{p} − continue (predicted no better): {compare_line(comparisons[c, p], '')}; "
-                f"{spike_outcomes(matrix, c, p)}"
+                f"{c}×{p} − continue (predicted no better): {compare_line(versus[c, p], '')}; {spike_outcomes(matrix, c, p)}"
                 for c, p in SPIKE_NO_BETTER
             ),
         ]
@@ -368,15 +428,9 @@ def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
     arms = [
         f"spike stage: seeds {seeds}, causes {', '.join(matrix)}, x{cfg.spike.magnitude:g} for {cfg.spike.duration} steps"
     ]
-    return decide(
-        "spike",
-        claims,
-        numbers,
-        arms,
-        failed,
-        details=details,
-        halves=halves_of({f"{c}×{p} − continue, scored gap": comparisons[c, p] for c, p in SPIKE_BETTER}),
-    )
+    shown = {r.what: tested[cell] for cell, r in recoveries.items() if cell in SPIKE_RECOVERS}
+    shown |= {c.what: t for c, t in zip(step_claims, step.values(), strict=True)}
+    return decide("spike", claims, numbers, arms, failed, details=details, halves=halves_of(shown))
 
 
 def _missing(key: str, why: str) -> Finding:

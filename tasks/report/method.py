@@ -197,8 +197,12 @@ def equivalence_power(tested: Mapping[str, Any], margin: float) -> dict[str, Any
 
 
 def equivalence(key: str, claim: str, what: str, values: dict[tuple, float], halves: Halves, unit: str) -> Claim:
-    """An equivalence claim on per-seed values: TOST against ±SESOI pooled; each half's estimate."""
-    margin = sesoi(key, claim)
+    """An equivalence claim on per-seed values: TOST against its registered ±SESOI pooled; each half's estimate."""
+    return equivalence_within(what, values, halves, sesoi(key, claim), unit)
+
+
+def equivalence_within(what: str, values: dict[tuple, float], halves: Halves, margin: float, unit: str) -> Claim:
+    """An equivalence claim on per-seed values: TOST against ±``margin`` pooled; each half's estimate."""
     tested = pooled_and_halves(values, halves)
     tost = tost_paired(list(values.values()), margin)
     return Claim(

@@ -10,8 +10,9 @@ from typing import Any
 
 from tasks.config import Config
 from tasks.design.preregistration import design
-from tasks.report.findings import scored_gap
-from tasks.report.method import number
+from tasks.report.findings import SPIKE_CONSTRUCTION
+from tasks.report.method import halves_for, number
+from tasks.report.recovery import latencies, latency_text, margin, recovery, recovery_label, scored_gap, scored_gaps
 from tasks.report.sections.runs import ARMS_PAGE
 from tasks.report.sections.section import REPORTS, SIGNED, UNITS, Figures, Section, interval, table
 from tasks.report.sections.words import LABELS
@@ -182,6 +183,13 @@ def spike_section(project: Path, spike: dict[str, Any] | None) -> Section:
         "that did not give up):",
         "",
         *table(["scored gap", *policies], gaps),
+        "",
+        f"Each cell against its origins' clean controls (version 4): equivalent within ±{margin():.0%} (TOST at α, "
+        "each half's estimate inside), worse or better than clean by more than that, or not shown; the mean gap "
+        "and its 95 % interval. Unadjusted here; the finding Holm-adjusts its claims. A construction check (c) is "
+        "decided by how the branch is built, never evidence:",
+        "",
+        *table(["vs clean", *policies], _recovery_rows(spike)),
         *_detection_lines(spike),
     ]
     postmortems = sorted((project / REPORTS / "postmortems").glob("*.md"))
@@ -198,6 +206,23 @@ def spike_section(project: Path, spike: dict[str, Any] | None) -> Section:
     )
 
 
+def _recovery_rows(spike: dict[str, Any]) -> list[list[str]]:
+    """Per cause, each policy's recovery verdict against the clean control with its mean gap and
+    interval (tasks/report/recovery.py), the construction checks marked (c)."""
+    halves = halves_for(spike.get("discovery_seeds", []), spike.get("confirm_seeds", []))
+    rows = []
+    for cause in spike["causes"]:
+        row = [cause]
+        for policy in spike["policies"]:
+            claim = recovery(f"{cause}×{policy}", scored_gaps(spike["matrix"], cause, policy), halves, margin())
+            ci = f" [{claim.ci95[0]:+.1%}, {claim.ci95[1]:+.1%}]" if claim.ci95 else ""
+            mark = " (c)" if (cause, policy) in SPIKE_CONSTRUCTION else ""
+            gap = "-" if claim.estimate is None else f"{claim.estimate:+.1%}"
+            row.append(f"{recovery_label(claim).split(' (')[0]}{mark}: {gap}{ci}")
+        rows.append(row)
+    return rows
+
+
 def _detection_lines(spike: dict[str, Any]) -> list[str]:
     """The detector's rate per cause and the origins the plateau gate left out (version 3)."""
     detection = spike.get("detection")
@@ -210,7 +235,13 @@ def _detection_lines(spike: dict[str, Any]) -> list[str]:
     )
     excluded = (spike.get("plateau") or {}).get("excluded") or []
     left_out = f" Origins left out on the plateau: {', '.join(map(str, excluded))}." if excluded else ""
-    return ["", f"Spikes the detector caught, per cause: {rates}.{left_out}"]
+    latency = "; ".join(f"{cause} {latency_text(latencies(spike, cause))}" for cause in detection)
+    return [
+        "",
+        f"Spikes the detector caught, per cause: {rates}.{left_out}",
+        "",
+        f"The detector's latency, injection's first step to its first flag on continue, per cause: {latency}.",
+    ]
 
 
 CAUSE_OF_TIE = {"stream": "data-tied", "once": "state-tied", "step": "step-tied"}
