@@ -309,16 +309,26 @@ def test_report_json_carries_the_verdict_test_source_and_mde_of_every_finding_an
 
 SPIKE_POLICIES = ("continue", "skip_step", "skip_batch", "rollback", "rollback_lower_lr", "lower_lr", "swap_data")
 SPIKE_TIES = {"data": "stream", "param": "once", "lr": "step"}
-FIXES = {("data", "skip_batch"), ("data", "rollback"), ("data", "swap_data"), ("param", "rollback")}
-FIXES |= {("lr", "rollback_lower_lr")}
+FIXES = {("data", "skip_batch"), ("data", "rollback"), ("data", "swap_data"), ("lr", "rollback_lower_lr")}
+RECOVERY_CLAIMS = [
+    "data×skip_batch − clean control, scored gap",
+    "data×rollback − clean control, scored gap",
+    "data×swap_data − clean control, scored gap",
+    "lr×rollback_lower_lr − clean control, scored gap",
+]
+STEP_CLAIMS = [
+    f"lr×rollback_lower_lr − lr×{p}, scored gap"
+    for p in ("continue", "skip_step", "skip_batch", "rollback", "lower_lr", "swap_data")
+]
 
 
 def spike_metrics(
-    n_seeds: int, fix_effect: float, ties: dict[str, str] = SPIKE_TIES, plateau_why: str | None = None
+    n_seeds: int, fix_gap: float, ties: dict[str, str] = SPIKE_TIES, plateau_why: str | None = None
 ) -> dict:
-    """metrics/spike.json of version 3 with ``n_seeds`` seeds (half discovery, half confirmation)
-    where every cause's continue ends ~20 % above its control, each registered fix ``fix_effect``
-    (relative) from continue seed by seed, and every other policy where continue is."""
+    """metrics/spike.json of version 3 on with ``n_seeds`` seeds (half discovery, half confirmation)
+    where every cause's continue ends ~20 % above its control, each registered fix ``fix_gap``
+    (relative) above it, and every other policy where continue is; the detector flags every
+    injection, the poison outlasting the skip window at none."""
 
     def cell(gap: float) -> dict:
         return {"outcome": "gap", "final_gap": gap, "scored_gap": gap, "excess_area": 50 * gap, "status": "completed"}
@@ -326,10 +336,11 @@ def spike_metrics(
     matrix: dict = {}
     for cause in ties:
         for policy in SPIKE_POLICIES:
-            effect = fix_effect if (cause, policy) in FIXES else 0.0
-            gaps = {s: 0.2 + 0.01 * s + effect * (1 + 0.1 * s) for s in range(n_seeds)}  # offsets pairing removes
+            gaps = {s: 0.2 + 0.01 * s for s in range(n_seeds)}  # offsets pairing removes
+            if (cause, policy) in FIXES:
+                gaps = {s: fix_gap + 0.002 * (s % 3) for s in range(n_seeds)}
             matrix.setdefault(cause, {})[policy] = {str(s): cell(g) for s, g in gaps.items()}
-    entry = {cause: {"injection": {"tied_to": tied}} for cause, tied in ties.items()}
+    entry = {cause: {"injection": {"tied_to": tied}, "continue": {"latency": 0}} for cause, tied in ties.items()}
     half = n_seeds // 2
     return {
         "matrix": matrix,
@@ -338,6 +349,7 @@ def spike_metrics(
         "confirm_seeds": list(range(half, n_seeds)),
         "plateau": {"why": plateau_why, "excluded": []},
         "detection": {c: {"injected": n_seeds, "detected": n_seeds, "missed_seeds": []} for c in ties},
+        "poison_batches": {str(s): 10 for s in range(n_seeds)},
     }
 
 
@@ -345,65 +357,83 @@ def spike_finding(metrics: dict):
     return next(f for f in evaluate(Config(), study(Config()), None, metrics, UNIGRAM) if f.key == "spike")
 
 
-def test_the_registered_fixes_closing_continues_gap_reproduce_the_spike_finding():
-    found = spike_finding(spike_metrics(8, -0.15))
+def test_fixes_that_bring_the_run_back_to_its_clean_control_reproduce_the_spike_finding():
+    found = spike_finding(spike_metrics(8, 0.005))
     assert found.verdict == REPRODUCED
-    assert [c.what for c in found.claims] == [
-        "data×skip_batch − continue, scored gap",
-        "data×rollback − continue, scored gap",
-        "data×swap_data − continue, scored gap",
-        "param×rollback − continue, scored gap",
-        "lr×rollback_lower_lr − continue, scored gap",
-    ]
+    assert [c.what for c in found.claims] == RECOVERY_CLAIMS + STEP_CLAIMS
     assert {c.unit for c in found.claims} == {"relative"}
+    assert all(c.p_adjusted is not None for c in found.claims), "one Holm family over every claim"
     assert "data: continue 0 recovered / 8 gap / 0 gave up, mean scored gap" in found.numbers
-    assert "detected 8 of 8" in found.numbers
+    assert "detected 8 of 8, latency 0-0 steps (median 0) at 8 origins" in found.numbers
+    assert "the stretch outlasts the 10-batch skip window from the first flag (or was never flagged) at 0 of 8" in (
+        found.numbers
+    )
+    assert found.details["step_tied"]["verdict"] == "holds: rollback_lower_lr better than each of the 6 other policies"
+    assert found.details["recovery"]["data/skip_batch"]["verdict"] == "recovered (equivalent to clean)"
+
+
+def test_a_fix_that_only_narrows_continues_gap_is_no_recovery():
+    found = spike_finding(spike_metrics(8, 0.05))  # well below continue's 20 %, above the 3 % margin
+    assert found.details["recovery"]["data/skip_batch"]["verdict"] == "worse"
+    assert found.verdict == CONTRADICTED
+
+
+def test_the_construction_checks_are_shown_with_why_and_are_no_claim():
+    found = spike_finding(spike_metrics(8, 0.005))
+    rollback = found.details["recovery"]["param/rollback"]
+    assert rollback["role"] == "construction" and "before the one-off fault" in rollback["construction"]
+    assert not any(c.what.startswith("param×") for c in found.claims)
+    assert "param×rollback vs clean (construction check: restores a checkpoint" in found.numbers
 
 
 def test_the_spike_finding_is_not_tested_when_the_stage_says_too_few_origins_left_the_plateau():
     why = "the confirmation half kept 1 origin past the plateau (needs >= 2): seeds 4, 6, 7 left out"
-    found = spike_finding(spike_metrics(8, -0.15, plateau_why=why))
+    found = spike_finding(spike_metrics(8, 0.005, plateau_why=why))
     assert found.verdict == NOT_TESTED and found.precondition_failed == why
 
 
 def test_a_version_2_spike_study_is_not_read_by_version_3s_claims():
-    metrics = spike_metrics(8, -0.15)
+    metrics = spike_metrics(8, 0.005)
     del metrics["plateau"]
     found = spike_finding(metrics)
     assert found.verdict == NOT_TESTED and found.precondition_failed.startswith("a version-2 spike study")
 
 
+def test_a_study_without_a_policys_step_tied_branch_is_not_tested():
+    metrics = spike_metrics(8, 0.005)
+    del metrics["matrix"]["lr"]["skip_step"]
+    found = spike_finding(metrics)
+    assert found.verdict == NOT_TESTED and found.precondition_failed == "the spike stage ran no lr branch of skip_step"
+
+
 def test_the_no_better_predictions_are_shown_with_their_estimate_but_are_not_claims():
-    found = spike_finding(spike_metrics(8, -0.15))
+    found = spike_finding(spike_metrics(8, 0.005))
     for pair in ("param/skip_batch", "lr/rollback", "lr/skip_batch", "lr/lower_lr"):
         assert found.details[pair]["estimate"] == pytest.approx(0.0) and found.details[pair]["n"] == 8
     assert "lr×rollback − continue (predicted no better)" in found.numbers
-    halves = found.halves["data×rollback − continue, scored gap"]
+    halves = found.halves["data×rollback − clean control, scored gap"]
     assert halves["discovery"]["n"] == 4 and halves["confirmation"]["n"] == 4
 
 
-def test_fixes_that_widen_the_gap_contradict_the_spike_finding():
-    assert spike_finding(spike_metrics(8, +0.15)).verdict == CONTRADICTED
-
-
 def test_a_branch_that_gave_up_stays_in_the_pairs_at_its_scored_gap_and_is_counted():
-    metrics = spike_metrics(8, -0.15)
+    metrics = spike_metrics(8, 0.005)
     metrics["matrix"]["data"]["rollback"]["3"] |= {"outcome": "gave_up", "final_gap": None, "scored_gap": 0.9}
     found = spike_finding(metrics)
-    assert found.details["data/rollback"]["n"] == 8 and 3 in [s for (s,) in found.details["data/rollback"]["seeds"]]
+    assert found.details["recovery"]["data/rollback"]["n"] == 8
+    assert found.details["recovery"]["data/rollback"]["verdict"] == "not shown"
     assert "0 recovered / 7 gap / 1 gave up" in found.numbers
 
 
 def test_the_spike_finding_is_not_tested_below_four_gapped_seeds_of_every_cause_or_on_a_mistied_cause():
-    three = spike_finding(spike_metrics(3, -0.15))
+    three = spike_finding(spike_metrics(3, 0.005))
     assert three.verdict == NOT_TESTED and "at 3 of 3 seeds" in three.precondition_failed
-    closed = spike_metrics(4, -0.15)
-    closed["matrix"]["param"]["continue"]["0"] |= {"final_gap": 0.01, "scored_gap": 0.01}  # continue came back
-    found = spike_finding(closed)  # param's claim alone is not tested; the other causes' are
-    assert [c.not_tested is None for c in found.claims] == [True, True, True, False, True]
-    assert (found.claims[3].not_tested or "").startswith("param: continue ended more than 3% above")
+    closed = spike_metrics(4, 0.005)
+    closed["matrix"]["data"]["continue"]["0"] |= {"final_gap": 0.01, "scored_gap": 0.01}  # continue came back
+    found = spike_finding(closed)  # data's claims alone are not tested; the lr cause's are
+    assert [c.not_tested is None for c in found.claims] == [False] * 3 + [True] * 7
+    assert (found.claims[0].not_tested or "").startswith("data: continue ended more than 3% above")
     assert found.verdict != NOT_TESTED
-    mistied = spike_finding(spike_metrics(8, -0.15, {**SPIKE_TIES, "lr": "stream"}))
+    mistied = spike_finding(spike_metrics(8, 0.005, {**SPIKE_TIES, "lr": "stream"}))
     assert mistied.verdict == NOT_TESTED and "lr injection was tied to ['stream']" in mistied.precondition_failed
 
 

@@ -407,14 +407,15 @@ def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
             *([outlasting_text(spike, cfg.recovery.skip_batches)] if spike.get("poison_batches") else []),
             *([f"origins left out on the plateau: {spike['plateau']['excluded']}"] if spike.get("plateau") else []),
             *(
-                f"{c}×{p} vs clean (claim): {recovery_text(recoveries[c, p])}"
+                f"{c}×{p} vs clean (claim): {recovery_text(recoveries[c, p])}; {spike_outcomes(matrix, c, p)}"
                 for c, p in SPIKE_RECOVERS
                 if (c, p) in recoveries
             ),
             f"step-tied, {BEST_FOR_STEP} against every other policy: {step_verdict}",
             *(f"lr×{BEST_FOR_STEP} − lr×{o}: {compare_line(t, '')}" for o, t in step.items()),
             *(
-                f"{c}×{p} vs clean (construction check: {why}): {recovery_text(recoveries[c, p])}"
+                f"{c}×{p} vs clean (construction check: {why}): {recovery_text(recoveries[c, p])}; "
+                f"{spike_outcomes(matrix, c, p)}"
                 for (c, p), why in SPIKE_CONSTRUCTION.items()
                 if (c, p) in recoveries
             ),
