@@ -40,6 +40,7 @@ VERDICT_FILES = (
     "tasks/design/preregistration.yaml",  # the design, and the built-in families' declarations
     "tasks/report/verdict.py",
     "tasks/report/findings.py",
+    "tasks/report/recovery.py",  # the spike finding's recovery and step-tied rules (version 4)
     "tasks/report/method.py",  # the one method every finding and declared family shares
     "tasks/report/declared.py",  # the declared families' findings: their claims and tests
     "tasks/design/studies.py",  # the declared families and their claims, as they are read
