@@ -328,7 +328,7 @@ def spike_metrics(
     """metrics/spike.json of version 3 on with ``n_seeds`` seeds (half discovery, half confirmation)
     where every cause's continue ends ~20 % above its control, each registered fix ``fix_gap``
     (relative) above it, and every other policy where continue is; the detector flags every
-    injection, the poison outlasting the skip window at none."""
+    injection on its first step, the poison shorter than the skip window."""
 
     def cell(gap: float) -> dict:
         return {"outcome": "gap", "final_gap": gap, "scored_gap": gap, "excess_area": 50 * gap, "status": "completed"}
@@ -365,8 +365,9 @@ def test_fixes_that_bring_the_run_back_to_its_clean_control_reproduce_the_spike_
     assert all(c.p_adjusted is not None for c in found.claims), "one Holm family over every claim"
     assert "data: continue 0 recovered / 8 gap / 0 gave up, mean scored gap" in found.numbers
     assert "detected 8 of 8, latency 0-0 steps (median 0) at 8 origins" in found.numbers
-    assert "the stretch outlasts the 10-batch skip window from the first flag (or was never flagged) at 0 of 8" in (
-        found.numbers
+    assert (
+        "poison to meet (the claim can come out otherwise): skip_batch 0 of 8, rollback 0 of 8, swap_data 0 of 8"
+        in (found.numbers)
     )
     assert found.details["step_tied"]["verdict"] == "holds: rollback_lower_lr better than each of the 6 other policies"
     assert found.details["recovery"]["data/skip_batch"]["verdict"] == "recovered (equivalent to clean)"

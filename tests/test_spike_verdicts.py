@@ -15,7 +15,7 @@ from tasks.report.recovery import (
     RECOVERED,
     WORSE,
     latency_text,
-    outlasting,
+    poison_met,
     recovery,
     recovery_label,
     step_comparisons,
@@ -143,11 +143,22 @@ def test_the_step_tied_comparisons_are_holm_adjusted_so_one_raw_p_under_alpha_is
 
 
 @pytest.mark.parametrize(
-    ("poison", "latency", "met"),
-    [(200, 0, []), (201, 0, [1]), (230, 30, []), (231, 30, [1]), (120, None, [1])],
+    ("policy", "poison", "latency", "met"),
+    [
+        ("skip_batch", 200, 0, False),  # flagged on the first poisoned batch, the window covers the stretch
+        ("skip_batch", 201, 0, True),  # one poisoned batch past the window
+        ("skip_batch", 120, 1, True),  # restored after one poisoned update
+        ("rollback", 230, 30, False),  # restored before the stretch, skipped to its end
+        ("rollback", 231, 30, True),
+        ("rollback", 150, 99, False),
+        ("rollback", 150, 100, True),  # the restore point may lie inside the stretch
+        ("swap_data", 400, 0, False),  # excluded from the first poisoned batch on
+        ("swap_data", 120, 1, True),
+        ("rollback_lower_lr", 120, None, True),  # never flagged: no policy acted
+    ],
 )
-def test_a_stretch_outlasts_the_skip_window_past_its_first_flag_or_when_never_flagged(poison, latency, met):
-    assert outlasting({1: poison}, {1: latency}, 200) == met
+def test_a_data_policy_meets_poison_past_its_window_or_after_a_late_flag(policy, poison, latency, met):
+    assert poison_met(policy, {1: poison}, {1: latency}, window=200, rollback_steps=100) == ([1] if met else [])
 
 
 def test_the_latency_line_gives_range_median_and_the_origins_never_flagged():

@@ -53,7 +53,7 @@ from tasks.report.recovery import (
     latencies,
     latency_text,
     margin,
-    outlasting,
+    poison_met,
     recovery,
     recovery_label,
     recovery_text,
@@ -308,16 +308,16 @@ def detection_text(spike: dict[str, Any], cause: str) -> str:
     return f", detected {d['detected']} of {d['injected']}{missed}, {latency_text(latencies(spike, cause))}"
 
 
-def outlasting_text(spike: dict[str, Any], window: int) -> str:
-    """How many origins' poisoned stretch goes on past the skip window opened at the first flag:
-    where skip_batch and the rollbacks meet poison, their recovery is not given by construction."""
+def poison_met_text(spike: dict[str, Any], cfg: Config) -> str:
+    """At how many origins each data claim's policy may meet poison (tasks/report/recovery.py:
+    poison_met): where none, its recovery was given by the construction."""
     poison = {int(s): n for s, n in spike["poison_batches"].items()}
-    by_origin = latencies(spike, "data")
-    met = outlasting(poison, by_origin, window)
-    return (
-        f"data: the stretch outlasts the {window}-batch skip window from the first flag (or was never flagged) "
-        f"at {len(met)} of {len(by_origin)} origins" + (f" (seeds {', '.join(map(str, met))})" if met else "")
-    )
+    by_origin, r = latencies(spike, "data"), cfg.recovery
+    met = {
+        p: poison_met(p, poison, by_origin, r.skip_batches, r.rollback_steps) for c, p in SPIKE_RECOVERS if c == "data"
+    }
+    counts = ", ".join(f"{p} {len(seeds)} of {len(by_origin)}" for p, seeds in met.items())
+    return f"data: origins where the construction leaves poison to meet (the claim can come out otherwise): {counts}"
 
 
 def origins_gate(spike: dict[str, Any]) -> str | None:
@@ -404,7 +404,7 @@ def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
                 for cause in SPIKE_CAUSES
                 if (cause, "continue") in gaps
             ),
-            *([outlasting_text(spike, cfg.recovery.skip_batches)] if spike.get("poison_batches") else []),
+            *([poison_met_text(spike, cfg)] if spike.get("poison_batches") else []),
             *([f"origins left out on the plateau: {spike['plateau']['excluded']}"] if spike.get("plateau") else []),
             *(
                 f"{c}×{p} vs clean (claim): {recovery_text(recoveries[c, p])}; {spike_outcomes(matrix, c, p)}"

@@ -143,8 +143,23 @@ def latency_text(by_origin: Mapping[int, int | None]) -> str:
     return text + (f", never flagged at {missed}" if missed else "")
 
 
-def outlasting(poison: Mapping[int, int], latency: Mapping[int, int | None], window: int) -> list[int]:
-    """The origins whose poisoned stretch goes on past a skip window opened at the first flag (the
-    flagged batch and ``window`` − 1 after it: skip_batch's and the rollbacks'), or that were never
-    flagged: there those policies meet poison, so their recovery is not given by construction."""
-    return [s for s, lat in sorted(latency.items()) if s in poison and (lat is None or poison[s] > lat + window)]
+def poison_met(
+    policy: str, poison: Mapping[int, int], latency: Mapping[int, int | None], window: int, rollback_steps: int
+) -> list[int]:
+    """The origins at which a data policy may meet poison, so that its recovery is not given by
+    construction (the claim can come out otherwise there). Never flagged: the policy never acts.
+    skip_batch restores the state just before the first flag, so any poisoned update before it
+    (latency > 0) stays, and skips ``window`` batches from the flag; a rollback restores a checkpoint
+    ``rollback_steps`` before the flag (before the stretch unless the latency reaches that) and skips
+    to the same window's end; swap_data keeps the updates before the flag. A stretch longer than
+    latency + window goes on past the window (skip_batch and the rollbacks meet its rest)."""
+
+    def meets(lat: int | None, length: int) -> bool:
+        if lat is None:
+            return True
+        if policy == "swap_data":
+            return lat > 0
+        beyond = length > lat + window
+        return beyond or (lat > 0 if policy == "skip_batch" else lat >= rollback_steps)
+
+    return [s for s, lat in sorted(latency.items()) if s in poison and meets(lat, poison[s])]
