@@ -70,7 +70,7 @@ def recovery_label(claim: Claim) -> str:
 
 def recovery_text(claim: Claim) -> str:
     """A recovery in a line: its verdict, mean gap to the clean control [95 % interval], the TOST p
-    against ±margin (Holm-adjusted where it is a claim) and n's halves."""
+    against ±margin (Holm-adjusted where it is a claim) and each half's estimate."""
     if claim.estimate is None:
         return f"{recovery_label(claim)}, no gap"
     ci = f" [{claim.ci95[0]:+.3g}, {claim.ci95[1]:+.3g}]" if claim.ci95 else ""
