@@ -22,6 +22,7 @@ from tasks.report.recovery import (
     step_tied,
     step_tied_verdict,
 )
+from tasks.report.sections.stages import spike_section
 from tasks.report.verdict import EQUIVALENCE, Claim, adjust
 
 HALVES = {"discovery": [0, 1, 2, 3], "confirmation": [4, 5, 6, 7]}
@@ -166,3 +167,25 @@ def test_the_latency_line_gives_range_median_and_the_origins_never_flagged():
         latency_text({1: 0, 2: 12, 3: 3, 4: None}) == "latency 0-12 steps (median 3) at 3 origins, never flagged at 1"
     )
     assert latency_text({1: None}) == "never flagged at 1 origins"
+
+
+def test_the_report_tables_each_cells_verdict_against_clean_and_the_detectors_latency(tmp_path):
+    recovered = {str(s): {"scored_gap": g, "final_gap": g, "outcome": "recovered"} for (s,), g in gaps(0.005).items()}
+    lingering = {str(s): {"scored_gap": g, "final_gap": g, "outcome": "gap"} for (s,), g in gaps(0.2).items()}
+    latency = {"continue": {"latency": 0}, "injection": {"tied_to": "once"}}
+    spike = {
+        "matrix": {"param": {"continue": lingering, "rollback": recovered}},
+        "causes": ["param"],
+        "policies": ["continue", "rollback"],
+        "seeds": {str(s): {"param": latency | ({"continue": {"latency": None}} if s == 7 else {})} for s in range(8)},
+        "discovery_seeds": HALVES["discovery"],
+        "confirm_seeds": HALVES["confirmation"],
+        "detection": {"param": {"injected": 8, "detected": 7, "missed_seeds": [7]}},
+        "postmortem_seed": 0,
+        "false_positives": 0,
+    }
+    lines = [str(line) for line in spike_section(tmp_path, spike).lines]
+    assert "| vs clean | continue | rollback |" in lines
+    row = next(line for line in lines if line.startswith("| param | worse: +20.0% ["))
+    assert "| recovered (c): +0.5% [" in row, "param×rollback is a construction check"
+    assert any("param latency 0-0 steps (median 0) at 7 origins, never flagged at 1" in line for line in lines)
