@@ -36,7 +36,6 @@ from tasks.report.method import (
     compare_line,
     decide,
     direction,
-    equivalence,
     halves_for,
     halves_of,
     mean_text,
@@ -119,27 +118,69 @@ def seed_slopes(entry: dict[str, Any]) -> dict[tuple, float]:
     }
 
 
-def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | None, **_: Any) -> Finding:
-    if not search or not {"sp", "mup"} <= search.keys():
-        return decide("mu_transfer", [], "the search stage compared no SP and μP", [], "no SP and μP search")
+def non_inferior(what: str, gaps: dict[tuple, float], margin: float, halves: Halves) -> Claim:
+    """A non-inferiority claim on per-seed gaps (positive: worse), read by the direction rule on
+    gap − margin (expected below 0, no SESOI of its own): it holds when the 95 % interval of the gap
+    lies wholly below +margin (CONSORT's non-inferiority rule, Piaggio et al. 2012), the paired
+    t-test of gap − margin is significant and every half's gap is below the margin; contradicted
+    when the interval lies wholly above it, every half there (worse by more than the margin)."""
+    tested = pooled_and_halves({unit: gap - margin for unit, gap in gaps.items()}, halves)
+    return Claim(
+        what,
+        tested.get("estimate"),
+        tested.get("p"),
+        -1,
+        ci95=tested.get("ci95"),
+        halves={h: c.get("estimate") for h, c in tested["halves"].items()},
+        mde=tested.get("mde"),
+        unit="nats",
+    )
+
+
+def transfer_claim(cfg: Config, transfer: dict[str, Any]) -> tuple[Claim, str]:
+    """The primary claim (version 4): the LR transferred from the proxy widths does as well at the
+    target as the direct sweep's best, within the registered margin; and its numbers."""
+    margin = sesoi("mu_transfer", "transfer")
+    gaps = {(int(s),): g for s, g in (transfer.get("gap_per_seed") or {}).items()}
+    what = (
+        f"transfer: per-seed loss at the LR from widths {transfer['proxy_widths']} minus the direct sweep's best at "
+        f"width {transfer['target_width']}, less the margin {margin:g} (non-inferior: below 0)"
+    )
+    claim = non_inferior(what, gaps, margin, search_halves(cfg))
+    if not gaps:
+        claim.not_tested = "metrics/search.json has no per-seed transfer gaps (written before version 4)"
+    mean = f"{claim.estimate + margin:+.3f}" if claim.estimate is not None else "n/a"
+    upper = f"{max(claim.ci95) + margin:+.3f}" if claim.ci95 else "n/a"
+    numbers = (
+        f"transfer (primary): LR 2^{transfer['log2_lr']:.2f} from widths {transfer['proxy_widths']} at width "
+        f"{transfer['target_width']}, gap to the direct sweep's best {mean} nats (95 % upper bound {upper}; "
+        f"non-inferior below +{margin:g}) over {len(gaps)} seeds"
+    )
+    return claim, numbers
+
+
+def slopes_secondary(cfg: Config, search: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The secondary analysis (version 4): per parametrization the per-seed slopes of log₂ η* on
+    log₂ width, shown with estimate, interval and μP's TOST p against ±margin, deciding nothing."""
     halves = search_halves(cfg)
     slopes = {p: seed_slopes(search[p]) for p in ("sp", "mup")}
     tested = {
-        "SP: per-seed slope of log₂ η* on log₂ width": pooled_and_halves(slopes["sp"], halves),
-        "μP: per-seed slope of log₂ η* on log₂ width": pooled_and_halves(slopes["mup"], halves),
+        f"{name}: per-seed slope of log₂ η* on log₂ width": pooled_and_halves(slopes[p], halves)
+        for p, name in (("sp", "SP"), ("mup", "μP"))
     }
-    margin = sesoi("mu_transfer", "mup")
-    claims = [
-        direction(
-            "mu_transfer",
-            "sp",
-            "SP: per-seed slope of log₂ η* on log₂ width",
-            tested["SP: per-seed slope of log₂ η* on log₂ width"],
-            -1,
-            "slope",
-        ),
-        equivalence("mu_transfer", "mup", f"μP: per-seed slope within ±{margin:g}", slopes["mup"], halves, "slope"),
-    ]
+    margin = design()["findings"]["mu_transfer"]["secondary"]["margin"]
+    tost = tost_paired(list(slopes["mup"].values()), margin)
+    return (
+        tested,
+        f"secondary: {claims_numbers(tested, 'slope')}; μP TOST ±{margin:g} p={number(tost.get('p'), '{:.3g}')}",
+    )
+
+
+def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | None, **_: Any) -> Finding:
+    if not search or not {"sp", "mup", "transfer"} <= search.keys():
+        return decide("mu_transfer", [], "the search stage compared no SP and μP", [], "no SP and μP search")
+    claim, transfer_numbers = transfer_claim(cfg, search["transfer"])
+    tested, slope_numbers = slopes_secondary(cfg, search)
     s = cfg.search
     seeds = len(s.seeds) + len(s.confirm_seeds)
     failed = None
@@ -153,18 +194,18 @@ def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | Non
         failed = f"a fitted optimum at the grid's edge ({', '.join(at_edge)}): the grid does not bracket it"
     failed = failed or mup_trains(cfg, search)
     numbers = (
-        f"{claims_numbers(tested, 'slope')}; TOST ±{margin:g} p={number(claims[1].p, '{:.3g}')}; widths "
-        f"{', '.join(sorted(search['sp']['widths'], key=int))}; optima at the grid's edge: {len(at_edge)} of "
-        f"{len(entries)}; loss at the optimum up to {worst:.3f} nats{base_width_gate(cfg, search)}"
+        f"{transfer_numbers}; {slope_numbers}; widths {', '.join(sorted(search['sp']['widths'], key=int))}; "
+        f"optima at the grid's edge: {len(at_edge)} of {len(entries)}; loss at the optimum up to {worst:.3f} "
+        f"nats{base_width_gate(cfg, search)}"
     )
     return decide(
         "mu_transfer",
-        claims,
+        [claim],
         numbers,
         ["search stage: " + ", ".join(search.get("studies", []))],
         failed,
         worst,
-        {"slopes": {p: list(v.values()) for p, v in slopes.items()}, "at_edge": at_edge, **tested},
+        {"at_edge": at_edge, **tested},
         halves_of(tested),
     )
 
