@@ -252,20 +252,43 @@ def test_the_slopes_are_shown_beside_the_transfer_claim_and_decide_nothing():
     assert found.details["μP: per-seed slope of log₂ η* on log₂ width"]["estimate"] == pytest.approx(-1.0)
 
 
-@pytest.mark.parametrize(("mup_loss", "tested"), [(5.1, True), (5.1001, False)])
-def test_mu_transfer_is_not_tested_where_mup_trains_worse_than_sp_at_the_base_width(mup_loss, tested):
+@pytest.mark.parametrize(("uncensored", "tested"), [(3, True), (2, False)])
+def test_the_transfer_claim_needs_three_seeds_whose_direct_optimum_is_not_censored(uncensored, tested):
     cfg = Config()
-    assert cfg.mup.base_width in (32, 64, 128)
-    found = verdicts(cfg, study(cfg), transfer_search(mup_loss, cfg.mup.base_width))["mu_transfer"]
+    search = transfer_search(5.0, cfg.mup.base_width, {s: -0.01 - 0.002 * s for s in range(uncensored)})
+    search["transfer"]["direct_censored"] = {str(s): "next to an LR the pruner stopped" for s in range(uncensored, 4)}
+    (claim,) = verdicts(cfg, study(cfg), search)["mu_transfer"].claims
+    assert (claim.not_tested is None) is tested
+    if not tested:
+        assert claim.not_tested.startswith("2 seeds with an uncensored direct optimum at width 128 (censored: 2, 3)")
+
+
+def test_a_seed_censored_at_some_width_is_left_out_of_the_secondary_slopes():
+    cfg = Config()
+    search = transfer_search(5.0, cfg.mup.base_width)
+    search["sp"]["widths"]["128"]["censored"] = {"7": "at the grid's end"}
+    found = verdicts(cfg, study(cfg), search)["mu_transfer"]
+    assert found.details["SP: per-seed slope of log₂ η* on log₂ width"]["n"] == 7
+    assert "censored optima (bounds, left out of the slopes): 1 of 48" in found.numbers
+
+
+@pytest.mark.parametrize(("mup_loss", "tested"), [(5.1, True), (5.1001, False)])
+def test_mu_transfer_is_not_tested_where_mup_trains_worse_than_sp_at_the_target_width(mup_loss, tested):
+    cfg = Config().replace(**{"mup.base_width": 64})  # the default profile's: the gate reads the target, not it
+    target = cfg.model.d_model
+    assert target == 128 != cfg.mup.base_width
+    found = verdicts(cfg, study(cfg), transfer_search(mup_loss, target))["mu_transfer"]
     if tested:  # a met gate prints its measured values too
         assert found.precondition_failed is None
-        assert f"gate at the base width {cfg.mup.base_width}: μP 5.100 against SP 5.000 nats" in found.numbers
+        assert f"gate at the target width {target}: μP 5.100 against SP 5.000 nats" in found.numbers
     else:
         assert found.verdict == NOT_TESTED
         assert (
-            f"μP trains worse than SP at the base width {cfg.mup.base_width} (loss at the fitted optimum 5.100 against 5.000"
+            f"μP trains worse than SP at the target width {target} (loss at the fitted optimum 5.100 against 5.000"
             in (found.precondition_failed)
         )
+    at_base = verdicts(cfg, study(cfg), transfer_search(5.1001, cfg.mup.base_width))["mu_transfer"]
+    assert at_base.precondition_failed is None, "the base width, where μP is SP, gates nothing"
 
 
 @pytest.mark.parametrize(("underflow", "tested"), [(0.5, True), (0.5001, False)])

@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 
 from model.train import train
 from tasks.search.findings import LR_FILE_HEADER, publish, summarize, sweep_optima
-from tasks.search.fit import Point, fit_optimum, slope, width_summary
+from tasks.search.fit import AT_GRID_END, Point, fit_optimum, slope, width_summary
 from tasks.search.queue import (
     OBJECTIVE_NAME,
     claim,
@@ -299,8 +299,8 @@ def test_a_finished_search_studys_trials_have_the_lr_as_their_only_param(tmp_pat
 def test_fit_finds_the_vertex_of_a_parabola_between_grid_points():
     grid = np.arange(-10.0, -3.0)
     fit = fit_optimum(grid, (grid + 6.3) ** 2 + 3.0)
-    assert fit.log2_lr == pytest.approx(-6.3) and fit.loss == pytest.approx(3.0) and not fit.at_edge
-    assert fit_optimum(grid, -grid).at_edge  # still falling at the largest LR: flagged
+    assert fit.log2_lr == pytest.approx(-6.3) and fit.loss == pytest.approx(3.0) and fit.censored is None
+    assert fit_optimum(grid, -grid).censored == AT_GRID_END  # still falling at the largest LR: a bound
 
 
 def test_slope_of_optima_halving_per_doubling_is_minus_one_with_spread_over_seeds():

@@ -127,7 +127,9 @@ def summarize(cfg: Config, sweeps: list[StudySpec], transfer: StudySpec) -> Find
     sweep_of = {(s.parametrization, s.width): pts for s, pts in points.items() if s.kind == "sweep"}
     proxies, log2_lr = proxy_widths(cfg), transfer.points[0][0]
     proxy_flops = sum(p.flops for w in proxies for p in sweep_of[(transfer.parametrization, w)])
-    check = transfer_check(sweep_of[(transfer.parametrization, transfer.width)], points[transfer], proxy_flops, log2_lr)
+    check = transfer_check(
+        sweep_of[(transfer.parametrization, transfer.width)], points[transfer], proxy_flops, log2_lr, grid
+    )
     metrics: dict[str, Any] = {
         **{
             p: {"widths": {str(w): summary for w, summary in sorted(by_width[p].items())}, **slope(by_width[p])}
