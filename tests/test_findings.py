@@ -291,6 +291,14 @@ def test_mu_transfer_is_not_tested_where_mup_trains_worse_than_sp_at_the_target_
     assert at_base.precondition_failed is None, "the base width, where μP is SP, gates nothing"
 
 
+def test_the_gate_compares_sp_and_mup_fitted_on_the_same_grid_not_mups_refined_optimum():
+    cfg = Config().replace(**{"mup.base_width": 64})
+    search = transfer_search(5.0, 128)
+    search["mup"]["widths"]["128"] |= {"loss_opt": 5.0, "grid_loss_opt": 5.1001}  # refined 5.0, the grid's 5.1001
+    found = verdicts(cfg, study(cfg), search)["mu_transfer"]
+    assert found.verdict == NOT_TESTED and "optimum 5.100 against 5.000" in found.precondition_failed
+
+
 @pytest.mark.parametrize(("underflow", "tested"), [(0.5, True), (0.5001, False)])
 def test_fp16_is_not_tested_where_most_gradients_underflow_above_the_registered_band(underflow, tested):
     cfg = Config()

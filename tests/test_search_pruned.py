@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from model.typed_config import ConfigError
 from tasks.search import pruning
-from tasks.search.findings import points_of, pruned_trials, summarize, sweep_optima
+from tasks.search.findings import points_of, pruned_trials, summarize, sweep_optima, sweep_summary
 from tasks.search.fit import (
     AT_GRID_END,
     NEXT_TO_STOPPED,
@@ -261,9 +261,15 @@ def test_a_seed_censored_at_any_width_has_no_slope_and_the_others_keep_theirs():
 def test_the_transfer_check_leaves_out_a_seed_whose_direct_optimum_is_censored():
     direct = [*grid_points(set(), best=3, seed=0), *grid_points({4, 5, 6}, best=3, seed=1)]
     transfer = [Point(GRID[3], s, 5.02, "completed", 1.0) for s in (0, 1)]
-    check = transfer_check(direct, transfer, 1.0, GRID[3], GRID)
+    check = transfer_check(direct, transfer, 1.0, GRID[3])
     assert check["gap_per_seed"] == {"0": pytest.approx(0.02)}
     assert check["direct_censored"] == {"1": NEXT_TO_STOPPED}
+
+
+def test_the_grid_loss_leaves_out_the_second_stages_lrs_the_summary_reads_them():
+    refined = [*grid_points(set(), best=3), Point(GRID[3] + 0.3, 0, 4.5, "completed", 1.0)]
+    summary = sweep_summary(refined, GRID)
+    assert summary["grid_loss_opt"] == pytest.approx(5.0) and summary["loss_opt"] < 4.6
 
 
 def test_a_pruned_trial_is_recorded_with_its_step_and_never_enters_the_fit(tmp_path):

@@ -232,11 +232,14 @@ loss."""
 
 
 def gate_losses(cfg: Config, search: dict[str, Any]) -> tuple[float, float] | None:
-    """SP's and μP's loss at the fitted optimum at the gate's width; None where the search did not train it."""
+    """SP's and μP's loss at the optimum fitted from the grid's points at the target width; None
+    where the search did not train it."""
     width = str(target_width(cfg))
     if width not in search["sp"]["widths"] or width not in search["mup"]["widths"]:
         return None
-    return search["sp"]["widths"][width]["loss_opt"], search["mup"]["widths"][width]["loss_opt"]
+    sp, mup = search["sp"]["widths"][width], search["mup"]["widths"][width]
+    # fitted from the grid alone: the second stage refines μP only (version 4; version 3 had none)
+    return sp.get("grid_loss_opt", sp["loss_opt"]), mup.get("grid_loss_opt", mup["loss_opt"])
 
 
 def gate_numbers(cfg: Config, search: dict[str, Any]) -> str:

@@ -160,20 +160,14 @@ def transferred_log2_lr(by_width: dict[int, dict], proxies: Sequence[int]) -> fl
     return float(np.mean([by_width[w]["log2_lr_opt"] for w in proxies]))
 
 
-def transfer_check(
-    direct: Sequence[Point],
-    transfer: Sequence[Point],
-    proxy_flops: float,
-    log2_lr: float,
-    grid: Sequence[float] | None = None,
-) -> dict:
+def transfer_check(direct: Sequence[Point], transfer: Sequence[Point], proxy_flops: float, log2_lr: float) -> dict:
     """The transferred LR at the target against the direct sweep there: the loss gap per seed (loss
     at the transferred LR minus the sweep's best completed loss; positive: the transfer did worse),
     its mean and spread, and the compute ratio (FLOPs of the proxy studies over those of the direct
     sweep). The per-seed gaps are what the report's non-inferiority test reads; a seed whose direct
-    optimum is censored (on ``grid``) has none: the sweep's true best may lie below its best
-    completed loss, which would favour the transfer."""
-    summary = width_summary(direct, grid)
+    optimum is censored (its points, pruned ones included) has none: the sweep's true best may lie
+    below its best completed loss, which would favour the transfer."""
+    summary = width_summary(direct)
     best: dict[int, float] = {}
     for p in direct:
         if p.status == "completed" and str(p.seed) not in summary["censored"]:
