@@ -224,11 +224,11 @@ def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | Non
 
 
 MUP_TOLERANCE = 0.1
-"""How much worse than SP μP may train at the target width (version 4; version 3 read the base
-width, where μP and SP are the same model with mup.zero_init_* off: a gate true by construction,
-tasks/register/gates.py), in nats of the loss at the fitted optimum (version 3's value): a μP that trains worse than SP where its transfer is claimed is not
+"""How much worse than SP μP may train at the target width, in nats of the loss at the fitted
+optimum (version 3's value): a μP that trains worse than SP where its transfer is claimed is not
 the μP whose transfer the paper claims; a tenth of a nat is xiong's SESOI, 2 % of a trained arm's
-loss."""
+loss. Version 3 read the base width, where with mup.zero_init_* off μP and SP are the same model:
+a gate true by construction (tasks/register/gates.py)."""
 
 
 def gate_losses(cfg: Config, search: dict[str, Any]) -> tuple[float, float] | None:
