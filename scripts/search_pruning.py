@@ -91,9 +91,9 @@ def summary(report: dict) -> list[str]:
                 f"{g['unpruned']['log2_lr']:.3f} -> {g['complete_only']['log2_lr']:.3f} "
                 f"({g['difference_grid_steps']:+.2f} grid steps)"
             )
-    edge = report["at_edge"]
+    edge = report["censored"]
     lines.append(
-        f"optima at the grid's edge (its smallest or largest LR): unpruned {edge['unpruned']}, "
+        f"censored optima (at the grid's end or next to a stopped LR): unpruned {edge['unpruned']}, "
         f"complete-only {edge['complete_only']}"
     )
     for p, s in report["slopes"].items():

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from tasks.ablate.grid import expand
 from tasks.ablate.rounds import DECIDED, GATED
@@ -174,52 +176,127 @@ def test_the_depth_probe_reads_a_ratio_that_grows_like_the_square_root_of_depth(
     assert found.verdict == REPRODUCED
 
 
+def transfer_entry(gaps: dict[int, float]) -> dict:
+    """metrics/search.json's transfer check with these per-seed gaps (transferred − direct best)."""
+    return {
+        "proxy_widths": [32, 64],
+        "target_width": 128,
+        "log2_lr": -9.0,
+        "gap_per_seed": {str(s): g for s, g in gaps.items()},
+    }
+
+
+def transfer_search(mup_loss_at_base: float, base: int, gaps: dict[int, float] | None = None) -> dict:
+    """A search whose SP optimum shifts with width and μP's does not, μP ending ``mup_loss_at_base``
+    at the ``base`` width against SP's 5.0, and the transferred LR ``gaps`` from the direct best
+    (default: 0.01 nats better at each of seeds 0-3)."""
+    return {
+        **{
+            p: {
+                "widths": {
+                    str(w): {
+                        "per_seed": {str(s): -8.0 - k * i - 0.01 * s for s in range(8)},
+                        "loss_opt": mup_loss_at_base if (p, w) == ("mup", base) else 5.0,
+                    }
+                    for i, w in enumerate((32, 64, 128))
+                }
+            }
+            for p, k in (("sp", 1.0), ("mup", 0.0))
+        },
+        "transfer": transfer_entry(gaps if gaps is not None else {s: -0.01 - 0.002 * s for s in range(4)}),
+    }
+
+
 def test_mu_transfer_is_not_tested_on_a_search_below_the_registered_size():
     cfg = Config().replace(**{"search.lr_points": 5, "search.seeds": [0, 1], "search.confirm_seeds": []})
-    search = {
-        p: {
-            "widths": {
-                str(w): {"per_seed": {"0": -8.0 - k * i, "1": -8.1 - k * i}, "loss_opt": 5.0}
-                for i, w in enumerate((32, 64, 128))
-            }
-        }
-        for p, k in (("sp", 1.0), ("mup", 0.0))
-    }
-    found = verdicts(cfg, study(cfg), search)["mu_transfer"]
+    found = verdicts(cfg, study(cfg), transfer_search(5.0, cfg.mup.base_width))["mu_transfer"]
     assert found.verdict == NOT_TESTED and "5 LR points, 2 seeds" in found.precondition_failed
 
 
-def transfer_search(mup_loss_at_base: float, base: int) -> dict:
-    """A search whose SP optimum shifts with width and μP's does not, μP ending ``mup_loss_at_base``
-    at the ``base`` width against SP's 5.0."""
-    return {
-        p: {
-            "widths": {
-                str(w): {
-                    "per_seed": {str(s): -8.0 - k * i - 0.01 * s for s in range(8)},
-                    "loss_opt": mup_loss_at_base if (p, w) == ("mup", base) else 5.0,
-                }
-                for i, w in enumerate((32, 64, 128))
-            }
-        }
-        for p, k in (("sp", 1.0), ("mup", 0.0))
-    }
+def gaps_around(upper: float) -> dict[int, float]:
+    """Four per-seed gaps whose 95 % t-interval ends exactly at ``upper`` (mean upper - 0.05)."""
+    spread = [-1.0, -0.5, 0.5, 1.0]
+    half = 0.05
+    sem = np.std(spread, ddof=1) / 2
+    scale = half / (scipy_stats.t.ppf(0.975, 3) * sem)
+    return {s: upper - half + scale * d for s, d in enumerate(spread)}
+
+
+@pytest.mark.parametrize(("upper", "verdict"), [(0.0999, REPRODUCED), (0.1001, INCONCLUSIVE)])
+def test_the_transferred_lr_is_non_inferior_only_while_its_gaps_upper_bound_is_below_the_margin(upper, verdict):
+    cfg = Config()
+    assert design()["findings"]["mu_transfer"]["claims"]["transfer"]["sesoi"] == 0.1
+    found = verdicts(cfg, study(cfg), transfer_search(5.0, cfg.mup.base_width, gaps_around(upper)))["mu_transfer"]
+    (claim,) = found.claims
+    assert max(claim.ci95) + 0.1 == pytest.approx(upper)
+    assert found.verdict == verdict
+
+
+def test_a_transferred_lr_better_than_the_direct_sweeps_best_holds_and_one_worse_by_the_margin_contradicts():
+    cfg = Config()
+    better = verdicts(cfg, study(cfg), transfer_search(5.0, cfg.mup.base_width))["mu_transfer"]
+    assert better.verdict == REPRODUCED, "non-inferiority, not equivalence: doing better is doing as well"
+    assert "gap to the direct sweep's best -0.013 nats" in better.numbers
+    worse = {s: 0.3 + 0.01 * s for s in range(4)}
+    found = verdicts(cfg, study(cfg), transfer_search(5.0, cfg.mup.base_width, worse))["mu_transfer"]
+    assert found.verdict == CONTRADICTED
+
+
+def test_the_slopes_are_shown_beside_the_transfer_claim_and_decide_nothing():
+    cfg = Config()
+    search = transfer_search(5.0, cfg.mup.base_width)
+    search["mup"] = search["sp"]  # μP's optimum shifting like SP's: the secondary analysis says so
+    found = verdicts(cfg, study(cfg), search)["mu_transfer"]
+    assert [c.what.split(":")[0] for c in found.claims] == ["transfer"]
+    assert found.verdict == REPRODUCED and "secondary: SP: per-seed slope" in found.numbers
+    assert found.details["μP: per-seed slope of log₂ η* on log₂ width"]["estimate"] == pytest.approx(-1.0)
+
+
+@pytest.mark.parametrize(("uncensored", "tested"), [(3, True), (2, False)])
+def test_the_transfer_claim_needs_three_seeds_whose_direct_optimum_is_not_censored(uncensored, tested):
+    cfg = Config()
+    search = transfer_search(5.0, cfg.mup.base_width, {s: -0.01 - 0.002 * s for s in range(uncensored)})
+    search["transfer"]["direct_censored"] = {str(s): "next to an LR the pruner stopped" for s in range(uncensored, 4)}
+    (claim,) = verdicts(cfg, study(cfg), search)["mu_transfer"].claims
+    assert (claim.not_tested is None) is tested
+    if not tested:
+        assert claim.not_tested.startswith("2 seeds with an uncensored direct optimum at width 128 (censored: 2, 3)")
+
+
+def test_a_seed_censored_at_some_width_is_left_out_of_the_secondary_slopes():
+    cfg = Config()
+    search = transfer_search(5.0, cfg.mup.base_width)
+    search["sp"]["widths"]["128"]["censored"] = {"7": "at the grid's end"}
+    found = verdicts(cfg, study(cfg), search)["mu_transfer"]
+    assert found.details["SP: per-seed slope of log₂ η* on log₂ width"]["n"] == 7
+    assert "censored optima (bounds, left out of the slopes): 1 of 48" in found.numbers
 
 
 @pytest.mark.parametrize(("mup_loss", "tested"), [(5.1, True), (5.1001, False)])
-def test_mu_transfer_is_not_tested_where_mup_trains_worse_than_sp_at_the_base_width(mup_loss, tested):
-    cfg = Config()
-    assert cfg.mup.base_width in (32, 64, 128)
-    found = verdicts(cfg, study(cfg), transfer_search(mup_loss, cfg.mup.base_width))["mu_transfer"]
+def test_mu_transfer_is_not_tested_where_mup_trains_worse_than_sp_at_the_target_width(mup_loss, tested):
+    cfg = Config().replace(**{"mup.base_width": 64})  # the default profile's: the gate reads the target, not it
+    target = cfg.model.d_model
+    assert target == 128 != cfg.mup.base_width
+    found = verdicts(cfg, study(cfg), transfer_search(mup_loss, target))["mu_transfer"]
     if tested:  # a met gate prints its measured values too
         assert found.precondition_failed is None
-        assert f"gate at the base width {cfg.mup.base_width}: μP 5.100 against SP 5.000 nats" in found.numbers
+        assert f"gate at the target width {target}: μP 5.100 against SP 5.000 nats" in found.numbers
     else:
         assert found.verdict == NOT_TESTED
         assert (
-            f"μP trains worse than SP at the base width {cfg.mup.base_width} (loss at the fitted optimum 5.100 against 5.000"
+            f"μP trains worse than SP at the target width {target} (loss at the fitted optimum 5.100 against 5.000"
             in (found.precondition_failed)
         )
+    at_base = verdicts(cfg, study(cfg), transfer_search(5.1001, cfg.mup.base_width))["mu_transfer"]
+    assert at_base.precondition_failed is None, "the base width, where μP is SP, gates nothing"
+
+
+def test_the_gate_compares_sp_and_mup_fitted_on_the_same_grid_not_mups_refined_optimum():
+    cfg = Config().replace(**{"mup.base_width": 64})
+    search = transfer_search(5.0, 128)
+    search["mup"]["widths"]["128"] |= {"loss_opt": 5.0, "grid_loss_opt": 5.1001}  # refined 5.0, the grid's 5.1001
+    found = verdicts(cfg, study(cfg), search)["mu_transfer"]
+    assert found.verdict == NOT_TESTED and "optimum 5.100 against 5.000" in found.precondition_failed
 
 
 @pytest.mark.parametrize(("underflow", "tested"), [(0.5, True), (0.5001, False)])

@@ -14,6 +14,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tasks.search import pruning
+from tasks.search.fit import NEXT_TO_STOPPED
 from tasks.search.pruning import TrialRecord, compare, replay, replay_group
 from tasks.search.spec import lr_grid, search_digest, sweep_specs
 from tests.test_search import SEARCH, tiny_project
@@ -154,9 +155,13 @@ def test_a_diverged_startup_trial_finishes_but_gives_no_vote_where_it_reported_n
     (g,) = compare(CFG, replayed)["per_group"]
     # The diverged point is in neither fit; the unpruned one is the exact parabola's vertex, the
     # complete-only one the best grid point, now the last complete LR: within a grid step. It is
-    # not at the grid's edge: its upper neighbour is in the grid, stopped (fit.py: optima_per_seed).
+    # censored, a bound: its upper neighbour was stopped (fit.py: censoring).
     assert g["unpruned"]["log2_lr"] == pytest.approx(OPTIMUM, abs=1e-6)
-    assert g["complete_only"] == {"log2_lr": GRID[3], "loss": pytest.approx(final_loss(GRID[3])), "at_edge": False}
+    assert g["complete_only"] == {
+        "log2_lr": GRID[3],
+        "loss": pytest.approx(final_loss(GRID[3])),
+        "censored": NEXT_TO_STOPPED,
+    }
     assert g["closeness"] == "within"
 
 

@@ -87,10 +87,13 @@ def test_a_claim_comparing_a_model_with_itself_is_refused(tmp_path: Path) -> Non
     assert declared(tmp_path, smoke(), claim, widths=(64,)) == []
 
 
-def test_mu_transfers_gate_at_the_base_width_is_refused_and_passes_where_mup_differs() -> None:
-    (found,) = builtin_refusals(smoke())
+def test_mu_transfers_gate_at_the_target_width_is_refused_only_where_the_target_is_the_base_width() -> None:
+    (found,) = builtin_refusals(smoke())  # smoke's target width (model.d_model 32) is its base width
     assert found.startswith("findings.mu_transfer") and "gate where they differ" in found
     assert builtin_refusals(smoke(**{"mup.zero_init_query": True})) == []
+    assert builtin_refusals(smoke(**{"model.d_model": 64})) == [], "a target above the base: μP is not SP there"
+    default = load_config(REPO / "params.yaml", "default", None)
+    assert default.model.d_model != default.mup.base_width and builtin_refusals(default) == []
 
 
 def test_the_builtin_families_have_no_gate_fixed_by_construction() -> None:

@@ -23,8 +23,8 @@ import pytest
 from optuna.trial import TrialState
 
 from model.train import train
-from tasks.search.findings import LR_FILE_HEADER, publish, summarize, sweep_optima
-from tasks.search.fit import Point, fit_optimum, slope, width_summary
+from tasks.search.findings import LR_FILE_HEADER, points_of, publish, summarize, sweep_optima
+from tasks.search.fit import AT_GRID_END, Point, fit_optimum, slope, width_summary
 from tasks.search.queue import (
     OBJECTIVE_NAME,
     claim,
@@ -34,8 +34,8 @@ from tasks.search.queue import (
     optuna_storage,
     prepare_study,
 )
-from tasks.search.spec import StudySpec, search_digest, sweep_specs, transfer_spec, trial_config
-from tasks.search.study import data_hashes, run_workers
+from tasks.search.spec import StudySpec, lr_grid, refine_lrs, search_digest, sweep_specs, transfer_spec, trial_config
+from tasks.search.study import data_hashes, refine_specs, run_workers
 from tasks.search.trial import Tokens, objective, run_trial
 from tests.trainer_kit import markov_tokens, tiny_config
 
@@ -299,8 +299,61 @@ def test_a_finished_search_studys_trials_have_the_lr_as_their_only_param(tmp_pat
 def test_fit_finds_the_vertex_of_a_parabola_between_grid_points():
     grid = np.arange(-10.0, -3.0)
     fit = fit_optimum(grid, (grid + 6.3) ** 2 + 3.0)
-    assert fit.log2_lr == pytest.approx(-6.3) and fit.loss == pytest.approx(3.0) and not fit.at_edge
-    assert fit_optimum(grid, -grid).at_edge  # still falling at the largest LR: flagged
+    assert fit.log2_lr == pytest.approx(-6.3) and fit.loss == pytest.approx(3.0) and fit.censored is None
+    assert fit_optimum(grid, -grid).censored == AT_GRID_END  # still falling at the largest LR: a bound
+
+
+def test_the_second_stage_adds_half_of_its_lrs_inside_each_grid_step_beside_the_best_never_past_the_grid():
+    grid = [-13.0, -11.5, -10.0, -8.5, -7.0]
+    assert refine_lrs(grid, -10.0, 2) == [-10.75, -9.25]
+    assert refine_lrs(grid, -10.0, 4) == [-11.0, -10.5, -9.5, -9.0]
+    assert refine_lrs(grid, -13.0, 2) == [-12.25], "at the grid's end: the inside only (the optimum stays a bound)"
+    assert refine_lrs(grid, -7.0, 2) == [-7.75]
+    assert refine_lrs(grid, -10.0, 0) == []
+
+
+@pytest.mark.parametrize("points", [-2, 1, 3])
+def test_an_odd_or_negative_refine_count_is_refused_naming_the_key(points):
+    from model.typed_config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"search.refine_points: must be an even number >= 0"):
+        tiny_config(**{**SEARCH, "search.refine_points": points})
+
+
+def test_the_second_stage_trains_the_lrs_around_each_seeds_best_in_the_same_study_and_the_fit_reads_them(tmp_path):
+    cfg = search_config(tmp_path, **{"search.seeds": [0, 1], "search.refine_points": 2})
+    project = tiny_project(tmp_path)
+    sweeps = sweep_specs(cfg, search_digest(cfg, data_hashes(project)))
+    mup = [s for s in sweeps if s.parametrization == "mup"]
+    run_in_process(cfg, project, mup)
+    storage = open_storage(optuna_storage(cfg))
+    coarse = {spec.name: points_of(storage, spec)[0] for spec in mup}
+    refined = refine_specs(cfg, sweeps)  # the transferred parametrization's sweeps only
+    assert [r.name for r in refined] == [s.name for s in mup]
+    run_in_process(cfg, project, refined)
+    for spec in mup:
+        points, _ = points_of(storage, spec)
+        for seed in (0, 1):
+            done = [p for p in coarse[spec.name] if p.seed == seed and p.status == "completed"]
+            best = min(done, key=lambda p: p.completed_value).log2_lr
+            expected = sorted([*lr_grid(cfg), *refine_lrs(lr_grid(cfg), best, 2)])
+            assert sorted(p.log2_lr for p in points if p.seed == seed) == expected, "each point trained once"
+    assert refine_specs(cfg.replace(**{"search.refine_points": 0}), sweeps) == []
+
+
+def test_a_rerun_refines_around_the_grids_best_even_where_a_refined_lr_beat_it(tmp_path):
+    cfg = search_config(tmp_path, **{"search.refine_points": 2})
+    (spec, *_) = [s for s in sweep_specs(cfg, "d") if s.parametrization == "mup"]
+    storage = open_storage(optuna_storage(cfg))
+    study = optuna.create_study(study_name=spec.name, storage=storage)
+    for lr, value in ((-9.0, 5.2), (-7.0, 5.0), (-5.0, 5.3), (-6.0, 4.0)):  # -6: a second-stage LR, the best
+        study.enqueue_trial({"log2_lr": lr}, user_attrs={"seed": 0})
+        trial = study.ask()
+        trial.suggest_float("log2_lr", -9.0, -5.0)
+        trial.set_user_attr("status", "completed")
+        study.tell(trial, value)
+    (refined, *_) = refine_specs(cfg, [spec])
+    assert sorted(refined.points) == sorted([*spec.points, (-8.0, 0), (-6.0, 0)]), "around -7, the grid's best"
 
 
 def test_slope_of_optima_halving_per_doubling_is_minus_one_with_spread_over_seeds():

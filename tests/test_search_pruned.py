@@ -19,8 +19,17 @@ from optuna.trial import TrialState
 
 from model.typed_config import ConfigError
 from tasks.search import pruning
-from tasks.search.findings import points_of, pruned_trials, summarize, sweep_optima
-from tasks.search.fit import Point, fit_optimum, optima_per_seed, width_summary
+from tasks.search.findings import points_of, pruned_trials, summarize, sweep_optima, sweep_summary
+from tasks.search.fit import (
+    AT_GRID_END,
+    NEXT_TO_STOPPED,
+    Point,
+    fit_optimum,
+    optima_per_seed,
+    slope,
+    transfer_check,
+    width_summary,
+)
 from tasks.search.groups import MedianRule, SearchPruner, grid_point, group_view
 from tasks.search.queue import claim, load_study, open_storage, optuna_storage, pruner
 from tasks.search.spec import lr_grid, search_digest, sweep_specs, transfer_spec
@@ -191,35 +200,76 @@ def test_the_median_never_stops_a_trial_at_its_last_report_the_bound_does():
 
 
 # --------------------------------------------------------------------------------------------
-# The fits: complete trials only; at_edge against the grid
+# The fits: complete trials only; an optimum at the grid's end or next to a stopped LR is censored
 # --------------------------------------------------------------------------------------------
 
 
-def grid_points(pruned: set[int], best: int, seed: int = 0) -> list[Point]:
-    """The grid's points for one seed, a parabola with its minimum at GRID[best]; ``pruned``: indices stopped."""
-    return [
-        Point(lr, seed, None if i in pruned else 5.0 + (i - best) ** 2, "pruned" if i in pruned else "completed", 1.0)
-        for i, lr in enumerate(GRID)
-    ]
+def grid_points(pruned: set[int], best: int, seed: int = 0, diverged: frozenset[int] = frozenset()) -> list[Point]:
+    """The grid's points for one seed, a parabola with its minimum at GRID[best]; ``pruned``: indices
+    stopped; ``diverged``: indices that diverged (the loss at init)."""
+
+    def point(i: int, lr: float) -> Point:
+        if i in pruned:
+            return Point(lr, seed, None, "pruned", 1.0)
+        if i in diverged:
+            return Point(lr, seed, 6.93, "diverged", 1.0)
+        return Point(lr, seed, 5.0 + (i - best) ** 2, "completed", 1.0)
+
+    return [point(i, lr) for i, lr in enumerate(GRID)]
 
 
-def test_an_optimum_whose_grid_neighbour_was_pruned_is_inside_the_grid_only_the_grids_ends_are_its_edge():
-    # The best complete point with its upper neighbour (and the rest above) stopped: taken as is,
-    # inside the grid, as it is one grid step from the edge with only its neighbour stopped.
-    for best in (4, 5):
-        (o,) = optima_per_seed(grid_points(set(range(best + 1, 7)), best)).values()
-        assert (o.log2_lr, o.at_edge) == (GRID[best], False)
-    # At the grid's ends it is at the edge, whatever was stopped beside it.
-    (o,) = optima_per_seed(grid_points({5}, best=6)).values()
-    assert (o.log2_lr, o.at_edge) == (GRID[6], True)
-    (o,) = optima_per_seed(grid_points({1, 2}, best=0)).values()
-    assert (o.log2_lr, o.at_edge) == (GRID[0], True)
-    # The grid is the grid, also when the stopped points are not among the points fitted.
+def test_an_optimum_next_to_a_stopped_lr_is_a_bound_at_the_best_completed_lr_not_a_parabola_across_the_gap():
+    (o,) = optima_per_seed(grid_points({5, 6}, best=4)).values()
+    assert (o.log2_lr, o.loss, o.censored) == (GRID[4], 5.0, NEXT_TO_STOPPED)
+    (o,) = optima_per_seed(grid_points({3}, best=4)).values()  # a stopped lower neighbour too
+    assert o.censored == NEXT_TO_STOPPED
+    # One grid LR further from the stopped ones, both neighbours ran to the end: a point.
+    (o,) = optima_per_seed(grid_points({6}, best=4)).values()
+    assert o.censored is None and o.log2_lr == pytest.approx(GRID[4])
+    # The grid is the grid also when the stopped points are not among the points fitted.
     complete = [p for p in grid_points({5, 6}, best=4) if p.status == "completed"]
-    assert not width_summary(complete, GRID)["at_edge"]
-    assert width_summary(complete)["at_edge"]  # against the points alone (before #47's rule) it was
-    assert fit_optimum(GRID[:5], [5.0 + (i - 4) ** 2 for i in range(5)], GRID).at_edge is False
-    assert fit_optimum(GRID[:5], [5.0 + (i - 4) ** 2 for i in range(5)]).at_edge is True
+    assert width_summary(complete, GRID)["censored"] == {"0": NEXT_TO_STOPPED}
+    assert width_summary(complete)["censored"] == {"0": AT_GRID_END}  # against its own points: their end
+
+
+def test_an_optimum_at_the_grids_end_is_censored_whatever_ran_beside_it():
+    for best in (0, 6):
+        (o,) = optima_per_seed(grid_points(set(), best)).values()
+        assert (o.log2_lr, o.censored) == (GRID[best], AT_GRID_END)
+    (o,) = optima_per_seed(grid_points(set(), best=1)).values()
+    assert o.censored is None, "one grid step inside the end, both neighbours complete: a point"
+
+
+def test_a_diverged_neighbour_brackets_the_optimum_which_is_then_the_best_grid_point():
+    (o,) = optima_per_seed(grid_points(set(), best=4, diverged=frozenset({5, 6}))).values()
+    assert (o.log2_lr, o.loss, o.censored) == (GRID[4], 5.0, None)
+
+
+def test_a_seed_censored_at_any_width_has_no_slope_and_the_others_keep_theirs():
+    def at(width_index: int, seed: int, pruned: set[int]) -> list[Point]:
+        return grid_points(pruned, best=2 + width_index, seed=seed)
+
+    by_width = {
+        w: width_summary([*at(i, 0, set()), *at(i, 1, {5} if w == 128 else set())], GRID)
+        for i, w in enumerate((32, 64, 128))
+    }
+    assert by_width[128]["censored"] == {"1": NEXT_TO_STOPPED}
+    fitted = slope(by_width)
+    assert fitted["slope_per_seed"] == [pytest.approx((GRID[4] - GRID[2]) / 2)], "seed 1 left out"
+
+
+def test_the_transfer_check_leaves_out_a_seed_whose_direct_optimum_is_censored():
+    direct = [*grid_points(set(), best=3, seed=0), *grid_points({4, 5, 6}, best=3, seed=1)]
+    transfer = [Point(GRID[3], s, 5.02, "completed", 1.0) for s in (0, 1)]
+    check = transfer_check(direct, transfer, 1.0, GRID[3])
+    assert check["gap_per_seed"] == {"0": pytest.approx(0.02)}
+    assert check["direct_censored"] == {"1": NEXT_TO_STOPPED}
+
+
+def test_the_grid_loss_leaves_out_the_second_stages_lrs_the_summary_reads_them():
+    refined = [*grid_points(set(), best=3), Point(GRID[3] + 0.3, 0, 4.5, "completed", 1.0)]
+    summary = sweep_summary(refined, GRID)
+    assert summary["grid_loss_opt"] == pytest.approx(5.0) and summary["loss_opt"] < 4.6
 
 
 def test_a_pruned_trial_is_recorded_with_its_step_and_never_enters_the_fit(tmp_path):
@@ -233,7 +283,7 @@ def test_a_pruned_trial_is_recorded_with_its_step_and_never_enters_the_fit(tmp_p
         study.enqueue_trial({"log2_lr": lr}, user_attrs={"seed": 0})
         trial = study.ask()
         trial.suggest_float("log2_lr", GRID[0], GRID[-1])
-        if i == 4:
+        if i == 5:  # not next to the best grid LR (-9): the optimum stays a point
             trial.report(4.0, 300)
             trial.set_user_attr("pruned_at", 300)
             trial.set_user_attr("pruned_by", "median")
@@ -250,10 +300,10 @@ def test_a_pruned_trial_is_recorded_with_its_step_and_never_enters_the_fit(tmp_p
     assert summary["per_seed"]["0"] == fit_optimum([p.log2_lr for p in complete], [p.value for p in complete]).log2_lr
     # the completed trials' curve has its minimum 5.0 exactly; the pruned 4.0, fitted, would pull it
     # well below (the fit lands within rounding of 5.0: 4.999999999999998 on an AMD EPYC)
-    assert summary["loss_opt"] == pytest.approx(5.0, abs=1e-9) and not summary["at_edge"]
+    assert summary["loss_opt"] == pytest.approx(5.0, abs=1e-9) and not summary["censored"]
     record = pruned_trials(cfg, storage, [spec])
     (group,) = record["groups"]
-    assert group["pruned"] == [{"log2_lr": GRID[4], "step": 300, "by": "median"}]
+    assert group["pruned"] == [{"log2_lr": GRID[5], "step": 300, "by": "median"}]
     assert group["steps_saved"] == 500 and record["steps_saved"] == 500
     assert (
         record["trials"] == 7 and record["steps"] == 5600 and record["steps_saved_share"] == pytest.approx(500 / 5600)

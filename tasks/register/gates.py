@@ -13,8 +13,9 @@ Two ways a gate's value is fixed without a run:
   when they differ only under ``mup.`` and build bitwise-equal weights, optimizer groups and logits
   from one seed (:func:`same_by_construction`); any other difference counts as a difference.
 
-μ-transfer's gate lives in code (tasks/report/findings.py: mup_trains, μP against SP at the base
-width), so its gated point is named here (:func:`builtin_points`).
+μ-transfer's gate lives in code (tasks/report/findings.py: mup_trains, μP against SP at the target
+width since version 4; version 3's, at the base width, was refused here), so its gated point is
+named here (:func:`builtin_points`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from model.typed_config import flatten
 from tasks.ablate.grid import arm_config, family_arm
 from tasks.config import Config
 from tasks.design.families import DeclaredClaim, DeclaredFamily, Gate, matches
+from tasks.search.spec import target_width
 
 NON_NEGATIVE = (
     "val_loss",
@@ -149,13 +151,10 @@ def claim_refusals(cfg: Config, family: DeclaredFamily, claim: DeclaredClaim, wh
 
 def builtin_points(cfg: Config) -> dict[str, tuple[Config, Config]]:
     """The built-in gates that live in code, each as the two configs it compares at its gated point:
-    μ-transfer's reads μP against SP at the base width (tasks/report/findings.py: mup_trains)."""
-    base = cfg.mup.base_width
-    if base not in cfg.search.widths:
-        return {}
-    at = {"model.d_model": base}
+    μ-transfer's reads μP against SP at the target width (tasks/report/findings.py: mup_trains)."""
+    at = {"model.d_model": target_width(cfg)}
     return {
-        "findings.mu_transfer (tasks/report/findings.py: mup_trains, μP within MUP_TOLERANCE of SP at the base width)": (
+        "findings.mu_transfer (tasks/report/findings.py: mup_trains, μP within MUP_TOLERANCE of SP at the target width)": (
             cfg.replace(**at, **{"mup.parametrization": "sp"}),
             cfg.replace(**at, **{"mup.parametrization": "mup"}),
         )

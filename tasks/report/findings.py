@@ -36,7 +36,6 @@ from tasks.report.method import (
     compare_line,
     decide,
     direction,
-    equivalence,
     halves_for,
     halves_of,
     mean_text,
@@ -72,6 +71,7 @@ from tasks.report.verdict import (
     adjust,
     significant,
 )
+from tasks.search.spec import target_width
 from tasks.spike.config import OUTCOMES
 
 FAMILY_OF = {finding: family for family, finding in builtin_names().items()}
@@ -132,9 +132,11 @@ def search_halves(cfg: Config) -> Halves:
 
 
 def seed_slopes(entry: dict[str, Any]) -> dict[tuple, float]:
-    """Per seed, the least-squares slope of its optimum log₂ LR on log₂ width (a seed missing a width has none)."""
+    """Per seed, the least-squares slope of its optimum log₂ LR on log₂ width; a seed missing a
+    width, or censored at one (tasks/search/fit.py: censoring, version 4), has none."""
     widths = sorted(entry["widths"], key=int)
-    seeds = set.intersection(*(set(entry["widths"][w]["per_seed"]) for w in widths)) if widths else set()
+    censored = {s for w in widths for s in entry["widths"][w].get("censored", {})}
+    seeds = set.intersection(*(set(entry["widths"][w]["per_seed"]) for w in widths)) - censored if widths else set()
     x = [math.log2(int(w)) for w in widths]
     return {
         (int(s),): float(scipy_stats.linregress(x, [entry["widths"][w]["per_seed"][s] for w in widths]).slope)
@@ -142,93 +144,148 @@ def seed_slopes(entry: dict[str, Any]) -> dict[tuple, float]:
     }
 
 
-def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | None, **_: Any) -> Finding:
-    if not search or not {"sp", "mup"} <= search.keys():
-        return decide("mu_transfer", [], "the search stage compared no SP and μP", [], "no SP and μP search")
+def non_inferior(what: str, gaps: dict[tuple, float], margin: float, halves: Halves) -> Claim:
+    """A non-inferiority claim on per-seed gaps (positive: worse), read by the direction rule on
+    gap − margin (expected below 0, no SESOI of its own): it holds when the 95 % interval of the gap
+    lies wholly below +margin (CONSORT's non-inferiority rule, Piaggio et al. 2012), the paired
+    t-test of gap − margin is significant and every half's gap is below the margin; contradicted
+    when the interval lies wholly above it, every half there (worse by more than the margin)."""
+    tested = pooled_and_halves({unit: gap - margin for unit, gap in gaps.items()}, halves)
+    return Claim(
+        what,
+        tested.get("estimate"),
+        tested.get("p"),
+        -1,
+        ci95=tested.get("ci95"),
+        halves={h: c.get("estimate") for h, c in tested["halves"].items()},
+        mde=tested.get("mde"),
+        unit="nats",
+    )
+
+
+TRANSFER_MIN_SEEDS = 3
+"""Seeds with an uncensored direct optimum the transfer test needs (registered, version 4): fewer
+leave a t-test with one degree of freedom, whose interval spans any margin."""
+
+
+def transfer_claim(cfg: Config, transfer: dict[str, Any]) -> tuple[Claim, str]:
+    """The primary claim (version 4): the LR transferred from the proxy widths does as well at the
+    target as the direct sweep's best, within the registered margin; and its numbers."""
+    margin = sesoi("mu_transfer", "transfer")
+    gaps = {(int(s),): g for s, g in (transfer.get("gap_per_seed") or {}).items()}
+    what = (
+        f"transfer: per-seed loss at the LR from widths {transfer['proxy_widths']} minus the direct sweep's best at "
+        f"width {transfer['target_width']}, less the margin {margin:g} (non-inferior: below 0)"
+    )
+    claim = non_inferior(what, gaps, margin, search_halves(cfg))
+    censored = sorted(transfer.get("direct_censored") or {}, key=int)
+    if "gap_per_seed" not in transfer:
+        claim.not_tested = "metrics/search.json has no per-seed transfer gaps (written before version 4)"
+    elif len(gaps) < TRANSFER_MIN_SEEDS:
+        claim.not_tested = (
+            f"{len(gaps)} seeds with an uncensored direct optimum at width {transfer['target_width']} "
+            f"(censored: {', '.join(censored) or 'none'}); at least {TRANSFER_MIN_SEEDS} needed"
+        )
+    mean = f"{claim.estimate + margin:+.3f}" if claim.estimate is not None else "n/a"
+    upper = f"{max(claim.ci95) + margin:+.3f}" if claim.ci95 else "n/a"
+    numbers = (
+        f"transfer (primary): LR 2^{transfer['log2_lr']:.2f} from widths {transfer['proxy_widths']} at width "
+        f"{transfer['target_width']}, gap to the direct sweep's best {mean} nats (95 % upper bound {upper}; "
+        f"non-inferior below +{margin:g}) over {len(gaps)} seeds; direct optima censored: {len(censored)}"
+    )
+    return claim, numbers
+
+
+def slopes_secondary(cfg: Config, search: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The secondary analysis (version 4): per parametrization the per-seed slopes of log₂ η* on
+    log₂ width, shown with estimate, interval and μP's TOST p against ±margin, deciding nothing."""
     halves = search_halves(cfg)
     slopes = {p: seed_slopes(search[p]) for p in ("sp", "mup")}
     tested = {
-        "SP: per-seed slope of log₂ η* on log₂ width": pooled_and_halves(slopes["sp"], halves),
-        "μP: per-seed slope of log₂ η* on log₂ width": pooled_and_halves(slopes["mup"], halves),
+        f"{name}: per-seed slope of log₂ η* on log₂ width": pooled_and_halves(slopes[p], halves)
+        for p, name in (("sp", "SP"), ("mup", "μP"))
     }
-    margin = sesoi("mu_transfer", "mup")
-    claims = [
-        direction(
-            "mu_transfer",
-            "sp",
-            "SP: per-seed slope of log₂ η* on log₂ width",
-            tested["SP: per-seed slope of log₂ η* on log₂ width"],
-            -1,
-            "slope",
-        ),
-        equivalence("mu_transfer", "mup", f"μP: per-seed slope within ±{margin:g}", slopes["mup"], halves, "slope"),
-    ]
+    margin = design()["findings"]["mu_transfer"]["secondary"]["margin"]
+    tost = tost_paired(list(slopes["mup"].values()), margin)
+    return (
+        tested,
+        f"secondary: {claims_numbers(tested, 'slope')}; μP TOST ±{margin:g} p={number(tost.get('p'), '{:.3g}')}",
+    )
+
+
+def mu_transfer(cfg: Config, search: dict[str, Any] | None, unigram: float | None, **_: Any) -> Finding:
+    if not search or not {"sp", "mup", "transfer"} <= search.keys():
+        return decide("mu_transfer", [], "the search stage compared no SP and μP", [], "no SP and μP search")
+    claim, transfer_numbers = transfer_claim(cfg, search["transfer"])
+    tested, slope_numbers = slopes_secondary(cfg, search)
     s = cfg.search
     seeds = len(s.seeds) + len(s.confirm_seeds)
     failed = None
     if s.lr_points < 7 or seeds < 3 or len(s.widths) < 3:
         failed = f"the search has {s.lr_points} LR points, {seeds} seeds, {len(s.widths)} widths (needs >= 7, 3, 3)"
     entries = [(p, w, e) for p in ("sp", "mup") for w, e in search[p]["widths"].items()]
-    at_edge = [f"{p} width {w}" for p, w, e in entries if e.get("at_edge")]
+    censored = [f"{p} w{w} seed {s} ({why})" for p, w, e in entries for s, why in (e.get("censored") or {}).items()]
     worst = max(e["loss_opt"] for _, _, e in entries)
     failed = failed or plateau_gate(worst, unigram, "the search's worst fitted optimum")
-    if failed is None and at_edge:
-        failed = f"a fitted optimum at the grid's edge ({', '.join(at_edge)}): the grid does not bracket it"
     failed = failed or mup_trains(cfg, search)
     numbers = (
-        f"{claims_numbers(tested, 'slope')}; TOST ±{margin:g} p={number(claims[1].p, '{:.3g}')}; widths "
-        f"{', '.join(sorted(search['sp']['widths'], key=int))}; optima at the grid's edge: {len(at_edge)} of "
-        f"{len(entries)}; loss at the optimum up to {worst:.3f} nats{base_width_gate(cfg, search)}"
+        f"{transfer_numbers}; {slope_numbers}; widths {', '.join(sorted(search['sp']['widths'], key=int))}; "
+        f"censored optima (bounds, left out of the slopes): {len(censored)} of "
+        f"{sum(len(e['per_seed']) for _, _, e in entries)}; loss at the optimum up to {worst:.3f} "
+        f"nats{gate_numbers(cfg, search)}"
     )
     return decide(
         "mu_transfer",
-        claims,
+        [claim],
         numbers,
         ["search stage: " + ", ".join(search.get("studies", []))],
         failed,
         worst,
-        {"slopes": {p: list(v.values()) for p, v in slopes.items()}, "at_edge": at_edge, **tested},
+        {"censored": censored, **tested},
         halves_of(tested),
     )
 
 
 MUP_TOLERANCE = 0.1
-"""How much worse than SP μP may train at the base width, in nats of the loss at the fitted
-optimum (version 3): at the base width μP is SP but for its readout and attention scale, so a
-μP that trains worse there is not the μP whose transfer the paper claims; a tenth of a nat is
-xiong's SESOI, 2 % of a trained arm's loss."""
+"""How much worse than SP μP may train at the target width, in nats of the loss at the fitted
+optimum (version 3's value): a μP that trains worse than SP where its transfer is claimed is not
+the μP whose transfer the paper claims; a tenth of a nat is xiong's SESOI, 2 % of a trained arm's
+loss. Version 3 read the base width, where with mup.zero_init_* off μP and SP are the same model:
+a gate true by construction (tasks/register/gates.py)."""
 
 
-def base_width_losses(cfg: Config, search: dict[str, Any]) -> tuple[float, float] | None:
-    """SP's and μP's loss at the fitted optimum at the base width; None where the search did not
-    train it."""
-    base = str(cfg.mup.base_width)
-    if base not in search["sp"]["widths"] or base not in search["mup"]["widths"]:
+def gate_losses(cfg: Config, search: dict[str, Any]) -> tuple[float, float] | None:
+    """SP's and μP's loss at the optimum fitted from the grid's points at the target width; None
+    where the search did not train it."""
+    width = str(target_width(cfg))
+    if width not in search["sp"]["widths"] or width not in search["mup"]["widths"]:
         return None
-    return search["sp"]["widths"][base]["loss_opt"], search["mup"]["widths"][base]["loss_opt"]
+    sp, mup = search["sp"]["widths"][width], search["mup"]["widths"][width]
+    # fitted from the grid alone: the second stage refines μP only (version 4; version 3 had none)
+    return sp.get("grid_loss_opt", sp["loss_opt"]), mup.get("grid_loss_opt", mup["loss_opt"])
 
 
-def base_width_gate(cfg: Config, search: dict[str, Any]) -> str:
+def gate_numbers(cfg: Config, search: dict[str, Any]) -> str:
     """The μ-transfer gate's measured values beside its threshold, for the numbers line."""
-    if (losses := base_width_losses(cfg, search)) is None:
+    if (losses := gate_losses(cfg, search)) is None:
         return ""
     sp, mup = losses
     return (
-        f"; gate at the base width {cfg.mup.base_width}: μP {mup:.3f} against SP {sp:.3f} nats "
+        f"; gate at the target width {target_width(cfg)}: μP {mup:.3f} against SP {sp:.3f} nats "
         f"(at most {MUP_TOLERANCE:g} worse)"
     )
 
 
 def mup_trains(cfg: Config, search: dict[str, Any]) -> str | None:
     """The mechanism gate of μ-transfer: μP trains at least as well as SP (within MUP_TOLERANCE) at
-    the base width, or the transfer it would show is of a μP that does not work here."""
-    base = cfg.mup.base_width
-    if (losses := base_width_losses(cfg, search)) is None:
-        return f"the search did not train the base width {base}, where μP and SP must train alike"
+    the target width, or the transfer it would show is of a μP that does not work here."""
+    width = target_width(cfg)
+    if (losses := gate_losses(cfg, search)) is None:
+        return f"the search did not train the target width {width} under both SP and μP"
     sp, mup = losses
     if mup > sp + MUP_TOLERANCE:
         return (
-            f"the mechanism did not occur: μP trains worse than SP at the base width {base} (loss at the fitted "
+            f"the mechanism did not occur: μP trains worse than SP at the target width {width} (loss at the fitted "
             f"optimum {mup:.3f} against {sp:.3f} nats; at most {MUP_TOLERANCE:g} worse needed), so its optima "
             "are not those of a working μP"
         )

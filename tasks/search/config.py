@@ -31,6 +31,13 @@ class SearchConfig(Section):
     lr_points: int = 7
     """LR grid points, evenly spaced in log2 from ``log2_lr_min`` to ``log2_lr_max``; each is
     trained once per seed (an Optuna trial)."""
+    refine_points: int = 0
+    """The search's second stage (version 4): once the grid has run, each seed of the transferred
+    parametrization's sweeps (``mup.parametrization``, the one the transfer claim reads) trains
+    this many more LRs around its best completed grid LR, half inside each grid step beside it,
+    evenly (2: the two midpoints, a local step of half the grid's in log2), in the same study.
+    The fits then read the finer spacing where the optimum is; the grid's 2.5x step over its whole
+    range would cost 2-3x the trials. 0 = the grid alone. Even."""
     seeds: list[int] = field(default_factory=lambda: [0, 1])
     """Discovery seeds of every grid point; the optimum is fitted per seed and its spread is over
     seeds (the μ-transfer finding's unit: one seed's slope over the widths)."""
@@ -91,6 +98,11 @@ class SearchConfig(Section):
         for key in ("lr_points", "steps", "batch_size", "eval_every", "heartbeat_s"):
             positive(f"search.{key}", getattr(self, key))
         non_negative("search.prune_above", self.prune_above)
+        if self.refine_points < 0 or self.refine_points % 2:
+            raise ConfigError(
+                f"search.refine_points: must be an even number >= 0, got {self.refine_points!r} "
+                "(half of them inside each grid step beside the best LR)"
+            )
         if self.prune_startup_trials < MIN_STARTUP_TRIALS:
             raise ConfigError(
                 f"search.prune_startup_trials: must be >= {MIN_STARTUP_TRIALS}, got {self.prune_startup_trials!r} "

@@ -93,7 +93,7 @@ def optima_table(metrics: dict[str, Any]) -> list[str]:
 def optimum_cell(summary: dict[str, Any] | None) -> str:
     if not summary or summary["log2_lr_opt"] is None:
         return "no completed trial"
-    edge = ", at the grid's edge" if summary["at_edge"] else ""
+    edge = f", {len(summary['censored'])} censored" if summary.get("censored") else ""
     return f"{summary['log2_lr_opt']:.2f} ± {summary['log2_lr_opt_std']:.2f} ({summary['loss_opt']:.3f}{edge})"
 
 

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from tasks.config import Config
 from tasks.runtime.files import staged, write_json
 from tasks.runtime.outputs import SEARCH_LR, SEARCH_METRICS, SEARCH_REPORTS
-from tasks.search.fit import Point, counts, slope, transfer_check, width_summary
+from tasks.search.fit import GRID_TOL, Point, counts, slope, transfer_check, width_summary
 from tasks.search.groups import grid_point
 from tasks.search.queue import open_storage, optuna_storage, pruner
 from tasks.search.spec import StudySpec, lr_grid, proxy_widths, swept_widths, uniform_loss
@@ -57,10 +57,18 @@ def sweep_optima(cfg: Config, sweeps: list[StudySpec]) -> dict[int, dict]:
     """The fitted optimum per width of the transferred parametrization's finished sweeps."""
     storage = open_storage(optuna_storage(cfg))
     return {
-        spec.width: width_summary(points_of(storage, spec)[0], lr_grid(cfg))
+        spec.width: width_summary(points_of(storage, spec)[0])
         for spec in sweeps
         if spec.parametrization == cfg.mup.parametrization
     }
+
+
+def sweep_summary(points: list[Point], grid: list[float]) -> dict[str, Any]:
+    """One width's summary (tasks/search/fit.py: width_summary) and ``grid_loss_opt``, the loss at
+    the optimum fitted from the grid's points alone: what the μ-transfer gate compares, so SP and
+    μP meet on the same grid when the second stage refined one of them (search.refine_points)."""
+    on_grid = [p for p in points if any(abs(p.log2_lr - g) <= GRID_TOL for g in grid)]
+    return width_summary(points) | {"grid_loss_opt": width_summary(on_grid)["loss_opt"]}
 
 
 def pruned_trials(cfg: Config, storage: optuna.storages.BaseStorage, specs: list[StudySpec]) -> dict[str, Any]:
@@ -115,10 +123,9 @@ def summarize(cfg: Config, sweeps: list[StudySpec], transfer: StudySpec) -> Find
     storage = open_storage(optuna_storage(cfg))
     collected = {spec: points_of(storage, spec) for spec in [*sweeps, transfer]}
     points = {spec: pts for spec, (pts, _) in collected.items()}
-    grid = lr_grid(cfg)
-    by_width = {
+    by_width = {  # censored against each seed's own LRs, the pruned ones and the second stage's included
         p: {
-            s.width: width_summary(pts, grid)
+            s.width: sweep_summary(pts, lr_grid(cfg))
             for s, pts in points.items()
             if s.kind == "sweep" and s.parametrization == p
         }

@@ -1,12 +1,15 @@
 """What the LR search found, from its trials: the optimum per width (a parabola in log2 LR through
-the best grid point and its neighbours), its spread over seeds, the slope of log2 η* against log2
-width per parametrization, and the transfer check. Plain numpy/scipy over plain records.
+the best grid point and its grid neighbours), its spread over seeds, the slope of log2 η* against
+log2 width per parametrization, and the transfer check. Plain numpy/scipy over plain records.
 
 A point is ``(log2_lr, seed, value, status, flops)``; only ``completed`` points enter the fits
-(pruned ones have no final loss, diverged ones the loss of a uniform guess). Whether an optimum
-is at the grid's edge is judged against the grid, every LR the seed was swept at, pruned and
-diverged ones included: a best point whose grid neighbour was stopped (it was losing) is inside
-the grid; only one at the grid's smallest or largest LR is at its edge.
+(pruned ones have no final loss, diverged ones the loss of a uniform guess). An optimum is
+CENSORED (version 4, issue 59), a bound and not a point, when the best completed LR is at the
+grid's end or next to a grid LR the pruner stopped: a stopped trial was losing at the step it was
+stopped, not at the end, so the optimum may lie at or past it. A diverged neighbour brackets the
+optimum (it is known worse), though no parabola runs through it. Version 3 read a best point next
+to a stopped one as inside the grid and fitted its parabola across the gap; 3 of its 12 SP optima
+were such bounds.
 """
 
 from __future__ import annotations
@@ -35,45 +38,72 @@ class Point:
 
 @dataclass(frozen=True)
 class Optimum:
-    log2_lr: float  # vertex of the parabola (or the best grid point, when it has no point on one side)
+    log2_lr: float  # vertex of the parabola, or the best grid point where no parabola is fitted
     loss: float  # the parabola's value there (or the best grid loss)
-    at_edge: bool  # the best grid point is the grid's smallest or largest LR: the optimum may lie outside
+    censored: str | None = None  # why the optimum is a bound, not a point (:func:`censoring`); None: a point
 
 
 GRID_TOL = 1e-9
 """Two log2 LRs closer than this are the same grid point."""
 
+AT_GRID_END, NEXT_TO_STOPPED = "at the grid's end", "next to an LR the pruner stopped"
 
-def fit_optimum(log2_lrs: Sequence[float], losses: Sequence[float], grid: Sequence[float] | None = None) -> Optimum:
-    """The minimum of the parabola through the best point and its two neighbours among the points;
-    the best point itself when it has no point on one side (or the three do not curve upwards).
-    ``at_edge`` when the best point is the smallest or largest LR of ``grid`` (default: of the
-    points): with the LRs the pruner stopped in the grid, a best point whose neighbour was stopped
-    is not at the edge."""
+
+def censoring(best: float, grid: Sequence[float], completed: Sequence[float], diverged: Sequence[float]) -> str | None:
+    """Why the optimum at grid LR ``best`` is a bound: AT_GRID_END when it is the grid's smallest or
+    largest LR, NEXT_TO_STOPPED when a grid neighbour neither completed nor diverged; None when both
+    neighbours ran to the end or diverged."""
+    swept = sorted(grid)
+    i = min(range(len(swept)), key=lambda k: abs(swept[k] - best))
+    if i in (0, len(swept) - 1):
+        return AT_GRID_END
+    ran = [*completed, *diverged]
+    if any(all(abs(n - x) > GRID_TOL for x in ran) for n in (swept[i - 1], swept[i + 1])):
+        return NEXT_TO_STOPPED
+    return None
+
+
+def fit_optimum(
+    log2_lrs: Sequence[float],
+    losses: Sequence[float],
+    grid: Sequence[float] | None = None,
+    diverged: Sequence[float] = (),
+) -> Optimum:
+    """The optimum of one seed from its completed points (``log2_lrs``, ``losses``): the vertex of
+    the parabola through the best point and its two grid neighbours when both completed and the
+    three curve upwards, else the best point. ``grid``: every LR swept (default: the completed and
+    ``diverged`` ones); a censored optimum (:func:`censoring`) is the best point, as a bound."""
     order = np.argsort(log2_lrs)
     x, y = np.asarray(log2_lrs, float)[order], np.asarray(losses, float)[order]
     best = int(np.argmin(y))
-    swept = np.asarray(grid if grid is not None and len(grid) else x, float)
-    at_edge = bool(abs(x[best] - swept.min()) <= GRID_TOL or abs(x[best] - swept.max()) <= GRID_TOL)
-    if best == 0 or best == len(x) - 1:
-        return Optimum(float(x[best]), float(y[best]), at_edge)
+    swept = list(grid) if grid is not None and len(grid) else [*x, *diverged]
+    why = censoring(float(x[best]), swept, list(x), list(diverged))
+    point = Optimum(float(x[best]), float(y[best]), why)
+    if why is not None or best in (0, len(x) - 1) or not _grid_neighbours(x, best, swept):
+        return point
     a, b, c = np.polyfit(x[best - 1 : best + 2], y[best - 1 : best + 2], 2)
     if a <= 0:
-        return Optimum(float(x[best]), float(y[best]), False)
-    vertex = -b / (2 * a)
-    return Optimum(float(vertex), float(c - b * b / (4 * a)), False)
+        return point
+    return Optimum(float(-b / (2 * a)), float(c - b * b / (4 * a)))
+
+
+def _grid_neighbours(x: np.ndarray, best: int, grid: Sequence[float]) -> bool:
+    """Whether the completed points either side of ``x[best]`` are its grid neighbours (no grid LR
+    between: a diverged one there brackets the optimum but has no loss to fit)."""
+    between = [g for g in grid if x[best - 1] + GRID_TOL < g < x[best + 1] - GRID_TOL]
+    return len(between) == 1
 
 
 def optima_per_seed(points: Sequence[Point], grid: Sequence[float] | None = None) -> dict[int, Optimum]:
-    """One fitted optimum per seed, from that seed's completed points (at least one needed);
-    ``at_edge`` against ``grid``, the LRs swept (default: every LR of that seed's points,
-    whatever their status)."""
+    """One optimum per seed, from that seed's completed points (at least one needed), censored
+    against ``grid``, the LRs swept (default: every LR of that seed's points, whatever their status)."""
     out = {}
     for seed in sorted({p.seed for p in points}):
         done = [p for p in points if p.seed == seed and p.status == "completed"]
+        diverged = [p.log2_lr for p in points if p.seed == seed and p.status == "diverged"]
         swept = grid if grid is not None else [p.log2_lr for p in points if p.seed == seed]
         if done:
-            out[seed] = fit_optimum([p.log2_lr for p in done], [p.completed_value for p in done], swept)
+            out[seed] = fit_optimum([p.log2_lr for p in done], [p.completed_value for p in done], swept, diverged)
     return out
 
 
@@ -83,8 +113,9 @@ def spread(values: Sequence[float]) -> float:
 
 
 def width_summary(points: Sequence[Point], grid: Sequence[float] | None = None) -> dict:
-    """Optimum (mean over seeds of the fitted log2 η*) and its spread at one width; ``at_edge``
-    when any seed's optimum is at the edge of ``grid`` (:func:`optima_per_seed`)."""
+    """Optimum (mean over seeds of the fitted log2 η*, bounds included: the LR the search hands on)
+    and its spread at one width, and which seeds' optima are censored and why
+    (:func:`optima_per_seed`)."""
     optima = optima_per_seed(points, grid)
     lrs = [o.log2_lr for o in optima.values()]
     return {
@@ -92,7 +123,7 @@ def width_summary(points: Sequence[Point], grid: Sequence[float] | None = None) 
         "log2_lr_opt_std": spread(lrs),
         "lr_opt": float(2 ** np.mean(lrs)) if lrs else None,
         "loss_opt": float(np.mean([o.loss for o in optima.values()])) if optima else None,
-        "at_edge": any(o.at_edge for o in optima.values()),
+        "censored": {str(s): o.censored for s, o in optima.items() if o.censored},
         "per_seed": {str(s): o.log2_lr for s, o in optima.items()},
     }
 
@@ -101,13 +132,14 @@ def slope(by_width: dict[int, dict]) -> dict:
     """log2 η* against log2 width: the slope of the seed means and each seed's own slope, with
     their SD over seeds and the standard error of their mean (SD / √seeds): the seed is the unit,
     so the error is the seeds' (the fit through 3 seed-mean points has an error that ignores them).
+    The per-seed slopes leave out a seed censored at any width (:func:`censored_seeds`).
     SP is expected near -1 (η* halves per doubling), μP near 0."""
     widths = sorted(w for w, s in by_width.items() if s["log2_lr_opt"] is not None)
     if len(widths) < 2:
         return {"slope": None, "slope_std": None, "slope_sem": None}
     x = np.log2(widths)
     fit = stats.linregress(x, [by_width[w]["log2_lr_opt"] for w in widths])
-    seeds = set.intersection(*(set(by_width[w]["per_seed"]) for w in widths))
+    seeds = set.intersection(*(set(by_width[w]["per_seed"]) for w in widths)) - censored_seeds(by_width)
     per_seed = [stats.linregress(x, [by_width[w]["per_seed"][s] for w in widths]).slope for s in sorted(seeds)]
     return {
         "slope": float(fit.slope),
@@ -117,6 +149,11 @@ def slope(by_width: dict[int, dict]) -> dict:
     }
 
 
+def censored_seeds(by_width: dict[int, dict]) -> set[str]:
+    """The seeds whose optimum is censored at some width: a slope through a bound is no slope."""
+    return {seed for summary in by_width.values() for seed in summary.get("censored", {})}
+
+
 def transferred_log2_lr(by_width: dict[int, dict], proxies: Sequence[int]) -> float:
     """μTransfer: the optimum found at the proxy widths, taken as is (mean over proxies of the
     seed-mean optima): under μP it does not move with width, so no extrapolation is needed."""
@@ -124,15 +161,19 @@ def transferred_log2_lr(by_width: dict[int, dict], proxies: Sequence[int]) -> fl
 
 
 def transfer_check(direct: Sequence[Point], transfer: Sequence[Point], proxy_flops: float, log2_lr: float) -> dict:
-    """The transferred LR at the target against the direct sweep there: the loss gap (per seed,
-    loss at the transferred LR minus the sweep's best grid loss; mean and spread) and the compute
-    ratio (FLOPs of the proxy studies over those of the direct sweep)."""
+    """The transferred LR at the target against the direct sweep there: the loss gap per seed (loss
+    at the transferred LR minus the sweep's best completed loss; positive: the transfer did worse),
+    its mean and spread, and the compute ratio (FLOPs of the proxy studies over those of the direct
+    sweep). The per-seed gaps are what the report's non-inferiority test reads; a seed whose direct
+    optimum is censored (its points, pruned ones included) has none: the sweep's true best may lie
+    below its best completed loss, which would favour the transfer."""
+    summary = width_summary(direct)
     best: dict[int, float] = {}
     for p in direct:
-        if p.status == "completed":
+        if p.status == "completed" and str(p.seed) not in summary["censored"]:
             best[p.seed] = min(best.get(p.seed, np.inf), p.completed_value)
-    gaps = [p.value - best[p.seed] for p in transfer if p.value is not None and p.seed in best]
-    direct_opt = width_summary(direct)["log2_lr_opt"]
+    gaps = {p.seed: p.value - best[p.seed] for p in transfer if p.value is not None and p.seed in best}
+    direct_opt = summary["log2_lr_opt"]
     direct_flops = sum(p.flops for p in direct)
     return {
         "log2_lr": log2_lr,
@@ -141,8 +182,10 @@ def transfer_check(direct: Sequence[Point], transfer: Sequence[Point], proxy_flo
         "direct_log2_lr_opt": direct_opt,
         "log2_lr_error": log2_lr - direct_opt if direct_opt is not None else None,
         "direct_best_loss": float(np.mean(list(best.values()))) if best else None,
-        "loss_gap": float(np.mean(gaps)) if gaps else None,
-        "loss_gap_std": spread(gaps),
+        "gap_per_seed": {str(seed): float(gap) for seed, gap in sorted(gaps.items())},
+        "direct_censored": summary["censored"],
+        "loss_gap": float(np.mean(list(gaps.values()))) if gaps else None,
+        "loss_gap_std": spread(list(gaps.values())),
         "proxy_flops": proxy_flops,
         "direct_flops": direct_flops,
         "compute_ratio": proxy_flops / direct_flops if direct_flops else None,

@@ -43,18 +43,18 @@ it beats half the LRs before it, and a trial the rule stops is worse than most o
 Its limits: the median is of the trials that ran before, not of the group, so in queue order
 (ascending LR) the optimum's upper neighbour is compared with the smaller LRs alone and is
 stopped when it trails the middle one of them; then the best grid point is the last complete
-LR, which fit.py takes as is (``at_edge``): at most half a grid step from the parabola's vertex
-through it and its neighbours (further only if the best grid point itself is stopped). And
+LR, which fit.py takes as a bound (``censored``, version 4): the stopped neighbour was losing at
+its step, not at the end. And
 the rule compares with the trials that finished first, so in a parallel search what it stops
 would depend on the finish order: the live search runs each group's trials in this order, each
 after the ones before it (tasks/search/groups.py), so it stops what the replay stops. Here the
 order is the queue's. (The live rule does not judge a trial's last report, its final value: a
 replay that stops a trial there saves nothing; the measurement below had none.)
 
-How ``at_edge`` reads now: :func:`tasks.search.fit.optima_per_seed` judges it against every LR of
-the group, stopped ones included, so a complete-only optimum whose upper neighbour was stopped is
-inside the grid (the measurement's "11 of 24 at the edge" was by the earlier rule, against the
-complete points).
+How ``censored`` reads now (version 4, issue 59): :func:`tasks.search.fit.optima_per_seed` judges
+it against every LR of the group, stopped ones included: an optimum at the grid's end or next to a
+stopped LR is a bound (version 3 read the second kind as inside the grid; the measurement's
+"11 of 24 at the edge" was by the rule before that, against the complete points).
 """
 
 from __future__ import annotations
@@ -476,9 +476,9 @@ def compare(cfg: Config, replayed: Sequence[Replayed]) -> dict[str, Any]:
         ],
         "per_group": [g.to_json() for g in optima],
         "optima": counts,
-        "at_edge": {  # fit.py's flag: the best point is the grid's smallest or largest LR, stopped ones counted
-            "unpruned": sum(g.unpruned is not None and g.unpruned.at_edge for g in optima),
-            "complete_only": sum(g.complete_only is not None and g.complete_only.at_edge for g in optima),
+        "censored": {  # fit.py's bounds: the best point at the grid's end or next to a stopped LR
+            "unpruned": sum(g.unpruned is not None and g.unpruned.censored is not None for g in optima),
+            "complete_only": sum(g.complete_only is not None and g.complete_only.censored is not None for g in optima),
         },
         "slopes": {p: {"unpruned": slopes_of(unpruned, p), "complete_only": slopes_of(complete, p)} for p in counts},
     }

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -27,6 +28,18 @@ def lr_grid(cfg: Config) -> list[float]:
     """The log2 LRs of the grid, evenly spaced from ``log2_lr_min`` to ``log2_lr_max``."""
     s = cfg.search
     return [round(float(x), 6) for x in np.linspace(s.log2_lr_min, s.log2_lr_max, s.lr_points)]
+
+
+def refine_lrs(grid: Sequence[float], best: float, n: int) -> list[float]:
+    """The ``n`` LRs the second stage adds around ``best``, a grid LR (search.refine_points): n/2
+    evenly inside each grid step beside it, none past the grid's ends (an optimum there stays a
+    bound: tasks/search/fit.py, censoring)."""
+    if len(grid) < 2:
+        return []
+    step = (grid[-1] - grid[0]) / (len(grid) - 1)
+    side = n // 2
+    lrs = [best + sign * step * k / (side + 1) for sign in (-1, 1) for k in range(1, side + 1)]
+    return sorted(round(lr, 6) for lr in lrs if grid[0] < lr < grid[-1])
 
 
 def target_width(cfg: Config) -> int:
@@ -113,6 +126,7 @@ def search_digest(cfg: Config, data: dict[str, str]) -> str:
             "grid": lr_grid(cfg),
             "seeds": cfg.search.all_seeds,
             "prune_above": prune_bound(cfg),
+            **({"refine_points": cfg.search.refine_points} if cfg.search.refine_points else {}),
             **({"median": dataclasses.asdict(rule)} if (rule := median_rule(cfg)) else {}),
         },
         "data": data,

@@ -11,6 +11,7 @@ the transferred LR, then the findings.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +26,28 @@ from tasks.runtime.files import read_json
 from tasks.runtime.outputs import MANIFEST
 from tasks.runtime.progress import Progress, pace_record, run_logger
 from tasks.runtime.workers import Executor, executor
-from tasks.search.findings import Findings, summarize, sweep_optima
+from tasks.search.findings import Findings, points_of, summarize, sweep_optima
 from tasks.search.fit import transferred_log2_lr
 from tasks.search.groups import FINISHED, grid_point
-from tasks.search.queue import pending_groups, prepare_study, quiet_optuna, search_lock, study_storage
-from tasks.search.spec import StudySpec, proxy_widths, search_digest, sweep_specs, transfer_spec, trial_cost
+from tasks.search.queue import (
+    open_storage,
+    optuna_storage,
+    pending_groups,
+    prepare_study,
+    quiet_optuna,
+    search_lock,
+    study_storage,
+)
+from tasks.search.spec import (
+    StudySpec,
+    lr_grid,
+    proxy_widths,
+    refine_lrs,
+    search_digest,
+    sweep_specs,
+    transfer_spec,
+    trial_cost,
+)
 from tasks.search.trial import train_queued_group, trial_name
 
 ROUNDS = 3
@@ -168,6 +186,29 @@ def ended_trials(
             yield (spec.name, t.number), Trained(name, status or t.user_attrs.get("status", "completed"), cost, took)
 
 
+def refine_specs(cfg: Config, sweeps: list[StudySpec]) -> list[StudySpec]:
+    """The second stage (search.refine_points): each sweep of the transferred parametrization with,
+    per seed, the LRs around its best completed grid LR added to its points (the grid's, finished,
+    are kept, not trained again); none when the setting is 0."""
+    n = cfg.search.refine_points
+    storage = open_storage(optuna_storage(cfg))
+    grid = lr_grid(cfg)
+    out = []
+    for spec in sweeps:
+        if not n or spec.parametrization != cfg.mup.parametrization:
+            continue
+        best: dict[int, tuple[float, float]] = {}
+        on_grid = {(lr, seed) for lr, seed in spec.points}  # not the second stage's: a rerun adds nothing
+        for p in points_of(storage, spec)[0]:
+            if (p.log2_lr, p.seed) not in on_grid or p.status != "completed":
+                continue
+            if p.completed_value < best.get(p.seed, (0.0, float("inf")))[1]:
+                best[p.seed] = (p.log2_lr, p.completed_value)
+        extra = tuple((lr, seed) for seed, (at, _) in sorted(best.items()) for lr in refine_lrs(grid, at, n))
+        out.append(dataclasses.replace(spec, points=spec.points + extra))
+    return out
+
+
 def data_hashes(project: Path) -> dict[str, str]:
     manifest = read_json(project / MANIFEST)
     return {split: manifest["splits"][split]["sha256"] for split in ("train", "val")}
@@ -181,6 +222,8 @@ def search(cfg: Config, project: Path, parent_run: str | None = None) -> Finding
         digest = search_digest(cfg, data_hashes(project))
         sweeps = sweep_specs(cfg, digest)
         run_workers(cfg, project, sweeps, parent_run)
+        if refined := refine_specs(cfg, sweeps):
+            run_workers(cfg, project, refined, parent_run)
         transfer = transfer_spec(cfg, digest, transferred_log2_lr(sweep_optima(cfg, sweeps), proxies))
         run_workers(cfg, project, [transfer], parent_run)
         return summarize(cfg, sweeps, transfer)

@@ -118,8 +118,8 @@ def _search_pruning_lines(pruning: dict[str, Any] | None) -> list[str]:
         "",
         f"Pruning ({how}): **{pruning['pruned']} of {pruning['trials']} trials stopped**, "
         f"{pruning['steps_saved']:,} of {pruning['steps']:,} steps saved ({pruning['steps_saved_share']:.1%}). "
-        "The optima and slopes above are fitted from the trials that ran to the end; an optimum is at the "
-        "grid's edge only at its smallest or largest LR.",
+        "The optima and slopes above are fitted from the trials that ran to the end; an optimum at the grid's "
+        "end or next to a stopped LR is censored, a bound (version 4).",
     ]
     rows: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for g in pruning["groups"]:
