@@ -481,7 +481,9 @@ def test_nested_factors_read_as_their_dotted_keys(tmp_path, cfg):
 
 REREAD_SINCE_REPORT = {
     "spike": "version 4's spike analysis (issue 59: recovery as equivalence to the clean control, the step-tied "
-    "claim against every policy) is newer than the committed metrics/report.json; version 4's rerun rewrites it"
+    "claim against every policy) is newer than the committed metrics/report.json; version 4's rerun rewrites it",
+    "mu_transfer": "version 4's primary claim, the transfer check (issue 59), reads per-seed gaps that version 3's "
+    "metrics/search.json does not hold; version 4's rerun writes them and rewrites the report",
 }
 """Findings whose registered claims changed after metrics/report.json was committed, with why: the
 committed report holds the claims they had then, so they are not recomputed against it."""
