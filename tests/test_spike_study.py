@@ -20,12 +20,14 @@ from model.provenance import provenance
 from model.spike.branch import Branch
 from model.spike.injections import Injection
 from model.typed_config import ConfigError
+from tasks.config import load_config
+from tasks.design.preregistration import design
 from tasks.runtime.outputs import SPIKE_METRICS, SPIKE_RUN
 from tasks.spike import postmortem
 from tasks.spike.config import OUTCOMES
 from tasks.spike.postmortem import SECTIONS, publish
 from tasks.spike.scores import Costs, classify, detected, excess_area, outcome, score, window_curves
-from tasks.spike.study import poison_length, run_seed
+from tasks.spike.study import poison_draws, poison_length, run_seed
 from tasks.spike.summary import detection, give_ups, matrix, plateau_gate, summary_metrics
 from tests.trainer_kit import markov_tokens, tiny_config
 
@@ -198,7 +200,7 @@ STUDY = {
     "spike.detect_warmup": 8,
     "spike.magnitude": 100.0,
     "spike.duration": 2,
-    "spike.poison_batches_range": [2, 3],  # ends recovery.recover_steps before the window does, within the skip window
+    "spike.poison_batches_range": [2, 3],  # ends recovery.recover_steps before the window does
     "spike.min_origins_per_half": 1,
     "spike.kinds": ["data", "param", "lr"],
     "spike.sample_prompts": 2,
@@ -321,6 +323,12 @@ def test_the_metrics_count_give_ups_and_detections_per_cause_over_the_matrix(fin
     assert metrics["detection"]["data"]["rate"] == 1.0  # the first poisoned batch is flagged at every seed
 
 
+def test_the_registered_poison_rule_prints_the_draws_of_the_seeds_the_default_study_runs():
+    spike = load_config(REPO / "params.yaml", "default").spike
+    rule = design()["findings"]["spike"]["conditions"]["poison"]["rule"]
+    assert f"The study seeds draw {poison_draws(spike)} (" in rule  # new seeds, new draws: reprint them
+
+
 def test_each_origin_draws_its_poisoned_stretch_and_the_data_branches_meet_that_many_poison_batches(finished):
     studies, _, metrics = finished
     for study in studies:
@@ -329,8 +337,9 @@ def test_each_origin_draws_its_poisoned_stretch_and_the_data_branches_meet_that_
         assert metrics["seeds"][str(study.seed)]["data"]["injection"]["duration"] == n
 
 
-def test_the_poison_length_is_drawn_from_both_ends_of_its_range_and_again_the_same_for_a_seed():
-    spike = tiny_config(**{**STUDY, "spike.poison_batches_range": [2, 4], "recovery.skip_batches": 4}).spike
+def test_each_origin_draws_its_own_poison_length_from_both_ends_of_its_range_and_again_the_same_for_a_seed():
+    spike = tiny_config(**{**STUDY, "spike.poison_batches_range": [2, 4]}).spike
+    assert (poison_length(spike, 2), poison_length(spike, 3)) == (2, 4)  # two origins, two lengths: no constant
     draws = [poison_length(spike, seed) for seed in range(40)]
     assert set(draws) == {2, 3, 4}  # both ends included, nothing outside
     assert draws == [poison_length(spike, seed) for seed in range(40)]  # the seed alone decides

@@ -88,7 +88,8 @@ class SpikeConfig(Section):
     origin draws its own length from it, uniformly, both ends included, seeded by the origin's seed
     alone (tasks/spike/study.py: poison_length). The policies never read it: they act on the
     detector's flags, with a skip window fixed apart from it (``recovery.skip_batches``, PaLM's
-    200-500 batches), so no policy is handed the stretch's length. The longest draw ends at least
+    200-500 batches), so no policy is handed the stretch's length, and a stretch may outlast that
+    window: the policy then meets poison past it. The longest draw ends at least
     ``recovery.recover_steps`` before the window does (tasks/config.py), so a gap at the window's
     end is what the spike left, not poison still served."""
     data_reasons: list[str] = field(default_factory=lambda: list(SPIKE_CAUSING_POISON))
@@ -249,9 +250,8 @@ class RecoveryConfig(Section):
     """``skip_batch``: batches skipped from the detected step on; ``rollback`` and
     ``rollback_lower_lr`` skip the same window past the detected step as well as the batches they
     go back over (PaLM §5.1: restart ~100 steps early, skip 200-500 batches). Fixed here, never
-    sized to the poison: a data injection's length is drawn apart (``spike.poison_batches_range``);
-    tasks/config.py asks only that the window not be shorter than the longest draw where a data
-    cause meets skip_batch or rollback."""
+    sized to the poison: a data injection's length is drawn apart (``spike.poison_batches_range``)
+    and may be longer, so a policy can meet poison past its window."""
     rollback_steps: int = 50
     """``rollback`` and ``rollback_lower_lr``: restart from the newest checkpoint at least this many
     steps before the detected step (the n-th retry: n+1 times as far), skipping the batches from
