@@ -27,7 +27,7 @@ from tasks.spike import postmortem
 from tasks.spike.config import OUTCOMES
 from tasks.spike.postmortem import SECTIONS, publish
 from tasks.spike.scores import Costs, classify, detected, excess_area, outcome, score, window_curves
-from tasks.spike.study import poison_draws, poison_length, run_seed
+from tasks.spike.study import make_injection, poison_draws, poison_length, run_seed
 from tasks.spike.summary import detection, give_ups, matrix, plateau_gate, summary_metrics
 from tests.trainer_kit import markov_tokens, tiny_config
 
@@ -169,8 +169,8 @@ def test_the_matrix_counts_a_give_up_as_its_own_outcome_with_its_score(finished)
     assert give_ups(cells)["lr"]["rollback"] == 1
 
 
-def cell(caught: bool = True) -> dict:
-    return {"outcome": "gap", "detected": caught, "scored_gap": 0.05}
+def cell(caught: bool = True, latency: int | None = 0) -> dict:
+    return {"outcome": "gap", "detected": caught, "latency": latency, "scored_gap": 0.05}
 
 
 def test_the_detection_rate_counts_a_missed_spike_whose_branches_stay_scored():
@@ -178,10 +178,20 @@ def test_the_detection_rate_counts_a_missed_spike_whose_branches_stay_scored():
         "lr": {"continue": {"0": cell(), "1": cell(caught=False)}, "rollback": {"0": cell(), "1": cell()}},
         "param": {"skip_step": {"0": cell(caught=False)}},  # no continue: the first policy is observed
     }
-    found = detection(cells)
-    assert found["lr"] == {"injected": 2, "detected": 1, "rate": 0.5, "missed_seeds": [1]}
-    assert found["param"] == {"injected": 1, "detected": 0, "rate": 0.0, "missed_seeds": [0]}
+    rates = {cause: {k: v for k, v in found.items() if "latency" not in k} for cause, found in detection(cells).items()}
+    assert rates["lr"] == {"injected": 2, "detected": 1, "rate": 0.5, "missed_seeds": [1]}
+    assert rates["param"] == {"injected": 1, "detected": 0, "rate": 0.0, "missed_seeds": [0]}
     assert detection({"data": {"continue": {}}})["data"]["rate"] is None  # no origin left: no rate
+
+
+def test_the_detection_reports_each_origins_latency_and_their_spread_over_the_flagged_ones():
+    flagged = {"0": cell(latency=0), "1": cell(latency=7), "2": cell(latency=3), "3": cell(False, latency=None)}
+    found = detection({"data": {"continue": flagged}})["data"]
+    assert found["latency"] == {"0": 0, "1": 7, "2": 3, "3": None}
+    assert found["latency_spread"] == {"min": 0, "median": 3.0, "max": 7, "distinct": 3}  # never flagged: left out
+    at_once = detection({"data": {"continue": {"0": cell(), "1": cell()}}})["data"]["latency_spread"]
+    assert at_once == {"min": 0, "median": 0.0, "max": 0, "distinct": 1}  # the policies acted at the first step
+    assert detection({"data": {"continue": {"0": cell(False, latency=None)}}})["data"]["latency_spread"] is None
 
 
 STUDY = {
@@ -323,6 +333,12 @@ def test_the_metrics_count_give_ups_and_detections_per_cause_over_the_matrix(fin
     assert metrics["detection"]["data"]["rate"] == 1.0  # the first poisoned batch is flagged at every seed
 
 
+def test_a_data_injection_comes_on_over_the_configured_ramp_and_no_other_cause_ramps():
+    cfg = tiny_config(**{**STUDY, "spike.poison_ramp_batches": 2})
+    assert make_injection("data", cfg, 10, 0).ramp == 2
+    assert {make_injection(kind, cfg, 10, 0).ramp for kind in ("lr", "param")} == {0}
+
+
 def test_the_registered_poison_rule_prints_the_draws_of_the_seeds_the_default_study_runs():
     spike = load_config(REPO / "params.yaml", "default").spike
     rule = design()["findings"]["spike"]["conditions"]["poison"]["rule"]
@@ -459,6 +475,8 @@ EDGES = [
     ("spike.poison_batches_range", [1, 1], [0, 1]),  # a data injection poisons at least one batch
     ("spike.poison_batches_range", [2, 2], [3, 2]),  # shortest first
     ("spike.poison_batches_range", [2, 3], [2]),  # two ends
+    ("spike.poison_ramp_batches", 2, 3),  # no longer than the shortest stretch: every stretch reaches full poison
+    ("spike.poison_ramp_batches", 0, -1),
     ("spike.detect_within", 0, -1),
     ("spike.min_origins_per_half", 1, 0),
     ("spike.sizing_seeds", [2], [1]),  # a confirmation seed cannot size

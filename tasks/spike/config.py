@@ -92,6 +92,14 @@ class SpikeConfig(Section):
     window: the policy then meets poison past it. The longest draw ends at least
     ``recovery.recover_steps`` before the window does (tasks/config.py), so a gap at the window's
     end is what the spike left, not poison still served."""
+    poison_ramp_batches: int = 0
+    """Batches over which a ``data`` injection's poison comes on: the n-th batch of the stretch
+    serves the last ceil(seq_len · n / ramp) tokens of each row poisoned, its own tokens before
+    them, and every batch past the ramp is all poison (model/spike/injections.py:
+    poisoned_tokens); 0: all poison from the first. A gradual onset is what lets the detector's latency vary: a threshold fixed on clean runs
+    (``detect_zscore``) meets a spike that grows through it at a step the poison and the origin
+    decide, not at the first poisoned batch by construction. At most the shortest stretch, so
+    every stretch reaches full strength."""
     data_reasons: list[str] = field(default_factory=lambda: list(SPIKE_CAUSING_POISON))
     """Poison-pool reasons ``data`` injection draws from (only spike-causing ones allowed)."""
     param_block: int = 0
@@ -209,11 +217,17 @@ class SpikeConfig(Section):
             raise ConfigError(f"spike.sizing_zscores: {self.sizing_zscores} is not strictly ascending")
 
     def check_poison_range(self) -> None:
-        """Two lengths, shortest first, each at least one batch (the window's end: tasks/config.py)."""
+        """Two lengths, shortest first, each at least one batch (the window's end: tasks/config.py);
+        the ramp no longer than the shortest."""
         lengths = self.poison_batches_range
         if len(lengths) != 2 or lengths[0] < 1 or lengths[0] > lengths[1]:
             raise ConfigError(
                 f"spike.poison_batches_range: {lengths}; need [shortest, longest] with 1 <= shortest <= longest"
+            )
+        if not 0 <= self.poison_ramp_batches <= lengths[0]:
+            raise ConfigError(
+                f"spike.poison_ramp_batches: {self.poison_ramp_batches}; need 0 <= ramp <= the shortest "
+                f"stretch (spike.poison_batches_range[0] = {lengths[0]}), so every stretch reaches full poison"
             )
 
     @property
