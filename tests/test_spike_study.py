@@ -27,6 +27,7 @@ from tasks.spike import postmortem
 from tasks.spike.config import OUTCOMES
 from tasks.spike.postmortem import SECTIONS, publish
 from tasks.spike.scores import Costs, classify, detected, excess_area, outcome, score, window_curves
+from tasks.spike.sizing import calibrate_ramp
 from tasks.spike.study import make_injection, poison_draws, poison_length, run_seed
 from tasks.spike.summary import detection, give_ups, matrix, plateau_gate, summary_metrics
 from tests.trainer_kit import markov_tokens, tiny_config
@@ -337,6 +338,33 @@ def test_a_data_injection_comes_on_over_the_configured_ramp_and_no_other_cause_r
     cfg = tiny_config(**{**STUDY, "spike.poison_ramp_batches": 2})
     assert make_injection("data", cfg, 10, 0).ramp == 2
     assert {make_injection(kind, cfg, 10, 0).ramp for kind in ("lr", "param")} == {0}
+
+
+def onset_rows(first: int, last: int, jump_at: int | None) -> list[tuple[int, float, float]]:
+    """(step, loss, grad norm) of a quiet run, its loss x2 from ``jump_at`` on (None: never)."""
+    return [
+        (s, (4.0 + 0.01 * (s % 2)) * (2 if jump_at is not None and s >= jump_at else 1), 1.0)
+        for s in range(first, last)
+    ]
+
+
+def test_the_onset_rule_takes_the_longest_ramp_the_detector_flags_at_every_sizing_seed_in_time():
+    cfg = tiny_config(
+        **{**STUDY, "spike.poison_batches_range": [4, 4], "spike.sizing_ramps": [0, 2, 4], "spike.detect_within": 2}
+    )
+    start, warm = 30, onset_rows(1, 30, None)
+
+    def probe(*jumps: int | None) -> dict:
+        return {
+            "injection_step": start,
+            "warm": warm,
+            "ramped": {str(r): onset_rows(30, 50, j) for r, j in zip((0, 2, 4), jumps)},
+        }
+
+    # the last step that counts: the stretch's end (33) + detect_within (2) = 35
+    assert calibrate_ramp([probe(30, 35, 36)], 16.0, cfg) == (2, {"0": [0], "2": [5], "4": [None]})
+    assert calibrate_ramp([probe(30, 35, 36), probe(30, None, 31)], 16.0, cfg)[0] == 0  # every seed, not most
+    assert calibrate_ramp([probe(None, None, None)], 16.0, cfg)[0] is None
 
 
 def test_the_registered_poison_rule_prints_the_draws_of_the_seeds_the_default_study_runs():

@@ -98,8 +98,9 @@ class SpikeConfig(Section):
     them, and every batch past the ramp is all poison (model/spike/injections.py:
     poisoned_tokens); 0: all poison from the first. A gradual onset is what lets the detector's latency vary: a threshold fixed on clean runs
     (``detect_zscore``) meets a spike that grows through it at a step the poison and the origin
-    decide, not at the first poisoned batch by construction. At most the shortest stretch, so
-    every stretch reaches full strength."""
+    decide, not at the first poisoned batch by construction. Chosen by the onset rule from
+    ``sizing_ramps`` on the sizing seeds (tasks/spike/sizing.py); at most the shortest stretch,
+    so every stretch reaches full strength."""
     data_reasons: list[str] = field(default_factory=lambda: list(SPIKE_CAUSING_POISON))
     """Poison-pool reasons ``data`` injection draws from (only spike-causing ones allowed)."""
     param_block: int = 0
@@ -125,6 +126,11 @@ class SpikeConfig(Section):
     )
     """Candidates of ``detect_zscore``, ascending (the detector rule takes the smallest that meets
     ``max_false_alarms``); from OLMo-core's 6σ up to four times it."""
+    sizing_ramps: list[int] = field(default_factory=lambda: [0])
+    """Candidates of ``poison_ramp_batches``, ascending, each at most the shortest stretch (the
+    onset rule takes the longest the detector still catches at every sizing seed,
+    tasks/spike/sizing.py). The default study's: whole poison at once (version 3) and doublings up
+    to one token more per row per batch at the arm scale (``ablation.seq_len`` = 64)."""
     max_false_alarms: float = 0.0
     """Alarms per clean control (the mean over the sizing seeds' warm-up and clean window) the
     chosen ``detect_zscore`` may raise: every alarm after a skip_batch or rollback restart spends
@@ -215,6 +221,10 @@ class SpikeConfig(Section):
             positive("spike.sizing_zscores", value)
         if self.sizing_zscores != sorted(set(self.sizing_zscores)):
             raise ConfigError(f"spike.sizing_zscores: {self.sizing_zscores} is not strictly ascending")
+        for ramp in self.sizing_ramps:
+            non_negative("spike.sizing_ramps", ramp)
+        if self.sizing_ramps != sorted(set(self.sizing_ramps)):
+            raise ConfigError(f"spike.sizing_ramps: {self.sizing_ramps} is not strictly ascending")
 
     def check_poison_range(self) -> None:
         """Two lengths, shortest first, each at least one batch (the window's end: tasks/config.py);
@@ -224,11 +234,12 @@ class SpikeConfig(Section):
             raise ConfigError(
                 f"spike.poison_batches_range: {lengths}; need [shortest, longest] with 1 <= shortest <= longest"
             )
-        if not 0 <= self.poison_ramp_batches <= lengths[0]:
-            raise ConfigError(
-                f"spike.poison_ramp_batches: {self.poison_ramp_batches}; need 0 <= ramp <= the shortest "
-                f"stretch (spike.poison_batches_range[0] = {lengths[0]}), so every stretch reaches full poison"
-            )
+        for key, ramps in (("poison_ramp_batches", [self.poison_ramp_batches]), ("sizing_ramps", self.sizing_ramps)):
+            if any(not 0 <= ramp <= lengths[0] for ramp in ramps):
+                raise ConfigError(
+                    f"spike.{key}: {getattr(self, key)}; need 0 <= ramp <= the shortest stretch "
+                    f"(spike.poison_batches_range[0] = {lengths[0]}), so every stretch reaches full poison"
+                )
 
     @property
     def all_seeds(self) -> list[int]:
