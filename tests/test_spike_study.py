@@ -322,8 +322,8 @@ def test_swap_data_on_a_cause_with_no_data_source_is_the_continue_branch(finishe
         assert all(a["action"].startswith("no data source to exclude") for a in swapped.actions)
 
 
-def test_the_metrics_count_give_ups_and_detections_per_cause_over_the_matrix(finished):
-    _, _, metrics = finished
+def test_the_metrics_count_give_ups_and_detections_and_each_origins_latency_per_cause_over_the_matrix(finished):
+    studies, _, metrics = finished
     for cause, by_policy in metrics["matrix"].items():
         assert metrics["give_ups"][cause] == {
             p: sum(c["outcome"] == "gave_up" for c in by_seed.values()) for p, by_seed in by_policy.items()
@@ -331,6 +331,8 @@ def test_the_metrics_count_give_ups_and_detections_per_cause_over_the_matrix(fin
         caught = [seed for seed, c in by_policy["continue"].items() if c["detected"]]
         assert metrics["detection"][cause]["injected"] == 2
         assert metrics["detection"][cause]["detected"] == len(caught)
+        latency = {str(s.seed): s.scores[cause]["continue"]["latency"] for s in studies}
+        assert metrics["detection"][cause]["latency"] == latency  # the branch's own first flag, per origin
     assert metrics["detection"]["data"]["rate"] == 1.0  # the first poisoned batch is flagged at every seed
 
 
