@@ -73,8 +73,7 @@ class Config(TrainingConfig):
         """The spike study's rules across sections: a rollback from the injection has a clean checkpoint
         to go back to (the warm-up is at least ``recovery.rollback_steps``), the window ends inside the
         origin run's schedule, a data injection (and each length the sizing rule may choose) ends at
-        least ``recovery.recover_steps`` before the window does, the skip window covers the poisoned
-        stretch, and the injected block is one of the arm model's (the origin runs are at the ablation
+        least ``recovery.recover_steps`` before the window does, and the injected block is one of the arm model's (the origin runs are at the ablation
         arm scale)."""
         s, r = self.spike, self.recovery
         if s.warm_steps < r.rollback_steps:

@@ -14,7 +14,7 @@ from model.callbacks import Callback
 from model.detect import make_detector
 from model.identity import LOADABLE
 from model.spike.branch import run_branch, warm_up
-from model.spike.injections import AdamSpike, Injection
+from model.spike.injections import AdamSpike, DataSpike, Injection, poisoned_tokens
 from model.spike.policies import SkipStep
 from model.spike.records import cpu_copy
 from model.step import PendingStep
@@ -389,6 +389,24 @@ def feed(losses: list[float], policy_cfg: RecoveryConfig | None = None):
             policy.on_before_optimizer(None, pending)
         vetoed.append((step, pending.vetoed))
     return detector, policy, [step for step, v in vetoed if v]
+
+
+@pytest.mark.parametrize(
+    ("index", "ramp", "expected"),
+    [(0, 8, 1), (6, 8, 7), (7, 8, 8), (8, 8, 8), (0, 3, 3), (2, 3, 8), (0, 0, 8), (5, 0, 8)],
+)
+def test_a_ramped_poison_takes_one_share_more_of_each_row_per_batch_up_to_the_whole_row(index, ramp, expected):
+    assert poisoned_tokens(index, 8, ramp) == expected  # ramp 0: the whole row from the first batch
+
+
+def test_a_ramped_poison_batch_keeps_each_rows_own_tokens_before_its_poisoned_end():
+    clean = (torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long))
+    poisoned = [(torch.full((2, 4), 7), torch.full((2, 4), 8))] * 3
+    spike = DataSpike(Injection("data", 1, 0, 3, 1.0, ramp=2), poisoned)
+    x, y = spike.mix(0, clean, torch.device("cpu"))
+    assert x.tolist() == [[0, 0, 7, 7]] * 2 and y.tolist() == [[1, 1, 8, 8]] * 2  # inputs and targets alike
+    assert spike.mix(1, clean, torch.device("cpu"))[0].tolist() == [[7] * 4] * 2  # the ramp's end: all poison
+    assert spike.mix(2, clean, torch.device("cpu"))[0].tolist() == [[7] * 4] * 2
 
 
 def test_the_detector_flags_every_step_of_a_multi_step_spike():

@@ -20,12 +20,15 @@ from model.provenance import provenance
 from model.spike.branch import Branch
 from model.spike.injections import Injection
 from model.typed_config import ConfigError
+from tasks.config import load_config
+from tasks.design.preregistration import design
 from tasks.runtime.outputs import SPIKE_METRICS, SPIKE_RUN
 from tasks.spike import postmortem
 from tasks.spike.config import OUTCOMES
 from tasks.spike.postmortem import SECTIONS, publish
 from tasks.spike.scores import Costs, classify, detected, excess_area, outcome, score, window_curves
-from tasks.spike.study import poison_length, run_seed
+from tasks.spike.sizing import calibrate_ramp
+from tasks.spike.study import make_injection, poison_draws, poison_length, run_seed
 from tasks.spike.summary import detection, give_ups, matrix, plateau_gate, summary_metrics
 from tests.trainer_kit import markov_tokens, tiny_config
 
@@ -167,8 +170,8 @@ def test_the_matrix_counts_a_give_up_as_its_own_outcome_with_its_score(finished)
     assert give_ups(cells)["lr"]["rollback"] == 1
 
 
-def cell(caught: bool = True) -> dict:
-    return {"outcome": "gap", "detected": caught, "scored_gap": 0.05}
+def cell(caught: bool = True, latency: int | None = 0) -> dict:
+    return {"outcome": "gap", "detected": caught, "latency": latency, "scored_gap": 0.05}
 
 
 def test_the_detection_rate_counts_a_missed_spike_whose_branches_stay_scored():
@@ -176,10 +179,20 @@ def test_the_detection_rate_counts_a_missed_spike_whose_branches_stay_scored():
         "lr": {"continue": {"0": cell(), "1": cell(caught=False)}, "rollback": {"0": cell(), "1": cell()}},
         "param": {"skip_step": {"0": cell(caught=False)}},  # no continue: the first policy is observed
     }
-    found = detection(cells)
-    assert found["lr"] == {"injected": 2, "detected": 1, "rate": 0.5, "missed_seeds": [1]}
-    assert found["param"] == {"injected": 1, "detected": 0, "rate": 0.0, "missed_seeds": [0]}
+    rates = {cause: {k: v for k, v in found.items() if "latency" not in k} for cause, found in detection(cells).items()}
+    assert rates["lr"] == {"injected": 2, "detected": 1, "rate": 0.5, "missed_seeds": [1]}
+    assert rates["param"] == {"injected": 1, "detected": 0, "rate": 0.0, "missed_seeds": [0]}
     assert detection({"data": {"continue": {}}})["data"]["rate"] is None  # no origin left: no rate
+
+
+def test_the_detection_reports_each_origins_latency_and_their_spread_over_the_flagged_ones():
+    flagged = {"0": cell(latency=0), "1": cell(latency=7), "2": cell(latency=3), "3": cell(False, latency=None)}
+    found = detection({"data": {"continue": flagged}})["data"]
+    assert found["latency"] == {"0": 0, "1": 7, "2": 3, "3": None}
+    assert found["latency_spread"] == {"min": 0, "median": 3.0, "max": 7, "distinct": 3}  # never flagged: left out
+    at_once = detection({"data": {"continue": {"0": cell(), "1": cell()}}})["data"]["latency_spread"]
+    assert at_once == {"min": 0, "median": 0.0, "max": 0, "distinct": 1}  # the policies acted at the first step
+    assert detection({"data": {"continue": {"0": cell(False, latency=None)}}})["data"]["latency_spread"] is None
 
 
 STUDY = {
@@ -198,7 +211,7 @@ STUDY = {
     "spike.detect_warmup": 8,
     "spike.magnitude": 100.0,
     "spike.duration": 2,
-    "spike.poison_batches_range": [2, 3],  # ends recovery.recover_steps before the window does, within the skip window
+    "spike.poison_batches_range": [2, 3],  # ends recovery.recover_steps before the window does
     "spike.min_origins_per_half": 1,
     "spike.kinds": ["data", "param", "lr"],
     "spike.sample_prompts": 2,
@@ -309,8 +322,8 @@ def test_swap_data_on_a_cause_with_no_data_source_is_the_continue_branch(finishe
         assert all(a["action"].startswith("no data source to exclude") for a in swapped.actions)
 
 
-def test_the_metrics_count_give_ups_and_detections_per_cause_over_the_matrix(finished):
-    _, _, metrics = finished
+def test_the_metrics_count_give_ups_and_detections_and_each_origins_latency_per_cause_over_the_matrix(finished):
+    studies, _, metrics = finished
     for cause, by_policy in metrics["matrix"].items():
         assert metrics["give_ups"][cause] == {
             p: sum(c["outcome"] == "gave_up" for c in by_seed.values()) for p, by_seed in by_policy.items()
@@ -318,7 +331,48 @@ def test_the_metrics_count_give_ups_and_detections_per_cause_over_the_matrix(fin
         caught = [seed for seed, c in by_policy["continue"].items() if c["detected"]]
         assert metrics["detection"][cause]["injected"] == 2
         assert metrics["detection"][cause]["detected"] == len(caught)
+        latency = {str(s.seed): s.scores[cause]["continue"]["latency"] for s in studies}
+        assert metrics["detection"][cause]["latency"] == latency  # the branch's own first flag, per origin
     assert metrics["detection"]["data"]["rate"] == 1.0  # the first poisoned batch is flagged at every seed
+
+
+def test_a_data_injection_comes_on_over_the_configured_ramp_and_no_other_cause_ramps():
+    cfg = tiny_config(**{**STUDY, "spike.poison_ramp_batches": 2})
+    assert make_injection("data", cfg, 10, 0).ramp == 2
+    assert {make_injection(kind, cfg, 10, 0).ramp for kind in ("lr", "param")} == {0}
+
+
+def onset_rows(first: int, last: int, jump_at: int | None) -> list[tuple[int, float, float]]:
+    """(step, loss, grad norm) of a quiet run, its loss x2 from ``jump_at`` on (None: never)."""
+    return [
+        (s, (4.0 + 0.01 * (s % 2)) * (2 if jump_at is not None and s >= jump_at else 1), 1.0)
+        for s in range(first, last)
+    ]
+
+
+def test_the_onset_rule_takes_the_longest_ramp_the_detector_flags_at_every_sizing_seed_in_time():
+    cfg = tiny_config(
+        **{**STUDY, "spike.poison_batches_range": [4, 4], "spike.sizing_ramps": [0, 2, 4], "spike.detect_within": 2}
+    )
+    start, warm = 30, onset_rows(1, 30, None)
+
+    def probe(*jumps: int | None) -> dict:
+        return {
+            "injection_step": start,
+            "warm": warm,
+            "ramped": {str(r): onset_rows(30, 50, j) for r, j in zip((0, 2, 4), jumps)},
+        }
+
+    # the last step that counts: the stretch's end (33) + detect_within (2) = 35
+    assert calibrate_ramp([probe(30, 35, 36)], 16.0, cfg) == (2, {"0": [0], "2": [5], "4": [None]})
+    assert calibrate_ramp([probe(30, 35, 36), probe(30, None, 31)], 16.0, cfg)[0] == 0  # every seed, not most
+    assert calibrate_ramp([probe(None, None, None)], 16.0, cfg)[0] is None
+
+
+def test_the_registered_poison_rule_prints_the_draws_of_the_seeds_the_default_study_runs():
+    spike = load_config(REPO / "params.yaml", "default").spike
+    rule = design()["findings"]["spike"]["conditions"]["poison"]["rule"]
+    assert f"The study seeds draw {poison_draws(spike)} (" in rule  # new seeds, new draws: reprint them
 
 
 def test_each_origin_draws_its_poisoned_stretch_and_the_data_branches_meet_that_many_poison_batches(finished):
@@ -329,8 +383,9 @@ def test_each_origin_draws_its_poisoned_stretch_and_the_data_branches_meet_that_
         assert metrics["seeds"][str(study.seed)]["data"]["injection"]["duration"] == n
 
 
-def test_the_poison_length_is_drawn_from_both_ends_of_its_range_and_again_the_same_for_a_seed():
-    spike = tiny_config(**{**STUDY, "spike.poison_batches_range": [2, 4], "recovery.skip_batches": 4}).spike
+def test_each_origin_draws_its_own_poison_length_from_both_ends_of_its_range_and_again_the_same_for_a_seed():
+    spike = tiny_config(**{**STUDY, "spike.poison_batches_range": [2, 4]}).spike
+    assert (poison_length(spike, 2), poison_length(spike, 3)) == (2, 4)  # two origins, two lengths: no constant
     draws = [poison_length(spike, seed) for seed in range(40)]
     assert set(draws) == {2, 3, 4}  # both ends included, nothing outside
     assert draws == [poison_length(spike, seed) for seed in range(40)]  # the seed alone decides
@@ -450,6 +505,8 @@ EDGES = [
     ("spike.poison_batches_range", [1, 1], [0, 1]),  # a data injection poisons at least one batch
     ("spike.poison_batches_range", [2, 2], [3, 2]),  # shortest first
     ("spike.poison_batches_range", [2, 3], [2]),  # two ends
+    ("spike.poison_ramp_batches", 2, 3),  # no longer than the shortest stretch: every stretch reaches full poison
+    ("spike.poison_ramp_batches", 0, -1),
     ("spike.detect_within", 0, -1),
     ("spike.min_origins_per_half", 1, 0),
     ("spike.sizing_seeds", [2], [1]),  # a confirmation seed cannot size

@@ -14,7 +14,10 @@ Each is tied to a window of ``duration``:
           after a restart once it has fired.
   (``data`` is the batches: always ``stream``.)
 
-  data   those batches replaced by poison-pool sequences (excluding the source, swap_data, ends it)
+  data   those batches replaced by poison-pool sequences (excluding the source, swap_data, ends
+         it): whole, or over a ramp of ``ramp`` batches each row's last tokens, a share rising
+         from the first batch (:func:`poisoned_tokens`), so the spike's onset is gradual and the
+         detector's latency is what the poison does, not a given
   lr     LR × magnitude for the steps that consume them
   grad   gradients × magnitude before clipping, for the same steps
   param  every weight matrix of block ``param_block`` × magnitude at the window's first step:
@@ -28,6 +31,7 @@ Each is tied to a window of ``duration``:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol, get_args
 
@@ -49,6 +53,8 @@ class InjectionSettings(Protocol):
     def magnitude(self) -> float: ...
     @property
     def param_block(self) -> int: ...
+    @property
+    def poison_ramp_batches(self) -> int: ...
 
 
 TiedTo = Literal["stream", "step", "once"]
@@ -67,6 +73,7 @@ class Injection:
     magnitude: float
     param_block: int = 0
     tied_to: TiedTo = "stream"
+    ramp: int = 0  # data: batches over which the poisoned share of each row rises (poisoned_tokens)
 
     def __post_init__(self) -> None:
         if self.tied_to not in get_args(TiedTo) or (self.kind == "data" and self.tied_to != "stream"):
@@ -86,6 +93,7 @@ class Injection:
             1.0 if kind == "data" else cfg.magnitude,
             cfg.param_block,
             tied_to,
+            cfg.poison_ramp_batches if kind == "data" else 0,
         )
 
     def spec(self) -> dict[str, Any]:
@@ -161,9 +169,20 @@ class AdamSpike(StepSpike):
                     state["exp_avg_sq"].div_(self.injection.magnitude)
 
 
+def poisoned_tokens(index: int, tokens: int, ramp: int) -> int:
+    """How many of a row's ``tokens`` the ``index``-th batch of a poisoned stretch (0 first) serves
+    poisoned, at the row's end: all of them past a ramp of ``ramp`` batches, on it a share rising
+    linearly to the whole row (ramp = tokens: one token more per batch); ``ramp`` 0: all from the
+    first."""
+    if ramp <= 0:
+        return tokens
+    return min(tokens, math.ceil(tokens * (index + 1) / ramp))
+
+
 class DataSpike(Callback):
-    """Serves ``poison[i]`` in place of the batch at stream position ``position + i``; after
-    :meth:`exclude` (swap_data) the poison source is out and the clean batches flow again."""
+    """Serves ``poison[i]`` (the last :func:`poisoned_tokens` tokens of each row, the batch's own
+    before them) in place of the batch at stream position ``position + i``; after :meth:`exclude`
+    (swap_data) the poison source is out and the clean batches flow again."""
 
     name, order = "inject_data", 40
 
@@ -183,10 +202,16 @@ class DataSpike(Callback):
         for i, batch in enumerate(batches):
             k = first + i - self.injection.position
             if self.injection.in_window(first + i):
-                x, y = self.poison[k]
-                batch = (x.to(trainer.device), y.to(trainer.device))
+                batch = self.mix(k, batch, trainer.device)
             out.append(batch)
         return out
+
+    def mix(self, index: int, batch: Batch, device: torch.device) -> Batch:
+        """The ``index``-th poisoned batch: each row's last tokens poison (inputs and targets), as
+        many as the ramp has reached, its own tokens before them."""
+        x, y = (t.to(device) for t in self.poison[index])
+        keep = x.shape[1] - poisoned_tokens(index, x.shape[1], self.injection.ramp)
+        return torch.cat([batch[0][:, :keep], x[:, keep:]], 1), torch.cat([batch[1][:, :keep], y[:, keep:]], 1)
 
 
 def injection_callback(injection: Injection, poison: Sequence[Batch] = ()) -> Callback:

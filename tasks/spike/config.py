@@ -88,9 +88,19 @@ class SpikeConfig(Section):
     origin draws its own length from it, uniformly, both ends included, seeded by the origin's seed
     alone (tasks/spike/study.py: poison_length). The policies never read it: they act on the
     detector's flags, with a skip window fixed apart from it (``recovery.skip_batches``, PaLM's
-    200-500 batches), so no policy is handed the stretch's length. The longest draw ends at least
+    200-500 batches), so no policy is handed the stretch's length, and a stretch may outlast that
+    window: the policy then meets poison past it. The longest draw ends at least
     ``recovery.recover_steps`` before the window does (tasks/config.py), so a gap at the window's
     end is what the spike left, not poison still served."""
+    poison_ramp_batches: int = 0
+    """Batches over which a ``data`` injection's poison comes on: the n-th batch of the stretch
+    serves the last ceil(seq_len · n / ramp) tokens of each row poisoned, its own tokens before
+    them, and every batch past the ramp is all poison (model/spike/injections.py:
+    poisoned_tokens); 0: all poison from the first. A gradual onset is what lets the detector's latency vary: a threshold fixed on clean runs
+    (``detect_zscore``) meets a spike that grows through it at a step the poison and the origin
+    decide, not at the first poisoned batch by construction. Chosen by the onset rule from
+    ``sizing_ramps`` on the sizing seeds (tasks/spike/sizing.py); at most the shortest stretch,
+    so every stretch reaches full strength."""
     data_reasons: list[str] = field(default_factory=lambda: list(SPIKE_CAUSING_POISON))
     """Poison-pool reasons ``data`` injection draws from (only spike-causing ones allowed)."""
     param_block: int = 0
@@ -116,6 +126,11 @@ class SpikeConfig(Section):
     )
     """Candidates of ``detect_zscore``, ascending (the detector rule takes the smallest that meets
     ``max_false_alarms``); from OLMo-core's 6σ up to four times it."""
+    sizing_ramps: list[int] = field(default_factory=lambda: [0])
+    """Candidates of ``poison_ramp_batches``, ascending, each at most the shortest stretch (the
+    onset rule takes the longest the detector still catches at every sizing seed,
+    tasks/spike/sizing.py). The default study's: whole poison at once (version 3) and doublings up
+    to one token more per row per batch at the arm scale (``ablation.seq_len`` = 64)."""
     max_false_alarms: float = 0.0
     """Alarms per clean control (the mean over the sizing seeds' warm-up and clean window) the
     chosen ``detect_zscore`` may raise: every alarm after a skip_batch or rollback restart spends
@@ -206,14 +221,25 @@ class SpikeConfig(Section):
             positive("spike.sizing_zscores", value)
         if self.sizing_zscores != sorted(set(self.sizing_zscores)):
             raise ConfigError(f"spike.sizing_zscores: {self.sizing_zscores} is not strictly ascending")
+        for ramp in self.sizing_ramps:
+            non_negative("spike.sizing_ramps", ramp)
+        if self.sizing_ramps != sorted(set(self.sizing_ramps)):
+            raise ConfigError(f"spike.sizing_ramps: {self.sizing_ramps} is not strictly ascending")
 
     def check_poison_range(self) -> None:
-        """Two lengths, shortest first, each at least one batch (the window's end: tasks/config.py)."""
+        """Two lengths, shortest first, each at least one batch (the window's end: tasks/config.py);
+        the ramp no longer than the shortest."""
         lengths = self.poison_batches_range
         if len(lengths) != 2 or lengths[0] < 1 or lengths[0] > lengths[1]:
             raise ConfigError(
                 f"spike.poison_batches_range: {lengths}; need [shortest, longest] with 1 <= shortest <= longest"
             )
+        for key, ramps in (("poison_ramp_batches", [self.poison_ramp_batches]), ("sizing_ramps", self.sizing_ramps)):
+            if any(not 0 <= ramp <= lengths[0] for ramp in ramps):
+                raise ConfigError(
+                    f"spike.{key}: {getattr(self, key)}; need 0 <= ramp <= the shortest stretch "
+                    f"(spike.poison_batches_range[0] = {lengths[0]}), so every stretch reaches full poison"
+                )
 
     @property
     def all_seeds(self) -> list[int]:
@@ -249,9 +275,8 @@ class RecoveryConfig(Section):
     """``skip_batch``: batches skipped from the detected step on; ``rollback`` and
     ``rollback_lower_lr`` skip the same window past the detected step as well as the batches they
     go back over (PaLM §5.1: restart ~100 steps early, skip 200-500 batches). Fixed here, never
-    sized to the poison: a data injection's length is drawn apart (``spike.poison_batches_range``);
-    tasks/config.py asks only that the window not be shorter than the longest draw where a data
-    cause meets skip_batch or rollback."""
+    sized to the poison: a data injection's length is drawn apart (``spike.poison_batches_range``)
+    and may be longer, so a policy can meet poison past its window."""
     rollback_steps: int = 50
     """``rollback`` and ``rollback_lower_lr``: restart from the newest checkpoint at least this many
     steps before the detected step (the n-th retry: n+1 times as far), skipping the batches from

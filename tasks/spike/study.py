@@ -111,6 +111,13 @@ def poison_length(spike: SpikeConfig, seed: int) -> int:
     return int(np.random.default_rng([seed, POISON_LENGTH_STREAM]).integers(shortest, longest + 1))
 
 
+def poison_draws(spike: SpikeConfig) -> str:
+    """Every origin's drawn stretch, as the registered poison rule prints it ("16: 226, 17: 147"):
+    computed from the seeds the stage runs (``spike.all_seeds``), so a registration on fresh seeds
+    prints their draws, not a list copied from an earlier version (tests/test_spike_study.py)."""
+    return ", ".join(f"{seed}: {poison_length(spike, seed)}" for seed in spike.all_seeds)
+
+
 def make_injection(kind: str, cfg: Config, fork_step: int, position: int) -> Injection:
     """The injection of ``kind`` right after the fork, tied as TIED_TO says; a data injection as long
     as the origin's drawn stretch (:func:`poison_length`), any other as ``spike`` configures it."""

@@ -83,6 +83,7 @@ MATRIX_FIELDS = (
     "final_gap",
     "excess_area",
     "detected",
+    "latency",
     "type",
     "status",
     "restarts",
@@ -143,19 +144,38 @@ def plateau_gate(studies: Sequence[Study], unigram: float, margin: float) -> dic
 def detection(cells: Matrix) -> dict[str, dict[str, Any]]:
     """Per cause, how often the detector caught the injected spike over the matrix's origins (each
     cause's observed branch, :func:`observed_policy`), and the seeds it missed; a missed spike's
-    branches stay in the matrix, scored (their policies never acted)."""
+    branches stay in the matrix, scored (their policies never acted). Also each origin's latency
+    (steps from the injection's first step to the first flag; None: never flagged) and their
+    distribution (:func:`latency_spread`): a latency of 0 at every origin means the policies
+    acted on the spike's first step by construction."""
     out = {}
     for cause, by_policy in cells.items():
         by_seed = by_policy[observed_policy(by_policy)] if by_policy else {}
         missed = [int(seed) for seed, cell in by_seed.items() if not cell["detected"]]
         injected = len(by_seed)
+        latency = {seed: cell["latency"] for seed, cell in by_seed.items()}
         out[cause] = {
             "injected": injected,
             "detected": injected - len(missed),
             "rate": (injected - len(missed)) / injected if injected else None,
             "missed_seeds": missed,
+            "latency": latency,
+            "latency_spread": latency_spread([v for v in latency.values() if v is not None]),
         }
     return out
+
+
+def latency_spread(latencies: Sequence[int]) -> dict[str, float | int] | None:
+    """Fewest, median and most steps to the first flag over the origins the detector flagged, and
+    how many distinct values they take (1: every origin flagged at the same step); None if none was."""
+    if not latencies:
+        return None
+    return {
+        "min": min(latencies),
+        "median": float(np.median(latencies)),
+        "max": max(latencies),
+        "distinct": len(set(latencies)),
+    }
 
 
 def give_ups(cells: Matrix) -> dict[str, dict[str, int]]:
