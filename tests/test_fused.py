@@ -11,7 +11,8 @@ Measured at this size over 40 steps (three arms): per-step loss, grad norm and u
 train/* and val/* metric within 3e-6 relative; the per-layer stats/* (maxima and means over
 activations) within 1.2e-4; each weight tensor within 5e-5 of its norm. The bounds below are about
 ten times those. Where no kernel differs (one group against the same group with an arm poisoned)
-the comparison is bitwise.
+the comparison is bitwise. In bf16 the yardstick is the single path's own two bf16 kernels (the
+bf16 test says why).
 """
 
 from __future__ import annotations
@@ -115,6 +116,63 @@ def test_fused_arms_match_the_same_arms_trained_one_by_one_within_rounding(token
         assert f_summary.keys() == s_summary.keys()
 
 
+def bf16(emulate: str) -> list[TrainingConfig]:
+    return [config(**arm, **{"precision.mode": "bf16", "precision.emulate": emulate}) for arm in ARMS]
+
+
+def step_gaps(runs: list[Any], reference: list[Any]) -> torch.Tensor:
+    """Per arm, the largest relative gap over the steps in loss, grad norm and update RMS: (K, 3)."""
+    return torch.stack(
+        [
+            ((torch.stack(r.steps) - torch.stack(s.steps)) / torch.stack(s.steps)).abs().amax(dim=0)
+            for (_, r), (_, s) in zip(runs, reference, strict=True)
+        ]
+    )
+
+
+def weight_gaps(runs: list[Any], reference: list[Any]) -> torch.Tensor:
+    """Per arm, the largest gap of a weight tensor by its own norm: (K,)."""
+    return torch.tensor(
+        [
+            max(((r.weights[n] - w).norm() / w.norm()).item() for n, w in s.weights.items())
+            for (_, r), (_, s) in zip(runs, reference, strict=True)
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def single_bf16(tokens: tuple[np.ndarray, np.ndarray]) -> dict[str, list[Any]]:
+    """The arms trained one by one in bf16, by real autocast and by its emulation (model/precision.py)."""
+    return {emulate: one_by_one(bf16(emulate), tokens) for emulate in ("never", "always")}
+
+
+@pytest.mark.parametrize("emulate", ["never", "always"])
+def test_fused_bf16_arms_match_the_single_arms_in_bf16_as_closely_as_its_two_bf16_kernels_match(
+    tokens, single_bf16, emulate
+):
+    """Tolerance, and why: a bf16 matrix product rounds its fp32 sum to 8 significant bits, so two
+    kernels that sum in another order (a vmapped batched product against addmm) now and then
+    round an element one bf16 ulp (2^-8) apart, and training carries that on, far above fp32's
+    rounding. The yardstick is the single path against itself: real autocast against its emulation
+    (two bf16 kernels, the same maths). Measured over 40 steps (three arms): the fused arms' gaps
+    are 0.5-1.1x that yardstick's in every per-step series and 0.9-1.0x in the weights; the bound
+    is 2x. The first step, from equal weights, shows the precision itself: there the fused and
+    single bf16 paths agree within 8e-7 in loss and 2e-5 in grad norm, fp32 against bf16 differs
+    by 3.6e-6 and 1.2e-4 at least; the bounds are 2e-6 and 5e-5."""
+    runs, single = fused(bf16(emulate), tokens), single_bf16[emulate]
+    assert all(summary["precision"].startswith("bf16") for summary, _ in runs)
+    first = torch.stack(
+        [
+            (torch.stack(r.steps)[0] - torch.stack(s.steps)[0]) / torch.stack(s.steps)[0]
+            for (_, r), (_, s) in zip(runs, single, strict=True)
+        ]
+    ).abs()
+    assert (first[:, 0] <= 2e-6).all() and (first[:, 1] <= 5e-5).all(), first
+    yardstick = single_bf16["always"], single_bf16["never"]
+    assert (step_gaps(runs, single) <= 2 * step_gaps(*yardstick)).all()
+    assert (weight_gaps(runs, single) <= 2 * weight_gaps(*yardstick)).all()
+
+
 def test_an_arm_gone_non_finite_leaves_the_other_arms_bitwise_as_without_it(tokens):
     cfgs = [config(**arm) for arm in ARMS]
     clean, poisoned = fused(cfgs, tokens), fused(cfgs, tokens, poison=1)
@@ -173,7 +231,7 @@ def test_arms_that_differ_in_shape_graph_or_length_are_refused_naming_the_key(to
     ("overrides", "message"),
     [
         ({"model.dropout": 0.1}, "model.dropout"),
-        ({"precision.mode": "bf16"}, "precision.mode: bf16"),
+        ({"precision.mode": "fp16"}, "precision.mode: fp16"),
         ({"precision.loss_shift": 1}, "loss_shift 1"),
     ],
 )
