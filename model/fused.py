@@ -82,27 +82,35 @@ def check_group(cfgs: Sequence[TrainingConfig]) -> None:
     that asks for what the fused step does not do (see the module doc)."""
     if not cfgs:
         raise ConfigError("a fused group needs at least one arm")
-    first = cfgs[0].to_flat_dict()
+    first = shared_settings(cfgs[0])
     for i, cfg in enumerate(cfgs[1:], start=1):
-        flat = cfg.to_flat_dict()
+        flat = shared_settings(cfg)
         for key in sorted(first.keys() | flat.keys()):
-            if key in PER_ARM or key.startswith(IGNORED):
-                continue
             if first.get(key) != flat.get(key):
                 raise ConfigError(
                     f"{key}: arm {i} has {flat.get(key)!r}, arm 0 {first.get(key)!r}; "
                     "arms of one fused group differ only in " + ", ".join(PER_ARM)
                 )
-    cfg = cfgs[0]
+    if reason := why_alone(cfgs[0]):
+        raise ConfigError(reason)
+
+
+def shared_settings(cfg: TrainingConfig) -> dict[str, Any]:
+    """What every arm of one fused group has equal: the flat config but :data:`PER_ARM` and
+    :data:`IGNORED` (equal settings here and :func:`why_alone` None: the arms fuse)."""
+    return {k: v for k, v in cfg.to_flat_dict().items() if k not in PER_ARM and not k.startswith(IGNORED)}
+
+
+def why_alone(cfg: TrainingConfig) -> str | None:
+    """Why an arm of this config cannot train in a fused group (one line naming the key), or None."""
     if cfg.model.dropout > 0:
-        raise ConfigError(
-            "model.dropout: a fused group trains without dropout (vmap's randomness is not the Trainer's)"
-        )
+        return "model.dropout: a fused group trains without dropout (vmap's randomness is not the Trainer's)"
     if cfg.precision.mode not in FUSED_PRECISIONS or cfg.precision.loss_shift:
-        raise ConfigError(
+        return (
             f"precision.mode: {cfg.precision.mode} (loss_shift {cfg.precision.loss_shift}); a fused group trains "
             "in fp32 or bf16 unshifted (fp16 needs the loss scaler and its skips, which the fused step has not)"
         )
+    return None
 
 
 class FusedArms:

@@ -33,7 +33,8 @@ from model.fused import FusedArms
 from model.train import train
 from model.typed_config import ConfigError
 from tasks.ablate.arm import run_arm
-from tasks.ablate.fused import run_fused
+from tasks.ablate.fused import fusion_key, run_fused
+from tasks.ablate.fused import main as fused_main
 from tasks.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -267,3 +268,35 @@ def test_each_fused_arm_writes_the_record_the_single_arm_command_writes(tmp_path
         assert result["collapse"].keys() == single["collapse"].keys()
         assert result["provenance"]["trainer"] == "model/fused.py, 2 arms" and "trainer" not in single["provenance"]
         assert result["provenance"]["numeric_path"] != single["provenance"]["numeric_path"]
+
+
+def arm_arguments(*sets: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """An arm's python -m tasks.ablate.arm arguments: smoke's, in fp32, with ``sets`` after."""
+    return ["--profile", "smoke", "--out", "runs/x", *extra, *(f"--set={s}" for s in ("precision.mode=fp32", *sets))]
+
+
+def test_arms_share_a_fusion_key_exactly_when_they_may_train_as_one_group():
+    key = fusion_key(arm_arguments("train.seed=1", "optim.lr=0.01"), ROOT)
+    assert fusion_key(arm_arguments("train.seed=2", "model.z_loss=0.0001"), ROOT) == key
+    assert fusion_key(arm_arguments("model.qk_norm=true"), ROOT) not in (key, None)  # another graph: another group
+    assert fusion_key(arm_arguments("precision.mode=bf16"), ROOT) not in (key, None)  # another precision too
+    assert fusion_key(arm_arguments("precision.mode=fp16"), ROOT) is None  # the loss scaler: alone
+    assert fusion_key(arm_arguments(extra=("--spike", "param")), ROOT) is None  # steers a step: alone
+    assert fusion_key(arm_arguments(extra=("--range-probe-every", "10")), ROOT) is None
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"arms": []}', "not a JSON list of argument lists"),
+        ("[", "Expecting value"),
+        ("[]", "a fused group needs at least one arm"),
+        (json.dumps([arm_arguments(), arm_arguments(extra=("--spike", "param"))]), "arm 1: --spike"),
+    ],
+)
+def test_a_group_file_the_fused_command_cannot_train_is_refused_in_one_line(tmp_path, capsys, content, message):
+    group = tmp_path / "group.json"
+    group.write_text(content)
+    assert fused_main([str(group)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"spikelab: error: {group}: ") and message in err and len(err.splitlines()) == 1
