@@ -278,6 +278,8 @@ def arm_arguments(*sets: str, extra: tuple[str, ...] = ()) -> list[str]:
 def test_arms_share_a_fusion_key_exactly_when_they_may_train_as_one_group():
     key = fusion_key(arm_arguments("train.seed=1", "optim.lr=0.01"), ROOT)
     assert fusion_key(arm_arguments("train.seed=2", "model.z_loss=0.0001"), ROOT) == key
+    spelled_apart = ["--profile", "smoke", "--out", "runs/y", "--set", "precision.mode=fp32", "--set", "train.seed=3"]
+    assert fusion_key(spelled_apart, ROOT) == key  # --set KEY=VALUE in two words, another --out
     assert fusion_key(arm_arguments("model.qk_norm=true"), ROOT) not in (key, None)  # another graph: another group
     assert fusion_key(arm_arguments("precision.mode=bf16"), ROOT) not in (key, None)  # another precision too
     assert fusion_key(arm_arguments("precision.mode=fp16"), ROOT) is None  # the loss scaler: alone

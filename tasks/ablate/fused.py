@@ -13,6 +13,7 @@ plan marks which arms may fuse (:func:`fusion_key`).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from model.data import open_split
-from model.fused import FusedArms, shared_settings, why_alone
+from model.fused import PER_ARM, FusedArms, shared_settings, why_alone
 from model.private import private_run_dir, run_private
 from model.provenance import with_trainer
 from model.typed_config import UserError, parse_sets
@@ -51,8 +52,30 @@ def run_fused(
 def fusion_key(arguments: list[str], project: Path) -> str | None:
     """A digest equal for exactly the arms that may train in one fused group (their shared
     settings, data and params file); None for an arm that trains alone (an injected spike, the
-    range probe, or what model/fused.py: why_alone names)."""
-    args, cfg = _parsed(arguments, project)
+    range probe, or what model/fused.py: why_alone names). Arms whose arguments differ only in
+    ``--out`` and :data:`PER_ARM` keys have one key, computed once (a plan's hundreds of arms)."""
+    return _fusion_key(tuple(_shape_arguments(arguments)), project)
+
+
+def _shape_arguments(arguments: list[str]) -> list[str]:
+    """``arguments`` without ``--out`` and the ``--set`` of a key arms of one group may differ in."""
+    kept: list[str] = []
+    rest = iter(arguments)
+    for argument in rest:
+        if argument == "--out":
+            next(rest, None)  # its value
+        elif not argument.startswith("--out=") and not _per_arm_set(argument):
+            kept.append(argument)
+    return kept
+
+
+def _per_arm_set(argument: str) -> bool:
+    return argument.startswith("--set=") and argument.removeprefix("--set=").split("=")[0] in PER_ARM
+
+
+@functools.cache
+def _fusion_key(arguments: tuple[str, ...], project: Path) -> str | None:
+    args, cfg = _parsed([*arguments, "--out", "unused"], project)
     if args.spike != "none" or args.range_probe_every or why_alone(cfg):
         return None
     shared = {**shared_settings(cfg), "--data": args.data, "--params": args.params}
