@@ -101,7 +101,7 @@ def test_a_slice_trained_elsewhere_comes_back_whole_and_accumulates(tmp_path):
     assert stale.returncode == 2 and f"is plan {old}" in stale.stderr and "make the plan again" in stale.stderr
     assert not (project / "gpu_study" / "slices" / "02.json").exists()
     other = study(project, "plan", "--profile", "gpu")  # this checkout's tokens are smoke's, not gpu's
-    assert other.returncode == 2 and "the gpu profile's tokenizer.vocab_size is 50304" in other.stderr
+    assert other.returncode == 2 and "the gpu profile's tokenizer.vocab_size is 8192" in other.stderr
     assert json.loads((project / "gpu_study" / "plan.json").read_text())["plan"] == old  # nothing moved aside
     replanned = study(project, "plan", "--profile", "smoke")
     assert f"moved to gpu_study/superseded/{old}" in replanned.stdout, replanned.stderr
