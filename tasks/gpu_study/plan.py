@@ -43,14 +43,16 @@ def arm_steps(arm: dict[str, Any]) -> int:
     return int(next(a.split("=", 2)[2] for a in arm["arguments"] if a.startswith("--set=train.steps=")))
 
 
-def estimates(measures: list[dict[str, Any]], workers: int) -> dict[str, float]:
-    """Per family, the GPU seconds an arm is given when ``workers`` share the GPU: the slowest
+def estimates(measures: list[dict[str, Any]], arms_at_once: int) -> dict[str, float]:
+    """Per family, the wall seconds an arm takes when ``arms_at_once`` share the GPU: the slowest
     measured arm of the family (a cut arm's wall time scaled from the step it reached to its last),
-    scaled linearly from the packing it ran at to ``workers``, times ``MARGIN``."""
+    scaled linearly from the arms it shared the GPU with to ``arms_at_once``, times ``MARGIN``.
+    Linear, since the GPU is full (docs/gpu-study.md); a fused arm costs less GPU than one in a
+    process of its own, so an estimate from the latter errs long."""
     by_family: dict[str, float] = {}
     for m in measures:
         whole = m["wall_s"] * m["steps_total"] / max(1, m["steps_done"])
-        scaled = whole * workers / max(1, m["sharing"])
+        scaled = whole * arms_at_once / max(1, m["sharing"])
         by_family[m["family"]] = max(by_family.get(m["family"], 0.0), scaled)
     return {family: seconds * MARGIN for family, seconds in by_family.items()}
 
