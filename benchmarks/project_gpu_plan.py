@@ -40,10 +40,11 @@ SHAPE = {"model.n_layer": 4, "train.batch_size": 32}
 WINDOW_OVER_BENCH = 35.0 / 39.5
 """Window 1's arm-steps/s (5 processes, with loader, telemetry, eval) over the bare benchmark's."""
 SCENARIOS = (  # name, the fused arms' row, the lone arms' row: (mode, k, vocab, tf32) each
-    ("today: one arm a process", ("processes", 5, 50304, False), ("processes", 5, 50304, False)),
-    ("fused, registered numerics (fp32)", ("vmap", 5, 50304, False), ("processes", 5, 50304, False)),
-    ("fused, TF32 (a numerics change)", ("vmap", 8, 50304, True), ("processes", 5, 50304, True)),
-    ("fused, 8,192-token vocabulary", ("vmap", 8, 8192, False), ("processes", 5, 8192, False)),
+    ("50,304 vocabulary: one arm a process", ("processes", 5, 50304, False), ("processes", 5, 50304, False)),
+    ("50,304: fused groups, fp32", ("vmap", 5, 50304, False), ("processes", 5, 50304, False)),
+    ("50,304: fused groups, TF32", ("vmap", 8, 50304, True), ("processes", 5, 50304, True)),
+    ("8,192 (registered): one arm a process", ("processes", 5, 8192, False), ("processes", 5, 8192, False)),
+    ("8,192 (registered): fused groups, fp32", ("vmap", 8, 8192, False), ("processes", 5, 8192, False)),
 )
 
 
@@ -106,7 +107,7 @@ def main() -> int:
         f"plan {plan['plan']}: {len(plan['arms'])} arms, {fusable} of them in fused groups; goal {GOAL_MINUTES:.0f} GPU-minutes"
     )
     for line in project(plan, rows):
-        print(f"  {line['scenario']:<36} {line['minutes_floor']:>4}-{line['minutes_ceiling']} GPU-minutes")
+        print(f"  {line['scenario']:<40} {line['minutes_floor']:>4}-{line['minutes_ceiling']} GPU-minutes")
     return 0
 
 
