@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -209,6 +210,38 @@ def test_a_window_holds_whole_groups_each_estimated_at_the_arms_sharing_the_gpu(
         next_slice(
             fusing_plan(["a", "a"]), set(), measured, window_s=200 * MARGIN - 1, workers=2, number=1, group_size=2
         )
+
+
+def test_a_fused_arms_cost_counts_every_arm_that_shared_the_gpu(tmp_path):
+    plan = a_plan({"wortsman": 1})
+    record = finished_arm("wortsman0", "NVIDIA H200", 3.1, "aa") | {"fused": 5}
+    accept(
+        write_results(
+            tmp_path / "01.jsonl.gz", [{"header": {"plan": "p1", "slice": 1, "workers": 2}}, {"arm": record}]
+        ),
+        plan,
+        tmp_path,
+    )
+    (measured,) = accumulated(plan, tmp_path)["measures"]
+    assert measured["sharing"] == 10  # 2 processes of 5 fused arms each
+
+
+def test_a_fused_group_that_fails_comes_back_as_each_of_its_arms_failed_with_the_reason(tmp_path):
+    bad = ["--profile", "smoke", "--out", "x", "--set=no.such_key=1"]
+    arms = [
+        {"key": f"k{i}", "name": f"wortsman/{i}", "family": "wortsman", "arguments": bad, "group": 0} for i in range(2)
+    ]
+    slice_file, out = tmp_path / "01.json", tmp_path / "01.jsonl.gz"
+    slice_file.write_text(json.dumps({"plan": "p1", "slice": 1, "arms": arms}))
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    shutil.copytree(REPO / "profiles", tmp_path / "profiles")
+    assert window(tmp_path, slice_file, out).returncode == 1
+    _, records, footer = read_results(out)
+    assert [(r["key"], r["status"], r["fused"], r["exit"]) for r in records] == [
+        ("k0", "crashed", 2, 2),
+        ("k1", "crashed", 2, 2),
+    ]
+    assert all("unknown key" in r["stderr"][-1] for r in records) and footer and footer["finished"] == 0
 
 
 def tokens_dir(project: Path, payload: bytes) -> Path:
