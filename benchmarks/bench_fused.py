@@ -40,8 +40,9 @@ from tasks.config import Config, load_config  # noqa: E402
 Tokens = tuple[np.ndarray, np.ndarray]
 
 
-def arm_configs(k: int, steps: int) -> list[Config]:
-    """K arms of the default profile's ablation shape, fp32, one thread; seeds and peak LRs differ."""
+def arm_configs(k: int, steps: int, precision: str = "fp32") -> list[Config]:
+    """K arms of the default profile's ablation shape in ``precision``, one thread; seeds and peak
+    LRs differ."""
     a = load_config(ROOT / "params.yaml", "default").ablation
     shape = {
         "model.d_model": a.d_model,
@@ -52,7 +53,7 @@ def arm_configs(k: int, steps: int) -> list[Config]:
         "train.steps": steps,
         "train.device": "cpu",
         "train.cpu_threads": 1,
-        "precision.mode": "fp32",
+        "precision.mode": precision,
         "mup.parametrization": "sp",
         "checkpoint.milestones": [],  # neither path writes checkpoints
     }
@@ -78,9 +79,9 @@ def fused(cfgs: list[Config], tokens: Tokens, manifest: Path) -> float:
     return time.process_time() - start
 
 
-def median_rates(k: int, steps: int, repeats: int, tokens: Tokens, manifest: Path) -> dict[str, float]:
+def median_rates(k: int, steps: int, repeats: int, tokens: Tokens, manifest: Path, precision: str) -> dict[str, float]:
     """Arm-steps per CPU-second each way, the median over ``repeats`` runs taken in turn."""
-    cfgs = arm_configs(k, steps)
+    cfgs = arm_configs(k, steps, precision)
     seconds: dict[str, list[float]] = {"one after another": [], "fused": []}
     for _ in range(repeats):
         seconds["one after another"].append(one_after_another(cfgs, tokens, manifest))
@@ -93,6 +94,7 @@ def main() -> None:
     p.add_argument("--arms", type=int, nargs="+", default=[2, 4, 8], help="K: the arms of one group")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="the arms' precision.mode")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/fused.json")
     args = p.parse_args()
     cfg = arm_configs(1, args.steps)[0]
@@ -105,10 +107,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:  # the end probe reads the end-of-text id from a manifest
         manifest = Path(folder) / "manifest.json"
         manifest.write_text(json.dumps({"eot_id": 0}))
-        fused(arm_configs(2, 30), tokens, manifest)  # warm-up: kernels, allocator
+        fused(arm_configs(2, 30, args.precision), tokens, manifest)  # warm-up: kernels, allocator
         for k in args.arms:
-            rate = median_rates(k, args.steps, args.repeats, tokens, manifest)
+            rate = median_rates(k, args.steps, args.repeats, tokens, manifest, args.precision)
             row = {
+                "precision": args.precision,
                 "arms": k,
                 "steps": args.steps,
                 "repeats": args.repeats,

@@ -18,6 +18,7 @@ from typing import Any
 from model.private import run_private
 from model.typed_config import UserError
 from tasks.ablate.conditions import loss_shift_probe
+from tasks.ablate.fused import fusion_key
 from tasks.ablate.grid import families
 from tasks.config import load_config
 from tasks.data.unigram import unigram_baseline
@@ -45,9 +46,9 @@ COMMAND_HELP = {
     ),
     "slice": (
         "write the next slice that fits one GPU window",
-        "Write gpu_study/slices/NN.json: the next arms, in plan order, that fit one GPU window at\n"
-        "--workers arms at once, each estimated from the slowest measured arm of its family (x 1.3); a\n"
-        "family with no measured arm makes a calibration slice.",
+        "Write gpu_study/slices/NN.json: the next arms, in plan order and whole fused groups, that fit\n"
+        "one GPU window at --workers groups at once, each estimated from the slowest measured arm of its\n"
+        "families (x 1.3); a family with no measured arm makes a calibration slice.",
         "python -m flows.gpu_study slice --window-s 420 --workers 5",
     ),
     "accept": (
@@ -97,7 +98,10 @@ def parser() -> argparse.ArgumentParser:
     )
     sliced = commands["slice"]
     sliced.add_argument("--window-s", type=float, required=True, help="the window's length in seconds")
-    sliced.add_argument("--workers", type=int, required=True, help="arms the window trains at once on its GPU")
+    sliced.add_argument("--workers", type=int, required=True, help="fused groups the window trains at once on its GPU")
+    sliced.add_argument(
+        "--group-size", type=int, default=planning.GROUP_SIZE, help="most arms per fused group (default: %(default)s)"
+    )
     sliced.add_argument("--family", action="append", default=[], help="only this family's arms (repeatable)")
     commands["accept"].add_argument("file", type=Path, help="the results file a window wrote (.jsonl.gz)")
     return p
@@ -147,6 +151,7 @@ def study_plan(project: Path, profile: str = planning.PROFILE) -> dict[str, Any]
             "factors": row["factors"],
             "seed": row["seed"],
             "arguments": row["command"][1 + len(ARM_MODULE) :],
+            "fuse": fusion_key(row["command"][1 + len(ARM_MODULE) :], project),
             "shared": [{k: twin[k] for k in SHARED} for twin in by_key[row["key"]] if twin is not row],
         }
         for row in runs
@@ -210,12 +215,17 @@ def make_slice(args, project: Path) -> int:
     state = accumulated(plan, project)
     number = len(state["windows"]) + 1
     done = set(state["arms"])
-    slice_ = planning.next_slice(plan, done, state["measures"], args.window_s, args.workers, number, args.family)
+    if args.group_size < 1 or args.workers < 1:
+        raise UserError(f"--group-size {args.group_size}, --workers {args.workers}: each must be at least 1")
+    slice_ = planning.next_slice(
+        plan, done, state["measures"], args.window_s, args.workers, number, args.family, args.group_size
+    )
     path = project / planning.SLICES / f"{number:02d}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(slice_, indent=1) + "\n")
     kind = "calibration slice" if slice_["calibration"] else f"estimated {slice_['estimate_s']:.0f} s"
-    print(f"slice {number}: {len(slice_['arms'])} arms, {kind} -> {path.relative_to(project)}")
+    groups = len({arm["group"] for arm in slice_["arms"]})
+    print(f"slice {number}: {len(slice_['arms'])} arms in {groups} fused groups, {kind} -> {path.relative_to(project)}")
     return 0
 
 

@@ -19,9 +19,10 @@ the others train on.
 
 What a single arm (model/train.py) does that a fused group does not: checkpoints and resume (a
 group reruns whole), compile (the vmapped step runs eagerly), dropout (vmap's randomness is not the
-Trainer's), loss scaling and precisions other than fp32 (not yet checked against the single path),
-callbacks that steer a step (``on_step_start``, ``on_batch``, ``on_step_end``: spikes, range
-probes); :func:`check_group` refuses them in one line.
+Trainer's), fp16 and its loss scaling, callbacks that steer a step (``on_step_start``,
+``on_batch``, ``on_step_end``: spikes, range probes); :func:`check_group` refuses them in one line.
+A group trains in fp32 or in bf16 autocast with fp32 master weights, gradients and Adam state
+(model/precision.py: real autocast or its emulation, resolved as for the single arm).
 
 Numbers: the same arms trained one by one agree to within rounding, not bitwise: the CPU's fused
 AdamW kernel, scaled_dot_product_attention and the loss's own backward (model/gpt.py) round
@@ -68,6 +69,10 @@ PER_ARM = (
 )
 """The keys arms of one fused group may differ in: none changes a shape or the graph."""
 
+FUSED_PRECISIONS = ("fp32", "bf16")
+"""What a fused group trains in: bf16 autocast keeps fp32 master weights, gradients and Adam state
+(model/precision.py) and needs no loss scaler, so the flat fp32 AdamW serves both."""
+
 IGNORED = ("train.compile", "train.num_workers", "train.pin_memory", "checkpoint.")
 """Keys a fused group does not read: it runs eagerly, loads in process, writes no checkpoints."""
 
@@ -77,27 +82,35 @@ def check_group(cfgs: Sequence[TrainingConfig]) -> None:
     that asks for what the fused step does not do (see the module doc)."""
     if not cfgs:
         raise ConfigError("a fused group needs at least one arm")
-    first = cfgs[0].to_flat_dict()
+    first = shared_settings(cfgs[0])
     for i, cfg in enumerate(cfgs[1:], start=1):
-        flat = cfg.to_flat_dict()
+        flat = shared_settings(cfg)
         for key in sorted(first.keys() | flat.keys()):
-            if key in PER_ARM or key.startswith(IGNORED):
-                continue
             if first.get(key) != flat.get(key):
                 raise ConfigError(
                     f"{key}: arm {i} has {flat.get(key)!r}, arm 0 {first.get(key)!r}; "
                     "arms of one fused group differ only in " + ", ".join(PER_ARM)
                 )
-    cfg = cfgs[0]
+    if reason := why_alone(cfgs[0]):
+        raise ConfigError(reason)
+
+
+def shared_settings(cfg: TrainingConfig) -> dict[str, Any]:
+    """What every arm of one fused group has equal: the flat config but :data:`PER_ARM` and
+    :data:`IGNORED` (equal settings here and :func:`why_alone` None: the arms fuse)."""
+    return {k: v for k, v in cfg.to_flat_dict().items() if k not in PER_ARM and not k.startswith(IGNORED)}
+
+
+def why_alone(cfg: TrainingConfig) -> str | None:
+    """Why an arm of this config cannot train in a fused group (one line naming the key), or None."""
     if cfg.model.dropout > 0:
-        raise ConfigError(
-            "model.dropout: a fused group trains without dropout (vmap's randomness is not the Trainer's)"
+        return "model.dropout: a fused group trains without dropout (vmap's randomness is not the Trainer's)"
+    if cfg.precision.mode not in FUSED_PRECISIONS or cfg.precision.loss_shift:
+        return (
+            f"precision.mode: {cfg.precision.mode} (loss_shift {cfg.precision.loss_shift}); a fused group trains "
+            "in fp32 or bf16 unshifted (fp16 needs the loss scaler and its skips, which the fused step has not)"
         )
-    if cfg.precision.mode != "fp32" or cfg.precision.loss_shift:
-        raise ConfigError(
-            f"precision.mode: {cfg.precision.mode} (loss_shift {cfg.precision.loss_shift}); a fused group "
-            "trains in fp32 only so far (the one precision checked against the single-arm path)"
-        )
+    return None
 
 
 class FusedArms:
@@ -235,7 +248,7 @@ class FusedArms:
         self._adamw(grads, grad_norm, nonfinite | vetoed | ~self.active, lrs)
         self.step += 1
         ratio = _row_norms(self.flat - before) / _row_norms(before) if before is not None else None
-        no_overflow = torch.zeros_like(nonfinite)  # fp32: no loss scaler
+        no_overflow = torch.zeros_like(nonfinite)  # fp32 and bf16: no loss scaler
         return [
             StepResult(
                 ce[k],
@@ -270,7 +283,8 @@ class FusedArms:
         stats: dict[str, torch.Tensor] = {}
         for _ in range(accum):
             x, y = self._next_batches(self.loaders)
-            logits, stats = forward(self.params, x)
+            with self.precision.autocast():  # as the Trainer's forward: the loss takes the logits in fp32
+                logits, stats = forward(self.params, x)
             ce, z = arm_losses(logits, y, self.z_coef)
             ((ce + z) / accum).sum().backward()  # d(sum)/d(loss_k) = 1: each arm's gradient is its own
             ce_sum, z_sum = ce_sum + ce.detach(), z_sum + z.detach()
@@ -344,7 +358,8 @@ class FusedArms:
         total = torch.zeros(self.k, device=self.device)
         for _ in range(self.cfgs[0].train.eval_batches):
             x, y = self._next_batches(self.val_loaders)
-            logits, _ = forward(self.params, x)
+            with self.precision.autocast():
+                logits, _ = forward(self.params, x)
             total += arm_losses(logits, y, torch.zeros_like(self.z_coef))[0]
         self.eval_seconds += time.perf_counter() - start
         return (total / self.cfgs[0].train.eval_batches).tolist()

@@ -25,6 +25,7 @@ from typing import Any, cast
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.overrides import handle_torch_function, has_torch_function
 
 from model.config import ModelConfig, MupConfig
 
@@ -72,7 +73,7 @@ class Attention(nn.Module):
                 p = masked.softmax(dim=-1)
                 self.entropy = -(p * p.clamp_min(1e-30).log()).sum(dim=-1).mean()
         if self.matmul_attention:  # no dropout: the fused trainer refuses model.dropout > 0
-            y = _causal_attention(q, k, v, self.scale)
+            y = causal_attention(q, k, v, self.scale)
         else:
             y = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, scale=self.scale, dropout_p=self.dropout if self.training else 0.0
@@ -81,12 +82,19 @@ class Attention(nn.Module):
         return out
 
 
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """softmax(q·kᵀ·scale, causal)·v for (B, H, T, Dh) q, k, v."""
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q·kᵀ·scale, causal)·v for (B, H, T, Dh) q, k, v, computed in fp32 and returned in
+    q's dtype, as the CPU's scaled_dot_product_attention computes bf16 inputs: under autocast, or
+    under its emulation (which rounds this call's inputs and output only, as it does SDPA's), the
+    scores and probabilities are not rounded to bf16 either."""
+    if has_torch_function((q, k, v)):  # an emulation mode (model/precision.py) takes the call whole
+        out: torch.Tensor = handle_torch_function(causal_attention, (q, k, v), q, k, v, scale)
+        return out
     T = q.size(-2)
     future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-    scores = ((q @ k.transpose(-2, -1)) * scale).masked_fill(future, float("-inf"))
-    return scores.softmax(dim=-1) @ v
+    with torch.autocast(q.device.type, enabled=False):
+        scores = ((q.float() @ k.float().transpose(-2, -1)) * scale).masked_fill(future, float("-inf"))
+        return (scores.softmax(dim=-1) @ v.float()).to(q.dtype)
 
 
 class MLP(nn.Module):

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from model.config import PrecisionConfig
+from model.gpt import causal_attention
 
 LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -60,6 +61,7 @@ MATRIX_PRODUCTS = frozenset(
         torch.bmm,
         torch.Tensor.bmm,
         F.scaled_dot_product_attention,
+        causal_attention,  # the fused trainer's attention on the CPU: rounded as SDPA is, as one product
     }
 )
 

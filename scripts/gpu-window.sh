@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU window, run on the lent machine (docs/gpu-study.md): the slice file $1 trained with $2 arms at once
+# One GPU window, run on the lent machine (docs/gpu-study.md): the slice file $1 trained $2 fused groups at once
 # for $3 seconds; the results file goes to $OUT. Needs only python with torch, numpy and pyyaml there.
 set -u
 slice=$1 workers=$2 seconds=$3

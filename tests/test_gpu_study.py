@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,9 @@ def test_a_slice_trained_elsewhere_comes_back_whole_and_accumulates(tmp_path):
     assert footer and footer["finished"] == len(planned)
     assert {r["key"] for r in records} == {arm["key"] for arm in planned}
     assert all(r["result"]["provenance"]["numeric_path"] for r in records)
+    fused = [r for r in records if r["fused"] > 1]  # the wortsman arms of one shape train as fused groups
+    assert fused and all(r["result"]["provenance"]["trainer"] == f"model/fused.py, {r['fused']} arms" for r in fused)
+    assert {r["status"] for r in records} <= {"completed", "diverged"}  # each its planned key: no "other run"
 
     accepted = study(project, "accept", str(out))
     assert accepted.returncode == 0, accepted.stderr
@@ -98,7 +102,7 @@ def test_a_slice_trained_elsewhere_comes_back_whole_and_accumulates(tmp_path):
     assert stale.returncode == 2 and f"is plan {old}" in stale.stderr and "make the plan again" in stale.stderr
     assert not (project / "gpu_study" / "slices" / "02.json").exists()
     other = study(project, "plan", "--profile", "gpu")  # this checkout's tokens are smoke's, not gpu's
-    assert other.returncode == 2 and "the gpu profile's tokenizer.vocab_size is 50304" in other.stderr
+    assert other.returncode == 2 and "the gpu profile's tokenizer.vocab_size is 8192" in other.stderr
     assert json.loads((project / "gpu_study" / "plan.json").read_text())["plan"] == old  # nothing moved aside
     replanned = study(project, "plan", "--profile", "smoke")
     assert f"moved to gpu_study/superseded/{old}" in replanned.stdout, replanned.stderr
@@ -172,6 +176,72 @@ def test_an_unmeasured_family_makes_a_calibration_slice():
     plan = a_plan({"wortsman": 1, "xiong": 2})
     slice_ = next_slice(plan, set(), [measure("wortsman", 10.0, 1000)], window_s=100, workers=2, number=3)
     assert slice_["calibration"] and [a["estimate_s"] for a in slice_["arms"]] == [13.0, None, None]
+
+
+def fusing_plan(fuse: list[str | None]) -> dict:
+    """A wortsman plan whose arms carry these fuse keys (None: trains alone)."""
+    plan = a_plan({"wortsman": len(fuse)})
+    return plan | {"arms": [arm | {"fuse": key} for arm, key in zip(plan["arms"], fuse, strict=True)]}
+
+
+def groups(slice_: dict) -> list[list[str]]:
+    found: dict[int, list[str]] = {}
+    for arm in slice_["arms"]:
+        found.setdefault(arm["group"], []).append(arm["key"])
+    return list(found.values())
+
+
+def test_arms_of_one_fuse_key_form_groups_of_at_most_the_group_size_in_plan_order():
+    plan = fusing_plan(["a", "b", "a", None, "a", "b"])
+    slice_ = next_slice(plan, set(), [], window_s=100, workers=2, number=1, group_size=2)
+    assert groups(slice_) == [["wortsman0", "wortsman2"], ["wortsman1", "wortsman5"], ["wortsman3"], ["wortsman4"]]
+    alone = next_slice(plan, set(), [], window_s=100, workers=2, number=1, group_size=1)
+    assert all(len(group) == 1 for group in groups(alone))
+
+
+def test_a_window_holds_whole_groups_each_estimated_at_the_arms_sharing_the_gpu():
+    plan = fusing_plan(["a", "a", "a", "a", "b"])
+    # 100 s an arm at 2 at once: 200 s a group of 2 with 2 groups at once (4 arms share), 100 s one arm alone
+    measured = [measure("wortsman", 100.0, 1000, sharing=2)]
+    slice_ = next_slice(plan, set(), measured, window_s=200 * MARGIN, workers=2, number=1, group_size=2)
+    assert groups(slice_) == [["wortsman0", "wortsman1"], ["wortsman2", "wortsman3"]]  # the third group: no lane left
+    assert [arm["estimate_s"] for arm in slice_["arms"]] == [pytest.approx(200 * MARGIN)] * 4
+    with pytest.raises(UserError, match="the quickest left needs 260 s"):
+        next_slice(
+            fusing_plan(["a", "a"]), set(), measured, window_s=200 * MARGIN - 1, workers=2, number=1, group_size=2
+        )
+
+
+def test_a_fused_arms_cost_counts_every_arm_that_shared_the_gpu(tmp_path):
+    plan = a_plan({"wortsman": 1})
+    record = finished_arm("wortsman0", "NVIDIA H200", 3.1, "aa") | {"fused": 5}
+    accept(
+        write_results(
+            tmp_path / "01.jsonl.gz", [{"header": {"plan": "p1", "slice": 1, "workers": 2}}, {"arm": record}]
+        ),
+        plan,
+        tmp_path,
+    )
+    (measured,) = accumulated(plan, tmp_path)["measures"]
+    assert measured["sharing"] == 10  # 2 processes of 5 fused arms each
+
+
+def test_a_fused_group_that_fails_comes_back_as_each_of_its_arms_failed_with_the_reason(tmp_path):
+    bad = ["--profile", "smoke", "--out", "x", "--set=no.such_key=1"]
+    arms = [
+        {"key": f"k{i}", "name": f"wortsman/{i}", "family": "wortsman", "arguments": bad, "group": 0} for i in range(2)
+    ]
+    slice_file, out = tmp_path / "01.json", tmp_path / "01.jsonl.gz"
+    slice_file.write_text(json.dumps({"plan": "p1", "slice": 1, "arms": arms}))
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    shutil.copytree(REPO / "profiles", tmp_path / "profiles")
+    assert window(tmp_path, slice_file, out).returncode == 1
+    _, records, footer = read_results(out)
+    assert [(r["key"], r["status"], r["fused"], r["exit"]) for r in records] == [
+        ("k0", "crashed", 2, 2),
+        ("k1", "crashed", 2, 2),
+    ]
+    assert all("unknown key" in r["stderr"][-1] for r in records) and footer and footer["finished"] == 0
 
 
 def tokens_dir(project: Path, payload: bytes) -> Path:

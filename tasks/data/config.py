@@ -61,7 +61,7 @@ class DataConfig(Section):
     """The BPE is trained on a sample of about this many bytes of the training split, each
     document drawn by a seeded hash of its text (all of it for a smaller corpus). Training costs
     far more per byte than encoding; 16 MiB holds every pair a 1,024-entry vocabulary merges
-    many times over (the gpu profile's 50,304 entries take 256 MiB)."""
+    many times over (the gpu profile's 8,192 entries take 64 MiB)."""
 
     def check(self) -> None:
         in_open_unit("data.val_fraction", self.val_fraction)

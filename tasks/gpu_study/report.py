@@ -76,7 +76,7 @@ def render(
         f"from {len(state['windows'])} windows. Unigram baseline {number(unigram, '{:.3f}')} nats. "
         "Made by `python -m flows.gpu_study report` from `gpu_study/results/`; how the study runs: docs/gpu-study.md.",
         "",
-        "| window | GPU | arms at once | window s | finished | arms per GPU-minute |",
+        "| window | GPU | processes at once | window s | finished | arms per GPU-minute |",
         "|---|---|---|---|---|---|",
     ]
     for w in state["windows"]:

@@ -104,8 +104,9 @@ def arrival(path: Path) -> tuple[int, int]:
 
 
 def cost(record: dict[str, Any], arm: dict[str, Any], workers: int) -> dict[str, Any] | None:
-    """What a window measured of an arm: wall seconds for the steps it did, packed ``workers`` at
-    once (the window's pool; None: it never started, or crashed before a checkpoint)."""
+    """What a window measured of an arm: wall seconds for the steps it did, ``workers`` groups of
+    its group's size at once (the window's pool; None: it never started, or crashed before a
+    checkpoint)."""
     total = arm_steps(arm)
     if record["status"] in FINISHED:
         done = int(record["result"]["summary"].get("steps") or total)
@@ -117,7 +118,7 @@ def cost(record: dict[str, Any], arm: dict[str, Any], workers: int) -> dict[str,
     return {
         "family": arm["family"],
         "wall_s": record["wall_s"],
-        "sharing": workers,
+        "sharing": workers * record.get("fused", 1),  # results files before fused groups: one arm a process
         "steps_done": done,
         "steps_total": total,
     }
