@@ -104,10 +104,20 @@ def copy_project(project: Path, dest: Path, resume: bool = False) -> Path:
     return dest
 
 
+def first_side_missing(project: Path, stages: list[str]) -> tuple[str, Path] | None:
+    """The first of ``stages`` whose output the project lacks, and its path: without
+    ``--rerun-first`` the project's own outputs are the first side."""
+    for stage in stages:
+        if not (project / STAGE_METRICS[stage]).is_file():
+            return stage, project / STAGE_METRICS[stage]
+    return None
+
+
 def lend_arms(results: Path, copy: Path, project: Path, rest_from_project: bool) -> dict[str, Any]:
     """Each result in ``results`` (checks/arms_elsewhere.py) as the copy's stored result of
-    its arm (with ``rest_from_project``, the project's own results for the arms it lacks: a run
-    elsewhere cut short); how each compares with the project's result of the same arm."""
+    its arm (with ``rest_from_project``, the first side's own results for the arms it lacks: a run
+    elsewhere cut short); how each compares with the first side's result of the same arm.
+    ``project`` is the first side: the project, or with ``--rerun-first`` its rerun copy."""
     if rest_from_project:
         for path in (project / ABLATE_ARMS).glob("*/result.json"):
             (copy / path.parent.relative_to(project)).mkdir(parents=True, exist_ok=True)
@@ -232,19 +242,26 @@ def main(argv: list[str] | None = None) -> int:
         first_label, second_label = "study seeds", f"seeds from {args.seeds_from} ({second_numerics})"
     experiment = check_experiment(cfg)
     first = project
+    stages = ["ablate"] if args.arms_from else args.stages  # another machine's arms are the ablate stage's
+    if not args.rerun_first and (missing := first_side_missing(project, stages)):
+        stage, path = missing
+        print(
+            f"check_arithmetic: {path}: missing (the first side: the project's own {stage} stage); "
+            f"run `spikelab run {stage}` in the project first, or pass --rerun-first",
+            file=sys.stderr,
+        )
+        return 2
     if args.rerun_first:
         first = copy_project(project, args.work / first_numerics, args.resume)
-        run_stages(first, project, args.stages, args.profile, args.sets, experiment)
+        run_stages(first, project, stages, args.profile, args.sets, experiment)
     if args.arms_from:  # the second arithmetic is another machine's: its arms, this stage's code
         second_label = second_numerics = f"arms from {args.arms_from.name}"
-        stages = ["ablate"]
         second = copy_project(project, args.work / "elsewhere", args.resume)
-        lent = lend_arms(args.arms_from, second, project, args.rest_from_project)
+        lent = lend_arms(args.arms_from, second, first, args.rest_from_project)
         print(f"[check_arithmetic] {lent['lent']} arms' results lent from {args.arms_from}: {lent}", flush=True)
         run_stages(second, project, stages, args.profile, args.sets, experiment)
         second_cfg = cfg
     else:
-        stages = args.stages
         work = f"seeds-from-{args.seeds_from}" if args.seeds_from is not None else second_numerics
         second = copy_project(project, args.work / work, args.resume)
         run_stages(second, project, stages, args.profile, second_sets, experiment)

@@ -157,7 +157,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "plan":
-        arms = plan_arms(args.project.resolve(), args.profile)
+        from model.typed_config import ConfigError
+
+        try:
+            arms = plan_arms(args.project.resolve(), args.profile)
+        except ConfigError as e:
+            print(f"arms_elsewhere: {e}", file=sys.stderr)
+            return 2
         args.out.write_text(json.dumps(arms, indent=1) + "\n")
         print(f"{len(arms)} arms -> {args.out}")
         return 0

@@ -101,11 +101,18 @@ def test_arms_trained_elsewhere_decide_the_copys_findings_and_none_is_trained_ag
     assert done.returncode == 0, done.stdout + done.stderr
     command = [sys.executable, str(REPO / "checks/arithmetic.py"), "--project", str(project)]
     command += ["--profile", "smoke", "--arms-from", str(results), "--work", str(tmp_path / "work")]
-    done = subprocess.run([*command, "--out", str(tmp_path / "out.json"), "--set=ablation.workers=2"], **run)
+    command += ["--out", str(tmp_path / "out.json"), "--set=ablation.workers=2"]
+    refused = subprocess.run(command, **run)  # the project has no study of its own to compare with
+    assert refused.returncode == 2 and "metrics/ablate.json: missing" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "out.json").exists()
+    done = subprocess.run([*command, "--rerun-first"], **run)
     assert done.returncode in (0, 1), done.stdout + done.stderr
     assert f"{len(arms)} arms' results lent" in done.stdout
     metrics = json.loads((tmp_path / "work" / "elsewhere" / "metrics" / "ablate.json").read_text())
     assert all(arm["cached"] for arm in metrics["arms"]), "an arm lent from elsewhere was trained again"
+    lent = json.loads((tmp_path / "out.json").read_text())["lent_arms"]
+    # Trained apart on this very CPU and numeric path, each arm is the first side's own, bit for bit.
+    assert lent["lent"] == lent["bitwise_equal"] == len(arms) and lent["status_differs"] == 0, lent
 
 
 def test_the_verdicts_are_recomputed_on_unseen_seeds_and_compared(live_services, tmp_path):

@@ -21,6 +21,27 @@ from model.typed_config import ConfigError, annotation, flatten
 from tasks.ablate.config import AblationConfig
 from tasks.config import Config
 
+FIGURES = (
+    "final_loss",
+    "val_loss",
+    "capped_loss",
+    "natural_spikes",
+    "spikes_per_1k",
+    "update_rms_max",
+    "nonfinite_steps",
+    "skipped",
+    "overflows",
+    "attn_logit_max",
+    "logits_max",
+    "log_z_max",
+    "log_z_min",
+    "log_z_drift",
+    "attn_entropy_min",
+    "grad_underflow_share",
+    "act_overflow_share",
+)
+"""Per-arm figures summarised per variant (tasks/ablate/grid.py: arm_metrics, plus the derived ones)."""
+
 OWNED_KEYS = ("train.seed", "train.steps", "data.", "tokenizer.")
 """Keys a declaration may not set: the seed and length are the family's ``seeds`` and ``steps``,
 and every arm reads the study's data and tokenizer."""

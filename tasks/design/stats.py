@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 from scipy import integrate, optimize, stats
 
+from tasks.design.families import FIGURES
+
 if TYPE_CHECKING:
     from _typeshed import SupportsRichComparison
 
@@ -31,27 +33,6 @@ ALPHA = 0.05
 
 POWER = 0.8
 """Power at which the minimum detectable difference is given."""
-
-FIGURES = (
-    "final_loss",
-    "val_loss",
-    "capped_loss",
-    "natural_spikes",
-    "spikes_per_1k",
-    "update_rms_max",
-    "nonfinite_steps",
-    "skipped",
-    "overflows",
-    "attn_logit_max",
-    "logits_max",
-    "log_z_max",
-    "log_z_min",
-    "log_z_drift",
-    "attn_entropy_min",
-    "grad_underflow_share",
-    "act_overflow_share",
-)
-"""Per-arm figures summarised per variant (tasks/ablate/grid.py: arm_metrics, plus the derived ones)."""
 
 
 def capped_loss(m: dict[str, Any]) -> float:

@@ -53,6 +53,7 @@ from tasks.ablate.config import AblationConfig
 from tasks.config import Config
 from tasks.design.families import (
     BOUNDS,
+    FIGURES,
     LOSS_SHIFT,
     DeclaredClaim,
     DeclaredFamily,
@@ -65,7 +66,6 @@ from tasks.design.families import (
     set_keys,
 )
 from tasks.design.preregistration import DESIGN_FILE, design
-from tasks.design.stats import FIGURES
 
 STUDIES = Path("studies.yaml")
 """The declared families, beside params.yaml (a DVC params file of the ablate and report stages)."""
