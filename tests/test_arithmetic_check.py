@@ -11,7 +11,9 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,28 +39,56 @@ def with_this_python(env: dict[str, str]) -> dict[str, str]:
     return {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"}
 
 
-def test_the_verdicts_are_recomputed_under_the_other_arithmetic_and_compared(live_services, tmp_path):
-    project = study_project(tmp_path / "project")
+@dataclass
+class Check:
+    """One run of the check: its folder (``work/native`` is the first side it reran), its
+    completed process and its JSON."""
+
+    path: Path
+    done: subprocess.CompletedProcess
+    result: dict[str, Any]
+
+    @property
+    def first_side(self) -> Path:
+        """The rerun first side: a finished smoke ablate stage, with its arms, on the native path."""
+        return self.path / "work" / "native"
+
+
+@pytest.fixture(scope="module")
+def other_arithmetic(live_services, tmp_path_factory) -> Check:
+    """The check with ``--rerun-first`` under the other numeric path, run once: its first side is
+    also the finished study the unseen-seeds and arms-elsewhere checks start from."""
+    path = tmp_path_factory.mktemp("arithmetic")
+    project = study_project(path / "project")
     # The smoke profile's whole grid (every family, a discovery and a confirmation seed), so each
     # finding's verdict is computed; two workers a side.
     sets = ["--set=ablation.workers=2", "--set=tracking.experiment=arithmetic-test"]
-    out = tmp_path / "arithmetic.json"
-    env = with_this_python(live_services)
+    out = path / "arithmetic.json"
     command = [sys.executable, str(REPO / "checks/arithmetic.py"), "--project", str(project)]
-    command += ["--profile", "smoke", "--stages", "ablate", "--rerun-first", "--work", str(tmp_path / "work")]
-    done = subprocess.run([*command, "--out", str(out), *sets], env=env, capture_output=True, text=True, timeout=900)
+    command += ["--profile", "smoke", "--stages", "ablate", "--rerun-first", "--work", str(path / "work")]
+    done = subprocess.run(
+        [*command, "--out", str(out), *sets],
+        env=with_this_python(live_services),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode in (0, 1), done.stdout + done.stderr
-    result = json.loads(out.read_text())
+    return Check(path, done, json.loads(out.read_text()))
+
+
+def test_the_verdicts_are_recomputed_under_the_other_arithmetic_and_compared(live_services, other_arithmetic):
+    done, result, work = other_arithmetic.done, other_arithmetic.result, other_arithmetic.path / "work"
     assert result["numerics"] == ["native", "portable"] and result["stages"] == ["ablate"]
     assert set(result["findings"]) >= {"xiong", "beta2", "wortsman", "fp16", "overflow"}
     assert result["agree"] == all(row["agree"] for row in result["findings"].values())
     assert (done.returncode == 0) == result["agree"]
     for side in ("portable", "native"):
-        arms = json.loads((tmp_path / "work" / side / "metrics" / "ablate.json").read_text())["arms"]
+        arms = json.loads((work / side / "metrics" / "ablate.json").read_text())["arms"]
         paths = {a["numeric_path"] for a in arms if a.get("numeric_path")}
         assert len(paths) == 1, f"{side}: every arm on one numeric path"
     first, second = (
-        json.loads((tmp_path / "work" / side / "metrics" / "ablate.json").read_text())["provenance"]["env"]
+        json.loads((work / side / "metrics" / "ablate.json").read_text())["provenance"]["env"]
         for side in ("portable", "native")
     )
     assert first != second, "the two sides ran on different library settings"
@@ -85,12 +115,21 @@ def assert_logged_apart(env: dict[str, str], study: str, runs: int) -> None:
     )
 
 
-def test_arms_trained_elsewhere_decide_the_copys_findings_and_none_is_trained_again(live_services, tmp_path):
-    project = study_project(tmp_path / "project")
+def test_arms_trained_elsewhere_decide_the_copys_findings_and_none_is_trained_again(
+    live_services, other_arithmetic, tmp_path
+):
     env = with_this_python(live_services)
     elsewhere = [sys.executable, str(REPO / "checks/arms_elsewhere.py")]
     plan, results = tmp_path / "plan.json", tmp_path / "arms.jsonl.gz"
     run = {"env": env, "capture_output": True, "text": True, "timeout": 900}
+    unfinished = study_project(tmp_path / "unfinished")  # no study of its own to compare with
+    command = [sys.executable, str(REPO / "checks/arithmetic.py"), "--profile", "smoke", "--arms-from", str(results)]
+    command += ["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out.json"), "--set=ablation.workers=2"]
+    refused = subprocess.run([*command, "--project", str(unfinished)], **run)
+    assert refused.returncode == 2 and "metrics/ablate.json: missing" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "out.json").exists()
+
+    project = other_arithmetic.first_side  # a finished smoke study
     done = subprocess.run(
         [*elsewhere, "plan", "--project", str(project), "--profile", "smoke", "--out", str(plan)], **run
     )
@@ -99,28 +138,22 @@ def test_arms_trained_elsewhere_decide_the_copys_findings_and_none_is_trained_ag
     train = [*elsewhere, "train", str(plan), "--project", str(project), "--out", str(results), "--workers", "2"]
     done = subprocess.run(train, **run)
     assert done.returncode == 0, done.stdout + done.stderr
-    command = [sys.executable, str(REPO / "checks/arithmetic.py"), "--project", str(project)]
-    command += ["--profile", "smoke", "--arms-from", str(results), "--work", str(tmp_path / "work")]
-    command += ["--out", str(tmp_path / "out.json"), "--set=ablation.workers=2"]
-    refused = subprocess.run(command, **run)  # the project has no study of its own to compare with
-    assert refused.returncode == 2 and "metrics/ablate.json: missing" in refused.stderr, refused.stderr
-    assert "Traceback" not in refused.stderr and not (tmp_path / "out.json").exists()
-    done = subprocess.run([*command, "--rerun-first"], **run)
+    done = subprocess.run([*command, "--project", str(project)], **run)
     assert done.returncode in (0, 1), done.stdout + done.stderr
     assert f"{len(arms)} arms' results lent" in done.stdout
     metrics = json.loads((tmp_path / "work" / "elsewhere" / "metrics" / "ablate.json").read_text())
     assert all(arm["cached"] for arm in metrics["arms"]), "an arm lent from elsewhere was trained again"
     lent = json.loads((tmp_path / "out.json").read_text())["lent_arms"]
-    # Trained apart on this very CPU and numeric path, each arm is the first side's own, bit for bit.
+    # Trained apart on this very CPU and numeric path, each arm is the study's own, bit for bit.
     assert lent["lent"] == lent["bitwise_equal"] == len(arms) and lent["status_differs"] == 0, lent
 
 
-def test_the_verdicts_are_recomputed_on_unseen_seeds_and_compared(live_services, tmp_path):
-    project = study_project(tmp_path / "project")
+def test_the_verdicts_are_recomputed_on_unseen_seeds_and_compared(live_services, other_arithmetic, tmp_path):
+    project = other_arithmetic.first_side  # a finished smoke study on seeds 0 and 1
     sets = ["--set=ablation.workers=2", "--set=tracking.experiment=seeds-test"]
     out, work = tmp_path / "seeds.json", tmp_path / "work"
     command = [sys.executable, str(REPO / "checks/arithmetic.py"), "--project", str(project)]
-    command += ["--profile", "smoke", "--stages", "ablate", "--rerun-first", "--seeds-from", "2", "--work", str(work)]
+    command += ["--profile", "smoke", "--stages", "ablate", "--seeds-from", "2", "--work", str(work)]
     done = subprocess.run(
         [*command, "--out", str(out), *sets],
         env=with_this_python(live_services),

@@ -49,7 +49,9 @@ def test_a_sizing_probe_reads_the_clean_stretch_of_the_warm_up_and_the_control_a
     s, r = cfg.spike, cfg.recovery
     first = s.origin_step + 1
     assert [v[0] for v in found["clean"]] == list(range(first, first + s.warm_steps + r.eval_steps))
-    assert set(found) == {"seed", "origin_val_loss", "clean", "alarms", "seconds"}
+    assert set(found) == {"seed", "origin_val_loss", "clean", "alarms", "seconds", "warm", "injection_step", "ramped"}
+    # The onset rule's injected branches are kept apart, one per candidate ramp (tasks/spike/sizing.py).
+    assert set(found["ramped"]) == {str(ramp) for ramp in s.sizing_ramps}
 
 
 def test_the_replayed_detector_raises_the_alarms_the_run_raised_on_its_clean_stretch(probe):
