@@ -92,10 +92,19 @@ def search_section(search: dict[str, Any] | None) -> Section:
         lines += [
             "",
             f"Transferred LR {transfer.get('lr', float('nan')):.4g}; loss gap to a direct sweep at the "
-            f"target width {transfer.get('loss_gap', float('nan')):+.4f} nats; compute ratio "
-            f"{transfer.get('compute_ratio', float('nan')):.2f}.",
+            f"target width {_transfer_gap(transfer)}; compute ratio {transfer.get('compute_ratio', float('nan')):.2f}.",
         ]
     return Section(SEARCH, [*lines, *_search_pruning_lines(search.get("pruning")), ""])
+
+
+def _transfer_gap(transfer: dict[str, Any]) -> str:
+    """The transferred LR's loss gap to the direct sweep's best, or why there is none: every seed's
+    direct optimum censored (a bound, not a point: tasks/search/fit.py)."""
+    if (gap := transfer.get("loss_gap")) is not None:
+        return f"{gap:+.4f} nats"
+    censored = transfer.get("direct_censored") or {}
+    why = "; ".join(f"seed {seed}: {reason}" for seed, reason in sorted(censored.items())) or "no seed's direct optimum"
+    return f"not measured (the direct sweep's optimum is censored: {why})"
 
 
 def _search_pruning_lines(pruning: dict[str, Any] | None) -> list[str]:
