@@ -62,19 +62,22 @@ def other_arithmetic(live_services, tmp_path_factory) -> Check:
     project = study_project(path / "project")
     # The smoke profile's whole grid (every family, a discovery and a confirmation seed), so each
     # finding's verdict is computed; two workers a side.
-    sets = ["--set=ablation.workers=2", "--set=tracking.experiment=arithmetic-test"]
     out = path / "arithmetic.json"
-    command = [sys.executable, str(REPO / "checks/arithmetic.py"), "--project", str(project)]
-    command += ["--profile", "smoke", "--stages", "ablate", "--rerun-first", "--work", str(path / "work")]
-    done = subprocess.run(
-        [*command, "--out", str(out), *sets],
-        env=with_this_python(live_services),
-        capture_output=True,
-        text=True,
-        timeout=900,
+    done = check(
+        live_services, project, "--stages", "ablate", "--rerun-first", "--work", str(path / "work"), "--out", str(out)
     )
     assert done.returncode in (0, 1), done.stdout + done.stderr
     return Check(path, done, json.loads(out.read_text()))
+
+
+def check(
+    env: dict[str, str], project: Path, *options: str, study: str = "arithmetic-test"
+) -> subprocess.CompletedProcess:
+    """``checks/arithmetic.py`` on ``project`` at the smoke profile, two workers a side, its stages
+    logging to ``<study>-check``."""
+    command = [sys.executable, str(REPO / "checks/arithmetic.py"), "--project", str(project), "--profile", "smoke"]
+    command += [*options, "--set=ablation.workers=2", f"--set=tracking.experiment={study}"]
+    return subprocess.run(command, env=with_this_python(env), capture_output=True, text=True, timeout=900)
 
 
 def test_the_verdicts_are_recomputed_under_the_other_arithmetic_and_compared(live_services, other_arithmetic):
@@ -123,9 +126,8 @@ def test_arms_trained_elsewhere_decide_the_copys_findings_and_none_is_trained_ag
     plan, results = tmp_path / "plan.json", tmp_path / "arms.jsonl.gz"
     run = {"env": env, "capture_output": True, "text": True, "timeout": 900}
     unfinished = study_project(tmp_path / "unfinished")  # no study of its own to compare with
-    command = [sys.executable, str(REPO / "checks/arithmetic.py"), "--profile", "smoke", "--arms-from", str(results)]
-    command += ["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out.json"), "--set=ablation.workers=2"]
-    refused = subprocess.run([*command, "--project", str(unfinished)], **run)
+    options = ["--arms-from", str(results), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out.json")]
+    refused = check(live_services, unfinished, *options, study="elsewhere-test")
     assert refused.returncode == 2 and "metrics/ablate.json: missing" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "out.json").exists()
 
@@ -138,7 +140,7 @@ def test_arms_trained_elsewhere_decide_the_copys_findings_and_none_is_trained_ag
     train = [*elsewhere, "train", str(plan), "--project", str(project), "--out", str(results), "--workers", "2"]
     done = subprocess.run(train, **run)
     assert done.returncode == 0, done.stdout + done.stderr
-    done = subprocess.run([*command, "--project", str(project)], **run)
+    done = check(live_services, project, *options, study="elsewhere-test")
     assert done.returncode in (0, 1), done.stdout + done.stderr
     assert f"{len(arms)} arms' results lent" in done.stdout
     metrics = json.loads((tmp_path / "work" / "elsewhere" / "metrics" / "ablate.json").read_text())
@@ -150,17 +152,9 @@ def test_arms_trained_elsewhere_decide_the_copys_findings_and_none_is_trained_ag
 
 def test_the_verdicts_are_recomputed_on_unseen_seeds_and_compared(live_services, other_arithmetic, tmp_path):
     project = other_arithmetic.first_side  # a finished smoke study on seeds 0 and 1
-    sets = ["--set=ablation.workers=2", "--set=tracking.experiment=seeds-test"]
     out, work = tmp_path / "seeds.json", tmp_path / "work"
-    command = [sys.executable, str(REPO / "checks/arithmetic.py"), "--project", str(project)]
-    command += ["--profile", "smoke", "--stages", "ablate", "--seeds-from", "2", "--work", str(work)]
-    done = subprocess.run(
-        [*command, "--out", str(out), *sets],
-        env=with_this_python(live_services),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    options = ["--stages", "ablate", "--seeds-from", "2", "--work", str(work), "--out", str(out)]
+    done = check(live_services, project, *options, study="seeds-test")
     assert done.returncode in (0, 1), done.stdout + done.stderr
     result = json.loads(out.read_text())
     assert result["seeds"] == {"first": {"ablation": [0, 1]}, "second": {"ablation": [2, 3]}}
