@@ -107,8 +107,8 @@ def step_matrix(best: float, others: dict[str, float]) -> dict:
 
 def step_verdict(matrix: dict) -> tuple[list[Claim], str]:
     claims = step_tied(step_comparisons(matrix, HALVES, POLICIES))
-    adjust(claims)
-    return claims, step_tied_verdict(claims)
+    adjust(list(claims.values()))
+    return list(claims.values()), step_tied_verdict(claims)
 
 
 def test_the_step_tied_claim_compares_rollback_lower_lr_with_every_other_policy_skip_step_included():
@@ -137,9 +137,11 @@ def test_a_policy_shown_better_than_rollback_lower_lr_contradicts_the_step_tied_
 
 
 def test_the_step_tied_comparisons_are_holm_adjusted_so_one_raw_p_under_alpha_is_not_enough():
-    claims = [Claim(f"lr×rollback_lower_lr − lr×{p}", -0.1, 0.03, -1, sesoi=MARGIN, ci95=[-0.2, -0.05]) for p in "ab"]
-    adjust(claims)
-    assert [c.p_adjusted for c in claims] == [0.06, 0.06]
+    claims = {
+        p: Claim(f"lr×rollback_lower_lr − lr×{p}", -0.1, 0.03, -1, sesoi=MARGIN, ci95=[-0.2, -0.05]) for p in "ab"
+    }
+    adjust(list(claims.values()))
+    assert [c.p_adjusted for c in claims.values()] == [0.06, 0.06]
     assert step_tied_verdict(claims) == "not shown: rollback_lower_lr not shown better than a, b"
 
 

@@ -440,10 +440,12 @@ def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
     }
     step = step_comparisons(matrix, halves, policies) if "lr" in matrix else {}
     step_claims = step_tied(step)
-    claims = [recoveries[cell] for cell in SPIKE_RECOVERS if cell in recoveries] + step_claims
+    by_cause = [(c, recoveries[c, p]) for c, p in SPIKE_RECOVERS if (c, p) in recoveries]
+    by_cause += [("lr", claim) for claim in step_claims.values()]
+    claims = [claim for _, claim in by_cause]
     if not failed:  # each cause's claims gated on its own continue gap
-        for claim in claims:
-            claim.not_tested = cause_gate(matrix, claim.what.split("×")[0], epsilon)
+        for cause, claim in by_cause:
+            claim.not_tested = cause_gate(matrix, cause, epsilon)
     adjust(claims)  # decide() adjusts the same way; the labels below read the adjusted p
     tested = {cell: pooled_and_halves(g, halves) for cell, g in gaps.items()}
     versus = {(c, p): pooled_and_halves(subtract(gaps[c, p], gaps[c, "continue"]), halves) for c, p in SPIKE_NO_BETTER}
@@ -487,7 +489,7 @@ def spike(cfg: Config, spike: dict[str, Any] | None, **_: Any) -> Finding:
         f"spike stage: seeds {seeds}, causes {', '.join(matrix)}, x{cfg.spike.magnitude:g} for {cfg.spike.duration} steps"
     ]
     shown = {r.what: tested[cell] for cell, r in recoveries.items() if cell in SPIKE_RECOVERS}
-    shown |= {c.what: t for c, t in zip(step_claims, step.values(), strict=True)}
+    shown |= {step_claims[other].what: tested for other, tested in step.items()}
     return decide("spike", claims, numbers, arms, failed, details=details, halves=halves_of(shown))
 
 

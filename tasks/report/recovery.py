@@ -93,36 +93,32 @@ def step_comparisons(
     }
 
 
-def step_tied(comparisons: Mapping[str, dict[str, Any]], cause: str = "lr") -> list[Claim]:
-    """The step-tied claim, one directional claim per other policy, each predicted below −SESOI
-    (the registered ``step_best``); the claim holds only where every one holds
+def step_tied(comparisons: Mapping[str, dict[str, Any]], cause: str = "lr") -> dict[str, Claim]:
+    """The step-tied claim, one directional claim per other policy (keyed by it), each predicted
+    below −SESOI (the registered ``step_best``); the claim holds only where every one holds
     (:func:`step_tied_verdict`)."""
-    return [
-        direction(
+    return {
+        other: direction(
             "spike", "step_best", f"{cause}×{BEST_FOR_STEP} − {cause}×{other}, scored gap", tested, -1, "relative"
         )
         for other, tested in comparisons.items()
-    ]
+    }
 
 
-def step_tied_verdict(claims: Sequence[Claim]) -> str:
+def step_tied_verdict(claims: Mapping[str, Claim]) -> str:
     """``holds`` only where rollback_lower_lr beat every other policy (each comparison holds, on its
     Holm-adjusted p); ``contradicted`` where some policy beat it by the same standard; else ``not
     shown``, naming the policies it was not shown to beat."""
-    if not claims or any(c.not_tested for c in claims):
-        return "not tested" + "".join(f" ({c.not_tested})" for c in claims[:1] if c.not_tested)
-    beaten_by = [_other(c) for c in claims if c.contradicted]
+    untested = [c.not_tested for c in claims.values() if c.not_tested]
+    if not claims or untested:
+        return "not tested" + "".join(f" ({why})" for why in untested[:1])
+    beaten_by = [other for other, c in claims.items() if c.contradicted]
     if beaten_by:
         return f"contradicted: {', '.join(beaten_by)} ended below {BEST_FOR_STEP} by more than the SESOI"
-    open_ = [_other(c) for c in claims if not c.holds]
+    open_ = [other for other, c in claims.items() if not c.holds]
     if open_:
         return f"not shown: {BEST_FOR_STEP} not shown better than {', '.join(open_)}"
     return f"holds: {BEST_FOR_STEP} better than each of the {len(claims)} other policies"
-
-
-def _other(claim: Claim) -> str:
-    """The compared policy of a step-tied comparison's ``what`` (``lr×a − lr×b, scored gap``: b)."""
-    return claim.what.split(" − ")[1].split(",")[0].split("×")[-1]
 
 
 def latencies(spike: Mapping[str, Any], cause: str, observed: str = "continue") -> dict[int, int | None]:
