@@ -285,6 +285,7 @@ OUTSIDE_BOUNDS: dict[str, Bound] = {
     "spike.param_block": Bound(below("ablation.n_layer"), "a block of the arm model, below ablation.n_layer's bound"),
     "spike.detect_window": profiles(128),
     "spike.detect_warmup": profiles(64),
+    "spike.detect_lag": profiles(32),
     "spike.sizing_seeds": seeds(4),
     "spike.sizing_zscores": profiles(None, entries=10),
     "spike.sizing_ramps": profiles(64, entries=7),

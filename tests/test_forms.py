@@ -329,6 +329,7 @@ NUMBER_BOUNDS = {
     "spike.param_block": 15,
     "spike.detect_window": 512,
     "spike.detect_warmup": 256,
+    "spike.detect_lag": 128,
     "spike.detect_within": 400,
     "spike.min_origins_per_half": 8,
     "spike.sample_prompts": 16,
