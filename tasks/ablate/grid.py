@@ -134,7 +134,6 @@ ARM_RESULT_KEYS = (
     "spike.detect_warmup",
     "spike.detect_zscore",
     "spike.detect_ratio",
-    "spike.detect_lag",
 )
 """Keys outside the run identity that still change an arm's result.json: when it stops as diverged,
 how often its per-layer trajectories are sampled, and which steps its detector flags."""
