@@ -281,7 +281,7 @@ OUTSIDE_BOUNDS: dict[str, Bound] = {
     "spike.workers": WORKERS,
     "spike.duration": profiles(3),
     "spike.poison_batches_range": profiles(400, entries=2),
-    "spike.poison_ramp_batches": profiles(8),
+    "spike.poison_ramp_batches": profiles(64),
     "spike.param_block": Bound(below("ablation.n_layer"), "a block of the arm model, below ablation.n_layer's bound"),
     "spike.detect_window": profiles(128),
     "spike.detect_warmup": profiles(64),

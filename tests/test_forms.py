@@ -325,7 +325,7 @@ NUMBER_BOUNDS = {
     "spike.warm_steps": 512,
     "spike.workers": TWICE_THE_CORES,
     "spike.duration": 12,
-    "spike.poison_ramp_batches": 32,
+    "spike.poison_ramp_batches": 256,
     "spike.param_block": 15,
     "spike.detect_window": 512,
     "spike.detect_warmup": 256,
