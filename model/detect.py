@@ -164,6 +164,11 @@ class SpikeDetector(Callback):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "history" in state and state["history"].shape[1] != self.slots:  # the ring's order depends on it
+            raise ValueError(
+                f"spike detector: the saved window has {state['history'].shape[1]} slots, this detector "
+                f"window + lag = {self.window} + {self.lag}; restore it with the settings it ran with"
+            )
         for key, value in state.items():
             setattr(self, key, value.clone())
 

@@ -481,6 +481,11 @@ def test_a_detector_resumed_from_its_state_keeps_the_values_waiting_in_the_lag()
     assert resumed.detections() == whole.detections()
 
 
+def test_a_detector_refuses_the_state_of_one_with_another_lag_naming_both_sizes():
+    with pytest.raises(ValueError, match=r"saved window has 24 slots, this detector window \+ lag = 16 \+ 4"):
+        SpikeDetector(window=16, warmup=8, lag=4).load_state_dict(lagged(CLEAN, lag=8).state_dict())
+
+
 def test_after_a_rebaseline_a_lagged_detector_waits_for_lag_plus_warmup_values():
     detector = lagged(CLEAN, lag=8)
     detector.rebaseline(torch.tensor(True))  # step 48's value starts the window again

@@ -5,8 +5,9 @@ the data injection's continue branch (no policy acts on it).
 Two registered rules (tasks/design/preregistration.yaml, the spike finding's ``conditions``):
 
   detector   ``spike.detect_zscore`` is the smallest of ``spike.sizing_zscores`` at which the
-             detector, replayed over each sizing seed's clean stretch (the warm-up and the clean
-             control: every step it watches without an injection), raises at most
+             detector (with its ``spike.detect_lag``, fixed before this rule runs), replayed over
+             each sizing seed's clean stretch (the warm-up and the clean control: every step it
+             watches without an injection), raises at most
              ``spike.max_false_alarms`` alarms per clean control (the mean over the sizing seeds).
              Every alarm on a clean run is a false one; a skip_batch or rollback branch that meets
              one after its last allowed restart gives up, so false alarms, not the spike, would
