@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from model.callbacks import Callback
-from model.detect import make_detector
+from model.detect import SpikeDetector, make_detector
 from model.identity import LOADABLE
 from model.spike.branch import run_branch, warm_up
 from model.spike.injections import AdamSpike, DataSpike, Injection, poisoned_tokens
@@ -423,6 +423,80 @@ def test_the_detector_catches_a_second_spike_as_its_baseline_kept_out_the_first(
 def test_the_detector_does_not_flag_a_sharp_loss_drop():
     detector, _, _ = feed(level(2.0, 20) + level(0.5, 20, seed=2))
     assert detector.flagged_steps() == []
+
+
+def lagged(losses: list[float], lag: int, window: int = 16, warmup: int = 8) -> SpikeDetector:
+    """A detector at 6σ with this lag fed steps 1, 2, ... with these losses and a grad norm of 1.0
+    (constant: its σ is 0 and 1.0 is not above its mean, so only the loss can be flagged)."""
+    detector = SpikeDetector(window=window, warmup=warmup, zscore=6.0, lag=lag)
+    for step, loss in enumerate(losses, start=1):
+        detector.on_before_optimizer(None, PendingStep(step, torch.tensor(loss), torch.tensor(0.0), ONE, {}))
+    return detector
+
+
+ONE = torch.tensor(1.0)
+CLEAN = [1.9, 2.1] * 24  # 48 steps: any 16 of them have mean 2.0 and σ 0.103, so mean + 6σ = 2.62
+FAST = [2.0 + 0.1 * k for k in range(1, 31)]  # crosses 2.62 at its 7th step (2.7): latency 6
+SLOW = [2.0 + 0.025 * k for k in range(1, 121)]  # crosses 2.62 at its 25th step (2.625): latency 24
+
+
+def first_flag(detector: SpikeDetector) -> int | None:
+    """Steps after the clean stretch of the detector's first flag (1: the rise's first step)."""
+    return next((step - len(CLEAN) for step in detector.flagged_steps()), None)
+
+
+def test_a_rise_exactly_at_the_lagged_threshold_is_not_a_spike_and_one_just_above_it_is():
+    # Window 3, warmup 3, lag 2: at step 6 the baseline is steps 1-3 (0, 2, 4: mean 2, σ 2, so
+    # mean + 6σ = 14 exactly); steps 4 and 5 (8, 8: a rise in progress) wait in the lag.
+    rise = [0.0, 2.0, 4.0, 8.0, 8.0]
+    assert lagged([*rise, 14.0], lag=2, window=3, warmup=3).flagged_steps() == []
+    assert lagged([*rise, 14.001], lag=2, window=3, warmup=3).flagged_steps() == [6]
+    # Without the lag the baseline is 4, 8, 8 (mean + 6σ = 20.5): the rise has lifted it past 14.001.
+    assert lagged([*rise, 14.001], lag=0, window=3, warmup=3).flagged_steps() == []
+
+
+def test_a_rise_that_grows_through_the_threshold_lifts_a_trailing_baseline_and_is_never_flagged():
+    assert first_flag(lagged(CLEAN + FAST, lag=0)) is None
+
+
+def test_a_lagged_baseline_flags_a_rise_where_it_crosses_the_level_before_it():
+    assert first_flag(lagged(CLEAN + FAST, lag=8)) == 7
+    # Crossing at latency 24 with a lag of 24: its first step joins the baseline one step later.
+    assert first_flag(lagged(CLEAN + SLOW, lag=24)) == 25
+
+
+@pytest.mark.parametrize("lag", [8, 16])
+def test_a_ramp_slower_than_the_lag_enters_the_baseline_and_is_never_flagged(lag):
+    assert first_flag(lagged(CLEAN + SLOW, lag=lag)) is None
+
+
+def test_a_detector_resumed_from_its_state_keeps_the_values_waiting_in_the_lag():
+    whole = lagged(CLEAN + FAST, lag=8)
+    first, rest = (CLEAN + FAST)[:52], (CLEAN + FAST)[52:]  # the rise's first 4 steps are in the lag
+    resumed = SpikeDetector(window=16, warmup=8, zscore=6.0, lag=8)
+    resumed.load_state_dict(lagged(first, lag=8).state_dict())
+    for step, loss in enumerate(rest, start=len(first) + 1):
+        resumed.on_before_optimizer(None, PendingStep(step, torch.tensor(loss), torch.tensor(0.0), ONE, {}))
+    assert resumed.flagged_steps() == [s for s in whole.flagged_steps() if s > len(first)]
+    assert resumed.detections() == whole.detections()
+
+
+def test_a_detector_refuses_the_state_of_one_with_another_lag_naming_both_sizes():
+    with pytest.raises(ValueError, match=r"saved window has 24 slots, this detector window \+ lag = 16 \+ 4"):
+        SpikeDetector(window=16, warmup=8, lag=4).load_state_dict(lagged(CLEAN, lag=8).state_dict())
+
+
+def test_after_a_rebaseline_a_lagged_detector_waits_for_lag_plus_warmup_values():
+    detector = lagged(CLEAN, lag=8)
+    detector.rebaseline(torch.tensor(True))  # step 48's value starts the window again
+    # At step t the ring holds steps 48 ... t - 1, the newest 8 in the lag: t - 56 baseline values,
+    # so the detector is armed (8) from step 64 on.
+    for step in range(49, 65):
+        pending = PendingStep(step, torch.tensor(9.0 if step == 63 else 2.0), torch.tensor(0.0), ONE, {})
+        detector.on_before_optimizer(None, pending)
+    assert detector.flagged_steps() == []  # step 63's jump came with 7 baseline values: not armed
+    detector.on_before_optimizer(None, PendingStep(65, torch.tensor(9.0), torch.tensor(0.0), ONE, {}))
+    assert detector.flagged_steps() == [65]
 
 
 def test_skip_step_lets_a_level_shift_through_after_the_veto_cap_and_still_vetoes_a_later_spike():

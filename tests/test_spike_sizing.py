@@ -40,7 +40,7 @@ def test_the_detector_rule_takes_the_smallest_z_score_within_the_false_alarm_bou
 def probe(tmp_path_factory):
     project = tmp_path_factory.mktemp("sizing")
     tiny_project(project)
-    cfg = tiny_config(**STUDY)
+    cfg = tiny_config(**{**STUDY, "spike.detect_lag": 4})  # the most the warm-up holds: 12 - 8
     return cfg, probe_seed(cfg, project, 5, project / "sizing")
 
 
@@ -57,5 +57,5 @@ def test_a_sizing_probe_reads_the_clean_stretch_of_the_warm_up_and_the_control_a
 def test_the_replayed_detector_raises_the_alarms_the_run_raised_on_its_clean_stretch(probe):
     cfg, found = probe
     d = make_detector(cfg.spike)
-    assert replay_alarms(found["clean"], d.window, d.warmup, d.z, d.ratio) == found["alarms"]
-    assert replay_alarms(found["clean"], d.window, d.warmup, 1.0, 1.01)  # a hair-trigger flags the same run
+    assert replay_alarms(found["clean"], d.window, d.warmup, d.z, d.ratio, d.lag) == found["alarms"]
+    assert replay_alarms(found["clean"], d.window, d.warmup, 1.0, 1.01, d.lag)  # a hair-trigger flags the same run

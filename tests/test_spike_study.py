@@ -369,6 +369,24 @@ def test_the_onset_rule_takes_the_longest_ramp_the_detector_flags_at_every_sizin
     assert calibrate_ramp([probe(None, None, None)], 16.0, cfg)[0] is None
 
 
+def test_the_onset_rule_replays_the_detector_with_its_lag_so_a_rise_that_lifts_a_trailing_window_is_caught():
+    # A rise of 0.02 per step from step 30: 16σ of the quiet run is 0.083, crossed at its 4th step.
+    rise = [(s, 4.0 + 0.01 * (s % 2) + 0.02 * max(0, s - 29), 1.0) for s in range(30, 50)]
+    probe = {"injection_step": 30, "warm": onset_rows(1, 30, None), "ramped": {"0": onset_rows(30, 50, 30), "2": rise}}
+    settings = {**STUDY, "spike.poison_batches_range": [4, 4], "spike.sizing_ramps": [0, 2], "spike.detect_within": 2}
+    trailing = tiny_config(**settings)  # lag 0: the rise's first steps join the window and lift it
+    assert calibrate_ramp([probe], 16.0, trailing) == (0, {"0": [0], "2": [None]})
+    lagged = tiny_config(**{**settings, "spike.detect_lag": 4})
+    assert calibrate_ramp([probe], 16.0, lagged) == (2, {"0": [0], "2": [3]})
+
+
+def test_the_warm_up_must_hold_the_detectors_lag_and_its_warm_up_so_it_is_armed_at_the_injection():
+    at_edge = {**STUDY, "spike.warm_steps": 12, "spike.detect_warmup": 8, "spike.detect_lag": 4}
+    assert tiny_config(**at_edge).spike.detect_lag == 4
+    with pytest.raises(ConfigError, match=r"^spike\.warm_steps: 12 is below spike\.detect_warmup \+ spike\.detect_lag"):
+        tiny_config(**{**at_edge, "spike.detect_lag": 5})
+
+
 def test_the_registered_poison_rule_prints_the_draws_of_the_seeds_the_default_study_runs():
     spike = load_config(REPO / "params.yaml", "default").spike
     rule = design()["findings"]["spike"]["conditions"]["poison"]["rule"]
@@ -508,6 +526,7 @@ EDGES = [
     ("spike.poison_ramp_batches", 2, 3),  # no longer than the shortest stretch: every stretch reaches full poison
     ("spike.poison_ramp_batches", 0, -1),
     ("spike.detect_within", 0, -1),
+    ("spike.detect_lag", 0, -1),
     ("spike.min_origins_per_half", 1, 0),
     ("spike.sizing_seeds", [2], [1]),  # a confirmation seed cannot size
     ("spike.sizing_seeds", [0 + 2], [2, 2]),

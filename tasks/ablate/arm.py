@@ -166,7 +166,9 @@ class ArmProbes:
     def __init__(self, cfg: Config, manifest: Path, val_tokens: Any, spike: str = "none", range_every: int = 0):
         self.cfg = cfg
         self.spec = injection_spec(spike, cfg.ablation)
-        self.detector = make_detector(cfg.spike)
+        # The trailing window (no spike.detect_lag): the arms' flags are the β₂ family's registered
+        # spikes_per_1k; the lag is the spike study's, for its ramped poison (model/detect.py).
+        self.detector = make_detector(cfg.spike, lag=0)
         self.trace, self.stats = ArmTrace(self.detector), LogitStats()
         spec = self.spec
         after_spike = range(spec["start"], spec["start"] + spec["duration"] + SPIKE_PROBE_STEPS) if spec else ()

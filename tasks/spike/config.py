@@ -67,7 +67,7 @@ class SpikeConfig(Section):
     origin run's validation loss there, one origin at a time (``min_origins_per_half``)."""
     warm_steps: int = 128
     """Steps of clean training from the origin checkpoint before the injection: the detector's
-    warm-up (at least ``detect_warmup``) and the pre-spike checkpoints a rollback goes back to (at
+    warm-up (at least ``detect_warmup + detect_lag``) and the pre-spike checkpoints a rollback goes back to (at
     least ``recovery.rollback_steps``, so a rollback target exists). With ``origin_step`` and
     ``recovery.eval_steps``, inside ``run_steps``."""
     workers: int = 0
@@ -117,6 +117,13 @@ class SpikeConfig(Section):
     gave up."""
     detect_ratio: float = 10.0
     """A pre-clip grad norm this many times its trailing mean is a spike (seed 000)."""
+    detect_lag: int = 0
+    """The newest values that are not yet the detector's baseline: it compares each step with the
+    ``detect_window`` values before the newest ``detect_lag`` (model/detect.py). 0: OLMo-core's
+    trailing window, which a rise growing over several steps enters unflagged and lifts, so a slow
+    enough rise is never flagged; with a lag, a rise is judged against the level before it for its
+    first ``detect_lag`` steps. The detector is armed after ``detect_lag + detect_warmup`` values,
+    so their sum is at most ``warm_steps``."""
     sizing_seeds: list[int] = field(default_factory=lambda: [100, 101, 102, 103])
     """Seeds of the sizing probe (tasks/spike/sizing.py), none of them a discovery or confirmation
     seed: the detector's z-score is chosen on these seeds' clean stretches, never on the study's
@@ -171,6 +178,7 @@ class SpikeConfig(Section):
         non_negative("spike.sample_prompts", self.sample_prompts)
         non_negative("spike.workers", self.workers)
         non_negative("spike.detect_within", self.detect_within)
+        non_negative("spike.detect_lag", self.detect_lag)
         self.check_seeds()
         self.check_sizing()
         self.check_poison_range()
@@ -179,10 +187,10 @@ class SpikeConfig(Section):
             raise ConfigError(
                 f"spike.detect_warmup: need 2 <= {self.detect_warmup} <= spike.detect_window={self.detect_window}"
             )
-        if self.warm_steps < self.detect_warmup:
+        if self.warm_steps < self.detect_warmup + self.detect_lag:
             raise ConfigError(
-                f"spike.warm_steps: {self.warm_steps} is below spike.detect_warmup="
-                f"{self.detect_warmup}; the detector would be blind at the injection"
+                f"spike.warm_steps: {self.warm_steps} is below spike.detect_warmup + spike.detect_lag = "
+                f"{self.detect_warmup} + {self.detect_lag}; the detector would be blind at the injection"
             )
         harmless = sorted(set(self.data_reasons) - set(SPIKE_CAUSING_POISON))
         if harmless or not self.data_reasons:

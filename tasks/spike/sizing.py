@@ -5,8 +5,9 @@ the data injection's continue branch (no policy acts on it).
 Two registered rules (tasks/design/preregistration.yaml, the spike finding's ``conditions``):
 
   detector   ``spike.detect_zscore`` is the smallest of ``spike.sizing_zscores`` at which the
-             detector, replayed over each sizing seed's clean stretch (the warm-up and the clean
-             control: every step it watches without an injection), raises at most
+             detector (with its ``spike.detect_lag``, fixed before this rule runs), replayed over
+             each sizing seed's clean stretch (the warm-up and the clean control: every step it
+             watches without an injection), raises at most
              ``spike.max_false_alarms`` alarms per clean control (the mean over the sizing seeds).
              Every alarm on a clean run is a false one; a skip_batch or rollback branch that meets
              one after its last allowed restart gives up, so false alarms, not the spike, would
@@ -56,11 +57,11 @@ from tasks.spike.study import StudyRun, make_injection, poison_batches, window
 
 
 def replay_alarms(
-    values: Sequence[tuple[int, float, float]], window: int, warmup: int, zscore: float, ratio: float
+    values: Sequence[tuple[int, float, float]], window: int, warmup: int, zscore: float, ratio: float, lag: int = 0
 ) -> list[int]:
     """The steps a fresh detector with these settings flags over ``values`` ((step, loss, grad
     norm) in step order), as it would have in the run: the detector itself, fed the values."""
-    detector = SpikeDetector(window=window, warmup=warmup, zscore=zscore, ratio=ratio)
+    detector = SpikeDetector(window=window, warmup=warmup, zscore=zscore, ratio=ratio, lag=lag)
     for step, loss, grad_norm in values:
         pending = SimpleNamespace(step=step, loss=torch.tensor(loss), grad_norm=torch.tensor(grad_norm))
         detector.on_before_optimizer(None, pending)  # type: ignore[arg-type]  # reads only the step, loss, grad norm
@@ -75,7 +76,9 @@ def calibrate_zscore(
     is. Also every candidate's alarm count per stretch."""
     s = cfg.spike
     counts = {
-        f"{z:g}": [len(replay_alarms(v, s.detect_window, s.detect_warmup, z, s.detect_ratio)) for v in clean]
+        f"{z:g}": [
+            len(replay_alarms(v, s.detect_window, s.detect_warmup, z, s.detect_ratio, s.detect_lag)) for v in clean
+        ]
         for z in s.sizing_zscores
     }
     chosen = next((z for z in s.sizing_zscores if np.mean(counts[f"{z:g}"]) <= s.max_false_alarms), None)
@@ -88,7 +91,7 @@ def first_flag_latency(
     """Steps from ``start`` (the injection's first step) to the detector's first flag at or after
     it, replayed over ``values`` at ``zscore``; None if it flags none by step ``last``."""
     s = cfg.spike
-    alarms = replay_alarms(values, s.detect_window, s.detect_warmup, zscore, s.detect_ratio)
+    alarms = replay_alarms(values, s.detect_window, s.detect_warmup, zscore, s.detect_ratio, s.detect_lag)
     return next((step - start for step in alarms if start <= step <= last), None)
 
 
