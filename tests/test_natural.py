@@ -30,6 +30,7 @@ from tasks.report.natural import (
     natural_label,
 )
 from tasks.report.recovery import margin
+from tasks.report.sections.natural import natural_section
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = {"train": "a" * 64, "val": "b" * 64}
@@ -185,3 +186,20 @@ def test_an_arm_with_a_policy_acts_on_its_detectors_flags_and_is_the_plain_arm_u
     same = [(r["step"], r["loss"]) for r in plain["rows"] if r["step"] <= first]
     assert same == [(r["step"], r["loss"]) for r in skip["rows"] if r["step"] <= first]
     assert plain["weights_sha256"] != skip["weights_sha256"]
+
+
+def test_the_report_shows_each_policys_verdict_gap_and_acted_runs_and_nothing_without_the_arms():
+    skip, control = runs(SMALL[:4])
+    lower, _ = runs(SMALL[:4], acted=1)
+    record = {
+        "condition": condition(),
+        "seeds": [0, 1, 2, 3],
+        "policies": ["skip_step", "lower_lr"],
+        "runs": {"continue": control, "skip_step": skip, "lower_lr": lower},
+    }
+    section = natural_section({"natural": record})
+    assert section is not None
+    rows = [line for line in section.lines if isinstance(line, str) and line.startswith("| skip_step")]
+    assert len(rows) == 1 and EQUIVALENT in rows[0] and "4 of 4 runs" in rows[0] and "4 vetoed" in rows[0]
+    assert any("| lower_lr | not tested (lower_lr acted in 1 of 4 runs" in line for line in section.lines)
+    assert natural_section({}) is None
