@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from model.typed_config import ConfigError
-from tasks.ablate.arm import run_arm
+from tasks.ablate.arm import run_arm, run_command
 from tasks.ablate.grid import arm_config, arm_key, families
-from tasks.ablate.natural import condition, natural_arms, natural_record
+from tasks.ablate.natural import condition, is_control, natural_arms, natural_record
 from tasks.config import Config, load_config
 from tasks.report.natural import (
     BETTER,
@@ -158,15 +159,7 @@ def test_a_bad_policy_list_is_refused_naming_the_key(value, message):
 def test_an_arm_with_a_policy_acts_on_its_detectors_flags_and_is_the_plain_arm_until_the_first(tmp_path):
     """A tiny arm whose detector flags often (a low z-score): skip_step vetoes flagged updates, so
     the run leaves the plain arm's from the first flag on and not before."""
-    rng = np.random.default_rng(0)
-    manifest = tmp_path / "data/tokens/manifest.json"
-    manifest.parent.mkdir(parents=True)
-    splits = {}
-    for split, n in (("train", 40_000), ("val", 5_000)):
-        values = (rng.zipf(1.3, n) % 256).astype(np.uint16)
-        (manifest.parent / f"{split}.bin").write_bytes(values.tobytes())
-        splits[split] = {"path": f"{split}.bin", "sha256": hashlib.sha256(values.tobytes()).hexdigest()}
-    manifest.write_text(json.dumps({"dtype": "uint16", "eot_id": 0, "splits": splits}))
+    tiny_tokens(tmp_path)
     sets = {
         "train.steps": 30,
         "train.device": "cpu",
@@ -203,3 +196,42 @@ def test_the_report_shows_each_policys_verdict_gap_and_acted_runs_and_nothing_wi
     assert len(rows) == 1 and EQUIVALENT in rows[0] and "4 of 4 runs" in rows[0] and "4 vetoed" in rows[0]
     assert any("| lower_lr | not tested (lower_lr acted in 1 of 4 runs" in line for line in section.lines)
     assert natural_section({}) is None
+
+
+def tiny_tokens(root: Path) -> None:
+    """A tokenize output of random Zipf tokens under ``root``: what an arm trains on."""
+    rng = np.random.default_rng(0)
+    manifest = root / "data/tokens/manifest.json"
+    manifest.parent.mkdir(parents=True)
+    splits = {}
+    for split, n in (("train", 40_000), ("val", 5_000)):
+        values = (rng.zipf(1.3, n) % 256).astype(np.uint16)
+        (manifest.parent / f"{split}.bin").write_bytes(values.tobytes())
+        splits[split] = {"path": f"{split}.bin", "sha256": hashlib.sha256(values.tobytes()).hexdigest()}
+    manifest.write_text(json.dumps({"dtype": "uint16", "eot_id": 0, "splits": splits}))
+
+
+def test_the_stage_plans_a_policy_arm_per_seed_whose_command_trains_it_under_its_key_beside_continues(tmp_path):
+    """flows/ablate.py's plan of the natural arms at smoke's sizes with the 4x multiplier crossed:
+    continue's key is the family's planned arm's, and a policy arm's own command trains it."""
+    from flows.ablate import ARM_MODULE, natural_plan, plan
+
+    tiny_tokens(tmp_path)
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    shutil.copytree(ROOT / "profiles", tmp_path / "profiles")
+    overrides = {"ablation.beta2_lr_mults": [1.0, 4.0], "train.device": "cpu"}
+    cfg = load_config(tmp_path / "params.yaml", "smoke", overrides)
+    rows = natural_plan(cfg, tmp_path, overrides, 0)
+    assert [(r["seed"], r["policy"]) for r in rows] == [
+        (s, p) for s in cfg.ablation.seeds for p in ("skip_step", "lower_lr")
+    ]
+    family_rows = [r for r in plan(cfg, tmp_path, overrides, 0) if is_control(r, cfg.ablation.seeds)]
+    skip = rows[0]
+    control = next(r for r in family_rows if r["seed"] == skip["seed"])
+    out = control["command"].index("--out") + 1  # each run its own directory, named by its key
+    assert control["command"][out] != skip["command"][out]
+    same = [*skip["command"][:out], control["command"][out], *skip["command"][out + 1 :]]
+    assert control["command"] == [c for c in same if c != "--policy=skip_step"]
+    assert control["key"] != skip["key"] and not skip["cached"]
+    result = run_command(skip["command"][1 + len(ARM_MODULE) :], tmp_path)
+    assert result["key"] == skip["key"] and result["policy"] == "skip_step"
