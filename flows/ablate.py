@@ -146,6 +146,9 @@ def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str
         "spikelab.run_identity": row["key"],
         "spikelab.command": shown(row["command"]),
         "spikelab.cached": str(row["cached"]).lower(),
+        **(
+            {"spikelab.policy": row["policy"]} if "policy" in row else {}
+        ),  # a natural-spike arm's (tasks/ablate/natural.py)
         **numerics_tags((result or {}).get("provenance")),  # the worker's, not the stage's: another machine's
     }
     with child_run(f"ablate {row['name']}", tags, parent_id=parent_id) as run:

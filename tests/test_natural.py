@@ -39,7 +39,7 @@ VETO = {"step": 300, "policy": "skip_step", "action": "update vetoed (weights an
 
 
 def run(loss: float, acted: bool = True) -> dict:
-    return {"capped_loss": loss, "actions": [VETO] if acted else []}
+    return {"capped_loss": loss, "flagged": 1 if acted else 0, "actions": [VETO] if acted else []}
 
 
 def runs(gaps: list[float], acted: int | None = None, base: float = 6.0) -> tuple[dict, dict]:
@@ -78,7 +78,15 @@ def test_a_run_where_the_policy_never_acted_leaves_its_pair_whatever_its_gap():
 def test_a_policy_that_never_acted_is_not_tested_and_counted_as_such():
     policy, control = runs(SMALL[:4], acted=0)
     assert natural_claim("lower_lr", policy, control, least=4, within=0.03).not_tested
-    assert actions_of(policy) == {"runs": 4, "acted": 0, "actions": 0, "vetoed": 0, "let_through": 0, "lowered_lr": 0}
+    assert actions_of(policy) == {
+        "runs": 4,
+        "acted": 0,
+        "flagged": 0,
+        "actions": 0,
+        "vetoed": 0,
+        "let_through": 0,
+        "lowered_lr": 0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -193,7 +201,7 @@ def test_the_report_shows_each_policys_verdict_gap_and_acted_runs_and_nothing_wi
     section = natural_section({"natural": record})
     assert section is not None
     rows = [line for line in section.lines if isinstance(line, str) and line.startswith("| skip_step")]
-    assert len(rows) == 1 and EQUIVALENT in rows[0] and "4 of 4 runs" in rows[0] and "4 vetoed" in rows[0]
+    assert len(rows) == 1 and EQUIVALENT in rows[0] and "4 of 4 runs" in rows[0] and "4 flagged: 4 vetoed" in rows[0]
     assert any("| lower_lr | not tested (lower_lr acted in 1 of 4 runs" in line for line in section.lines)
     assert natural_section({}) is None
 

@@ -58,6 +58,7 @@ def run_record(row: dict[str, Any]) -> dict[str, Any]:
         "actions": result.get("actions", []),
         "key": row["key"],
         "wall_s": m.get("wall_s"),
+        "mlflow": row.get("mlflow"),
     }
 
 

@@ -85,11 +85,13 @@ def natural_label(claim: Claim) -> str:
 
 
 def actions_of(runs: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
-    """What a policy did over its runs: how many runs it acted in, its actions and each kind of action."""
+    """What a policy did over its runs: how many runs it acted in, the steps its detector flagged,
+    its actions and each kind of action."""
     every = [a["action"] for run in runs.values() for a in run.get("actions", [])]
     return {
         "runs": len(runs),
         "acted": sum(1 for run in runs.values() if acted(run)),
+        "flagged": sum(run.get("flagged", 0) for run in runs.values()),
         "actions": len(every),
         "vetoed": sum(1 for a in every if a.startswith("update vetoed")),
         "let_through": sum(1 for a in every if a.startswith("let through")),

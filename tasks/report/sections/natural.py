@@ -34,7 +34,7 @@ def natural_section(ablate: dict[str, Any]) -> Section | None:
             "continue's). Secondary: unadjusted, counted in no claim or verdict. skip_batch and the rollbacks "
             "(restarts) are not run on natural spikes.",
             "",
-            *table(["policy", "verdict", "gap to continue [95 %]", "TOST p", "acted in", "actions"], rows),
+            *table(["policy", "verdict", "gap to continue [95 %]", "TOST p", "flagged and acted in", "steps"], rows),
             "",
         ],
     )
@@ -44,5 +44,5 @@ def _row(policy: str, a: dict[str, Any]) -> list[str]:
     ci = f" [{a['ci95'][0]:+.2%}, {a['ci95'][1]:+.2%}]" if a["ci95"] else ""
     gap = "-" if a["estimate"] is None else f"{a['estimate']:+.2%}{ci}"
     p = "-" if a["tost_p"] is None else f"{a['tost_p']:.3g}"
-    did = f"{a['vetoed']} vetoed, {a['let_through']} let through, {a['lowered_lr']} LR lowered"
+    did = f"{a['flagged']} flagged: {a['vetoed']} vetoed, {a['let_through']} let through, {a['lowered_lr']} LR lowered"
     return [policy, a["verdict"], gap, p, f"{a['acted']} of {a['runs']} runs", did]
