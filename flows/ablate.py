@@ -46,6 +46,8 @@ from tasks.ablate.grid import (
     families,
     read_result,
 )
+from tasks.ablate.natural import FAMILY as NATURAL_FAMILY
+from tasks.ablate.natural import natural_arms, natural_record
 from tasks.ablate.rounds import Schedule, reachable_rounds
 from tasks.config import Config, project_config
 from tasks.data.unigram import unigram_baseline
@@ -54,6 +56,7 @@ from tasks.design.preregistration import design
 from tasks.design.stats import derived, variant_table
 from tasks.design.studies import read_studies
 from tasks.report.findings import family_finding, family_state
+from tasks.report.natural import analyse
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import write_json
 from tasks.runtime.outputs import ABLATE_ALONE, ABLATE_ARMS, ABLATE_FIGURES, ABLATE_METRICS, MANIFEST, TOKENS_DIR
@@ -143,6 +146,9 @@ def track_arm(row: dict[str, Any], result: dict[str, Any] | None, parent_id: str
         "spikelab.run_identity": row["key"],
         "spikelab.command": shown(row["command"]),
         "spikelab.cached": str(row["cached"]).lower(),
+        **(
+            {"spikelab.policy": row["policy"]} if "policy" in row else {}
+        ),  # a natural-spike arm's (tasks/ablate/natural.py)
         **numerics_tags((result or {}).get("provenance")),  # the worker's, not the stage's: another machine's
     }
     with child_run(f"ablate {row['name']}", tags, parent_id=parent_id) as run:
@@ -181,30 +187,56 @@ def plan(
     stage's perturbed arms: flows/sensitivity.py)."""
     data, code = data_hashes(project / data_dir / MANIFEST.name), code_digest()
     every = families(cfg, declared_families)
-    rows = []
-    for arm in expand(cfg, declared_families):
-        family = every[arm.family]
-        arm_cfg = arm_config(cfg, arm, family, loss_shift)
-        key = arm_key(arm_cfg, data, code, arm.spike, family.range_probe_every)
-        directory = project / arms_dir / key
-        stored = read_result(directory)
-        rows.append(
-            {
-                "name": arm.name,
-                "family": arm.family,
-                "variant": arm.variant,
-                "seed": arm.seed,
-                "factors": arm.factors,
-                "fixed": family.conditions(loss_shift),
-                "key": key,
-                "directory": directory,
-                "command": arm_command(arm, cfg, project, directory, stage_overrides, loss_shift, family, data_dir),
-                "config": arm_cfg,
-                "cached": stored is not None and stored.get("key") == key,
-                "result": stored if stored is not None and stored.get("key") == key else None,
-            }
-        )
-    return rows
+    return [
+        plan_row(cfg, project, arm, every[arm.family], (data, code), stage_overrides, loss_shift, data_dir, arms_dir)
+        for arm in expand(cfg, declared_families)
+    ]
+
+
+def natural_plan(cfg: Config, project: Path, stage_overrides: dict[str, Any], loss_shift: int) -> list[dict[str, Any]]:
+    """The arms of the spike finding's secondary analysis (tasks/ablate/natural.py), one row each as
+    :func:`plan` gives them, with its policy: trained after the families, never in their rounds."""
+    data, code = data_hashes(project / TOKENS_DIR / MANIFEST.name), code_digest()
+    family = families(cfg)[NATURAL_FAMILY]
+    return [
+        plan_row(cfg, project, arm, family, (data, code), stage_overrides, loss_shift, policy=policy)
+        for arm, policy in natural_arms(cfg)
+    ]
+
+
+def plan_row(
+    cfg: Config,
+    project: Path,
+    arm: Arm,
+    family: DeclaredFamily,
+    hashes: tuple[dict[str, str], str],
+    stage_overrides: dict[str, Any],
+    loss_shift: int,
+    data_dir: Path = TOKENS_DIR,
+    arms_dir: Path = ABLATE_ARMS,
+    policy: str = "none",
+) -> dict[str, Any]:
+    """One arm's row: its key (``hashes``: the data's and the code's), directory, command and stored result."""
+    arm_cfg = arm_config(cfg, arm, family, loss_shift)
+    key = arm_key(arm_cfg, hashes[0], hashes[1], arm.spike, family.range_probe_every, policy)
+    directory = project / arms_dir / key
+    stored = read_result(directory)
+    command = arm_command(arm, cfg, project, directory, stage_overrides, loss_shift, family, data_dir)
+    return {
+        "name": arm.name if policy == "none" else f"{arm.name}/{policy}",
+        "family": arm.family,
+        "variant": arm.variant,
+        "seed": arm.seed,
+        "factors": arm.factors,
+        "fixed": family.conditions(loss_shift),
+        "key": key,
+        "directory": directory,
+        "command": command if policy == "none" else [*command, f"--policy={policy}"],
+        "config": arm_cfg,
+        "cached": stored is not None and stored.get("key") == key,
+        "result": stored if stored is not None and stored.get("key") == key else None,
+        **({"policy": policy} if policy != "none" else {}),
+    }
 
 
 def underflow_threshold() -> float:
@@ -261,12 +293,27 @@ def ablate_flow(
         else:
             fan_out(cfg, project, rows, runs_to_train(rows), units, run.info.run_id)
             sequence = None
+        natural = natural_plan(cfg, project, overrides or {}, conditions["loss_shift"]["k"] or 0)
+        if natural and family in (None, NATURAL_FAMILY):
+            logger.info("natural spikes (the spike finding's secondary analysis): %d policy arms", len(natural))
+            fan_out(cfg, project, natural, runs_to_train(natural), units, run.info.run_id)
+        else:
+            natural = []
         cached = sum(row["cached"] for row in rows)
         for row in rows:
             if row["cached"]:
                 row["mlflow"] = track_arm(row, row["result"], run.info.run_id)
+        record = natural_record(cfg, rows, natural) if natural else None
         metrics = write_outputs(
-            project, rows, time.perf_counter() - started, numerics, evidence, sequence, metrics_path, figures_dir
+            project,
+            rows,
+            time.perf_counter() - started,
+            numerics,
+            evidence,
+            sequence,
+            metrics_path,
+            figures_dir,
+            record,
         )
         headline = {
             "arms": len(rows),
@@ -451,13 +498,16 @@ def write_outputs(
     sequence: dict[str, Any] | None = None,
     metrics_path: Path = ABLATE_METRICS,
     figures_dir: Path = ABLATE_FIGURES,
+    natural: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """metrics/ablate.json and the figures (one more per declared family), from every arm
     (failed ones are listed, not dropped); a family run alone's where :func:`outputs_of` says.
     ``provenance``: the stage process's arithmetic (the depth probe's); ``arm_numerics``: the
     arithmetic of each numeric path the arms were trained on (each arm names its own);
     ``conditions``: what the probes measured before the arms (tasks/ablate/conditions.py);
-    ``sequential``: the rounds each family trained and why it stopped (tasks/ablate/rounds.py)."""
+    ``sequential``: the rounds each family trained and why it stopped (tasks/ablate/rounds.py);
+    ``natural``: the spike finding's secondary analysis, its runs (tasks/ablate/natural.py) and
+    per policy its verdict (tasks/report/natural.py: analyse), where its arms ran."""
     arms = arm_records(rows)
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("completed", "diverged", "stopped", "failed")}
     metrics = {
@@ -469,6 +519,7 @@ def write_outputs(
         "provenance": numerics,
         "arm_numerics": arm_numerics(rows),
         "sequential": sequence,
+        **({"natural": {**natural, "analysis": analyse(natural)}} if natural else {}),
     }
     write_json(project / metrics_path, metrics)
     family_figures(

@@ -189,13 +189,12 @@ class DetectorSettings(Protocol):
     def detect_lag(self) -> int: ...
 
 
-def make_detector(cfg: DetectorSettings, lag: int | None = None) -> SpikeDetector:
-    """A fresh detector with the study's settings (every branch and arm starts one of its own);
-    ``lag`` in place of ``cfg.detect_lag`` where a caller's flags were registered without it."""
+def make_detector(cfg: DetectorSettings) -> SpikeDetector:
+    """A fresh detector with the spike study's settings (every branch starts one of its own)."""
     return SpikeDetector(
         window=cfg.detect_window,
         warmup=cfg.detect_warmup,
         zscore=cfg.detect_zscore,
         ratio=cfg.detect_ratio,
-        lag=cfg.detect_lag if lag is None else lag,
+        lag=cfg.detect_lag,
     )

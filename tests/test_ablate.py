@@ -170,8 +170,9 @@ def test_a_spiked_format_must_have_its_clean_twin():
     ("key", "value", "new_key"),
     [
         ("train.diverge_after", 5, True),  # when an arm stops as diverged
-        ("spike.detect_zscore", 3.0, True),  # which steps its detector flags
-        ("spike.detect_lag", 4, False),  # the spike study's lag: the arms' detector keeps the trailing window
+        ("ablation.detect_zscore", 3.0, True),  # which steps its detector flags
+        ("spike.detect_zscore", 3.0, False),  # the spike study's detector: the arms' keeps its own z
+        ("spike.detect_lag", 4, False),  # and the trailing window
         ("train.log_every", 7, False),  # how often it is observed: the cached result stands
     ],
 )
@@ -181,11 +182,12 @@ def test_an_arm_is_rerun_when_a_setting_that_shapes_its_result_changes(key, valu
     assert (arm_key(cfg.replace(**{key: value}), DATA, "code", "none", 100) != before) == new_key
 
 
-def test_the_arms_detector_keeps_the_trailing_window_the_beta2_spikes_were_registered_with(tmp_path):
+def test_the_arms_detector_keeps_the_trailing_window_and_z_the_beta2_spikes_were_registered_with(tmp_path):
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps({"eot_id": 0}), encoding="utf-8")
-    cfg = Config().replace(**{"spike.detect_lag": 4})
-    assert ArmProbes(cfg, manifest, None).detector.lag == 0
+    cfg = Config().replace(**{"spike.detect_lag": 4, "spike.detect_zscore": 9.0, "ablation.detect_zscore": 16.0})
+    detector = ArmProbes(cfg, manifest, None).detector
+    assert (detector.lag, detector.z) == (0, 16.0)
 
 
 def test_a_spike_or_a_probe_changes_the_arms_key():

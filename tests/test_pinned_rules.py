@@ -41,6 +41,8 @@ VERDICT_FILES = (
     "tasks/report/verdict.py",
     "tasks/report/findings.py",
     "tasks/report/recovery.py",  # the spike finding's recovery and step-tied rules (version 4)
+    "tasks/report/natural.py",  # the spike finding's secondary analysis: natural spikes (version 4)
+    "tasks/ablate/natural.py",  # the arms it reads
     "tasks/report/method.py",  # the one method every finding and declared family shares
     "tasks/report/declared.py",  # the declared families' findings: their claims and tests
     "tasks/design/studies.py",  # the declared families and their claims, as they are read

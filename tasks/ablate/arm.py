@@ -3,7 +3,8 @@ pre-clip grad norm, update RMS, flags), per-layer trajectories, and, where asked
 weight excursion (the overflow family's) and the fp16 range probe; writes ``<out>/result.json``.
 
     python -m tasks.ablate.arm --profile default --out runs/ablate/arms/manual \\
-        --set model.block=post_ln --set schedule.warmup_steps=0 ... [--spike lr] [--range-probe-every 100]
+        --set model.block=post_ln --set schedule.warmup_steps=0 ... [--spike lr] [--range-probe-every 100] \\
+        [--policy skip_step]
 
 The ablate stage trains every arm as this command would, in a long-lived worker process
 (:func:`run_command`, tasks/runtime/workers.py); the command is in the arm's MLflow run (tag
@@ -22,7 +23,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import torch
@@ -30,16 +31,18 @@ import torch
 from model.callbacks import Callback
 from model.collapse import collapse_stats, sample
 from model.data import open_split
-from model.detect import make_detector
+from model.detect import SpikeDetector
 from model.private import run_private
 from model.probes import RangeProbe
 from model.provenance import provenance
 from model.spike.injections import Injection
+from model.spike.policies import make_policy
 from model.spike.records import Trace
 from model.stops import EXIT_CODES
 from model.train import train
 from model.typed_config import UserError, add_config_arguments, parse_sets
 from tasks.ablate.conditions import OverflowProbeSpike, probe_batch
+from tasks.ablate.config import NaturalPolicy
 from tasks.ablate.grid import arm_key, code_digest, data_hashes, injection_spec
 from tasks.config import Config, load_config
 from tasks.design.families import SPIKES
@@ -144,31 +147,58 @@ def _finite(value: float) -> float | None:
 
 
 def run_arm(
-    cfg: Config, project: Path, out: Path, spike: str = "none", range_every: int = 0, data: Path = MANIFEST.parent
+    cfg: Config,
+    project: Path,
+    out: Path,
+    spike: str = "none",
+    range_every: int = 0,
+    data: Path = MANIFEST.parent,
+    policy: str = "none",
 ) -> dict[str, Any]:
     """Train the arm ``cfg`` describes into ``out`` on the tokenize output in ``data`` (relative to
-    ``project``), with ``spike`` (tasks/ablate/grid.py: injection_spec) and the fp16 range probe
-    every ``range_every`` steps (0: none); returns (and writes) its result."""
+    ``project``), with ``spike`` (tasks/ablate/grid.py: injection_spec), the fp16 range probe
+    every ``range_every`` steps (0: none) and a recovery ``policy`` acting on its detector's flags
+    (none: the detector only records); returns (and writes) its result."""
     manifest = project / data / MANIFEST.name
-    key = arm_key(cfg, data_hashes(manifest), code_digest(), spike, range_every)
+    key = arm_key(cfg, data_hashes(manifest), code_digest(), spike, range_every, policy)
     train_tokens, val_tokens = open_split(manifest, "train"), open_split(manifest, "val")
-    probes = ArmProbes(cfg, manifest, val_tokens, spike, range_every)
+    probes = ArmProbes(cfg, manifest, val_tokens, spike, range_every, policy)
     summary = train(cfg, train_tokens, val_tokens, out, probes.callbacks, identity=key)
     result = probes.record(key, summary)
     write_result(out / "result.json", result)
     return result
 
 
+def arm_detector(cfg: Config) -> SpikeDetector:
+    """The arms' spike detector: version 3's trailing window (no lag) at ``ablation.detect_zscore``.
+    Its flags are the β₂ family's registered spikes_per_1k and what the natural-spike policies react
+    to; the spike study's lagged detector (``spike.detect_lag``, ``spike.detect_zscore``) is
+    calibrated for its ramped poison apart from it (tasks/spike/sizing.py)."""
+    s = cfg.spike
+    return SpikeDetector(
+        window=s.detect_window, warmup=s.detect_warmup, zscore=cfg.ablation.detect_zscore, ratio=s.detect_ratio
+    )
+
+
 class ArmProbes:
     """The callbacks an arm trains with and its result record built from what they saw: one arm's
     (:func:`run_arm`) and each arm's of a fused group (tasks/ablate/fused.py) alike."""
 
-    def __init__(self, cfg: Config, manifest: Path, val_tokens: Any, spike: str = "none", range_every: int = 0):
+    def __init__(
+        self,
+        cfg: Config,
+        manifest: Path,
+        val_tokens: Any,
+        spike: str = "none",
+        range_every: int = 0,
+        policy: str = "none",
+    ):
         self.cfg = cfg
         self.spec = injection_spec(spike, cfg.ablation)
-        # The trailing window (no spike.detect_lag): the arms' flags are the β₂ family's registered
-        # spikes_per_1k; the lag is the spike study's, for its ramped poison (model/detect.py).
-        self.detector = make_detector(cfg.spike, lag=0)
+        self.detector = arm_detector(cfg)
+        # A policy reacts to the detector's flags (no injection to swap out): until the first flag
+        # the run is the policy-free arm's, bitwise.
+        self.policy = [make_policy(policy, self.detector, cfg.recovery, None)] if policy != "none" else []
         self.trace, self.stats = ArmTrace(self.detector), LogitStats()
         spec = self.spec
         after_spike = range(spec["start"], spec["start"] + spec["duration"] + SPIKE_PROBE_STEPS) if spec else ()
@@ -179,7 +209,7 @@ class ArmProbes:
             else []
         )
         self.end = EndProbe(val_tokens, json.loads(manifest.read_text())["eot_id"])
-        self.callbacks = [*self.injection, self.detector, self.trace, self.stats, *self.ranges, self.end]
+        self.callbacks = [*self.injection, self.detector, *self.policy, self.trace, self.stats, *self.ranges, self.end]
 
     def record(self, key: str, summary: dict[str, Any]) -> dict[str, Any]:
         """The arm's result, as ``result.json`` holds it."""
@@ -192,6 +222,8 @@ class ArmProbes:
             "ranges": [row._asdict() for row in self.ranges[0].rows] if self.ranges else [],
             "injection": self.spec,
             "injected_multiplier": self.injection[0].multiplier if self.injection else None,
+            "policy": self.policy[0].kind if self.policy else None,
+            "actions": self.policy[0].actions if self.policy else [],
             "init_loss": math.log(self.cfg.tokenizer.vocab_size),
             "collapse": self.end.collapse,
             "weights_sha256": self.end.weights_sha256,
@@ -257,6 +289,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--spike", default="none", choices=SPIKES, help="the injected spike (ablation.inject_*)")
     p.add_argument("--range-probe-every", type=int, default=0, help="steps between fp16 range probes (0: none)")
     p.add_argument(
+        "--policy",
+        default="none",
+        choices=["none", *get_args(NaturalPolicy)],
+        help="a recovery policy acting on the detector's flags (ablation.natural_policies)",
+    )
+    p.add_argument(
         "--data", default=str(MANIFEST.parent), help="the tokenize output to train on (data/perturbed: sensitivity's)"
     )
     add_config_arguments(p)
@@ -272,7 +310,13 @@ def run_command(arguments: list[str], project: Path | None = None) -> dict[str, 
     params = project / args.params
     cfg = load_config(params, args.profile, parse_sets(args.sets))
     return run_arm(
-        cfg, params.resolve().parent, project / args.out, args.spike, args.range_probe_every, Path(args.data)
+        cfg,
+        params.resolve().parent,
+        project / args.out,
+        args.spike,
+        args.range_probe_every,
+        Path(args.data),
+        args.policy,
     )
 
 

@@ -33,6 +33,10 @@ MIN_FIRST_ROUND = 3
 
 PrecisionVariant = Literal["fp32", "bf16", "fp16", "fp16_unscaled"]
 Stabilizer = Literal["none", "qk_norm", "z_loss"]
+NaturalPolicy = Literal["skip_step", "lower_lr"]
+"""The recovery policies an arm can carry (model/spike/policies.py): those that act within the run.
+skip_batch and the rollbacks restart from an earlier state (the spike stage's branch driver);
+swap_data has no source to swap on a natural spike."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,16 @@ class AblationConfig(Section):
     beta2_batch_size: int = 4
     """Sequences per step of the beta2 arms: the finding counts steps, and 2,000 steps of 8
     sequences would pass the corpus twice."""
+    detect_zscore: float = 16.0
+    """The z-score of every arm's spike detector (a trailing window, no lag; tasks/ablate/arm.py:
+    arm_detector): the detector rule's choice for that window (versions 2-3: the smallest of
+    spike.sizing_zscores with no false alarm on the sizing seeds), kept so that the β₂ family's
+    spikes_per_1k counts what version 3 counted. The spike study's lagged detector has its own
+    (spike.detect_zscore)."""
+    natural_policies: list[NaturalPolicy] = field(default_factory=lambda: ["skip_step", "lower_lr"])
+    """The spike finding's secondary analysis (tasks/report/natural.py): the beta2 family's arm at
+    β₂ = 0.999 and 4 x ``lr`` retrained on the first round's seeds with each of these policies
+    attached to its detector, scored against the family's own arm (continue). [] runs none."""
 
     # --- wortsman: qk-norm and z-loss lower LR sensitivity -------------------------------------
     stabilizers: list[Stabilizer] = field(default_factory=lambda: ["none", "qk_norm", "z_loss"])
@@ -167,6 +181,7 @@ class AblationConfig(Section):
             "range_probe_every",
             "beta2_steps",
             "beta2_batch_size",
+            "detect_zscore",
             "z_loss",
             "wortsman_steps",
         ):
@@ -231,6 +246,10 @@ class AblationConfig(Section):
                 not_empty(f"ablation.{key}", values)
             if len(set(values)) != len(values):
                 raise ConfigError(f"ablation.{key}: {values} repeats a value (an arm would run twice)")
+        if len(set(self.natural_policies)) != len(self.natural_policies):
+            raise ConfigError(
+                f"ablation.natural_policies: {self.natural_policies} repeats a policy (an arm would run twice)"
+            )
 
     def _check_rounds(self) -> None:
         if not self.rounds:

@@ -132,19 +132,30 @@ ARM_RESULT_KEYS = (
     "train.layer_stats_every",
     "spike.detect_window",
     "spike.detect_warmup",
-    "spike.detect_zscore",
+    "ablation.detect_zscore",
     "spike.detect_ratio",
 )
 """Keys outside the run identity that still change an arm's result.json: when it stops as diverged,
 how often its per-layer trajectories are sampled, and which steps its detector flags."""
 
 
-def arm_key(cfg: Config, data: dict[str, str], code: str, spike: str, range_every: int) -> str:
-    """The arm's cache key: its identity (config, data, spike, probe, code) and ``ARM_RESULT_KEYS``."""
+def arm_key(cfg: Config, data: dict[str, str], code: str, spike: str, range_every: int, policy: str = "none") -> str:
+    """The arm's cache key: its identity (config, data, spike, probe, code) and ``ARM_RESULT_KEYS``;
+    with a recovery policy attached (:func:`policy_spec`), the policy and its settings too. An arm
+    with none keeps the key it always had: the natural-spike analysis's continue is the beta2
+    family's own arm, the same run (tests/test_natural.py)."""
     flat = cfg.to_flat_dict()
     injection = injection_spec(spike, cfg.ablation)
     extra = {"study": "ablate", "injection": injection, "range_probe_every": range_every, "code": code}
+    if policy != "none":
+        extra["policy"] = policy_spec(policy, cfg)
     return run_identity(cfg, data, None, extra | {"result": {k: flat[k] for k in ARM_RESULT_KEYS}}).digest
+
+
+def policy_spec(policy: str, cfg: Config) -> dict[str, Any]:
+    """A policy attached to an arm's detector and the recovery settings it reads (ablation.natural_policies)."""
+    r = cfg.recovery
+    return {"kind": policy, "lr_factor": r.lr_factor, "max_consecutive_vetoes": r.max_consecutive_vetoes}
 
 
 def data_hashes(manifest: Path) -> dict[str, str]:

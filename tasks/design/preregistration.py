@@ -22,6 +22,8 @@ DESIGN_CODE = (
     "tasks/report/verdict.py",
     "tasks/report/findings.py",
     "tasks/report/recovery.py",
+    "tasks/report/natural.py",
+    "tasks/ablate/natural.py",
     "tasks/report/method.py",
     "tasks/report/declared.py",
     "tasks/design/studies.py",

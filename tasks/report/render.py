@@ -36,6 +36,7 @@ from tasks.report.sections.checks import FAILED, NOT_RUN, PASSED, check_outcome,
 from tasks.report.sections.findings import finding_section, findings_section, rounds_section
 from tasks.report.sections.history import changes_section, marked_exploratory, registrations_section, unregistered
 from tasks.report.sections.method import method_section, provenance_section
+from tasks.report.sections.natural import natural_section
 from tasks.report.sections.runs import runs_section
 from tasks.report.sections.section import REPORTS, Figures, Section
 from tasks.report.sections.stages import (
@@ -81,6 +82,7 @@ def report_sections(
         arms_section(cfg, ablate),
         search_section(search),
         spike_section(project, spike),
+        natural_section(ablate),
         pretrain_section(pretrain),
         runs_section(stage_runs),
     ]
