@@ -37,7 +37,7 @@ from model.private import run_private  # noqa: E402
 from model.typed_config import UserError  # noqa: E402
 from tasks.ablate.fused import fusion_key  # noqa: E402
 from tasks.ablate.grid import arm_config, expand, families  # noqa: E402
-from tasks.config import load_config  # noqa: E402
+from tasks.config import Config, load_config  # noqa: E402
 from tasks.gpu_study.plan import GROUP_SIZE, MARGIN, next_slice  # noqa: E402
 
 GOAL_MINUTES = 60.0
@@ -82,12 +82,11 @@ def plan_arms(plan: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def profile_arms(profile: str) -> list[dict[str, Any]]:
+def profile_arms(cfg: Config) -> list[dict[str, Any]]:
     """The arms a profile's design trains (its families, grid and seeds: tasks/ablate/grid.py:
     expand), costed like :func:`plan_arms` without its data: the design before its plan is made. An
     arm fuses as tasks/ablate/fused.py: fusion_key decides (no injected spike, no range probe, and
     nothing model/fused.py: why_alone names)."""
-    cfg = load_config(ROOT / "params.yaml", profile)
     every = families(cfg)
     out = []
     for arm in expand(cfg):
@@ -196,7 +195,7 @@ def main() -> int:
     args = p.parse_args()
     rows = [json.loads(line) for line in args.rows.read_text().splitlines() if line.strip()]
     if args.profile:
-        arms, what = profile_arms(args.profile), f"profile {args.profile}'s design"
+        arms, what = profile_arms(load_config(ROOT / "params.yaml", args.profile)), f"profile {args.profile}'s design"
     else:
         plan = json.loads(args.plan.read_text())
         arms, what = plan_arms(plan), f"plan {plan['plan']}"
