@@ -18,6 +18,7 @@ from model.typed_config import UserError
 from tasks.config import load_config
 from tasks.gpu_study.carry import CARRY, CarryError, pack, unpack
 from tasks.gpu_study.plan import MARGIN, next_slice
+from tasks.gpu_study.report import findings
 from tasks.gpu_study.state import accept, accumulated, duplicates, read_results
 from tests.test_arithmetic_check import study_project
 
@@ -242,6 +243,14 @@ def test_the_gpu_registrations_windows_each_hold_whole_groups_within_the_window(
     cut = windows(arms, ROWS, window_s=780, workers=1, launch_bound=False)
     assert len(cut) == 4 and all(w["busy_s"] <= 780 for w in cut)
     assert sum(len(w["groups"]) for w in cut) == 29  # wortsman 3 x 7, xiong 2 x 2, beta2 4: groups of 5
+
+
+def test_the_gpu_report_judges_only_the_families_its_profile_trains():
+    plan = json.loads((REPO / "gpu_study/plan.json").read_text())
+    judged = [finding.key for finding, _, _ in findings(REPO, plan | {"profile": "gpu"}, [])]
+    assert judged == ["xiong", "beta2", "wortsman"]  # fp16 and overflow: left out of the gpu registration
+    every = [finding.key for finding, _, _ in findings(REPO, plan | {"profile": "default"}, [])]
+    assert every == ["xiong", "fp16", "overflow", "beta2", "wortsman"]
 
 
 def test_a_fused_arms_cost_counts_every_arm_that_shared_the_gpu(tmp_path):
