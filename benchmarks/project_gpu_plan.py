@@ -14,12 +14,16 @@ launches (its ceiling). Arms that may fuse (the plan's ``fuse`` key, tasks/ablat
 fusion_key; computed here for a plan made before it) train at a vmap row, the rest one arm a
 process at the processes row of the same vocabulary.
 
-    python benchmarks/project_gpu_plan.py [--plan gpu_study/plan.json] [--rows gpu_study/packing/h200-2026-11-27.jsonl]
+    python benchmarks/project_gpu_plan.py [--plan gpu_study/plan.json | --profile gpu] [--rows gpu_study/packing/h200-2026-11-27.jsonl]
+
+``--profile`` projects a profile's design (its families, grid and seeds) before its plan is made,
+which needs the profile's data.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -28,8 +32,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from model.fused import shared_settings, why_alone  # noqa: E402
 from model.private import run_private  # noqa: E402
+from model.typed_config import UserError  # noqa: E402
 from tasks.ablate.fused import fusion_key  # noqa: E402
+from tasks.ablate.grid import arm_config, expand, families  # noqa: E402
+from tasks.config import Config, load_config  # noqa: E402
+from tasks.gpu_study.plan import GROUP_SIZE, MARGIN, next_slice  # noqa: E402
 
 GOAL_MINUTES = 60.0
 """Issue 60's goal: the gpu registration's plan in four 15-minute windows."""
@@ -57,12 +66,54 @@ def settings(arm: dict[str, Any]) -> dict[str, str]:
     return {a.split("=", 2)[1]: a.split("=", 2)[2] for a in arm["arguments"] if a.startswith("--set=")}
 
 
+def plan_arms(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """A plan's arms as the projection costs them: family, steps, depth, batch, and whether it fuses."""
+    return [
+        {
+            "key": arm["key"],
+            "family": arm["family"],
+            "steps": int(s["train.steps"]),
+            "n_layer": int(s["model.n_layer"]),
+            "batch_size": int(s["train.batch_size"]),
+            "fuse": fuse_of(arm),
+        }
+        for arm in plan["arms"]
+        for s in [settings(arm)]
+    ]
+
+
+def profile_arms(cfg: Config) -> list[dict[str, Any]]:
+    """The arms a profile's design trains (its families, grid and seeds: tasks/ablate/grid.py:
+    expand), costed like :func:`plan_arms` without its data: the design before its plan is made. An
+    arm fuses as tasks/ablate/fused.py: fusion_key decides (no injected spike, no range probe, and
+    nothing model/fused.py: why_alone names)."""
+    every = families(cfg)
+    out = []
+    for arm in expand(cfg):
+        family = every[arm.family]
+        arm_cfg = arm_config(cfg, arm, family)
+        fuses = arm.spike == "none" and not family.range_probe_every and why_alone(arm_cfg) is None
+        shared = json.dumps(shared_settings(arm_cfg), sort_keys=True, default=str)
+        out.append(
+            {
+                "key": arm.name,
+                "family": arm.family,
+                "seed": arm.seed,
+                "steps": arm_cfg.train.steps,
+                "n_layer": arm_cfg.model.n_layer,
+                "batch_size": arm_cfg.train.batch_size,
+                "fuse": hashlib.sha256(shared.encode()).hexdigest()[:16] if fuses else None,
+            }
+        )
+    seeds, order = cfg.ablation.all_seeds, list(every)  # the plan's order: seed by seed (flows/gpu_study.py)
+    return sorted(out, key=lambda arm: (seeds.index(arm["seed"]), order.index(arm["family"])))
+
+
 def step_cost(arm: dict[str, Any], vocab: int, launch_bound: bool) -> float:
     """The arm's step in steps of the measured shape at ``vocab`` (see the module doc)."""
-    s = settings(arm)
     readout = READOUT_SHARE * vocab / 50304
-    body = (1 - READOUT_SHARE) * int(s["model.n_layer"]) / SHAPE["model.n_layer"]
-    batch = 1.0 if launch_bound else int(s["train.batch_size"]) / SHAPE["train.batch_size"]
+    body = (1 - READOUT_SHARE) * arm["n_layer"] / SHAPE["model.n_layer"]
+    batch = 1.0 if launch_bound else arm["batch_size"] / SHAPE["train.batch_size"]
     return batch * (readout + body) / (readout + 1 - READOUT_SHARE)
 
 
@@ -78,36 +129,94 @@ def rate(rows: list[dict[str, Any]], mode: str, k: int, vocab: int, tf32: bool) 
     return float(max(found)) * WINDOW_OVER_BENCH
 
 
-def project(plan: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per scenario: the plan's GPU-minutes, floor and ceiling (beta2's small batch)."""
-    fuses = [fuse_of(arm) for arm in plan["arms"]]
+def arm_seconds(
+    arm: dict[str, Any], rows: list[dict[str, Any]], scenario: tuple[Any, ...], launch_bound: bool
+) -> float:
+    """The GPU-seconds ``arm`` takes under ``scenario`` (name, fused row, lone row): its steps, each
+    costed by :func:`step_cost`, at its row's rate."""
+    _, fused_row, alone_row = scenario
+    row = fused_row if arm["fuse"] else alone_row
+    return arm["steps"] * step_cost(arm, row[2], launch_bound) / rate(rows, *row)
+
+
+def project(arms: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per scenario: the arms' GPU-minutes, floor and ceiling (beta2's small batch), in all and per family."""
     out = []
-    for name, fused_row, alone_row in SCENARIOS:
-        minutes = []
+    for scenario in SCENARIOS:
+        bounds = {}
         for launch_bound in (False, True):
-            seconds = 0.0
-            for arm, fuse in zip(plan["arms"], fuses, strict=True):
-                row = fused_row if fuse else alone_row
-                steps = int(settings(arm)["train.steps"]) * step_cost(arm, row[2], launch_bound)
-                seconds += steps / rate(rows, *row)
-            minutes.append(seconds / 60)
-        out.append({"scenario": name, "minutes_floor": round(minutes[0]), "minutes_ceiling": round(minutes[1])})
+            per_family: dict[str, float] = {}
+            for arm in arms:
+                per_family[arm["family"]] = (
+                    per_family.get(arm["family"], 0.0) + arm_seconds(arm, rows, scenario, launch_bound) / 60
+                )
+            bounds[launch_bound] = per_family
+        out.append(
+            {
+                "scenario": scenario[0],
+                "minutes_floor": round(sum(bounds[False].values())),
+                "minutes_ceiling": round(sum(bounds[True].values())),
+                "families": {f: (round(bounds[False][f], 1), round(bounds[True][f], 1)) for f in bounds[False]},
+            }
+        )
+    return out
+
+
+def windows(
+    arms: list[dict[str, Any]], rows: list[dict[str, Any]], window_s: float, workers: int, launch_bound: bool
+) -> list[dict[str, Any]]:
+    """The windows the arms need at the last scenario's rates, each as tasks/gpu_study/plan.py:
+    next_slice cuts it (whole fused groups of ``GROUP_SIZE``, in plan order, ``workers`` at once),
+    every arm estimated at its projected GPU-seconds instead of a measured arm's (its margin
+    undone): per window its groups and the seconds its fullest lane takes."""
+    scenario = SCENARIOS[-1]
+    seconds = {arm["family"]: arm_seconds(arm, rows, scenario, launch_bound) for arm in arms}
+    measures = [
+        {"family": f, "wall_s": s / MARGIN, "steps_total": 1, "steps_done": 1, "sharing": 1} for f, s in seconds.items()
+    ]
+    plan, done, out = {"plan": "projected", "arms": arms}, set(), []
+    while len(done) < len(arms):
+        cut = next_slice(plan, done, measures, window_s, workers, len(out) + 1, group_size=GROUP_SIZE)
+        done |= {arm["key"] for arm in cut["arms"]}
+        groups = {}
+        for arm in cut["arms"]:
+            groups.setdefault(arm["group"], arm["family"])
+        out.append({"groups": list(groups.values()), "busy_s": cut["estimate_s"]})
     return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--plan", type=Path, default=ROOT / "gpu_study" / "plan.json")
+    p.add_argument("--profile", help="project this profile's design instead of a plan (no data needed)")
+    p.add_argument("--window-s", type=float, default=780.0, help="a window's seconds (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=1, help="fused groups a window trains at once (default: %(default)s)")
     p.add_argument("--rows", type=Path, default=ROOT / "gpu_study" / "packing" / "h200-2026-11-27.jsonl")
     args = p.parse_args()
-    plan = json.loads(args.plan.read_text())
     rows = [json.loads(line) for line in args.rows.read_text().splitlines() if line.strip()]
-    fusable = sum(1 for arm in plan["arms"] if fuse_of(arm))
-    print(
-        f"plan {plan['plan']}: {len(plan['arms'])} arms, {fusable} of them in fused groups; goal {GOAL_MINUTES:.0f} GPU-minutes"
-    )
-    for line in project(plan, rows):
+    if args.profile:
+        arms, what = profile_arms(load_config(ROOT / "params.yaml", args.profile)), f"profile {args.profile}'s design"
+    else:
+        plan = json.loads(args.plan.read_text())
+        arms, what = plan_arms(plan), f"plan {plan['plan']}"
+    fusable = sum(1 for arm in arms if arm["fuse"])
+    print(f"{what}: {len(arms)} arms, {fusable} of them in fused groups; goal {GOAL_MINUTES:.0f} GPU-minutes")
+    for line in project(arms, rows):
         print(f"  {line['scenario']:<40} {line['minutes_floor']:>4}-{line['minutes_ceiling']} GPU-minutes")
+        for family, (floor, ceiling) in line["families"].items():
+            print(f"    {family:<12} {floor:>6.1f}-{ceiling:.1f}")
+    for launch_bound, bound in ((False, "floor"), (True, "ceiling")):
+        try:
+            cut = windows(arms, rows, args.window_s, args.workers, launch_bound)
+        except UserError as e:  # a group longer than the window: the slicer's own refusal
+            raise SystemExit(f"project_gpu_plan: {e}") from None
+        print(
+            f"at the last row ({bound}): {len(cut)} windows of {args.window_s:.0f} s, {args.workers} fused groups at "
+            f"once, groups of {GROUP_SIZE}"
+        )
+        for number, window in enumerate(cut, 1):
+            kinds = ", ".join(f"{window['groups'].count(f)} {f}" for f in dict.fromkeys(window["groups"]))
+            print(f"  {number}: {len(window['groups'])} groups ({kinds}), fullest lane {window['busy_s']:.0f} s")
     return 0
 
 

@@ -151,6 +151,8 @@ def test_the_arm_code_digest_covers_existing_files_of_this_checkout():
         ("ablation.sizing_xiong_steps", [0, 2], "ablation.sizing_xiong_steps"),
         ("ablation.sizing_xiong_steps", [800, 800], "not strictly ascending"),
         ("ablation.sizing_xiong_steps", [800, 400], "not strictly ascending"),
+        ("ablation.families", ["beta2", "beta2"], "ablation.families: ['beta2', 'beta2'] names a family twice"),
+        ("ablation.families", [], None),  # every family
     ],
 )
 def test_a_bad_study_is_refused_naming_the_key(key, value, message):
@@ -159,6 +161,20 @@ def test_a_bad_study_is_refused_naming_the_key(key, value, message):
         return
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         Config().replace(**{key: value})
+
+
+def test_a_profile_that_names_families_trains_those_and_no_arm_of_the_others():
+    every = expand(Config())
+    named = expand(study(families=["beta2", "wortsman"]))
+    assert named == [arm for arm in every if arm.family in ("beta2", "wortsman")]
+    assert expand(study(families=list(families(Config())))) == every, "naming every family is naming none"
+    (one,) = {arm.family for arm in expand(study(families=["xiong"]))}
+    assert one == "xiong"
+
+
+def test_a_family_name_that_is_no_family_is_refused_naming_the_families():
+    with pytest.raises(ConfigError, match=r"ablation.families: 'wortsmann' is not a family of the study \(xiong, "):
+        expand(study(families=["wortsman", "wortsmann"]))
 
 
 def test_a_spiked_format_must_have_its_clean_twin():

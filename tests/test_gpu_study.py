@@ -18,10 +18,15 @@ from model.typed_config import UserError
 from tasks.config import load_config
 from tasks.gpu_study.carry import CARRY, CarryError, pack, unpack
 from tasks.gpu_study.plan import MARGIN, next_slice
+from tasks.gpu_study.report import findings
 from tasks.gpu_study.state import accept, accumulated, duplicates, read_results
 from tests.test_arithmetic_check import study_project
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from project_gpu_plan import GOAL_MINUTES, plan_arms, profile_arms, project, windows  # noqa: E402
+
+ROWS = [json.loads(line) for line in (REPO / "gpu_study/packing/h200-2026-11-27.jsonl").read_text().splitlines()]
 
 
 def study(project: Path, *args: str) -> subprocess.CompletedProcess:
@@ -210,6 +215,42 @@ def test_a_window_holds_whole_groups_each_estimated_at_the_arms_sharing_the_gpu(
         next_slice(
             fusing_plan(["a", "a"]), set(), measured, window_s=200 * MARGIN - 1, workers=2, number=1, group_size=2
         )
+
+
+def test_the_gpu_registration_trains_the_families_the_cpu_cannot_test_on_fresh_seeds():
+    arms = profile_arms(load_config(REPO / "params.yaml", "gpu"))
+    assert {arm["family"] for arm in arms} == {"wortsman", "xiong", "beta2"}  # no precision, no overflow
+    assert {arm["seed"] for arm in arms} == {40, 41, 42, 43, 44}
+    assert all(arm["fuse"] for arm in arms), "every arm of the gpu registration trains in a fused group"
+
+
+def test_the_gpu_registration_fits_sixty_gpu_minutes_and_one_more_seed_would_not():
+    cfg = load_config(REPO / "params.yaml", "gpu")
+    fused = project(profile_arms(cfg), ROWS)[-1]  # the registered vocabulary, fused groups
+    assert fused["minutes_ceiling"] <= GOAL_MINUTES
+    wider = cfg.replace(**{"ablation.confirm_seeds": [*cfg.ablation.confirm_seeds, 45]})
+    assert project(profile_arms(wider), ROWS)[-1]["minutes_ceiling"] > GOAL_MINUTES
+
+
+def test_the_committed_plan_projects_as_docs_say_before_the_gpu_registration():
+    plan = json.loads((REPO / "gpu_study/plan.json").read_text())
+    fused = project(plan_arms(plan), ROWS)[-1]
+    assert (fused["minutes_floor"], fused["minutes_ceiling"]) == (199, 224)
+
+
+def test_the_gpu_registrations_windows_each_hold_whole_groups_within_the_window():
+    arms = profile_arms(load_config(REPO / "params.yaml", "gpu"))
+    cut = windows(arms, ROWS, window_s=780, workers=1, launch_bound=False)
+    assert len(cut) == 4 and all(w["busy_s"] <= 780 for w in cut)
+    assert sum(len(w["groups"]) for w in cut) == 29  # wortsman 3 x 7, xiong 2 x 2, beta2 4: groups of 5
+
+
+def test_the_gpu_report_judges_only_the_families_its_profile_trains():
+    plan = json.loads((REPO / "gpu_study/plan.json").read_text())
+    judged = [finding.key for finding, _, _ in findings(REPO, plan | {"profile": "gpu"}, [])]
+    assert judged == ["xiong", "beta2", "wortsman"]  # fp16 and overflow: left out of the gpu registration
+    every = [finding.key for finding, _, _ in findings(REPO, plan | {"profile": "default"}, [])]
+    assert every == ["xiong", "fp16", "overflow", "beta2", "wortsman"]
 
 
 def test_a_fused_arms_cost_counts_every_arm_that_shared_the_gpu(tmp_path):

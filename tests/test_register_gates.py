@@ -96,6 +96,14 @@ def test_mu_transfers_gate_at_the_target_width_is_refused_only_where_the_target_
     assert default.model.d_model != default.mup.base_width and builtin_refusals(default) == []
 
 
+def test_a_profile_whose_mu_transfer_point_cannot_be_built_is_refused_naming_the_finding() -> None:
+    tied = smoke(**{"model.tie_embeddings": True, "mup.parametrization": "sp"})  # as the gpu profile: μP cannot tie
+    (found,) = builtin_refusals(tied)
+    assert found.startswith("findings.mu_transfer: its gate's μP point cannot be built under profile smoke")
+    assert "model.tie_embeddings" in found
+    assert builtin_refusals(smoke(**{"model.tie_embeddings": False, "model.d_model": 64})) == []
+
+
 def test_the_builtin_families_have_no_gate_fixed_by_construction() -> None:
     cfg = smoke()
     assert family_refusals(cfg, list(families(cfg).values())) == []

@@ -160,6 +160,15 @@ class AblationConfig(Section):
     wortsman_steps: int = 300
     """Steps of the wortsman arms."""
 
+    # --- which families train --------------------------------------------------------------
+    families: list[str] = field(default_factory=list)
+    """The families whose arms this profile's study trains, by name (a built-in family's
+    ``family.name`` in tasks/design/preregistration.yaml, or a studies.yaml family's); the others
+    train no arm and their findings are not tested. Empty: every family. A profile drops a family
+    here, never by emptying its grid (the gpu profile: the families the CPU cannot test,
+    docs/gpu-study.md). A name that is no family is refused where the families are known
+    (tasks/ablate/grid.py: trained)."""
+
     # --- execution ---------------------------------------------------------------------------
     workers: int = 0
     """Arms trained at once, each in its own worker process on one thread (0: the cores available)."""
@@ -246,6 +255,8 @@ class AblationConfig(Section):
                 not_empty(f"ablation.{key}", values)
             if len(set(values)) != len(values):
                 raise ConfigError(f"ablation.{key}: {values} repeats a value (an arm would run twice)")
+        if len(set(self.families)) != len(self.families):
+            raise ConfigError(f"ablation.families: {self.families} names a family twice")
         if len(set(self.natural_policies)) != len(self.natural_policies):
             raise ConfigError(
                 f"ablation.natural_policies: {self.natural_policies} repeats a policy (an arm would run twice)"

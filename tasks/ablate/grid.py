@@ -67,6 +67,17 @@ def families(cfg: Config, declared: Sequence[DeclaredFamily] = ()) -> dict[str, 
     return {f.name: f for f in [*builtin_families(cfg), *declared]}
 
 
+def trained(cfg: Config, declared: Sequence[DeclaredFamily] = ()) -> dict[str, DeclaredFamily]:
+    """The families whose arms the study trains: those ``ablation.families`` names, in the study's
+    order, or every family when it names none; a name that is no family is a ConfigError naming
+    them all."""
+    every = families(cfg, declared)
+    chosen = cfg.ablation.families
+    if unknown := [name for name in chosen if name not in every]:
+        raise ConfigError(f"ablation.families: {unknown[0]!r} is not a family of the study ({', '.join(every)})")
+    return {name: f for name, f in every.items() if not chosen or name in chosen}
+
+
 def check_family(name: str, cfg: Config, declared: Sequence[DeclaredFamily] = ()) -> None:
     """``name`` is a family of the study (``spikelab run ablate --family NAME``); else a
     ConfigError that names them all."""
@@ -76,11 +87,12 @@ def check_family(name: str, cfg: Config, declared: Sequence[DeclaredFamily] = ()
 
 
 def expand(cfg: Config, declared: Sequence[DeclaredFamily] = ()) -> list[Arm]:
-    """Every arm of every family (the built-in ones and ``declared``), family by family, each
-    point of its grid once per seed (discovery, then confirmation)."""
+    """Every arm of every family the study trains (:func:`trained`: of the built-in ones and
+    ``declared``), family by family, each point of its grid once per seed (discovery, then
+    confirmation)."""
     return [
         family_arm(family, seed, **variant)
-        for family in families(cfg, declared).values()
+        for family in trained(cfg, declared).values()
         for variant in family.variants()
         for seed in family.all_seeds
     ]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from model.typed_config import parse_sets
-from tasks.ablate.grid import arm_metrics
+from tasks.ablate.grid import arm_metrics, trained
 from tasks.config import Config, load_config
 from tasks.design.families import DeclaredFamily
 from tasks.design.studies import builtin_families, read_studies
@@ -56,7 +56,10 @@ def findings(project: Path, plan: dict[str, Any], arms: list[dict[str, Any]]) ->
     planned = {f: sum(a["family"] == f for a in every) for f in {a["family"] for a in every}}
     out = []
     families: dict[str, DeclaredFamily] = {f.name: f for f in builtin_families(cfg)}
+    kept = trained(cfg)
     for key, name in FAMILY_OF.items():
+        if name not in kept:  # a family the profile drops (ablation.families) has no arms to judge
+            continue
         found = builtin_finding(key, families[name], cfg, ablate, unigram)
         out.append((found, sum(a["family"] == name for a in arms), planned.get(name, 0)))
     for family in read_studies(project, cfg):

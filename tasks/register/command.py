@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from model.typed_config import PROFILES_DIR, ConfigError
-from tasks.ablate.grid import families
+from tasks.ablate.grid import trained
 from tasks.config import Config, load_config
 from tasks.design.preregistration import DESIGN_CODE
 from tasks.design.registration import (
@@ -166,7 +166,7 @@ def register(project: Path, profile: str | None = None, dry_run: bool = False) -
     grown = grown_by(registry, uses)
     check_study_seeds(cfg, registry=grown)
     check_declared_seeds(declared, grown)
-    every = list(families(cfg, declared).values())
+    every = list(trained(cfg, declared).values())  # a family the profile drops is not registered
     if refused := gates.refusals(cfg, every):
         raise ConfigError(f"{refused[0]}{f' (and {len(refused) - 1} more)' if len(refused) > 1 else ''}")
     planned = plan(cfg, every)

@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from model.typed_config import flatten
+from model.typed_config import ConfigError, flatten
 from tasks.ablate.grid import arm_config, family_arm
 from tasks.config import Config
 from tasks.design.families import DeclaredClaim, DeclaredFamily, Gate, matches
@@ -171,10 +171,15 @@ def family_refusals(cfg: Config, families: Sequence[DeclaredFamily]) -> list[str
 
 
 def builtin_refusals(cfg: Config) -> list[str]:
-    """The gates in code (:func:`builtin_points`) that compare a model with itself."""
+    """The gates in code (:func:`builtin_points`) that compare a model with itself, or whose point
+    the profile cannot build (the gpu profile ties its embedding, which μP cannot)."""
+    try:
+        points = builtin_points(cfg)
+    except ConfigError as e:
+        return [f"findings.mu_transfer: its gate's μP point cannot be built under profile {cfg.profile} ({e})"]
     return [
         f"{where}: μP and SP are the same model there by construction; gate where they differ"
-        for where, (sp, mup) in builtin_points(cfg).items()
+        for where, (sp, mup) in points.items()
         if same_by_construction(sp, mup)
     ]
 
