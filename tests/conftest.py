@@ -7,7 +7,13 @@ temporary folder (``SPIKELAB_TEST_TMPDIR``, default /tmp: an unpredictable name,
 owner can list or write), not in the checkout, where a test's project would find the checkout's
 ``params.yaml`` above it. When the session ends, any new entry this user made in a shared folder
 (/tmp, /var/tmp, /dev/shm; POSIX semaphores aside) fails the run, naming it: a new engine's scratch
-that is not private yet."""
+that is not private yet.
+
+``make test`` runs the suite on two worker processes (pytest-xdist, ``--dist loadgroup``): a test file
+is one unit of work, so its module fixtures run once, and the files that read the shared smoke
+pipeline are one unit, so it runs once. Each worker has a folder of its own below the session's and
+its own test servers (``live_services``, on ports :data:`WORKER_PORT_STEP` apart); the shared-folder
+check runs once, in the process that started the workers, after they have all finished."""
 
 from __future__ import annotations
 
@@ -47,21 +53,44 @@ def owned_entries(folders: tuple[str, ...] = SHARED_FOLDERS) -> set[str]:
     return found
 
 
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+"""This process's xdist worker id (gw0, gw1, ...); None in a run without workers, and in the
+process that starts them."""
+SMOKE_GROUP = ("test_pipeline.py", "test_ui.py")
+"""The files whose tests read the shared smoke pipeline (tests/smoke_study.py): one unit of work."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     from tasks.runtime.private_env import use_private_env
 
-    config.stash[SHARED_BEFORE] = owned_entries()
-    session_root = Path(tempfile.mkdtemp(prefix="spikelab-tests-", dir=os.environ.get("SPIKELAB_TEST_TMPDIR", "/tmp")))
-    session_root.chmod(0o711)  # the other user's copy of the packages is reached by its name (tests/other_user.py)
-    os.environ[SESSION_ENV] = str(session_root)
+    if WORKER:  # below the folder the starting process made (its environment is the worker's)
+        session_root = Path(os.environ[SESSION_ENV]) / WORKER
+        session_root.mkdir(mode=0o711)
+    else:
+        config.stash[SHARED_BEFORE] = owned_entries()
+        session_root = Path(
+            tempfile.mkdtemp(prefix="spikelab-tests-", dir=os.environ.get("SPIKELAB_TEST_TMPDIR", "/tmp"))
+        )
+        session_root.chmod(0o711)  # the other user's copy of the packages is reached by its name (tests/other_user.py)
+        os.environ[SESSION_ENV] = str(session_root)
     use_private_env(session_root / "scratch")
     if config.option.basetemp is None:
         config.option.basetemp = str(session_root / "pytest")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test file one unit of work for ``--dist loadgroup``, the smoke pipeline's readers one."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("smoke" if name in SMOKE_GROUP else name))
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Fail a session that left a new entry of this user's in a shared folder, naming it; else
-    remove the session's folder (kept after a failure, for its tests' files)."""
+    remove the session's folder (kept after a failure, for its tests' files). A worker leaves both
+    to the process that started it."""
+    if WORKER:
+        return
     session_root = os.environ[SESSION_ENV]
     new = owned_entries() - session.config.stash[SHARED_BEFORE] - {session_root}
     if new:
@@ -82,13 +111,24 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 SHARED_BEFORE = pytest.StashKey[set]()
 
+WORKER_PORT_STEP = 100
+"""Worker gwN's test servers listen N x this above the ports below."""
+
+
+def server_port(name: str, default: int) -> str:
+    """A test server's port: ``$SPIKELAB_TEST_<name>_PORT`` (else ``default``), this worker's step up."""
+    step = int(WORKER.removeprefix("gw")) * WORKER_PORT_STEP if WORKER else 0
+    return str(int(os.environ.get(f"SPIKELAB_TEST_{name}_PORT", default)) + step)
+
+
 TEST_PORTS = {
-    "SPIKELAB_PREFECT_PORT": os.environ.get("SPIKELAB_TEST_PREFECT_PORT", "4299"),
-    "SPIKELAB_MLFLOW_PORT": os.environ.get("SPIKELAB_TEST_MLFLOW_PORT", "5099"),
-    "SPIKELAB_DASHBOARD_PORT": os.environ.get("SPIKELAB_TEST_DASHBOARD_PORT", "8099"),
+    "SPIKELAB_PREFECT_PORT": server_port("PREFECT", 4299),
+    "SPIKELAB_MLFLOW_PORT": server_port("MLFLOW", 5099),
+    "SPIKELAB_DASHBOARD_PORT": server_port("DASHBOARD", 8099),
 }
 """Ports of the test servers: set SPIKELAB_TEST_PREFECT_PORT / SPIKELAB_TEST_MLFLOW_PORT /
-SPIKELAB_TEST_DASHBOARD_PORT when several checkouts run their suites on one machine."""
+SPIKELAB_TEST_DASHBOARD_PORT when several checkouts run their suites on one machine (each
+worker takes its own step above them: :data:`WORKER_PORT_STEP`)."""
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -91,18 +90,16 @@ Prints what each request got (a status, or the error's traceback), how many conn
 the servers' ports and how long it took (for the reader: the test asserts on the connects)."""
 
 
-def two_free_ports() -> list[int]:
-    free = []
-    for port in PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        free.append(port)
-        if len(free) == 2:
-            return free
-    pytest.skip(f"no two free ports in {PORTS}")
+def serve_on_a_free_port(taken: set[int], env: dict[str, str]) -> tuple[int, subprocess.Popen]:
+    """:data:`SERVER` listening on the first port of :data:`PORTS` it can take (a port another
+    process takes between a check and the server's listen is skipped, not a failure)."""
+    for port in sorted(set(PORTS) - taken):
+        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], env=env, stdout=subprocess.PIPE, text=True)
+        if listening := proc.stdout.readline():
+            assert int(listening) == port
+            return port, proc
+        proc.wait(timeout=10)  # the port was taken: the server said so on stderr and ended
+    pytest.skip(f"no free port in {PORTS}")
 
 
 @pytest.fixture()
@@ -115,16 +112,20 @@ def own_servers(tmp_path, monkeypatch):
         pytest.skip(reason)
     state = tmp_path / "state"
     (state / "services").mkdir(parents=True)
-    ports = dict(zip(("prefect", "mlflow"), two_free_ports()))
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_HOME")}
-    env |= {"SPIKELAB_STATE": str(state), **{f"SPIKELAB_{name.upper()}_PORT": str(p) for name, p in ports.items()}}
+    env["SPIKELAB_STATE"] = str(state)
+    ports: dict[str, int] = {}
     servers = {}
+    for name in ("prefect", "mlflow"):
+        ports[name], servers[name] = serve_on_a_free_port(set(ports.values()), env)
+    env |= {f"SPIKELAB_{name.upper()}_PORT": str(p) for name, p in ports.items()}
     for name, port in ports.items():
-        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], env=env, stdout=subprocess.PIPE, text=True)
-        assert int(proc.stdout.readline()) == port  # listening
-        record = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "port": port}
+        record = {
+            "pid": servers[name].pid,
+            "create_time": psutil.Process(servers[name].pid).create_time(),
+            "port": port,
+        }
         (state / "services" / f"{name}.json").write_text(json.dumps(record))
-        servers[name] = proc
     monkeypatch.setattr(os, "environ", env)
     from tasks.runtime import credentials
 
