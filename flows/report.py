@@ -30,6 +30,7 @@ from tasks.report.sections.history import reanalysis
 from tasks.report.sections.method import provenance, stage_times
 from tasks.report.sections.runs import ARMS_PAGE, render_arms
 from tasks.report.sections.words import in_words
+from tasks.report.versions import beside_earlier
 from tasks.runtime.artifacts import publish_summary
 from tasks.runtime.files import read_json, staged, write_json
 from tasks.runtime.outputs import (
@@ -87,15 +88,28 @@ def report_flow(profile: Profile | None = None, overrides: dict[str, Any] | None
         times = stage_times(
             {"search": search, "pretrain": pretrain, "spike": spike, "ablate": ablate, "sensitivity": sensitivity}
         )
+        compared = beside_earlier(project, cfg.profile, findings)  # version 3 beside this run, claim by claim
         sections = report_sections(
-            cfg, project, findings, ablate, search, spike, pretrain, origin, runs, arithmetic, sensitivity, times
+            cfg,
+            project,
+            findings,
+            ablate,
+            search,
+            spike,
+            pretrain,
+            origin,
+            runs,
+            arithmetic,
+            sensitivity,
+            times,
+            compared,
         )
         arms_page = (project / REPORT_MD).parent / ARMS_PAGE  # in the reports/report output
         with staged(project / REPORT_MD, project / REPORT_HTML, arms_page) as (md, page, arms):
             md.write_text(render_markdown(sections, project), encoding="utf-8")
             arms.write_text(render_arms(ablate), encoding="utf-8")
             page.write_text(render_html(sections, project), encoding="utf-8")
-        summary = report_json(findings, ablate, arithmetic, times, origin)
+        summary = report_json(findings, ablate, arithmetic, times, origin, compared)
         add_claim_words(summary, worded)
         write_json(project / REPORT_METRICS, summary)
         log_summary({k.replace(" ", "_"): v for k, v in summary["counts"].items()})

@@ -195,6 +195,7 @@ ENTRY_POINTS = [
     ["-m", "tasks.spike.sizing"],
     ["-m", "flows.gpu_study"],
     ["-m", "tasks.params"],
+    ["-m", "tasks.report.versions"],
     *([str(path.relative_to(ROOT))] for path in sorted((ROOT / "checks").glob("*.py"))),
     *([str(path.relative_to(ROOT))] for path in sorted((ROOT / "benchmarks").glob("bench_*.py"))),
     *([f"scripts/{name}.py"] for name in ("search_pruning", "sequential_oc", "screenshots")),

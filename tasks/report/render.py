@@ -47,6 +47,7 @@ from tasks.report.sections.stages import (
     spike_section,
 )
 from tasks.report.sections.summary import VERDICTS, summary_section
+from tasks.report.sections.versions import versions_section
 from tasks.report.sections.words import HOLDS, NOT_SHOWN, in_words
 from tasks.report.verdict import CONTRADICTED, INCONCLUSIVE, NEGLIGIBLE, NOT_TESTED, REPRODUCED
 from tasks.runtime.paths import own_checkout_env
@@ -65,6 +66,7 @@ def report_sections(
     arithmetic: dict[str, Any],
     sensitivity: dict[str, Any] | None = None,
     times: dict[str, float | None] | None = None,
+    compared: dict[str, Any] | None = None,
 ) -> list[Section]:
     """The page's sections in order; a stage that has not run leaves out the sections only it fills.
     A claim is named in words (sections/words.py: in_words); metrics/report.json keeps its declared name."""
@@ -74,6 +76,7 @@ def report_sections(
         method_section(ablate),
         provenance_section(cfg, provenance, arithmetic, times or {}),
         findings_section(findings),
+        versions_section(compared),
         rounds_section(ablate, findings),
         *(finding_section(f) for f in findings),
         sensitivity_section(sensitivity),
@@ -200,13 +203,15 @@ def report_json(
     arithmetic: dict[str, Any],
     times: dict[str, float | None] | None = None,
     origin: dict[str, Any] | None = None,
+    compared: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """metrics/report.json: per finding its verdict, test, source, smallest detectable effects and
     claims; the unigram baseline and each family's base-arm loss; counts per verdict; the
     arithmetic of the report and of the runs it used, and its warnings (``provenance``); each
     stage's wall seconds (``stage_times``, tasks/report/sections/method.py); the commit the report
     was built at and those the stages ran at, and which stages' outputs are older than their
-    code (``code``, from ``origin``: tasks/report/sections/method.py, provenance)."""
+    code (``code``, from ``origin``: tasks/report/sections/method.py, provenance); an earlier
+    version's claims beside these (``versions``, tasks/report/versions.py) where there is one."""
     return {
         **({"code": code_json(origin)} if origin else {}),
         "stage_times": times or {},
@@ -218,4 +223,5 @@ def report_json(
         "findings": {f.key: f.to_json() for f in findings},
         "counts": {v: sum(1 for f in proper(findings) if f.verdict == v) for v in VERDICTS},
         "checks": {f.key: check_outcome(f) for f in findings if f.check},
+        **({"versions": compared} if compared else {}),
     }

@@ -59,10 +59,15 @@ def _short_source(source: str) -> str:
 
 
 def claim_outcome(f: Finding, c: Claim) -> str:
-    """The claim's own outcome, by the verdict rule's tests on it alone: not tested (the finding's
-    precondition or the claim's own gate failed), contradicted, holds (fragile where it did not
-    replicate under the data perturbation), negligible (shown smaller than its SESOI), else not shown."""
-    if f.precondition_failed or c.not_tested:
+    """The claim's own outcome, by the verdict rule's tests on it alone: :func:`outcome`."""
+    return outcome(c, f.precondition_failed)
+
+
+def outcome(c: Claim, precondition_failed: str | None) -> str:
+    """A claim's outcome: not tested (its finding's precondition or its own gate failed),
+    contradicted, holds (fragile where it did not replicate under the data perturbation),
+    negligible (shown smaller than its SESOI), else not shown."""
+    if precondition_failed or c.not_tested:
         return NOT_TESTED
     if c.contradicted:
         return CONTRADICTED
