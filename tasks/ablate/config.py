@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from model.config import Block
+from model.config import Block, Precision
 from model.typed_config import ConfigError, Section, in_open_unit, non_negative, not_empty, positive
 
 MIN_FIRST_ROUND = 3
@@ -78,6 +78,10 @@ class AblationConfig(Section):
     """Peak LR of the beta2 family (μP at the base width, m = 1): the search's optimum there."""
     warmup_fraction: float = 0.05
     """Warmup of every family but xiong's, as a fraction of its steps (Wortsman et al. use 5 %)."""
+    precision: Precision = "fp32"
+    """The format every arm trains in but where its family sets its own (the precision and overflow
+    families' variants): fp32 on the CPU, where bf16 is emulated or a kernel path of its own; the
+    gpu profile's bf16 autocast with fp32 master weights, as the papers studied trained (issue 60)."""
 
     # --- xiong: Post-LN needs warmup ---------------------------------------------------------
     blocks: list[Block] = field(default_factory=lambda: ["pre_ln", "post_ln"])
@@ -287,7 +291,7 @@ class AblationConfig(Section):
 
     def arm_scale(self, steps: int, seed: int) -> dict[str, Any]:
         """The dotted keys every arm trains with before its family's conditions: the arm scale, one
-        thread, μP's LR (``lr``) in fp32, warmup ``warmup_fraction`` of ``steps``, checkpoints a
+        thread, μP's LR (``lr``) in ``precision``, warmup ``warmup_fraction`` of ``steps``, checkpoints a
         retried arm resumes from, and no injection of the study's own."""
         return {
             "model.d_model": self.d_model,
@@ -307,7 +311,7 @@ class AblationConfig(Section):
             "optim.lr": self.lr,
             "optim.beta2": 0.95,
             "schedule.warmup_steps": round(self.warmup_fraction * steps),
-            "precision.mode": "fp32",
+            "precision.mode": self.precision,
             "precision.loss_scaling": True,
             "precision.loss_shift": 0,
             "checkpoint.every_steps": max(1, steps // 4),  # a retried arm resumes
