@@ -6,6 +6,7 @@ is available); :func:`missing` says why a browser cannot be had, for a clear ski
 from __future__ import annotations
 
 import shutil
+import tempfile
 
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
@@ -28,8 +29,11 @@ def missing() -> str | None:
 
 
 def chrome(width: int = 1280, height: int = 800) -> webdriver.Chrome:
+    """A headless Chromium with a profile folder of its own (made private in the temporary folder):
+    two browsers on the default profile share its lock, and the second exits at start."""
     options = Options()
     for arg in (
+        f"--user-data-dir={tempfile.mkdtemp(prefix='chromium-')}",
         "--headless=new",
         "--no-sandbox",
         "--disable-dev-shm-usage",

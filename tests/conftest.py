@@ -78,6 +78,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.basetemp = str(session_root / "pytest")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test file one unit of work for ``--dist loadgroup``, the smoke pipeline's readers one."""
     for item in items:

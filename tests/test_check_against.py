@@ -9,18 +9,26 @@ import shutil
 import sys
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from checks.arithmetic import main  # noqa: E402
-from tests.test_declared import REREAD_SINCE_REPORT  # noqa: E402
+from tests.test_declared import COMMITTED_STUDY, REREAD_SINCE_REPORT  # noqa: E402
 
 
 def finished_study(dest: Path, metrics: bool = True) -> Path:
-    """The committed study's params, profiles and (with ``metrics``) its stages' metrics in ``dest``."""
+    """The committed study's params and profiles, at the seeds and grid it ran on, and (with
+    ``metrics``) its stages' metrics in ``dest``."""
     dest.mkdir(parents=True)
-    shutil.copy2(REPO / "params.yaml", dest / "params.yaml")
     shutil.copytree(REPO / "profiles", dest / "profiles")
+    for name in ("params.yaml", "profiles/default.yaml"):  # at the seeds and grid the committed metrics ran on
+        values = yaml.safe_load((REPO / name).read_text())
+        for key, value in COMMITTED_STUDY.items():
+            section, field = key.split(".")
+            values.setdefault(section, {})[field] = value
+        (dest / name).write_text(yaml.safe_dump(values))
     if metrics:
         shutil.copytree(REPO / "metrics", dest / "metrics")
     return dest

@@ -19,22 +19,22 @@ from checks.arithmetic import main, unseen_seed_sets  # noqa: E402
 
 
 def test_unseen_seeds_start_just_past_the_studys_and_keep_each_kinds_count():
-    cfg = load_config(REPO / "params.yaml", "default")  # every stage's seeds from 16: to 27, 23 or 19
-    assert unseen_seed_sets(cfg, ["ablate", "search", "spike"], 28) == [
-        "ablation.seeds=[28, 29, 30, 31]",
-        "ablation.confirm_seeds=[32, 33, 34, 35, 36, 37, 38, 39]",
-        "search.seeds=[28, 29]",
-        "search.confirm_seeds=[30, 31]",
-        "spike.seeds=[28, 29, 30, 31]",
-        "spike.confirm_seeds=[32, 33, 34, 35]",
+    cfg = load_config(REPO / "params.yaml", "default")  # every stage's seeds from 28: to 39, 35 or 31
+    assert unseen_seed_sets(cfg, ["ablate", "search", "spike"], 40) == [
+        "ablation.seeds=[40, 41, 42, 43]",
+        "ablation.confirm_seeds=[44, 45, 46, 47, 48, 49, 50, 51]",
+        "search.seeds=[40, 41]",
+        "search.confirm_seeds=[42, 43]",
+        "spike.seeds=[40, 41, 42, 43]",
+        "spike.confirm_seeds=[44, 45, 46, 47]",
     ]
 
 
 def test_a_start_that_renumbers_onto_a_study_seed_is_refused():
     cfg = load_config(REPO / "params.yaml", "default")
-    with pytest.raises(ConfigError, match=r"--seeds-from 27: \[27\] are ablation\.seeds or ablation\.confirm_seeds"):
-        unseen_seed_sets(cfg, ["ablate"], 27)
-    assert unseen_seed_sets(cfg, ["search"], 20)[0] == "search.seeds=[20, 21]"  # search's seeds end at 19
+    with pytest.raises(ConfigError, match=r"--seeds-from 39: \[39\] are ablation\.seeds or ablation\.confirm_seeds"):
+        unseen_seed_sets(cfg, ["ablate"], 39)
+    assert unseen_seed_sets(cfg, ["search"], 32)[0] == "search.seeds=[32, 33]"  # search's seeds end at 31
 
 
 def test_the_check_refuses_sizing_seeds_as_unseen_ones_before_running_anything(tmp_path, capsys):
