@@ -229,7 +229,8 @@ def pack_tokens(args, project: Path) -> int:
 
 def make_slice(args, project: Path) -> int:
     plan = planning.read_plan(project)
-    now = study_plan(project, plan["profile"])["plan"]
+    fresh = study_plan(project, plan["profile"])
+    now = fresh["plan"]
     if now != plan["plan"]:  # the window would train other runs than the planned ones, and refuse each
         raise UserError(
             f"gpu study: {planning.PLAN} is plan {plan['plan']}, but the code, data or config here now plan "
@@ -237,6 +238,11 @@ def make_slice(args, project: Path) -> int:
             "(`spikelab run prepare`, `filter`, `tokenize`, each with --profile gpu: docs/gpu-study.md); if the "
             "code or config changed, make the plan again (`python -m flows.gpu_study plan`; its results so far "
             "are kept aside)"
+        )
+    if registered_as(fresh) != registered_as(plan):  # the same arms, but not the registration they run under
+        raise UserError(
+            f"gpu study: {planning.PLAN} was planned {labelled(plan)}; it is now {labelled(fresh)}: make the "
+            "plan again (`python -m flows.gpu_study plan`)"
         )
     state = accumulated(plan, project)
     number = len(state["windows"]) + 1
@@ -253,6 +259,12 @@ def make_slice(args, project: Path) -> int:
     groups = len({arm["group"] for arm in slice_["arms"]})
     print(f"slice {number}: {len(slice_['arms'])} arms in {groups} fused groups, {kind} -> {path.relative_to(project)}")
     return 0
+
+
+def registered_as(plan: dict[str, Any]) -> tuple[Any, Any]:
+    """The plan's registration state and design hashes (None for a plan made before labels)."""
+    label = plan.get("registration") or {}
+    return label.get("state"), label.get("hashes")
 
 
 def accept_file(args, project: Path) -> int:
