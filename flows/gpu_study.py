@@ -182,7 +182,8 @@ def registration(cfg: Config, project: Path) -> tuple[Config, dict[str, Any], di
     registration could use. The config to plan with, the overrides every arm's command carries,
     and the label."""
     state = stage_state("ablate", cfg, project)
-    registry = load_registry(project / SHOWN)
+    own = project / SHOWN  # the project's registry where it holds one (a checkout), else the code's
+    registry = load_registry(own if own.is_file() else None)
     moved: dict[str, Any] = {}
     if state.state == CONFIRMATORY:
         check_study_seeds(cfg, [TRAINED_BY["ablate"]], registry)
