@@ -182,9 +182,10 @@ def run_stage(
 
 def registered(stage: str, cfg, project: Path, sets: dict[str, Any], confirmatory: bool):
     """The run's registration (tasks/design/registration.py): confirmatory when the profile's
-    record holds this design and covers the stage (tasks/register/stages.py), its seeds checked against the registry; else refused under
-    ``--confirmatory``, or run exploratory, saying so in its first line, its fresh seeds moved to
-    the exploratory range. Returns the config and overrides to run with, and the state."""
+    record holds this design and covers the stage (tasks/register/stages.py), its seeds checked
+    against the registry; else refused under ``--confirmatory``, or run exploratory, saying so in
+    its first line, its fresh seeds moved to the exploratory range. Returns the config and
+    overrides to run with, and the state."""
     from model.typed_config import ConfigError
     from tasks.config import project_config
     from tasks.design.registration import EXPLORATORY, exploratory_seeds, refuse_fresh_declared_seeds

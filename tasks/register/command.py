@@ -15,8 +15,9 @@ In order, each refusal one line (a UserError, exit 2):
 6. the plan (plan.py): each family's looks and each claim's power, printed.
 
 Then it writes the registry and the record (not with ``--dry-run``) and says what to commit. The
-record holds the three design hashes, the profile, the stages it covers, the commit it was made at,
-the UTC time, the seeds it registers, the results that existed before it (each with its last commit) and the plan.
+record holds the three design hashes, the profile, the stages it covers, the commit it was made
+at, the UTC time, the seeds it registers, the results that existed before it (each with its last
+commit) and the plan.
 """
 
 from __future__ import annotations
