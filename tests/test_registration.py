@@ -359,6 +359,10 @@ def test_a_gate_only_an_unregistered_stage_decides_is_not_checked(project: Path)
 
 
 def test_the_gpu_profile_registers_its_ablate_stage(project: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"^findings.mu_transfer: its gate's μP point cannot be built under profile gpu"
+    ):
+        register(project, "gpu", dry_run=True)  # every stage: search's gate, which the gpu study never reads
     lines = register(project, "gpu", dry_run=True, only=["ablate"])
     assert lines[0].startswith("register: profile gpu, stages ablate, at ") and "5 study seeds" in lines[0]
     assert {line.split(":")[0].strip() for line in lines[2:-1] if not line.startswith("    ")} == {
