@@ -12,7 +12,9 @@ xiong's 12 layers cost (0.63 + 0.37 * 3) = 1.74 steps a step. beta2's batch of 4
 range: 1/8 of a step by FLOPs (its floor), a whole step where a step that small is bound by kernel
 launches (its ceiling). Arms that may fuse (the plan's ``fuse`` key, tasks/ablate/fused.py:
 fusion_key; computed here for a plan made before it) train at a vmap row, the rest one arm a
-process at the processes row of the same vocabulary.
+process at the processes row of the same vocabulary. Every row trained fp32 (TF32 on or off): an
+arm of another precision (the gpu profile's bf16) is costed at the fp32 rows, the conservative
+estimate, since no bf16 row has been measured on a GPU, and the output says so.
 
     python benchmarks/project_gpu_plan.py [--plan gpu_study/plan.json | --profile gpu] [--rows gpu_study/packing/h200-2026-11-27.jsonl]
 
@@ -26,6 +28,7 @@ import argparse
 import hashlib
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +49,8 @@ READOUT_SHARE = 0.63
 """The 50,304-entry readout's share of a step's FLOPs at the ablation shape (docs/gpu-study.md)."""
 SHAPE = {"model.n_layer": 4, "train.batch_size": 32}
 """The shape the packing rows measured."""
+MEASURED_PRECISION = "fp32"
+"""The precision every packing row trained in; an arm of another is costed as if it trained in it."""
 WINDOW_OVER_BENCH = 35.0 / 39.5
 """Window 1's arm-steps/s (5 processes, with loader, telemetry, eval) over the bare benchmark's."""
 SCENARIOS = (  # name, the fused arms' row, the lone arms' row: (mode, k, vocab, tf32) each
@@ -75,6 +80,7 @@ def plan_arms(plan: dict[str, Any]) -> list[dict[str, Any]]:
             "steps": int(s["train.steps"]),
             "n_layer": int(s["model.n_layer"]),
             "batch_size": int(s["train.batch_size"]),
+            "precision": s.get("precision.mode", MEASURED_PRECISION),
             "fuse": fuse_of(arm),
         }
         for arm in plan["arms"]
@@ -102,6 +108,7 @@ def profile_arms(cfg: Config) -> list[dict[str, Any]]:
                 "steps": arm_cfg.train.steps,
                 "n_layer": arm_cfg.model.n_layer,
                 "batch_size": arm_cfg.train.batch_size,
+                "precision": arm_cfg.precision.mode,
                 "fuse": hashlib.sha256(shared.encode()).hexdigest()[:16] if fuses else None,
             }
         )
@@ -185,6 +192,19 @@ def windows(
     return out
 
 
+def unmeasured_precisions(arms: list[dict[str, Any]]) -> str | None:
+    """One line saying which arms train in a precision no row measured, costed at the fp32 rows; None
+    when every arm trains fp32."""
+    other = Counter(arm["precision"] for arm in arms if arm["precision"] != MEASURED_PRECISION)
+    if not other:
+        return None
+    which = ", ".join(f"{n} arms train {precision}" for precision, n in other.items())
+    return (
+        f"{which}: no packing row of that precision was measured on a GPU, so they are costed at the "
+        f"{MEASURED_PRECISION} rows, the conservative estimate"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--plan", type=Path, default=ROOT / "gpu_study" / "plan.json")
@@ -201,6 +221,8 @@ def main() -> int:
         arms, what = plan_arms(plan), f"plan {plan['plan']}"
     fusable = sum(1 for arm in arms if arm["fuse"])
     print(f"{what}: {len(arms)} arms, {fusable} of them in fused groups; goal {GOAL_MINUTES:.0f} GPU-minutes")
+    if note := unmeasured_precisions(arms):
+        print(f"  {note}")
     for line in project(arms, rows):
         print(f"  {line['scenario']:<40} {line['minutes_floor']:>4}-{line['minutes_ceiling']} GPU-minutes")
         for family, (floor, ceiling) in line["families"].items():

@@ -182,16 +182,18 @@ def run_stage(
 
 def registered(stage: str, cfg, project: Path, sets: dict[str, Any], confirmatory: bool):
     """The run's registration (tasks/design/registration.py): confirmatory when the profile's
-    record holds this design, its seeds checked against the registry; else refused under
-    ``--confirmatory``, or run exploratory, saying so in its first line, its fresh seeds moved to
-    the exploratory range. Returns the config and overrides to run with, and the state."""
+    record holds this design and covers the stage (tasks/register/stages.py), its seeds checked
+    against the registry; else refused under ``--confirmatory``, or run exploratory, saying so in
+    its first line, its fresh seeds moved to the exploratory range. Returns the config and
+    overrides to run with, and the state."""
     from model.typed_config import ConfigError
     from tasks.config import project_config
-    from tasks.design.registration import EXPLORATORY, exploratory_seeds, refuse_fresh_declared_seeds, state_of
+    from tasks.design.registration import EXPLORATORY, exploratory_seeds, refuse_fresh_declared_seeds
     from tasks.design.seed_registry import TRAINED_BY, check_stage, load_registry
     from tasks.design.studies import read_studies
+    from tasks.register.stages import stage_state
 
-    state = state_of(cfg, project)
+    state = stage_state(stage, cfg, project)
     if state.state != EXPLORATORY:
         check_stage(stage, cfg)  # a study trains on seeds no earlier step used (tasks/design/seed_registry.yaml)
         print(
@@ -573,6 +575,13 @@ def parser() -> argparse.ArgumentParser:
     register = command_parser(sub, "register")
     register.add_argument("--profile", default=None, help="the profile to register (default: params.yaml's)")
     register.add_argument("--dry-run", action="store_true", help="check and print the plan; write nothing")
+    register.add_argument(
+        "--stages",
+        nargs="+",
+        metavar="STAGE",
+        help="register only these stages' seeds and findings: ablate, spike, search (default: all three); "
+        "a stage left out runs exploratory",
+    )
     for name in ("status", "ui", "serve"):
         command_parser(sub, name)
     svc = command_parser(sub, "services")
@@ -693,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
             from tasks.register.command import register
             from tasks.runtime.paths import project_dir
 
-            print("\n".join(register(project_dir(), args.profile, args.dry_run)))
+            print("\n".join(register(project_dir(), args.profile, args.dry_run, args.stages)))
         elif args.command == "status":
             show_status()
         elif args.command == "ui":

@@ -20,13 +20,16 @@ from model.typed_config import UserError
 from tasks.ablate.conditions import loss_shift_probe
 from tasks.ablate.fused import fusion_key
 from tasks.ablate.grid import families
-from tasks.config import load_config
+from tasks.config import Config, load_config
 from tasks.data.unigram import unigram_baseline
+from tasks.design.registration import CONFIRMATORY, exploratory_seeds, refuse_fresh_declared_seeds, stage_seeds
+from tasks.design.seed_registry import SHOWN, TRAINED_BY, check_study_seeds, load_registry
 from tasks.design.studies import read_studies
 from tasks.gpu_study import plan as planning
 from tasks.gpu_study.carry import CarryError, pack
-from tasks.gpu_study.report import REPORT, arms_in, findings, render
+from tasks.gpu_study.report import REPORT, arms_in, findings, labelled, render
 from tasks.gpu_study.state import accept, accumulated, duplicates
+from tasks.register.stages import stage_state
 from tasks.runtime.files import read_json
 from tasks.runtime.outputs import MANIFEST
 from tasks.runtime.paths import UnsafeFolder
@@ -35,7 +38,8 @@ COMMAND_HELP = {
     "plan": (
         "write gpu_study/plan.json: every arm of the gpu profile's study",
         "Write gpu_study/plan.json: every run the ablate stage would train under the gpu profile,\n"
-        "seed by seed, with its run identity; the plan's id digests them (docs/gpu-study.md).",
+        "seed by seed, with its run identity; the plan's id digests them (docs/gpu-study.md). It is\n"
+        "confirmatory or exploratory as `spikelab run ablate` would be (docs/registration.md).",
         "python -m flows.gpu_study plan",
     ),
     "pack": (
@@ -128,12 +132,13 @@ def study_plan(project: Path, profile: str = planning.PROFILE) -> dict[str, Any]
 
     cfg = load_config(project / "params.yaml", profile)
     refuse_other_profiles_data(project, cfg.tokenizer.vocab_size, profile)
+    cfg, moved, label = registration(cfg, project)
     # The precision family's loss shift from a one-step fp32 probe at init: made here, on the CPU
     # (the GPU box trains; the integer k it picks is in the plan, and in every arm's identity).
     probe_cfg = load_config(project / "params.yaml", profile, {"train.device": "cpu", "train.compile": False})
     shift = loss_shift_probe(probe_cfg, project)
     declared = read_studies(project, cfg)
-    rows = plan(cfg, project, {}, shift["k"] or 0, declared)
+    rows = plan(cfg, project, moved, shift["k"] or 0, declared)
     for row in rows:
         row["cached"] = False  # every arm trains on the GPU box, whatever is stored here
     seeds = cfg.ablation.all_seeds
@@ -164,8 +169,30 @@ def study_plan(project: Path, profile: str = planning.PROFILE) -> dict[str, Any]
         "loss_shift": shift,
         "unigram_val_loss": unigram,  # the report's plateau gate, on this profile's data
         "seeds": seeds,
+        "registration": label,  # as `spikelab run ablate` labels metrics/ablate.json
         "arms": arms,
     }
+
+
+def registration(cfg: Config, project: Path) -> tuple[Config, dict[str, Any], dict[str, Any]]:
+    """The plan's registration, asked as ``spikelab run ablate`` asks it (flows/__main__.py:
+    registered): confirmatory where the profile's last registration holds this design and covers
+    the ablate stage (tasks/register/stages.py), its seeds checked against the registry; else
+    exploratory, each fresh seed moved to the exploratory range, so that no window spends a seed a
+    registration could use. The config to plan with, the overrides every arm's command carries,
+    and the label."""
+    state = stage_state("ablate", cfg, project)
+    own = project / SHOWN  # the project's registry where it holds one (a checkout), else the code's
+    registry = load_registry(own if own.is_file() else None)
+    moved: dict[str, Any] = {}
+    if state.state == CONFIRMATORY:
+        check_study_seeds(cfg, [TRAINED_BY["ablate"]], registry)
+    else:
+        moved = exploratory_seeds(cfg, registry, [TRAINED_BY["ablate"]])
+        if cfg.profile not in registry.exempt_profiles:
+            refuse_fresh_declared_seeds(read_studies(project, cfg), registry)
+        cfg = load_config(project / "params.yaml", cfg.profile, moved) if moved else cfg
+    return cfg, moved, state.label(stage_seeds("ablate", cfg))
 
 
 def refuse_other_profiles_data(project: Path, vocab_size: int, profile: str) -> None:
@@ -191,7 +218,7 @@ def make_plan(args, project: Path) -> int:
             print(f"the code, data or config changed: plan and results moved to {superseded.relative_to(project)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(plan, indent=1) + "\n")
-    print(f"plan {plan['plan']}: {len(plan['arms'])} arms -> {planning.PLAN}")
+    print(f"plan {plan['plan']}: {len(plan['arms'])} arms -> {planning.PLAN} ({labelled(plan)})")
     return 0
 
 
@@ -203,7 +230,8 @@ def pack_tokens(args, project: Path) -> int:
 
 def make_slice(args, project: Path) -> int:
     plan = planning.read_plan(project)
-    now = study_plan(project, plan["profile"])["plan"]
+    fresh = study_plan(project, plan["profile"])
+    now = fresh["plan"]
     if now != plan["plan"]:  # the window would train other runs than the planned ones, and refuse each
         raise UserError(
             f"gpu study: {planning.PLAN} is plan {plan['plan']}, but the code, data or config here now plan "
@@ -211,6 +239,11 @@ def make_slice(args, project: Path) -> int:
             "(`spikelab run prepare`, `filter`, `tokenize`, each with --profile gpu: docs/gpu-study.md); if the "
             "code or config changed, make the plan again (`python -m flows.gpu_study plan`; its results so far "
             "are kept aside)"
+        )
+    if registered_as(fresh) != registered_as(plan):  # the same arms, but not the registration they run under
+        raise UserError(
+            f"gpu study: {planning.PLAN} was planned {labelled(plan)}; it is now {labelled(fresh)}: make the "
+            "plan again (`python -m flows.gpu_study plan`)"
         )
     state = accumulated(plan, project)
     number = len(state["windows"]) + 1
@@ -227,6 +260,12 @@ def make_slice(args, project: Path) -> int:
     groups = len({arm["group"] for arm in slice_["arms"]})
     print(f"slice {number}: {len(slice_['arms'])} arms in {groups} fused groups, {kind} -> {path.relative_to(project)}")
     return 0
+
+
+def registered_as(plan: dict[str, Any]) -> tuple[Any, Any]:
+    """The plan's registration state and design hashes (None for a plan made before labels)."""
+    label = plan.get("registration") or {}
+    return label.get("state"), label.get("hashes")
 
 
 def accept_file(args, project: Path) -> int:

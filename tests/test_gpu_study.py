@@ -24,7 +24,14 @@ from tests.test_arithmetic_check import study_project
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from project_gpu_plan import GOAL_MINUTES, plan_arms, profile_arms, project, windows  # noqa: E402
+from project_gpu_plan import (  # noqa: E402
+    GOAL_MINUTES,
+    plan_arms,
+    profile_arms,
+    project,
+    unmeasured_precisions,
+    windows,
+)
 
 ROWS = [json.loads(line) for line in (REPO / "gpu_study/packing/h200-2026-11-27.jsonl").read_text().splitlines()]
 
@@ -230,6 +237,14 @@ def test_the_gpu_registration_fits_sixty_gpu_minutes_and_one_more_seed_would_not
     assert fused["minutes_ceiling"] <= GOAL_MINUTES
     wider = cfg.replace(**{"ablation.confirm_seeds": [*cfg.ablation.confirm_seeds, 45]})
     assert project(profile_arms(wider), ROWS)[-1]["minutes_ceiling"] > GOAL_MINUTES
+
+
+def test_the_gpu_registrations_bf16_arms_are_costed_at_the_fp32_rows_saying_so():
+    arms = profile_arms(load_config(REPO / "params.yaml", "gpu"))
+    note = unmeasured_precisions(arms)
+    assert note is not None and note.startswith(f"{len(arms)} arms train bf16: no packing row of that precision")
+    assert note.endswith("costed at the fp32 rows, the conservative estimate")
+    assert unmeasured_precisions([arm | {"precision": "fp32"} for arm in arms]) is None  # measured: nothing to say
 
 
 def test_the_committed_plan_projects_as_docs_say_before_the_gpu_registration():

@@ -28,6 +28,8 @@ from tasks.design.registration import (
     EXPLORATORY_FROM,
     exploratory_seeds,
     label_results,
+    load_records,
+    record_path,
     refuse_exploratory_seeds,
     refuse_fresh_declared_seeds,
     state_of,
@@ -35,6 +37,7 @@ from tasks.design.registration import (
 from tasks.design.seed_registry import load_registry
 from tasks.design.studies import read_studies
 from tasks.register.command import register
+from tasks.register.stages import covered_by, stage_state
 from tasks.report.sections.history import marked_exploratory, registrations_section, unregistered
 from tasks.report.sections.section import Section
 from tasks.report.sequential import SequentialDesign, boundaries
@@ -312,3 +315,82 @@ def test_a_project_without_the_design_code_is_hashed_by_the_code_it_runs(tmp_pat
     shutil.copytree(REPO / "profiles", tmp_path / "profiles")
     cfg = load_config(tmp_path / "params.yaml", "smoke")
     assert design_of(cfg, tmp_path)["design_hash"] == design_hash()  # params and data only: the installed code's
+
+
+def retrial(project: Path, section: str, **keys: Any) -> None:
+    """The trial profile with ``keys`` set in ``section``, committed."""
+    path = project / "profiles/trial.yaml"
+    profile = yaml.safe_load(path.read_text())
+    profile.setdefault(section, {}).update(keys)
+    path.write_text(yaml.safe_dump(profile))
+    commit(project)
+
+
+def test_a_stage_the_registration_leaves_out_runs_exploratory(project: Path) -> None:
+    register(project, "trial", only=["ablate"])
+    commit(project, "register trial's ablate stage")
+    record = load_records(project, "trial")[-1]
+    assert record["stages"] == ["ablate"]
+    assert set(record["seeds"]) == {"ablation.seeds", "ablation.confirm_seeds"}  # no spike or search seed
+    cfg = trial(project)
+    assert stage_state("ablate", cfg, project).state == CONFIRMATORY
+    spike = stage_state("spike", cfg, project)
+    assert spike.state == EXPLORATORY and spike.why == f"{record_path('trial')} registers stage ablate, not spike"
+    assert state_of(cfg, project).state == CONFIRMATORY, "the design itself is the registered one"
+
+
+def test_the_default_registration_covers_every_stage_as_before(project: Path) -> None:
+    registered(project)
+    record = load_records(project, "trial")[-1]
+    assert record["stages"] == ["ablate", "spike", "search"]
+    assert {"spike.seeds", "search.seeds", "ablation.seeds"} <= set(record["seeds"])
+    default = load_records(REPO, "default")[-1]  # registered before stages were named: every one
+    assert "stages" not in default and covered_by(default) == ["ablate", "spike", "search"]
+
+
+def test_a_gate_only_an_unregistered_stage_decides_is_not_checked(project: Path) -> None:
+    retrial(project, "model", tie_embeddings=True)  # as the gpu profile: μP cannot tie, so no μ-transfer point
+    retrial(project, "mup", parametrization="sp")
+    with pytest.raises(ConfigError, match=r"^findings.mu_transfer: its gate's μP point cannot be built"):
+        register(project, "trial", dry_run=True)
+    lines = register(project, "trial", dry_run=True, only=["ablate", "spike"])
+    assert lines[0].startswith("register: profile trial, stages ablate, spike, at ")
+    assert lines[-1] == "register: --dry-run: nothing written"
+
+
+def test_the_gpu_profile_registers_its_ablate_stage(project: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"^findings.mu_transfer: its gate's μP point cannot be built under profile gpu"
+    ):
+        register(project, "gpu", dry_run=True)  # every stage: search's gate, which the gpu study never reads
+    lines = register(project, "gpu", dry_run=True, only=["ablate"])
+    assert lines[0].startswith("register: profile gpu, stages ablate, at ") and "5 study seeds" in lines[0]
+    assert {line.split(":")[0].strip() for line in lines[2:-1] if not line.startswith("    ")} == {
+        "wortsman",
+        "xiong",
+        "beta2",
+    }, "the families the profile trains, and no other"
+
+
+def test_an_unknown_stage_is_refused_in_one_line_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["register", "--dry-run", "--stages", "ablate", "pretrain"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--stages: 'pretrain' is not a stage that trains study seeds" in err
+
+
+def test_the_gpu_plan_is_labelled_as_the_ablate_stage_is(project: Path) -> None:
+    from flows.gpu_study import registration
+    from tasks.gpu_study.report import labelled
+
+    cfg, moved, label = registration(trial(project), project)  # no registration: exploratory, seeds moved
+    assert label["state"] == EXPLORATORY and cfg.ablation.seeds == [EXPLORATORY_FROM + 500]
+    assert moved == {"ablation.seeds": [EXPLORATORY_FROM + 500], "ablation.confirm_seeds": [EXPLORATORY_FROM + 501]}
+    assert labelled({"registration": label}).startswith("EXPLORATORY, never counted as a verdict: profile trial")
+    register(project, "trial", only=["spike"])
+    commit(project, "register trial's spike stage")
+    assert registration(trial(project), project)[2]["state"] == EXPLORATORY, "ablate is not registered"
+    register(project, "trial", only=["ablate"])
+    commit(project, "register trial's ablate stage")
+    cfg, moved, label = registration(trial(project), project)
+    assert label["state"] == CONFIRMATORY and moved == {} and label["seeds"]["ablation.seeds"] == [500]
+    assert labelled({"registration": label}) == f"confirmatory under {record_path('trial')}, design {label['hash']}"

@@ -68,6 +68,16 @@ def findings(project: Path, plan: dict[str, Any], arms: list[dict[str, Any]]) ->
     return out
 
 
+def labelled(plan: dict[str, Any]) -> str:
+    """The plan's registration in words: confirmatory under its record, or EXPLORATORY and why."""
+    label = plan.get("registration")
+    if not label:
+        return "unlabelled: planned before registrations"
+    if label["state"] == "exploratory":
+        return f"EXPLORATORY, never counted as a verdict: {label['why']}"
+    return f"confirmatory under {label['record']}, design {label['hash']}"
+
+
 def render(
     plan: dict[str, Any], state: dict[str, Any], arms: list[dict[str, Any]], judged: list[tuple[Finding, int, int]]
 ) -> str:
@@ -78,6 +88,8 @@ def render(
         f"Plan `{plan['plan']}` (profile `{plan['profile']}`): **{len(arms)} of {len(plan['arms'])} arms in**, "
         f"from {len(state['windows'])} windows. Unigram baseline {number(unigram, '{:.3f}')} nats. "
         "Made by `python -m flows.gpu_study report` from `gpu_study/results/`; how the study runs: docs/gpu-study.md.",
+        "",
+        f"Registration: {labelled(plan)}.",
         "",
         "| window | GPU | processes at once | window s | finished | arms per GPU-minute |",
         "|---|---|---|---|---|---|",

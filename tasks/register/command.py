@@ -1,4 +1,5 @@
-"""``spikelab register [--profile P] [--dry-run]``: freeze the profile's design into its record.
+"""``spikelab register [--profile P] [--stages S ...] [--dry-run]``: freeze the profile's design
+into its record, for the stages named (stages.py; default: every stage that trains study seeds).
 
 In order, each refusal one line (a UserError, exit 2):
 
@@ -8,19 +9,22 @@ In order, each refusal one line (a UserError, exit 2):
 2. no study seed is exploratory (tasks/design/registration.py: EXPLORATORY_FROM);
 3. the seeds of every result that exists now (metrics/{search,spike,ablate}.json) go into the seed
    registry, as read before this design: the tool writes them, not a hand;
-4. no study seed, the declared families' own included, is one the registry then lists;
-5. no gate is fixed by construction (gates.py);
+4. no study seed of the stages registered, the declared families' own included (ablate), is one the
+   registry then lists;
+5. no gate of a finding those stages decide is fixed by construction (gates.py);
 6. the plan (plan.py): each family's looks and each claim's power, printed.
 
 Then it writes the registry and the record (not with ``--dry-run``) and says what to commit. The
-record holds the three design hashes, the profile, the commit it was made at, the UTC time, the
-seeds it registers, the results that existed before it (each with its last commit) and the plan.
+record holds the three design hashes, the profile, the stages it covers, the commit it was made
+at, the UTC time, the seeds it registers, the results that existed before it (each with its last
+commit) and the plan.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +59,7 @@ from tasks.design.seed_registry import (
     with_use,
 )
 from tasks.design.studies import read_studies
-from tasks.register import gates
+from tasks.register import gates, stages
 from tasks.register.plan import plan, plan_lines
 from tasks.runtime.outputs import ABLATE_METRICS, SEARCH_METRICS, SPIKE_METRICS
 
@@ -70,9 +74,12 @@ def covered(profile: str) -> list[Path]:
     return [*map(Path, DESIGN_CODE), Path("params.yaml"), Path(PROFILES_DIR) / f"{profile}.yaml", STUDIES_FILE, RECORDS]
 
 
-def registered_seeds(cfg: Config, declared: list[Any]) -> dict[str, list[int]]:
-    """Every study seed the design trains, by key; a declared family's own seeds under its name."""
-    seeds = {f"{s}.{k}": study_seeds(cfg, s, k) for s in STUDY_SECTIONS for k in STUDY_KEYS}
+def registered_seeds(
+    cfg: Config, declared: list[Any], sections: Sequence[str] = STUDY_SECTIONS
+) -> dict[str, list[int]]:
+    """Every study seed the design trains in ``sections``, by key; a declared family's own seeds
+    under its name."""
+    seeds = {f"{s}.{k}": study_seeds(cfg, s, k) for s in sections for k in STUDY_KEYS}
     seeds |= {f"studies.yaml:{f.name}.{k}": list(getattr(f, k)) for f in declared for k in STUDY_KEYS}
     return {k: v for k, v in seeds.items() if v}
 
@@ -143,8 +150,12 @@ def grown_by(registry: Registry, uses: list[SeedUse]) -> Registry:
     return Registry(grown, registry.exempt_profiles)
 
 
-def register(project: Path, profile: str | None = None, dry_run: bool = False) -> list[str]:
-    """Check, plan and (unless ``dry_run``) write a registration; the lines to print."""
+def register(
+    project: Path, profile: str | None = None, dry_run: bool = False, only: Sequence[str] | None = None
+) -> list[str]:
+    """Check, plan and (unless ``dry_run``) write a registration of the stages ``only`` names
+    (every stage that trains study seeds by default); the lines to print."""
+    covers = stages.chosen(only)
     cfg = load_config(project / "params.yaml", profile)
     registry = load_registry(project / REGISTRY)
     if cfg.profile in registry.exempt_profiles:
@@ -157,21 +168,25 @@ def register(project: Path, profile: str | None = None, dry_run: bool = False) -
             f"{dirty[0]}: uncommitted change to the design; a registration must be committable as it is "
             "(commit or stash first)"
         )
-    declared = read_studies(project, cfg)
-    seeds = registered_seeds(cfg, declared)
+    sections = [TRAINED_BY[stage] for stage in covers]
+    families_decided = "ablate" in covers  # the families' findings (studies.yaml's too) are ablate's
+    declared = read_studies(project, cfg) if families_decided else []
+    seeds = registered_seeds(cfg, declared, sections)
     refuse_exploratory_seeds(seeds)
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     results = existing_results(project)
     uses = new_uses(registry, results, cfg.profile, now)
     grown = grown_by(registry, uses)
-    check_study_seeds(cfg, registry=grown)
+    check_study_seeds(cfg, sections, registry=grown)
     check_declared_seeds(declared, grown)
-    every = list(trained(cfg, declared).values())  # a family the profile drops is not registered
-    if refused := gates.refusals(cfg, every):
+    # a family the profile drops is not registered, nor any family where ablate is not
+    every = list(trained(cfg, declared).values()) if families_decided else []
+    if refused := gates.refusals(cfg, every, builtin="search" in covers):
         raise ConfigError(f"{refused[0]}{f' (and {len(refused) - 1} more)' if len(refused) > 1 else ''}")
     planned = plan(cfg, every)
     lines = [
-        f"register: profile {cfg.profile} at {commit[:12]}: {sum(map(len, seeds.values()))} study seeds, "
+        f"register: profile {cfg.profile}, stages {', '.join(covers)}, at {commit[:12]}: "
+        f"{sum(map(len, seeds.values()))} study seeds, "
         f"{len(results)} earlier results, {sum(len(u.seeds) for u in uses)} seeds added to the registry",
         *plan_lines(planned),
     ]
@@ -180,6 +195,7 @@ def register(project: Path, profile: str | None = None, dry_run: bool = False) -
     write_registry(project, uses)
     entry = {
         "profile": cfg.profile,
+        "stages": covers,
         "registered_at": now,
         "commit": commit,
         **design_of(cfg, project),

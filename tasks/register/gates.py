@@ -184,6 +184,7 @@ def builtin_refusals(cfg: Config) -> list[str]:
     ]
 
 
-def refusals(cfg: Config, families: Sequence[DeclaredFamily]) -> list[str]:
-    """Every gate of the design whose value is fixed by construction: the families', then the code's."""
-    return [*family_refusals(cfg, families), *builtin_refusals(cfg)]
+def refusals(cfg: Config, families: Sequence[DeclaredFamily], builtin: bool = True) -> list[str]:
+    """Every gate of the design whose value is fixed by construction: the families', then the code's
+    (μ-transfer's, which the search stage decides: ``builtin`` False where it is not registered)."""
+    return [*family_refusals(cfg, families), *(builtin_refusals(cfg) if builtin else [])]
