@@ -297,7 +297,10 @@ def test_make_repro_stopped_by_ctrl_c_leaves_dvc_lock_and_every_tracked_output_a
         shutil.copy2(REPO / name, project / name)
     (project / "metrics").mkdir()
     (project / "search").mkdir()
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "SPIKELAB_STATE": str(tmp_path / "s")}
+    # No server of the session's (a test before this one may have pointed os.environ at them): make
+    # repro as a user runs it before `spikelab services up`.
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_HOME")}
+    env |= {"PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "SPIKELAB_STATE": str(tmp_path / "s")}
     (project / "dvc.yaml").write_text(TWO_STAGES.format(FILTER="committed", LR="committed", SLEEP=0))
     git(project, "init", "-q")
     assert dvc(["init", "-q"], project, env).returncode == 0
@@ -324,6 +327,9 @@ def test_make_repro_stopped_by_ctrl_c_leaves_dvc_lock_and_every_tracked_output_a
         assert (project / "search/lr.yaml").read_text() == "written", make.poll()
         os.killpg(make.pid, signal.SIGINT)
         output = make.communicate(timeout=120)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(make.pid, signal.SIGKILL)
+        pytest.fail(f"make repro still running 120 s after Ctrl-C; it printed:\n{make.communicate()[0]}")
     finally:
         if make.poll() is None:
             os.killpg(make.pid, signal.SIGKILL)
