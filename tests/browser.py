@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from pathlib import Path
 
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import SessionNotCreatedException, TimeoutException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -32,8 +33,9 @@ def chrome(width: int = 1280, height: int = 800) -> webdriver.Chrome:
     """A headless Chromium with a profile folder of its own (made private in the temporary folder):
     two browsers on the default profile share its lock, and the second exits at start."""
     options = Options()
+    profile = tempfile.mkdtemp(prefix="chromium-")
     for arg in (
-        f"--user-data-dir={tempfile.mkdtemp(prefix='chromium-')}",
+        f"--user-data-dir={profile}",
         "--headless=new",
         "--no-sandbox",
         "--disable-dev-shm-usage",
@@ -44,7 +46,13 @@ def chrome(width: int = 1280, height: int = 800) -> webdriver.Chrome:
         options.add_argument(arg)
     binary = next(b for b in map(shutil.which, BROWSERS) if b)
     options.binary_location = binary
-    return webdriver.Chrome(options=options, service=Service(next(d for d in map(shutil.which, DRIVERS) if d)))
+    log = Path(profile) / "chromedriver.log"
+    service = Service(next(d for d in map(shutil.which, DRIVERS) if d), service_args=["--verbose"], log_output=str(log))
+    try:
+        return webdriver.Chrome(options=options, service=service)
+    except SessionNotCreatedException as e:  # say why Chromium exited: its driver's log ends with it
+        tail = log.read_text(errors="replace")[-4000:] if log.is_file() else "(no driver log)"
+        raise SessionNotCreatedException(f"{e.msg}\nchromedriver's log ends:\n{tail}") from None
 
 
 def send_login(driver: webdriver.Chrome, username: str, password: str) -> None:

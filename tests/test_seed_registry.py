@@ -175,10 +175,10 @@ def test_an_unregistered_run_moves_its_fresh_seeds_out_of_reach_and_says_so_firs
     monkeypatch.chdir(REPO)  # the checkout's params.yaml: the default profile
     monkeypatch.setattr(flows.stages, "require_inputs", lambda *_: None)  # a checkout without data
     monkeypatch.setattr(model.numerics, "apply_numerics", ran)  # the first thing run_stage does after it
-    assert main(["run", "ablate", "--set", "ablation.confirm_seeds=[20, 21, 22, 23, 24, 25, 26, 5]"]) == 2
+    assert main(["run", "ablate", "--set", "ablation.confirm_seeds=[32, 33, 34, 35, 36, 37, 38, 5]"]) == 2
     first, rest = capsys.readouterr().err.split("\n", 1)
     assert first.startswith("[spikelab] ablate: EXPLORATORY, never counted as a verdict: ")
-    moved = "ablation.confirm_seeds=[1000020, 1000021, 1000022, 1000023, 1000024, 1000025, 1000026, 5]"
+    moved = "ablation.confirm_seeds=[1000032, 1000033, 1000034, 1000035, 1000036, 1000037, 1000038, 5]"
     assert moved in first and rest == "spikelab: error: stopped after the check\n"
 
 
