@@ -9,7 +9,7 @@ owner can list or write), not in the checkout, where a test's project would find
 (/tmp, /var/tmp, /dev/shm; POSIX semaphores aside) fails the run, naming it: a new engine's scratch
 that is not private yet.
 
-``make test`` runs the suite on two worker processes (pytest-xdist, ``--dist loadgroup``): a test file
+``make test`` runs the suite on two worker processes (pytest-xdist, ``-n 2``): a test file
 is one unit of work, so its module fixtures run once, and the files that read the shared smoke
 pipeline are one unit, so it runs once. Each worker has a folder of its own below the session's and
 its own test servers (``live_services``, on ports :data:`WORKER_PORT_STEP` apart); the shared-folder
@@ -24,6 +24,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,12 +79,17 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.basetemp = str(session_root / "pytest")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into the test ids
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each test file one unit of work for ``--dist loadgroup``, the smoke pipeline's readers one."""
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("smoke" if name in SMOKE_GROUP else name))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Each test file one unit of work (its module fixtures run once, its tests in order), the
+    smoke pipeline's readers one: xdist's file scheduling with those two files as one scope."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "smoke" if Path(path).name in SMOKE_GROUP else path
+
+    return FileScheduling(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
