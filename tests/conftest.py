@@ -67,6 +67,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if WORKER:  # below the folder the starting process made (its environment is the worker's)
         session_root = Path(os.environ[SESSION_ENV]) / WORKER
         session_root.mkdir(mode=0o711)
+        os.environ[SESSION_ENV] = str(session_root)  # what each worker's tests make there is its own
     else:
         config.stash[SHARED_BEFORE] = owned_entries()
         session_root = Path(
