@@ -38,6 +38,7 @@ def chrome(width: int = 1280, height: int = 800) -> webdriver.Chrome:
         f"--user-data-dir={profile}",
         "--headless=new",
         "--no-sandbox",
+        "--no-zygote",  # one process fewer: under a loaded suite the zygote's pipe broke at start (exit at InitSession)
         "--disable-dev-shm-usage",
         "--disable-gpu",
         f"--window-size={width},{height}",
