@@ -42,8 +42,8 @@ repro: setup services ## set up, start the servers, run the whole study here (a 
 	fi; \
 	exit $$done
 
-test: setup ## set up, run the test suite (on two worker processes: tests/conftest.py)
-	python -m pytest -q -n 2
+test: setup ## set up, run the test suite
+	python -m pytest -q
 
 lint: setup ## ruff and mypy, as CI runs them
 	ruff check .
