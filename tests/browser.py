@@ -5,6 +5,7 @@ is available); :func:`missing` says why a browser cannot be had, for a clear ski
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -38,7 +39,6 @@ def chrome(width: int = 1280, height: int = 800) -> webdriver.Chrome:
         f"--user-data-dir={profile}",
         "--headless=new",
         "--no-sandbox",
-        "--no-zygote",  # one process fewer: under a loaded suite the zygote's pipe broke at start (exit at InitSession)
         "--disable-dev-shm-usage",
         "--disable-gpu",
         f"--window-size={width},{height}",
@@ -48,7 +48,15 @@ def chrome(width: int = 1280, height: int = 800) -> webdriver.Chrome:
     binary = next(b for b in map(shutil.which, BROWSERS) if b)
     options.binary_location = binary
     log = Path(profile) / "chromedriver.log"
-    service = Service(next(d for d in map(shutil.which, DRIVERS) if d), service_args=["--verbose"], log_output=str(log))
+    # Chromium's singleton socket lives in its TMPDIR, and a Unix socket path holds 107 bytes: a
+    # worker's deep pytest folders overflow it ("Socket path too long"), so it gets a short one.
+    short = tempfile.mkdtemp(prefix="c-", dir=os.environ.get("SPIKELAB_TEST_SESSION") or None)
+    service = Service(
+        next(d for d in map(shutil.which, DRIVERS) if d),
+        service_args=["--verbose"],
+        log_output=str(log),
+        env={**os.environ, "TMPDIR": short},
+    )
     try:
         return webdriver.Chrome(options=options, service=service)
     except SessionNotCreatedException as e:  # say why Chromium exited: its driver's log ends with it
