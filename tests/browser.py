@@ -17,6 +17,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.other_user import SESSION_ENV
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 DRIVERS = ("chromedriver",)
 
@@ -50,7 +52,7 @@ def chrome(width: int = 1280, height: int = 800) -> webdriver.Chrome:
     log = Path(profile) / "chromedriver.log"
     # Chromium's singleton socket lives in its TMPDIR, and a Unix socket path holds 107 bytes: a
     # worker's deep pytest folders overflow it ("Socket path too long"), so it gets a short one.
-    short = tempfile.mkdtemp(prefix="c-", dir=os.environ.get("SPIKELAB_TEST_SESSION") or None)
+    short = tempfile.mkdtemp(prefix="c-", dir=os.environ.get(SESSION_ENV) or None)
     service = Service(
         next(d for d in map(shutil.which, DRIVERS) if d),
         service_args=["--verbose"],
