@@ -60,10 +60,14 @@ def chrome(width: int = 1280, height: int = 800) -> webdriver.Chrome:
         env={**os.environ, "TMPDIR": short},
     )
     try:
-        return webdriver.Chrome(options=options, service=service)
+        driver = webdriver.Chrome(options=options, service=service)
     except SessionNotCreatedException as e:  # say why Chromium exited: its driver's log ends with it
         tail = log.read_text(errors="replace")[-4000:] if log.is_file() else "(no driver log)"
         raise SessionNotCreatedException(f"{e.msg}\nchromedriver's log ends:\n{tail}") from None
+    # The log is for a failed start; from here on it would record every command, a typed login
+    # included, so its name goes (the driver writes on to a file no path reaches).
+    log.unlink()
+    return driver
 
 
 def send_login(driver: webdriver.Chrome, username: str, password: str) -> None:
