@@ -166,6 +166,9 @@ def act_on_block(out: Outputs) -> str:
         )
     for key in decided:
         f = report["findings"][key]
+        if f["verdict"] == "contradicted":
+            rows.append(f"- {badge(f['verdict'])} `{key}`. {contradicted_words(f['claims'])}.")
+            continue
         untested = sum(bool(c.get("not_tested")) for c in f["claims"])
         claims = "; ".join(
             [claim_words(c) for c in f["claims"] if not c.get("not_tested")]
@@ -173,6 +176,17 @@ def act_on_block(out: Outputs) -> str:
         )
         rows.append(f"- {badge(f['verdict'])} `{key}`. {DECIDED[f['verdict']]}: {f['claim']} ({claims}).")
     return "\n".join(rows) + "\n"
+
+
+def contradicted_words(claims: list[dict[str, Any]]) -> str:
+    """A contradicted finding claim by claim: one claim shown the other way contradicts it, so the
+    finding's whole sentence would say more than was shown; its claims shown the other way, those
+    that held (not fragile), and how many are open."""
+    against = [claim_words(c) for c in claims if c.get("contradicted")]
+    held = [claim_words(c) for c in claims if c.get("holds") and not c.get("fragile")]
+    open_ = len(claims) - len(against) - len(held)
+    said = f"{DECIDED['contradicted']}, {len(against)} of its {len(claims)} claims: " + "; ".join(against)
+    return said + (f". Held: {'; '.join(held)}" if held else "") + (f". Open: {open_}" if open_ else "")
 
 
 def claim_words(c: dict[str, Any]) -> str:

@@ -482,26 +482,6 @@ def test_nested_factors_read_as_their_dotted_keys(tmp_path, cfg):
     assert declare(tmp_path, cfg, family)[0].factors == FAMILY["factors"]
 
 
-REREAD_SINCE_REPORT = {
-    "spike": "version 4's spike analysis (issue 59: recovery as equivalence to the clean control, the step-tied "
-    "claim against every policy) is newer than the committed metrics/report.json; version 4's rerun rewrites it",
-    "mu_transfer": "version 4's primary claim, the transfer check (issue 59), reads per-seed gaps that version 3's "
-    "metrics/search.json does not hold; version 4's rerun writes them and rewrites the report",
-}
-"""Findings whose registered claims changed after metrics/report.json was committed, with why: the
-committed report holds the claims they had then, so they are not recomputed against it."""
-COMMITTED_STUDY = {
-    **SYNTHETIC_SEEDS,
-    "spike.seeds": [16, 17, 18, 19],
-    "spike.confirm_seeds": [20, 21, 22, 23],
-    "search.seeds": [16, 17],
-    "search.confirm_seeds": [18, 19],
-    "ablation.xiong_lrs": [0.002, 0.001],
-}
-"""Version 3's seeds and xiong grid, which the committed metrics were trained on (version 4 moved both
-before its rerun); version 4's rerun drops this with REREAD_SINCE_REPORT."""
-
-
 def test_the_committed_findings_are_recomputed_number_for_number_from_the_committed_metrics():
     """The report's code on the committed metrics gives every committed verdict, failed
     precondition, base loss, estimate, interval, p and MDE again (the guard for the built-in
@@ -510,14 +490,14 @@ def test_the_committed_findings_are_recomputed_number_for_number_from_the_commit
 
     from tasks.report.findings import evaluate
 
-    cfg = load_config(REPO / "params.yaml", overrides=COMMITTED_STUDY)
+    cfg = load_config(REPO / "params.yaml")
     ablate, search, spike = (
         json.loads((REPO / f"metrics/{n}.json").read_text()) for n in ("ablate", "search", "spike")
     )
     committed = json.loads((REPO / "metrics/report.json").read_text())["findings"]
     found = evaluate(cfg, ablate, search, spike, ablate["unigram_val_loss"])
     assert sorted(f.key for f in found) == sorted(committed)
-    for finding in (f for f in found if f.key not in REREAD_SINCE_REPORT):
+    for finding in found:
         again = json.loads(json.dumps(finding.to_json(), default=str))
         for field in ("verdict", "precondition_failed", "base_val_loss"):
             assert same(again[field], committed[finding.key][field]), (finding.key, field)

@@ -158,7 +158,7 @@ def test_the_readme_acts_only_on_decided_findings_each_as_its_verdict_words_it(t
     )
     assert "- `REPRODUCED` `a`. Holds here: a published claim (fp16 − fp32, final loss +0.4 nats)." in block
     assert "- `NEGLIGIBLE` `b`. Absent or too small to act on here" in block
-    assert "- `CONTRADICTED` `c`. Shown the other way here: c published claim" in block
+    assert "- `CONTRADICTED` `c`. Shown the other way here, 0 of its 1 claims: . Open: 1." in block
     assert "`d`" not in block and "`init`" not in block  # open, and a check of the machinery
 
 
@@ -177,6 +177,20 @@ def test_the_readme_marks_a_fragile_claim_and_an_untested_one_and_labels_a_reana
 def test_the_readme_names_a_claim_by_the_reports_words_where_it_has_them(tmp_path: Path) -> None:
     claims = [{"what": "capped_loss: a higher than b", "words": "final loss higher for a than b", "estimate": 0.4}]
     assert "(final loss higher for a than b +0.4)" in act_on(tmp_path, {"a": "reproduced"}, {}, claims)
+
+
+def test_a_contradicted_finding_is_told_claim_by_claim_never_by_its_whole_sentence(tmp_path: Path) -> None:
+    claims = [
+        {"what": "against", "estimate": 0.3, "contradicted": True},
+        {"what": "held", "estimate": -0.2, "holds": True},
+        {"what": "fragile", "estimate": -0.1, "holds": True, "fragile": "under the data perturbation"},
+        {"what": "open", "estimate": 0.01},
+    ]
+    block = act_on(tmp_path, {"s": "contradicted"}, {}, claims)
+    assert block.endswith(
+        "- `CONTRADICTED` `s`. Shown the other way here, 1 of its 4 claims: against +0.3. Held: held -0.2. Open: 2.\n"
+    )
+    assert "s published claim" not in block
 
 
 def test_the_readme_says_plainly_when_no_finding_is_decided(tmp_path: Path) -> None:

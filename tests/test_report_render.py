@@ -29,6 +29,7 @@ from tasks.report.sections.history import reanalysis
 from tasks.report.sections.method import provenance_section, stage_times
 from tasks.report.sections.runs import ARMS_PAGE, render_arms, runs_section
 from tasks.report.sections.section import Figures, Section
+from tasks.report.sections.summary import summary_section
 from tasks.report.sections.words import (
     HOLDS,
     LABELS,
@@ -360,11 +361,17 @@ def test_the_markdown_and_the_html_are_rendered_from_the_same_sections_in_the_sa
     assert all(f'<a id="{f.key}"></a>' in page for f in committed["findings"])
 
 
-def test_a_report_read_under_rules_written_after_its_results_says_so_first(committed):
-    """The design's ``reanalysis`` (version 3 read under issue 58's rules) heads the first screen."""
-    first = committed["sections"][0].lines
-    assert any(
-        str(x).startswith("> **Exploratory: a re-analysis after results.** Version 3's results read") for x in first
+def test_a_report_read_under_rules_written_after_its_results_says_so_first():
+    """The design's ``reanalysis`` (results made before registrations, read under later rules) heads
+    the first screen; results a registration labels have none."""
+    from tasks.design.preregistration import design
+
+    cfg = project_config()[0]
+    origin = {"commit": "0" * 40, "trained": {}, "reanalysis": design()["reanalysis"]}
+    first = summary_section(cfg, [], {"warnings": []}, origin).lines
+    assert first[2] == f"> **Exploratory: a re-analysis after results.** {design()['reanalysis']}"
+    assert not any(
+        "re-analysis" in str(x) for x in summary_section(cfg, [], {"warnings": []}, origin | {"reanalysis": None}).lines
     )
 
 
