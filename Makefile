@@ -43,7 +43,7 @@ repro: setup services ## set up, start the servers, run the whole study here (a 
 	exit $$done
 
 test: setup ## set up, run the test suite
-	python -m pytest -q
+	python -m pytest -q -n 2
 
 lint: setup ## ruff and mypy, as CI runs them
 	ruff check .
