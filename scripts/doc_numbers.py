@@ -179,14 +179,13 @@ def act_on_block(out: Outputs) -> str:
 
 
 def contradicted_words(claims: list[dict[str, Any]]) -> str:
-    """A contradicted finding claim by claim: one claim shown the other way contradicts it, so the
-    finding's whole sentence would say more than was shown; its claims shown the other way, those
-    that held (not fragile), and how many are open."""
+    """A contradicted finding by the claims shown the other way: one such claim contradicts it, so
+    the finding's whole sentence would say more than was shown, and a claim that held beside them
+    may hold by how its cell is built (the report says which): counted here, read there."""
     against = [claim_words(c) for c in claims if c.get("contradicted")]
-    held = [claim_words(c) for c in claims if c.get("holds") and not c.get("fragile")]
-    open_ = len(claims) - len(against) - len(held)
+    held = sum(bool(c.get("holds")) for c in claims)
     said = f"{DECIDED['contradicted']}, {len(against)} of its {len(claims)} claims: " + "; ".join(against)
-    return said + (f". Held: {'; '.join(held)}" if held else "") + (f". Open: {open_}" if open_ else "")
+    return said + f" ({held} held, {len(claims) - len(against) - held} open: the report)"
 
 
 def claim_words(c: dict[str, Any]) -> str:

@@ -14,9 +14,7 @@ is one unit of work, so its module fixtures run once, and the files that read th
 pipeline are one unit, so it runs once. Each worker has a folder of its own below the session's and
 its own test servers (``live_services``, on ports :data:`WORKER_PORT_STEP` apart); the shared-folder
 check runs once, in the process that started the workers, after they have all finished. ``make test``
-runs one process until a whole run on two workers passes with the browser tests' short TMPDIR
-(tests/browser.py: their Chromium exited there, its socket path too long; the rest passed, in 17
-of the 27 minutes)."""
+runs two workers; ``python -m pytest`` alone runs one process, as before."""
 
 from __future__ import annotations
 

@@ -158,7 +158,7 @@ def test_the_readme_acts_only_on_decided_findings_each_as_its_verdict_words_it(t
     )
     assert "- `REPRODUCED` `a`. Holds here: a published claim (fp16 − fp32, final loss +0.4 nats)." in block
     assert "- `NEGLIGIBLE` `b`. Absent or too small to act on here" in block
-    assert "- `CONTRADICTED` `c`. Shown the other way here, 0 of its 1 claims: . Open: 1." in block
+    assert "- `CONTRADICTED` `c`. Shown the other way here, 0 of its 1 claims:  (0 held, 1 open: the report)." in block
     assert "`d`" not in block and "`init`" not in block  # open, and a check of the machinery
 
 
@@ -188,7 +188,7 @@ def test_a_contradicted_finding_is_told_claim_by_claim_never_by_its_whole_senten
     ]
     block = act_on(tmp_path, {"s": "contradicted"}, {}, claims)
     assert block.endswith(
-        "- `CONTRADICTED` `s`. Shown the other way here, 1 of its 4 claims: against +0.3. Held: held -0.2. Open: 2.\n"
+        "- `CONTRADICTED` `s`. Shown the other way here, 1 of its 4 claims: against +0.3 (2 held, 1 open: the report).\n"
     )
     assert "s published claim" not in block
 
