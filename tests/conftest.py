@@ -10,8 +10,9 @@ owner can list or write), not in the checkout, where a test's project would find
 that is not private yet.
 
 ``python -m pytest -n 2`` runs the suite on two worker processes (pytest-xdist): a test file
-is one unit of work, so its module fixtures run once, and the files that read the shared smoke
-pipeline are one unit, so it runs once. Each worker has a folder of its own below the session's and
+is one unit of work, so its module fixtures run once, and each group of files in :data:`GROUPS` is
+one (the shared smoke pipeline's readers, so it runs once; the files that plant one machine-wide
+name, so neither meets the other's plant). Each worker has a folder of its own below the session's and
 its own test servers (``live_services``, on ports :data:`WORKER_PORT_STEP` apart); the shared-folder
 check runs once, in the process that started the workers, after they have all finished. ``make test``
 runs two workers; ``python -m pytest`` alone runs one process, as before."""
@@ -60,6 +61,10 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 process that starts them."""
 SMOKE_GROUP = ("test_pipeline.py", "test_ui.py")
 """The files whose tests read the shared smoke pipeline (tests/smoke_study.py): one unit of work."""
+PLANTING_GROUP = ("test_private_env.py", "test_run_dirs.py")
+"""The files whose tests plant the one machine-wide name /tmp/torchinductor_<user> as another user
+(and skip when it exists): one unit of work, so neither finds the other's plant and skips."""
+GROUPS = {name: group[0] for group in (SMOKE_GROUP, PLANTING_GROUP) for name in group}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -82,14 +87,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Each test file one unit of work (its module fixtures run once, its tests in order), the
-    smoke pipeline's readers one: xdist's file scheduling with those two files as one scope."""
+    """Each test file one unit of work (its module fixtures run once, its tests in order), each of
+    :data:`GROUPS`' groups one: xdist's file scheduling with a group's files as one scope."""
     from xdist.scheduler import LoadScopeScheduling
 
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return "smoke" if Path(path).name in SMOKE_GROUP else path
+            return GROUPS.get(Path(path).name, path)
 
     return FileScheduling(config, log)
 
