@@ -42,7 +42,7 @@ repro: setup services ## set up, start the servers, run the whole study here (a 
 	fi; \
 	exit $$done
 
-test: setup ## set up, run the test suite
+test: setup ## set up, run the test suite (on two worker processes: tests/conftest.py)
 	python -m pytest -q -n 2
 
 lint: setup ## ruff and mypy, as CI runs them

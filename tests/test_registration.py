@@ -344,7 +344,8 @@ def test_the_default_registration_covers_every_stage_as_before(project: Path) ->
     record = load_records(project, "trial")[-1]
     assert record["stages"] == ["ablate", "spike", "search"]
     assert {"spike.seeds", "search.seeds", "ablation.seeds"} <= set(record["seeds"])
-    first, last = load_records(REPO, "default")[0], load_records(REPO, "default")[-1]
+    records = load_records(REPO, "default")
+    first, last = records[0], records[-1]
     assert "stages" not in first and covered_by(first) == ["ablate", "spike", "search"]  # before stages were named
     assert covered_by(last) == ["ablate", "spike", "search"]
 

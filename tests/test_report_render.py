@@ -83,7 +83,7 @@ def committed() -> dict:
     findings = evaluate(cfg, ablate, search, spike, ablate.get("unigram_val_loss"))
     arithmetic = read("report")["provenance"]
     origin = {"commit": "0" * 40, "config_hash": "c" * 16, "built": "today", "trained": {}}
-    origin["reanalysis"] = reanalysis({"search": search, "spike": spike, "ablate": ablate})  # version 3's: unlabelled
+    origin["reanalysis"] = reanalysis({"search": search, "spike": spike, "ablate": ablate})  # None: registered results
     sections = report_sections(cfg, project, findings, ablate, search, spike, pretrain, origin, {}, arithmetic)
     text = render_markdown(sections, project)
     return {"findings": findings, "sections": sections, "text": text, "ablate": ablate, "project": project}
@@ -370,10 +370,10 @@ def test_a_report_read_under_rules_written_after_its_results_says_so_first():
     the first screen; results a registration labels have none."""
     from tasks.design.preregistration import design
 
-    cfg = project_config()[0]
-    origin = {"commit": "0" * 40, "trained": {}, "reanalysis": design()["reanalysis"]}
+    cfg, note = project_config()[0], design()["reanalysis"]
+    origin = {"commit": "0" * 40, "trained": {}, "reanalysis": note}
     first = summary_section(cfg, [], {"warnings": []}, origin).lines
-    assert first[2] == f"> **Exploratory: a re-analysis after results.** {design()['reanalysis']}"
+    assert first[2] == f"> **Exploratory: a re-analysis after results.** {note}"
     assert not any(
         "re-analysis" in str(x) for x in summary_section(cfg, [], {"warnings": []}, origin | {"reanalysis": None}).lines
     )
