@@ -132,4 +132,4 @@ spikelab ui | awk '{printf "    %-10s %s\n", $1, $2}'
 spikelab services info | grep '^login:' | sed 's/^login: /  login    /'
 say "done in $((SECONDS - started)) s (servers and copy $((copied - started)) s, dvc repro $((ran - copied)) s)"
 say "next: make repro runs the default profile in this checkout (its own metrics/, reports/, dvc.lock):"
-say "  every finding judged at small scale, seeds in rounds of 4 to 12, about 115 min on 2 cores; stop it any time, run it again to resume"
+say "  every finding judged at small scale, seeds in rounds of 4 and 8, about 72 min on 2 cores; stop it any time, run it again to resume"
