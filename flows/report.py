@@ -18,7 +18,7 @@ from tasks.config import project_config
 from tasks.design.seed_registry import TRAINED_BY
 from tasks.design.studies import builtin_families, read_studies
 from tasks.params import RESOLVED
-from tasks.report.arithmetic import committed_outputs, numeric_paths, warnings
+from tasks.report.arithmetic import committed_outputs, numeric_paths, of_the_same_design, warnings
 from tasks.report.declared import declared_finding
 from tasks.report.figures import forest_plot
 from tasks.report.findings import evaluate, mark_fragile
@@ -56,7 +56,7 @@ def optional(path: Path) -> dict[str, Any] | None:
 def arithmetic_of(report: dict[str, Any], outputs: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
     """The report's arithmetic (its own, its inputs' by numeric path, the committed outputs'),
     and what a reader must be warned of (tasks/report/arithmetic.py)."""
-    used, committed = numeric_paths(outputs), numeric_paths(committed_outputs())
+    used, committed = numeric_paths(outputs), numeric_paths(of_the_same_design(outputs, committed_outputs()))
     return {"report": report, "inputs": used, "committed": committed, "warnings": warnings(used, committed)}
 
 

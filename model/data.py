@@ -16,6 +16,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -205,15 +206,7 @@ class TokenLoader:
         """(x, y), each (B, T) int64 (B: this rank's slice of the batch)."""
         if self._it is None:
             sampler = ResumableSampler(len(self.windows), self.batch_size, self.seed, self.batches_served, self.shard)
-            self._it = iter(
-                DataLoader(
-                    self.windows,
-                    batch_sampler=sampler,
-                    num_workers=self.num_workers,
-                    pin_memory=self.pin_memory,
-                    persistent_workers=self.num_workers > 0,
-                )
-            )
+            self._it = _stream(self.windows, self.num_workers, self.pin_memory, batch_sampler=sampler)
         self.batches_served += 1
         return next(self._it)
 
@@ -228,3 +221,63 @@ class TokenLoader:
         if state["seed"] != self.seed:
             raise ValueError(f"loader seed {self.seed} differs from the checkpoint's {state['seed']}")
         self.batches_served, self._it = int(state["batches_served"]), None
+
+
+class ArmsLoader:
+    """K arms' training streams read in step, for a fused group (model/fused.py): ``next_batch()`` is
+    (x, y), each (K, B, T), whose row k is what ``TokenLoader(..., seeds[k])`` serves at the same
+    position. One DataLoader gathers all K rows, so its ``num_workers`` processes prefetch the whole
+    group's next batches on host cores while the device trains, and ``pin_memory`` pins the stacked
+    batch the device copies from (one pinned copy, not K to stack afterwards)."""
+
+    def __init__(
+        self,
+        tokens: Tokens,
+        seq_len: int,
+        batch_size: int,
+        seeds: list[int],
+        num_workers: int = 0,
+        pin_memory: bool = False,
+    ):
+        if num_workers:
+            check_worker_sockets_fit()
+        self.windows = Windows(tokens, seq_len)
+        self.batch_size, self.seeds = batch_size, seeds
+        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.batches_served = 0
+        self._it: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y), each (K, B, T) int64."""
+        if self._it is None:
+            streams = [ResumableSampler(len(self.windows), self.batch_size, s, self.batches_served) for s in self.seeds]
+            self._it = _stream(StackedWindows(self.windows), self.num_workers, self.pin_memory, sampler=zip(*streams))
+        self.batches_served += 1
+        return next(self._it)
+
+    def rewind(self) -> None:
+        """Back to every arm's first batch (the validation batches, read again at each evaluation)."""
+        self.batches_served, self._it = 0, None
+
+
+class StackedWindows(Dataset):
+    """Item: one batch of window indices per arm; value: (x, y), each (K, B, T)."""
+
+    def __init__(self, windows: Windows):
+        self.windows = windows
+
+    def __getitem__(self, batches: tuple[list[int], ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = [[self.windows[i] for i in batch] for batch in batches]
+        x, y = (torch.stack([torch.stack([pair[j] for pair in row]) for row in rows]) for j in (0, 1))
+        return x, y
+
+
+def _stream(dataset: Dataset, num_workers: int, pin_memory: bool, **sampling: Any) -> Iterator[Any]:
+    """An endless iterator over ``dataset`` in the order ``sampling`` gives (``batch_sampler=``: lists
+    of indices, collated; ``sampler=``: whole items, taken as they are), its workers kept alive."""
+    if "sampler" in sampling:
+        sampling["batch_size"] = None  # each item is already a whole (stacked) batch
+    loader = DataLoader(
+        dataset, num_workers=num_workers, pin_memory=pin_memory, persistent_workers=num_workers > 0, **sampling
+    )
+    return iter(loader)

@@ -5,7 +5,8 @@
                AdamW over the flat buffer with every hyperparameter a (K,) tensor.
 
 Each arm keeps what makes it an arm: its own init (``train.seed``, drawn as the Trainer draws it),
-its own data order (a TokenLoader of its own seed), LR schedule and peak, β₁, β₂, ε, weight decay,
+its own data order (row k of an ArmsLoader: what a TokenLoader of its seed serves, gathered for all
+K arms by ``train.num_workers`` host processes), LR schedule and peak, β₁, β₂, ε, weight decay,
 gradient clip and z-loss coefficient (:data:`PER_ARM`), its own Adam moments and step count, its own
 telemetry (model/telemetry.py's Telemetry), divergence rule and callbacks. Everything else must be
 equal across the group (:func:`check_group`): keys that change the graph or the shapes (qk-norm,
@@ -42,7 +43,7 @@ from torch.func import functional_call, vmap
 
 from model.callbacks import RunInfo
 from model.config import TrainingConfig
-from model.data import TokenLoader, Tokens
+from model.data import ArmsLoader, Tokens
 from model.flops import model_flops_per_token, peak_flops
 from model.gpt import GPT
 from model.optim import lr_at, param_groups
@@ -73,8 +74,8 @@ FUSED_PRECISIONS = ("fp32", "bf16")
 """What a fused group trains in: bf16 autocast keeps fp32 master weights, gradients and Adam state
 (model/precision.py) and needs no loss scaler, so the flat fp32 AdamW serves both."""
 
-IGNORED = ("train.compile", "train.num_workers", "train.pin_memory", "checkpoint.")
-"""Keys a fused group does not read: it runs eagerly, loads in process, writes no checkpoints."""
+IGNORED = ("train.compile", "checkpoint.")
+"""Keys a fused group does not read: it runs eagerly and writes no checkpoints."""
 
 
 def check_group(cfgs: Sequence[TrainingConfig]) -> None:
@@ -144,8 +145,12 @@ class FusedArms:
         self._set_hyperparameters()
         self.layer_params = _layer_parameters(self.skeleton)
         t = cfg.train
-        self.loaders = [TokenLoader(train_tokens, cfg.model.seq_len, t.batch_size, c.train.seed) for c in cfgs]
-        self.val_loaders = [TokenLoader(val_tokens, cfg.model.seq_len, t.batch_size, c.train.seed) for c in cfgs]
+        seeds = [c.train.seed for c in cfgs]
+        # The group's data on host cores: train.num_workers processes gather every arm's next batch
+        # while the device trains, into pinned memory on a GPU (the device copy then overlaps).
+        self.pinned = t.pin_memory and self.device.type == "cuda"
+        self.loader = ArmsLoader(train_tokens, cfg.model.seq_len, t.batch_size, seeds, t.num_workers, self.pinned)
+        self.val_loader = ArmsLoader(val_tokens, cfg.model.seq_len, t.batch_size, seeds)  # in process, as the Trainer's
         self.callbacks = [sorted(cbs, key=lambda cb: getattr(cb, "order", 50)) for cbs in callbacks]
         self.identities = list(identities)
         self.telemetry = [Telemetry(self.device) for _ in cfgs]
@@ -282,7 +287,7 @@ class FusedArms:
         forward = vmap(_arm_forward(self.skeleton, stats_now))
         stats: dict[str, torch.Tensor] = {}
         for _ in range(accum):
-            x, y = self._next_batches(self.loaders)
+            x, y = self._next_batches(self.loader)
             with self.precision.autocast():  # as the Trainer's forward: the loss takes the logits in fp32
                 logits, stats = forward(self.params, x)
             ce, z = arm_losses(logits, y, self.z_coef)
@@ -352,25 +357,23 @@ class FusedArms:
         """Each arm's mean validation cross-entropy over the same ``train.eval_batches`` batches of
         its own validation order every time (the Trainer's evaluate)."""
         start = time.perf_counter()
-        for loader in self.val_loaders:
-            loader.load_state_dict({"batches_served": 0, "seed": loader.seed})
+        self.val_loader.rewind()
         forward = vmap(_arm_forward(self.skeleton, False))
         total = torch.zeros(self.k, device=self.device)
         for _ in range(self.cfgs[0].train.eval_batches):
-            x, y = self._next_batches(self.val_loaders)
+            x, y = self._next_batches(self.val_loader)
             with self.precision.autocast():
                 logits, _ = forward(self.params, x)
             total += arm_losses(logits, y, torch.zeros_like(self.z_coef))[0]
         self.eval_seconds += time.perf_counter() - start
         return (total / self.cfgs[0].train.eval_batches).tolist()
 
-    def _next_batches(self, loaders: list[TokenLoader]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One batch of each arm's stream, stacked (K, B, T); the DataLoader's seed draw kept out of
-        the global RNG, as the Trainer keeps it."""
+    def _next_batches(self, loader: ArmsLoader) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch of each arm's stream, stacked (K, B, T), on the device; the DataLoader's seed
+        draw kept out of the global RNG, as the Trainer keeps it."""
         with torch.random.fork_rng(devices=[]):
-            batches = [loader.next_batch() for loader in loaders]
-        x, y = (torch.stack(part).to(self.device) for part in zip(*batches, strict=True))
-        return x, y
+            x, y = loader.next_batch()
+        return x.to(self.device, non_blocking=self.pinned), y.to(self.device, non_blocking=self.pinned)
 
     def _finish(self, k: int, status: RunStatus, reason: str | None) -> None:
         """Arm k's summary as of now; a diverged arm is frozen (its update masked from here on)."""

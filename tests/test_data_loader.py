@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from model.data import UNIX_SOCKET_PATH_MAX, TokenLoader, check_worker_sockets_fit, open_split, open_tokens
+from model.data import (
+    UNIX_SOCKET_PATH_MAX,
+    ArmsLoader,
+    TokenLoader,
+    check_worker_sockets_fit,
+    open_split,
+    open_tokens,
+)
 from model.typed_config import ConfigError
 
 SEQ_LEN, BATCH = 8, 4
@@ -43,6 +50,20 @@ def test_workers_do_not_change_the_stream(tokens):
     single = stream(TokenLoader(tokens, SEQ_LEN, BATCH, seed=3), 6)
     multi = stream(TokenLoader(tokens, SEQ_LEN, BATCH, seed=3, num_workers=2, pin_memory=True), 6)
     assert all(torch.equal(a, b) for a, b in zip(single, multi))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_fused_groups_loader_serves_each_arm_the_stream_its_own_seed_gives_across_epochs(tokens, workers):
+    seeds = [3, 4, 3]  # two arms may share a seed: each row is still its own stream
+    arms = ArmsLoader(tokens, SEQ_LEN, BATCH, seeds, num_workers=workers)
+    stacked = [arms.next_batch() for _ in range(12)]  # 12 batches: past the first epoch's 5
+    for k, seed in enumerate(seeds):
+        alone = TokenLoader(tokens, SEQ_LEN, BATCH, seed=seed)
+        for x, y in stacked:
+            one_x, one_y = alone.next_batch()
+            assert torch.equal(x[k], one_x) and torch.equal(y[k], one_y)
+    arms.rewind()
+    assert torch.equal(arms.next_batch()[0], stacked[0][0])
 
 
 def test_targets_are_inputs_shifted_by_one_and_each_epoch_visits_every_window_once(tokens):
@@ -107,4 +128,6 @@ def test_a_loader_with_workers_is_refused_before_any_worker_starts_under_a_too_l
     monkeypatch.setattr(tempfile, "tempdir", "/" + "t" * 200)
     with pytest.raises(ConfigError, match="train.num_workers"):
         TokenLoader(tokens, SEQ_LEN, BATCH, seed=3, num_workers=2)
+    with pytest.raises(ConfigError, match="train.num_workers"):
+        ArmsLoader(tokens, SEQ_LEN, BATCH, [3, 4], num_workers=2)
     TokenLoader(tokens, SEQ_LEN, BATCH, seed=3, num_workers=0)  # no workers, no sockets: accepted

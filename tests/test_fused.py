@@ -117,6 +117,15 @@ def test_fused_arms_match_the_same_arms_trained_one_by_one_within_rounding(token
         assert f_summary.keys() == s_summary.keys()
 
 
+def test_a_group_loading_on_host_worker_processes_trains_bitwise_as_one_loading_in_process(tokens):
+    in_process = fused([config(**arm) for arm in ARMS[:2]], tokens)
+    on_workers = fused([config(**arm, **{"train.num_workers": 2}) for arm in ARMS[:2]], tokens)
+    for (w_summary, w), (p_summary, p) in zip(on_workers, in_process, strict=True):
+        assert w_summary["final_loss"] == p_summary["final_loss"]
+        assert torch.equal(torch.stack(w.steps), torch.stack(p.steps))
+        assert all(torch.equal(w.weights[name], p.weights[name]) for name in p.weights)
+
+
 def bf16(emulate: str) -> list[TrainingConfig]:
     return [config(**arm, **{"precision.mode": "bf16", "precision.emulate": emulate}) for arm in ARMS]
 

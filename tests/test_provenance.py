@@ -17,7 +17,7 @@ from model.config import PrecisionConfig
 from model.precision import native_low_precision, resolve_precision
 from model.provenance import MKL_STRICT, numeric_path, provenance
 from tasks.pretrain.train import record_arithmetic
-from tasks.report.arithmetic import UNRECORDED, numeric_paths, warnings
+from tasks.report.arithmetic import UNRECORDED, numeric_paths, of_the_same_design, warnings
 from tasks.runtime.files import read_json, write_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,6 +151,22 @@ def test_runs_on_another_numeric_path_than_the_committed_outputs_are_flagged():
     used = numeric_paths(outputs(OTHER, [OTHER]))
     found = warnings(used, numeric_paths(outputs(RECORD, [RECORD])))
     assert len(found) == 1 and OTHER["numeric_path"] in found[0] and RECORD["numeric_path"] in found[0]
+
+
+def registered(metrics: dict, design: str) -> dict:
+    return {stage: {**m, "registration": {"hash": design}} for stage, m in metrics.items()}
+
+
+def test_the_committed_outputs_of_another_registered_design_are_no_reference_for_the_arithmetic():
+    """A new version's report is built beside the version it replaces: that version's machine is
+    another study's, not a warning; the same design on another machine still warns."""
+    inputs = registered(outputs(OTHER, [OTHER]), "f56c6a512dfd7940")
+    earlier = registered(outputs(RECORD, [RECORD]), "0d2e7a35c1b94e10")
+    used = numeric_paths(inputs)
+    assert of_the_same_design(inputs, earlier) == {"pretrain": None, "ablate": None}
+    assert warnings(used, numeric_paths(of_the_same_design(inputs, earlier))) == []
+    same = registered(outputs(RECORD, [RECORD]), "f56c6a512dfd7940")
+    assert len(warnings(used, numeric_paths(of_the_same_design(inputs, same)))) == 1
 
 
 def test_outputs_written_before_provenance_count_as_an_unrecorded_path():

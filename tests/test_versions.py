@@ -13,7 +13,16 @@ from tasks.report.method import Finding
 from tasks.report.render import report_json
 from tasks.report.sections.versions import versions_section
 from tasks.report.verdict import Claim
-from tasks.report.versions import EARLIER, NOT_HERE, NOT_REPLICATED, REPLICATED, beside_earlier, freeze, replication
+from tasks.report.versions import (
+    EARLIER,
+    NOT_HERE,
+    NOT_REPLICATED,
+    REPLICATED,
+    beside_earlier,
+    comparison,
+    freeze,
+    replication,
+)
 
 HELD = Claim("a higher than b", 0.5, 0.001, sesoi=0.1, ci95=[0.3, 0.7], halves={"discovery": 0.5, "confirmation": 0.5})
 NOT_HELD = Claim(
@@ -70,6 +79,27 @@ def test_the_same_claim_is_matched_by_name_and_each_version_keeps_its_own_number
     assert row["replication"] == "negligible now"
     assert by_claim["c higher than d"]["now"] is None and by_claim["c higher than d"]["replication"] == ""
     assert compared["counts"] == {"negligible now": 1}
+
+
+@pytest.mark.parametrize(
+    ("earlier_name", "now_name", "paired"),
+    [
+        ("lr×rollback_lower_lr − continue, scored gap", "lr×rollback_lower_lr − lr×continue, scored gap", True),
+        ("data×skip_batch − continue, scored gap", "data×skip_batch − clean control, scored gap", False),
+        ("lr×rollback_lower_lr − continue, scored gap", "lr×rollback_lower_lr − data×continue, scored gap", False),
+    ],
+)
+def test_a_reference_policy_named_without_its_cause_is_the_same_comparison_as_with_the_spikes_cause(
+    tmp_path, earlier_name, now_name, paired
+):
+    """Version 3 wrote a comparison's reference policy bare; version 4 names its cause."""
+    before = Claim(earlier_name, -0.098, 0.001, ci95=[-0.15, -0.05])
+    now = Claim(now_name, 0.031, 0.3, ci95=[-0.025, 0.086])
+    earlier(tmp_path, before)
+    compared = beside_earlier(tmp_path, "default", [finding(now)])
+    assert (compared["rows"][0]["now"] is not None) == paired
+    assert len(compared["rows"]) == (1 if paired else 2)
+    assert comparison("a higher than b") == "a higher than b"
 
 
 def test_a_claim_new_in_this_version_is_listed_after_the_earlier_ones_with_a_dash_before_it(tmp_path):

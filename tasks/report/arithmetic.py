@@ -3,7 +3,8 @@ outputs' (issue 28). Each stage's ``metrics/*.json`` carries the record of the p
 it (``provenance``, model/provenance.py) and metrics/ablate.json one per numeric path its arms took
 (``arm_numerics``); the committed outputs are those files at git HEAD. Another numeric path changes
 per-arm losses by 1e-3 to 1e-1 nats, enough to move a verdict near its threshold, so the report
-says so before its findings when the inputs mix paths or differ from the committed outputs'.
+says so before its findings when the inputs mix paths or differ from the committed outputs' of the
+same registered design.
 """
 
 from __future__ import annotations
@@ -56,6 +57,23 @@ def committed_outputs() -> dict[str, dict[str, Any] | None]:
         text = git_output("show", f"HEAD:{path.as_posix()}", own_checkout=True)
         committed[stage] = json.loads(text) if text else None
     return committed
+
+
+def of_the_same_design(
+    outputs: dict[str, dict[str, Any] | None], committed: dict[str, dict[str, Any] | None]
+) -> dict[str, dict[str, Any] | None]:
+    """The committed outputs of each stage whose registered design (``registration.hash``) is its
+    input's: another design's outputs are another study, not a reference for this one's arithmetic
+    (a new version's report, built beside the version it replaces, would warn of that version's
+    machine)."""
+
+    def design(metrics: dict[str, Any] | None) -> str | None:
+        return ((metrics or {}).get("registration") or {}).get("hash")
+
+    return {
+        stage: metrics if metrics is not None and design(metrics) == design(outputs.get(stage)) else None
+        for stage, metrics in committed.items()
+    }
 
 
 def warnings(used: dict[str, dict[str, Any]], committed: dict[str, dict[str, Any]]) -> list[str]:

@@ -1,6 +1,6 @@
 """An earlier version's claims beside this one's (issue 59, item 1): version 3's claims, frozen
 before version 4's rerun (:data:`EARLIER`), matched claim by claim to this report's by the claim's
-declared name (``what``). Version 3 is exploratory (its conditions were chosen with pilots and
+declared name (``what``, read as :func:`comparison`). Version 3 is exploratory (its conditions were chosen with pilots and
 earlier results in view); only this version decides a verdict, and a claim version 3 held is read
 here as replicated, not replicated, negligible now, contradicted now or not tested now.
 
@@ -14,13 +14,14 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from model.private import run_private
 from tasks.report.method import Finding
 from tasks.report.sections.words import FRAGILE, HOLDS, outcome
 from tasks.report.verdict import CONTRADICTED, NEGLIGIBLE, NOT_TESTED, Claim
 from tasks.runtime.files import write_json
+from tasks.spike.config import RecoveryPolicy
 
 EARLIER = Path("tasks/design/versions/3.json")
 """Version 3's claims as its report left them (metrics/report.json at the registration of version 4)."""
@@ -77,16 +78,27 @@ def replication(before: str, now: str | None) -> str:
     return NOT_REPLICATED
 
 
+def comparison(what: str) -> str:
+    """A claim's name with a bare reference policy given its spike's cause: version 3 named
+    ``lr×rollback_lower_lr − continue`` what version 4 names ``lr×rollback_lower_lr − lr×continue``,
+    the same comparison. Any other name is itself."""
+    left, minus, rest = what.partition(" − ")
+    reference, comma, tail = rest.partition(",")
+    if "×" in left and reference in get_args(RecoveryPolicy):
+        reference = f"{left.split('×')[0]}×{reference}"
+    return left + minus + reference + comma + tail
+
+
 def compare(earlier: dict[str, Any], findings: list[Finding]) -> dict[str, Any]:
     """Every claim of either version, in this version's order then the earlier's left over: each
     side's estimate, interval and outcome, and what became of a claim the earlier version held."""
-    now = {(f.key, c.what): (c, outcome(c, f.precondition_failed)) for f in findings for c in f.claims}
+    now = {(f.key, comparison(c.what)): (c, outcome(c, f.precondition_failed)) for f in findings for c in f.claims}
     rows = []
     for key, was in earlier["findings"].items():
         for raw in was["claims"]:
             before = Claim(**{k: raw[k] for k in CLAIM_FIELDS})
             said = outcome(before, was["precondition_failed"])
-            claim, now_said = now.pop((key, before.what), (None, None))
+            claim, now_said = now.pop((key, comparison(before.what)), (None, None))
             rows.append(row(key, raw.get("words") or before.what, (before, said), (claim, now_said)))
     rows += [row(key, c.what, (None, None), (c, said)) for (key, _), (c, said) in now.items()]
     held = [r for r in rows if r["replication"]]
