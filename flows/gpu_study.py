@@ -135,7 +135,9 @@ def study_plan(project: Path, profile: str = planning.PROFILE) -> dict[str, Any]
     cfg, moved, label = registration(cfg, project)
     # The precision family's loss shift from a one-step fp32 probe at init: made here, on the CPU
     # (the GPU box trains; the integer k it picks is in the plan, and in every arm's identity).
-    probe_cfg = load_config(project / "params.yaml", profile, {"train.device": "cpu", "train.compile": False})
+    # One step reads one batch: in process, unpinned (the GPU box's loader settings mean nothing here).
+    on_cpu = {"train.device": "cpu", "train.compile": False, "train.num_workers": 0, "train.pin_memory": False}
+    probe_cfg = load_config(project / "params.yaml", profile, on_cpu)
     shift = loss_shift_probe(probe_cfg, project)
     declared = read_studies(project, cfg)
     rows = plan(cfg, project, moved, shift["k"] or 0, declared)
