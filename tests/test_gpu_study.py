@@ -18,7 +18,7 @@ from model.typed_config import UserError
 from tasks.config import load_config
 from tasks.gpu_study.carry import CARRY, CarryError, pack, unpack
 from tasks.gpu_study.plan import MARGIN, next_slice
-from tasks.gpu_study.report import findings
+from tasks.gpu_study.report import findings, render
 from tasks.gpu_study.state import accept, accumulated, duplicates, read_results
 from tests.test_arithmetic_check import study_project
 
@@ -281,6 +281,25 @@ def test_a_fused_arms_cost_counts_every_arm_that_shared_the_gpu(tmp_path):
     )
     (measured,) = accumulated(plan, tmp_path)["measures"]
     assert measured["sharing"] == 10  # 2 processes of 5 fused arms each
+
+
+def test_a_windows_mfu_is_its_finished_arms_model_flops_over_its_wall_time_at_the_cards_bf16_peak(tmp_path):
+    plan = a_plan({"wortsman": 3})
+    arms = [finished_arm(f"wortsman{i}", "NVIDIA H200", 3.1, "aa") | {"fused": 3} for i in range(3)]
+    for arm, mfu in zip(arms, (0.2, 0.2, None), strict=True):  # the third: its GPU's peak unknown to it
+        arm["result"]["summary"] |= {"mfu": mfu, "wall_s": 100.0, "eval_s": 10.0}
+    cut = {"key": "wortsman2", "name": "wortsman2", "status": "cut", "wall_s": 120.0}
+    header = {"plan": "p1", "slice": 1, "workers": 1, "window_s": 480, "machine": {"gpus": ["NVIDIA H200"]}}
+    records = [{"header": header}, *({"arm": a} for a in arms[:2]), {"arm": cut}]
+    accept(
+        write_results(tmp_path / "01.jsonl.gz", [*records, {"footer": {"wall_s": 120.0, "finished": 2}}]),
+        plan,
+        tmp_path,
+    )
+    state = accumulated(plan, tmp_path)
+    assert state["windows"][0]["peak_s"] == pytest.approx(2 * 0.2 * 90)  # the cut arm counts no FLOPs
+    row = next(line for line in render(plan | {"profile": "gpu"}, state, [], []).splitlines() if "01.jsonl.gz" in line)
+    assert row.endswith("| 1.00 | 30.0% | 297 |")  # 36 s at peak in 120 s; 0.3 x 989 TFLOP/s
 
 
 def test_a_fused_group_that_fails_comes_back_as_each_of_its_arms_failed_with_the_reason(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from model.flops import PEAK_BF16_FLOPS
 from model.typed_config import parse_sets
 from tasks.ablate.grid import arm_metrics, trained
 from tasks.config import Config, load_config
@@ -91,16 +92,20 @@ def render(
         "",
         f"Registration: {labelled(plan)}.",
         "",
-        "| window | GPU | processes at once | window s | finished | arms per GPU-minute |",
-        "|---|---|---|---|---|---|",
+        "| window | GPU | processes at once | window s | finished | arms per GPU-minute | MFU (bf16 dense) | TFLOP/s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for w in state["windows"]:
         header, footer = w["header"], w["footer"] or {}
         gpu = ", ".join(header.get("machine", {}).get("gpus", [])) or "-"
         wall, done = footer.get("wall_s"), footer.get("finished")
         rate = f"{done / (wall / 60):.2f}" if wall and done is not None else "-"
+        utilisation = w["peak_s"] / wall if wall and w.get("peak_s") is not None else None
+        peak = next((p for key, p in PEAK_BF16_FLOPS if key in gpu), None)
+        flops = utilisation * peak / 1e12 if utilisation is not None and peak else None
         lines.append(
-            f"| {w['file']} | {gpu} | {header['workers']} | {header['window_s']:.0f} | {number(done, '{}')} | {rate} |"
+            f"| {w['file']} | {gpu} | {header['workers']} | {header['window_s']:.0f} | {number(done, '{}')} | {rate} "
+            f"| {number(utilisation, '{:.1%}')} | {number(flops, '{:.0f}')} |"
         )
     for finding, n_in, n_planned in judged:
         partial = "" if n_in == n_planned else f" (partial: {n_in} of {n_planned} arms in)"

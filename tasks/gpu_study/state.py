@@ -77,15 +77,15 @@ def accept(path: Path, plan: dict[str, Any], project: Path) -> Path:
 
 def accumulated(plan: dict[str, Any], project: Path) -> dict[str, Any]:
     """Every arm brought back, by key: the first finished record is the one judged, every record
-    is kept (``records``); per window its header and totals; and every arm's cost as measured
-    (``measures``: finished arms, and cut arms up to the checkpoint they reached)."""
+    is kept (``records``); per window its header, totals and :func:`peak_seconds`; and every arm's
+    cost as measured (``measures``: finished arms, and cut arms up to the checkpoint they reached)."""
     families = {arm["key"]: arm for arm in plan["arms"]}
     arms: dict[str, dict[str, Any]] = {}
     windows, measures = [], []
     for path in sorted((project / RESULTS).glob("*.jsonl.gz"), key=arrival):
         header, records = check_results(path, plan)
         _, _, footer = read_results(path)
-        windows.append({"file": path.name, "header": header, "footer": footer})
+        windows.append({"file": path.name, "header": header, "footer": footer, "peak_s": peak_seconds(records)})
         for record in records:
             if measure := cost(record, families[record["key"]], header["workers"]):
                 measures.append(measure)
@@ -95,6 +95,15 @@ def accumulated(plan: dict[str, Any], project: Path) -> dict[str, Any]:
             entry = arms.setdefault(record["key"], {**families[record["key"]], "records": []})
             entry["records"].append(record | {"window": path.name, "gpu": gpu})
     return {"windows": windows, "arms": arms, "measures": measures}
+
+
+def peak_seconds(records: list[dict[str, Any]]) -> float | None:
+    """The seconds the GPU would need at its bf16 dense peak for the model FLOPs of a window's
+    finished arms (each arm's MFU times its training seconds, model/flops.py): over the window's
+    wall time, the window's MFU. None when no finished arm knows its GPU's peak."""
+    summaries = [r["result"]["summary"] for r in records if r["status"] in FINISHED]
+    known = [s for s in summaries if s.get("mfu") is not None]
+    return sum(s["mfu"] * (s["wall_s"] - s["eval_s"]) for s in known) if known else None
 
 
 def arrival(path: Path) -> tuple[int, int]:
