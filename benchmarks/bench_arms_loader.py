@@ -32,10 +32,8 @@ from tasks.config import load_config  # noqa: E402
 WARMUP = 10  # steps before the clock: the workers' start and first prefetch
 
 
-def load_seconds(tokens: np.ndarray, arms: int, workers: int, steps: int, step_s: float) -> list[float]:
+def load_seconds(loader: ArmsLoader, steps: int, step_s: float) -> list[float]:
     """The training thread's seconds in ``next_batch`` at each step, the device busy ``step_s`` after it."""
-    a = load_config(ROOT / "params.yaml", "gpu").ablation
-    loader = ArmsLoader(tokens, a.seq_len, a.batch_size, list(range(40, 40 + arms)), num_workers=workers)
     seconds = []
     for step in range(WARMUP + steps):
         start = time.perf_counter()
@@ -54,11 +52,15 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=65.0, help="the device's time a step")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/arms_loader.json")
     args = p.parse_args()
-    vocab = load_config(ROOT / "params.yaml", "gpu").tokenizer.vocab_size
-    tokens = (np.random.default_rng(0).zipf(1.3, 20_000_000) % vocab).astype(np.uint16)  # gpu data's size order
+    gpu = load_config(ROOT / "params.yaml", "gpu")
+    a, seeds = gpu.ablation, list(range(40, 40 + args.arms))
+    tokens = (np.random.default_rng(0).zipf(1.3, 20_000_000) % gpu.tokenizer.vocab_size).astype(
+        np.uint16
+    )  # gpu data's size order
     rows = []
     for workers in args.workers:
-        median = statistics.median(load_seconds(tokens, args.arms, workers, args.steps, args.step_ms / 1000))
+        loader = ArmsLoader(tokens, a.seq_len, a.batch_size, seeds, num_workers=workers)
+        median = statistics.median(load_seconds(loader, args.steps, args.step_ms / 1000))
         rows.append({"workers": workers, "load_ms": median * 1000, "share_of_step": median * 1000 / args.step_ms})
         print(f"workers {workers}: {median * 1000:6.2f} ms a step on the training thread "
               f"({rows[-1]['share_of_step']:.1%} of a {args.step_ms:g} ms step)", flush=True)  # fmt: skip
